@@ -1,0 +1,18 @@
+//! `brig`: one binary for the one-shot runner, the host check and (later)
+//! the daemon and its client. `main` parses arguments with clap, hands the
+//! subcommand to its module under `commands/`, and maps any error to a
+//! message and an exit code in exactly one place ([`exit`]).
+
+mod commands;
+mod exit;
+
+use clap::Parser;
+
+fn main() {
+    let cli = commands::Cli::parse();
+    let code = match commands::dispatch(cli) {
+        Ok(code) => code,
+        Err(err) => exit::report(&err),
+    };
+    std::process::exit(code);
+}

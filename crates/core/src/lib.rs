@@ -1,0 +1,15 @@
+//! brig-core: the domain types every other crate speaks.
+//!
+//! Start with [`SandboxSpec`]: what a caller asks for (template, limits,
+//! command environment). [`Limits`] carries the resource bounds with brig's
+//! defaults, [`TemplateRef`] names a root filesystem, and the parsers in
+//! [`units`] turn human input (`512M`, `30s`) into typed values with errors a
+//! person can act on. Nothing here touches the kernel; the `jail` crate turns
+//! a validated spec into a running sandbox.
+#![forbid(unsafe_code)]
+
+pub mod spec;
+pub mod units;
+
+pub use spec::{EnvVar, Limits, SandboxId, SandboxSpec, SpecError, TemplateRef, UserSpec};
+pub use units::{parse_duration, parse_size, ByteSize, UnitError};

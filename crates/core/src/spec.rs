@@ -1,0 +1,356 @@
+//! What a caller asks for when it creates a sandbox, and its validation.
+//!
+//! A [`SandboxSpec`] is built from untrusted input (CLI flags now, JSON over
+//! HTTP later); [`SandboxSpec::validate`] is the one gate that turns it into
+//! something the jail may act on. Every rejection names the field and says
+//! what would be accepted.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::units::ByteSize;
+
+/// Why a spec was rejected.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SpecError {
+    #[error("unknown template {name:?}: use `host` or `dir:/path/to/rootfs`")]
+    UnknownTemplate { name: String },
+    #[error("template directory {path:?} is not usable: {reason}")]
+    TemplateDir { path: PathBuf, reason: String },
+    #[error("--{field} {value} is out of range: {hint}")]
+    OutOfRange { field: &'static str, value: String, hint: &'static str },
+    #[error("invalid environment variable {input:?}: expected KEY=VALUE with KEY made of letters, digits and _ (not starting with a digit)")]
+    Env { input: String },
+    #[error("invalid --workdir {path:?}: it must be an absolute path inside the sandbox")]
+    Workdir { path: String },
+    #[error("invalid --user {input:?}: expected a user name or a numeric uid (optionally uid:gid)")]
+    User { input: String },
+    #[error("no command given: put the command after `--`, for example `brig run -- python3 -c 'print(42)'`")]
+    NoCommand,
+    #[error("invalid command argument: {reason}")]
+    Command { reason: &'static str },
+}
+
+/// A sandbox's identity: 12 lowercase hex digits. It is also the hostname
+/// inside the sandbox and part of every host-side resource name, so the
+/// format is strict.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(transparent)]
+pub struct SandboxId(String);
+
+impl SandboxId {
+    pub const LEN: usize = 12;
+
+    /// Build an id from 48 random bits.
+    pub fn from_random(bits: u64) -> Self {
+        SandboxId(format!("{:012x}", bits & 0xffff_ffff_ffff))
+    }
+
+    /// Accept an id from outside (a cgroup name, an API path) only if it has
+    /// exactly the shape brig generates.
+    pub fn parse(s: &str) -> Option<Self> {
+        (s.len() == Self::LEN && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
+            .then(|| SandboxId(s.to_string()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for SandboxId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Which root filesystem a sandbox starts from.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind", content = "path")]
+pub enum TemplateRef {
+    /// The embedded default: a read-only view of the host's /usr, /bin,
+    /// /sbin, /lib*, /etc and nothing else from the host.
+    Host,
+    /// Any unpacked root filesystem on the host (e.g. mmdebstrap output),
+    /// used read-only as the lower layer of an overlay.
+    Dir(PathBuf),
+}
+
+impl TemplateRef {
+    /// Parse `host` or `dir:PATH`. Whether the directory is usable is checked
+    /// by [`SandboxSpec::validate`], which touches the filesystem.
+    pub fn parse(s: &str) -> Result<Self, SpecError> {
+        match s {
+            "host" => Ok(TemplateRef::Host),
+            _ => match s.strip_prefix("dir:") {
+                Some(p) if !p.is_empty() => Ok(TemplateRef::Dir(PathBuf::from(p))),
+                _ => Err(SpecError::UnknownTemplate { name: s.to_string() }),
+            },
+        }
+    }
+}
+
+impl fmt::Display for TemplateRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            TemplateRef::Host => f.write_str("host"),
+            TemplateRef::Dir(p) => write!(f, "dir:{}", p.display()),
+        }
+    }
+}
+
+/// Resource bounds. Defaults are what `brig run` uses when a flag is absent.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Limits {
+    /// Memory (RAM, and with it the tmpfs-backed writable layer and /tmp).
+    /// Going over kills the sandbox.
+    pub memory: ByteSize,
+    /// Maximum number of tasks (processes and threads) alive at once.
+    pub pids: u32,
+    /// CPU quota in cores (1.5 = one and a half cores); `None` is unlimited.
+    pub cpus: Option<f64>,
+    /// Size of the writable layer, and separately of /tmp.
+    pub disk: ByteSize,
+    /// Wall-clock limit; `None` runs until the command exits.
+    pub timeout: Option<Duration>,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            memory: ByteSize::mib(512),
+            pids: 256,
+            cpus: None,
+            disk: ByteSize::mib(1024),
+            timeout: None,
+        }
+    }
+}
+
+/// An environment variable for the sandboxed command.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct EnvVar {
+    pub key: String,
+    pub value: String,
+}
+
+impl EnvVar {
+    pub fn parse(s: &str) -> Result<Self, SpecError> {
+        let err = || SpecError::Env { input: s.to_string() };
+        let (key, value) = s.split_once('=').ok_or_else(err)?;
+        let valid_key = !key.is_empty()
+            && !key.starts_with(|c: char| c.is_ascii_digit())
+            && key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+        if !valid_key || value.contains('\0') {
+            return Err(err());
+        }
+        Ok(EnvVar { key: key.to_string(), value: value.to_string() })
+    }
+}
+
+/// Who the command runs as inside the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum UserSpec {
+    /// Looked up in the template's /etc/passwd.
+    Name(String),
+    /// A numeric uid, with an explicit gid or (if absent) gid = uid.
+    Id { uid: u32, gid: Option<u32> },
+}
+
+impl UserSpec {
+    pub fn parse(s: &str) -> Result<Self, SpecError> {
+        let err = || SpecError::User { input: s.to_string() };
+        let (u, g) = match s.split_once(':') {
+            Some((u, g)) => (u, Some(g)),
+            None => (s, None),
+        };
+        if let Ok(uid) = u.parse::<u32>() {
+            let gid = g.map(|g| g.parse::<u32>().map_err(|_| err())).transpose()?;
+            if uid >= 65536 || gid.is_some_and(|g| g >= 65536) {
+                return Err(err());
+            }
+            return Ok(UserSpec::Id { uid, gid });
+        }
+        let valid_name = !u.is_empty()
+            && g.is_none()
+            && u.len() <= 32
+            && u.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b));
+        if valid_name {
+            Ok(UserSpec::Name(u.to_string()))
+        } else {
+            Err(err())
+        }
+    }
+}
+
+/// Everything needed to start one sandboxed command.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct SandboxSpec {
+    pub template: TemplateRef,
+    pub limits: Limits,
+    pub env: Vec<EnvVar>,
+    /// Absolute path inside the sandbox; created if missing.
+    pub workdir: Option<String>,
+    pub user: Option<UserSpec>,
+    /// argv; argv[0] is looked up on the sandbox's PATH.
+    pub command: Vec<String>,
+    /// Give the command a pseudo-terminal.
+    pub tty: bool,
+    /// Pass the caller's stdin through (otherwise /dev/null).
+    pub stdin: bool,
+}
+
+impl SandboxSpec {
+    pub fn new(command: Vec<String>) -> Self {
+        SandboxSpec {
+            template: TemplateRef::Host,
+            limits: Limits::default(),
+            env: Vec::new(),
+            workdir: None,
+            user: None,
+            command,
+            tty: false,
+            stdin: false,
+        }
+    }
+
+    /// The one gate between untrusted input and the jail.
+    pub fn validate(&self) -> Result<(), SpecError> {
+        if self.command.is_empty() || self.command[0].is_empty() {
+            return Err(SpecError::NoCommand);
+        }
+        if self.command.iter().any(|a| a.contains('\0')) {
+            return Err(SpecError::Command { reason: "arguments may not contain NUL bytes" });
+        }
+        let l = &self.limits;
+        if l.memory.bytes() < 16 * ByteSize::MIB {
+            return Err(SpecError::OutOfRange {
+                field: "memory",
+                value: l.memory.to_string(),
+                hint: "the minimum is 16M",
+            });
+        }
+        if l.pids < 4 || l.pids > 1 << 22 {
+            return Err(SpecError::OutOfRange {
+                field: "pids",
+                value: l.pids.to_string(),
+                hint: "use a number between 4 and 4194304",
+            });
+        }
+        if let Some(c) = l.cpus {
+            if !(c.is_finite() && (0.01..=1024.0).contains(&c)) {
+                return Err(SpecError::OutOfRange {
+                    field: "cpus",
+                    value: c.to_string(),
+                    hint: "use a number of cores between 0.01 and 1024, for example 0.5 or 2",
+                });
+            }
+        }
+        if l.disk.bytes() < ByteSize::MIB {
+            return Err(SpecError::OutOfRange {
+                field: "disk",
+                value: l.disk.to_string(),
+                hint: "the minimum is 1M",
+            });
+        }
+        if l.timeout.is_some_and(|t| t.is_zero()) {
+            return Err(SpecError::OutOfRange {
+                field: "timeout",
+                value: "0s".into(),
+                hint: "use a positive duration such as 30s, or leave it out for no limit",
+            });
+        }
+        if let Some(w) = &self.workdir {
+            if !w.starts_with('/') || w.contains('\0') {
+                return Err(SpecError::Workdir { path: w.clone() });
+            }
+        }
+        if let TemplateRef::Dir(p) = &self.template {
+            let reason = match std::fs::metadata(p) {
+                Err(e) => Some(format!("{e}")),
+                Ok(m) if !m.is_dir() => Some("not a directory".to_string()),
+                Ok(_) if !p.is_absolute() => Some("use an absolute path".to_string()),
+                Ok(_) if std::fs::symlink_metadata(p.join("bin/sh")).is_err() => {
+                    Some("it has no bin/sh; point at the root of an unpacked filesystem".to_string())
+                }
+                Ok(_) => None,
+            };
+            if let Some(reason) = reason {
+                return Err(SpecError::TemplateDir { path: p.clone(), reason });
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn templates_parse() {
+        assert_eq!(TemplateRef::parse("host").unwrap(), TemplateRef::Host);
+        assert_eq!(TemplateRef::parse("dir:/x").unwrap(), TemplateRef::Dir("/x".into()));
+        assert!(matches!(TemplateRef::parse("ubuntu"), Err(SpecError::UnknownTemplate { .. })));
+        assert!(TemplateRef::parse("dir:").is_err());
+    }
+
+    #[test]
+    fn env_vars_need_a_valid_key() {
+        assert_eq!(EnvVar::parse("A_1=x=y").unwrap(), EnvVar { key: "A_1".into(), value: "x=y".into() });
+        assert_eq!(EnvVar::parse("E=").unwrap().value, "");
+        for bad in ["NOEQUALS", "=v", "1A=v", "A-B=v", "A B=v"] {
+            assert!(EnvVar::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn users_parse_as_names_or_ids() {
+        assert_eq!(UserSpec::parse("nobody").unwrap(), UserSpec::Name("nobody".into()));
+        assert_eq!(UserSpec::parse("1000").unwrap(), UserSpec::Id { uid: 1000, gid: None });
+        assert_eq!(UserSpec::parse("1000:100").unwrap(), UserSpec::Id { uid: 1000, gid: Some(100) });
+        for bad in ["", "70000", "1000:x", "a:b", "x/y", "root\n"] {
+            assert!(UserSpec::parse(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn validation_rejects_each_bad_field() {
+        let ok = SandboxSpec::new(vec!["true".into()]);
+        ok.validate().unwrap();
+
+        let mut s = ok.clone();
+        s.command.clear();
+        assert_eq!(s.validate(), Err(SpecError::NoCommand));
+
+        let mut s = ok.clone();
+        s.limits.memory = ByteSize(1000);
+        assert!(matches!(s.validate(), Err(SpecError::OutOfRange { field: "memory", .. })));
+
+        let mut s = ok.clone();
+        s.limits.cpus = Some(f64::NAN);
+        assert!(matches!(s.validate(), Err(SpecError::OutOfRange { field: "cpus", .. })));
+
+        let mut s = ok.clone();
+        s.limits.timeout = Some(Duration::ZERO);
+        assert!(matches!(s.validate(), Err(SpecError::OutOfRange { field: "timeout", .. })));
+
+        let mut s = ok.clone();
+        s.workdir = Some("relative/dir".into());
+        assert!(matches!(s.validate(), Err(SpecError::Workdir { .. })));
+
+        let mut s = ok.clone();
+        s.template = TemplateRef::Dir("/definitely/not/here".into());
+        assert!(matches!(s.validate(), Err(SpecError::TemplateDir { .. })));
+    }
+
+    #[test]
+    fn ids_round_trip_and_reject_foreign_shapes() {
+        let id = SandboxId::from_random(0xdead_beef_cafe_f00d);
+        assert_eq!(id.as_str().len(), SandboxId::LEN);
+        assert_eq!(SandboxId::parse(id.as_str()), Some(id));
+        assert_eq!(SandboxId::parse("../etc/passw"), None);
+        assert_eq!(SandboxId::parse("ABCDEF012345"), None);
+    }
+}

@@ -1,0 +1,32 @@
+//! brig-jail: the process tier. It turns a validated
+//! [`brig_core::SandboxSpec`] into a running, isolated process tree and
+//! tears it down again without leaving anything behind.
+//!
+//! Where to start reading:
+//! - [`sandbox::Sandbox::spawn`] is the host side: it takes a uid slot,
+//!   creates the cgroup, clones the sandbox's init into fresh namespaces,
+//!   writes its uid/gid maps and hands it the template's mounts.
+//! - [`bringup::bring_up`] is the sandbox side, read top to bottom: mounts,
+//!   pivot_root, hostname, loopback, rlimits, capabilities, no_new_privs,
+//!   seccomp, exec — with the reason for each step at the step.
+//! - [`sys::Syscalls`] is the one trait every privileged call goes through;
+//!   [`sys::Recording`] is its fake, so most tests run unprivileged.
+//! - [`cgroup`] (v1 and v2), [`seccomp`] (policy compiled at build time from
+//!   `resources/seccomp/`), [`slot`] (uid ranges and liveness locks),
+//!   [`reconcile`] (reaping what a killed brig left behind) and [`probe`]
+//!   (what this host offers, for `brig doctor`).
+
+pub mod bringup;
+pub mod cgroup;
+pub mod error;
+pub mod plan;
+pub mod probe;
+pub mod reconcile;
+pub mod sandbox;
+pub mod seccomp;
+pub mod slot;
+pub mod sys;
+pub mod template;
+
+pub use error::JailError;
+pub use sandbox::{Exit, Sandbox, SpawnOptions};

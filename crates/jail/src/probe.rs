@@ -1,0 +1,1 @@
+//! (being written by the doctor work) What this host offers.
