@@ -5,6 +5,8 @@
 
 mod commands;
 mod exit;
+mod home;
+mod tty;
 
 use clap::Parser;
 

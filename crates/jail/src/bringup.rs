@@ -1,1 +1,612 @@
-//! (being written)
+//! The sandbox side of the bring-up: what the sandbox's init (pid 1 of its
+//! pid namespace) does from `clone` to the user's `execve`.
+//!
+//! [`run_init`] is the whole sequence, top to bottom, with the reason for
+//! each step at the step. It runs in a freshly cloned child, so it only
+//! reads the pre-built [`Plan`] and makes system calls; it never allocates.
+//! Every failure is a [`Failure`] (which step, which errno) written to the
+//! error pipe, where the host turns it into a message.
+
+use std::os::fd::RawFd;
+
+use crate::plan::{ExecPlan, Plan, Step};
+use crate::seccomp;
+use crate::sys::{Errno, Linux, SysResult, Syscalls};
+
+/// Which step of the bring-up failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Stage {
+    WaitForHost = 1,
+    CgroupNamespace,
+    PrivateMounts,
+    ScratchFs,
+    /// A [`Step`] of the plan; `Failure::index` says which.
+    MountStep,
+    PivotRoot,
+    Hostname,
+    Loopback,
+    Rlimit,
+    Terminal,
+    Fork,
+    Session,
+    Stdio,
+    Workdir,
+    BoundingSet,
+    Identity,
+    Capabilities,
+    NoNewPrivs,
+    Seccomp,
+    Exec,
+}
+
+impl Stage {
+    fn from_u32(v: u32) -> Option<Self> {
+        use Stage::*;
+        [
+            WaitForHost, CgroupNamespace, PrivateMounts, ScratchFs, MountStep, PivotRoot, Hostname, Loopback, Rlimit,
+            Terminal, Fork, Session, Stdio, Workdir, BoundingSet, Identity, Capabilities, NoNewPrivs, Seccomp, Exec,
+        ]
+        .into_iter()
+        .find(|s| *s as u32 == v)
+    }
+
+    pub fn describe(self) -> &'static str {
+        match self {
+            Stage::WaitForHost => "wait for the host to finish set-up",
+            Stage::CgroupNamespace => "enter a new cgroup namespace",
+            Stage::PrivateMounts => "make the mount namespace private",
+            Stage::ScratchFs => "mount the writable layer (tmpfs)",
+            Stage::MountStep => "prepare the root filesystem",
+            Stage::PivotRoot => "pivot_root into the sandbox's root",
+            Stage::Hostname => "set the hostname",
+            Stage::Loopback => "bring up the loopback interface",
+            Stage::Rlimit => "set resource limits",
+            Stage::Terminal => "create the pseudo-terminal",
+            Stage::Fork => "fork the command's process",
+            Stage::Session => "start a new session",
+            Stage::Stdio => "set up standard input/output",
+            Stage::Workdir => "enter the working directory",
+            Stage::BoundingSet => "drop capabilities from the bounding set",
+            Stage::Identity => "switch to the requested user",
+            Stage::Capabilities => "set capabilities",
+            Stage::NoNewPrivs => "set no_new_privs",
+            Stage::Seccomp => "install the seccomp filter",
+            Stage::Exec => "execute the command",
+        }
+    }
+}
+
+/// A failed step, small and `Copy` so the child can send it without
+/// allocating.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Failure {
+    pub stage: Stage,
+    /// Index into [`Plan::steps`] for [`Stage::MountStep`], else 0.
+    pub index: u32,
+    pub errno: Errno,
+}
+
+impl Failure {
+    pub const SIZE: usize = 12;
+
+    fn at(stage: Stage) -> impl Fn(Errno) -> Failure {
+        move |errno| Failure { stage, index: 0, errno }
+    }
+
+    pub fn encode(&self) -> [u8; Self::SIZE] {
+        let mut b = [0u8; Self::SIZE];
+        b[0..4].copy_from_slice(&(self.stage as u32).to_ne_bytes());
+        b[4..8].copy_from_slice(&self.index.to_ne_bytes());
+        b[8..12].copy_from_slice(&self.errno.0.to_ne_bytes());
+        b
+    }
+
+    pub fn decode(b: &[u8]) -> Option<Self> {
+        if b.len() != Self::SIZE {
+            return None;
+        }
+        let word = |i: usize| u32::from_ne_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        Some(Failure { stage: Stage::from_u32(word(0))?, index: word(4), errno: Errno(word(8) as i32) })
+    }
+}
+
+/// The descriptors the init shares with the host.
+#[derive(Debug, Clone, Copy)]
+pub struct Channels {
+    /// SOCK_SEQPACKET to the host: "go" (+ template mount fds) in, "ready"
+    /// (+ pty master) out.
+    pub sync: RawFd,
+    /// Write end of the error pipe (close-on-exec): a [`Failure`], or EOF
+    /// once the command has been executed.
+    pub error: RawFd,
+}
+
+/// Most detached mounts the host may send.
+pub const MAX_FDS: usize = 4;
+
+/// The init's entry point right after `clone`. Never returns.
+pub fn init_main(plan: &Plan, ch: Channels) -> ! {
+    let code = match run_init(plan, &Linux, ch) {
+        Ok(code) => code,
+        Err(f) => {
+            write_failure(ch.error, f);
+            crate::sandbox::SETUP_FAILED_EXIT
+        }
+    };
+    // SAFETY: leaving the child without running the parent's atexit
+    // handlers or destructors, which belong to the parent.
+    unsafe { libc::_exit(code) }
+}
+
+/// The sandbox's init, from clone to the command's exit status.
+pub fn run_init(plan: &Plan, sys: &dyn Syscalls, ch: Channels) -> Result<i32, Failure> {
+    // 1. Die with the host process. If brig is SIGKILLed, the kernel kills
+    //    this init, and with it (pid namespace) every process of the
+    //    sandbox. Set before anything else so no window is left open; if the
+    //    host already died, step 2 sees EOF and we exit.
+    // SAFETY: prctl with integer arguments only.
+    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
+
+    // 2. Wait for the host: it writes our uid/gid maps (until then we have
+    //    no identity in our user namespace), moves us into the sandbox's
+    //    cgroups, and sends the template's detached mounts, which only it
+    //    can make (idmapping needs privilege in the host's namespace).
+    let mut fds = [-1; MAX_FDS];
+    let n = recv_with_fds(ch.sync, &mut fds).map_err(Failure::at(Stage::WaitForHost))?;
+    if n.0 == 0 {
+        return Err(Failure::at(Stage::WaitForHost)(Errno(libc::EPIPE)));
+    }
+
+    // 2b. Become root *of our user namespace*. clone(CLONE_NEWUSER) keeps
+    //     the host credentials (host uid 0, unmapped in here); switching
+    //     to uid 0 now that the map exists makes us the slot's host uid,
+    //     so every file we create belongs to the sandbox, not host root.
+    sys.set_ids(0, 0, &[]).map_err(Failure::at(Stage::Identity))?;
+
+    // 3. A cgroup namespace, entered only now that we are inside our
+    //    cgroup: /proc/self/cgroup shows "/" and the host's cgroup tree
+    //    is not named.
+    sys.unshare(libc::CLONE_NEWCGROUP).map_err(Failure::at(Stage::CgroupNamespace))?;
+
+    // 4. The root filesystem: private mounts, the writable layer, the
+    //    template, /proc, /dev, /tmp, /sys; then pivot_root into it.
+    prepare_root(plan, sys, &fds[..n.1])?;
+    for fd in &fds[..n.1] {
+        // SAFETY: the received descriptors are ours; attached already.
+        unsafe { libc::close(*fd) };
+    }
+
+    // 5. The machine's identity: hostname = sandbox id (in our own uts
+    //    namespace), and a working loopback in our own network namespace,
+    //    which has no other interface: no route leaves the sandbox.
+    sys.sethostname(&plan.hostname).map_err(Failure::at(Stage::Hostname))?;
+    sys.loopback_up().map_err(Failure::at(Stage::Loopback))?;
+
+    // 6. Resource limits the cgroup does not cover (open files, core size).
+    //    Set in init so every process of the sandbox inherits them.
+    for (res, soft, hard) in &plan.rlimits {
+        sys.setrlimit(*res, *soft, *hard).map_err(Failure::at(Stage::Rlimit))?;
+    }
+
+    // 7. A pseudo-terminal from the sandbox's own devpts, if asked for. The
+    //    host gets the master; the command gets the slave as its
+    //    controlling terminal. Without one, tell the host we are ready.
+    let slave = if plan.tty {
+        let (master, slave) = open_pty().map_err(Failure::at(Stage::Terminal))?;
+        send_with_fd(ch.sync, master).map_err(Failure::at(Stage::Terminal))?;
+        // SAFETY: the host has its copy now.
+        unsafe { libc::close(master) };
+        Some(slave)
+    } else {
+        send_with_fd(ch.sync, -1).map_err(Failure::at(Stage::WaitForHost))?;
+        None
+    };
+
+    // 8. The command runs in a child: init stays behind as pid 1 to reap
+    //    orphans (zombies would otherwise fill the pid limit), and its exit
+    //    (when the command exits) makes the kernel kill what is left.
+    // SAFETY: fork in a single-threaded process (this init).
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(Failure::at(Stage::Fork)(Errno::last()));
+    }
+    if pid == 0 {
+        let f = exec_workload(&plan.exec, plan.stdin, slave, sys);
+        write_failure(ch.error, f);
+        // SAFETY: see init_main.
+        unsafe { libc::_exit(crate::sandbox::SETUP_FAILED_EXIT) };
+    }
+
+    // 9. Init keeps nothing the command could use: the host channels are
+    //    closed (the error pipe's EOF tells the host the command started),
+    //    and it becomes non-dumpable so even a same-uid process cannot
+    //    ptrace it or read its memory.
+    // SAFETY: closing our own descriptors; prctl with integers.
+    unsafe {
+        libc::close(ch.sync);
+        libc::close(ch.error);
+        if let Some(s) = slave {
+            libc::close(s);
+        }
+        libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
+        libc::prctl(libc::PR_SET_NAME, c"brig-init".as_ptr(), 0, 0, 0);
+    }
+    Ok(reap_until(pid))
+}
+
+/// Steps 4a–4d: build the root and pivot into it.
+pub fn prepare_root(plan: &Plan, sys: &dyn Syscalls, fds: &[RawFd]) -> Result<(), Failure> {
+    // 4a. Our mount namespace is a copy of the host's; make every mount
+    //     private so nothing we mount propagates back to the host (or
+    //     from it into the sandbox).
+    sys.mount(None, c"/", None, libc::MS_REC | libc::MS_PRIVATE, None).map_err(Failure::at(Stage::PrivateMounts))?;
+
+    // 4b. The scratch tmpfs: the writable layer, sized by --disk. It lives
+    //     only in this namespace, so it disappears with the sandbox.
+    sys.mount(Some(c"tmpfs"), &plan.staging, Some(c"tmpfs"), libc::MS_NODEV, Some(&plan.staging_opts))
+        .map_err(Failure::at(Stage::ScratchFs))?;
+
+    // 4c. The plan's steps: the template, /proc (masked), /dev, /tmp, /sys.
+    for (i, step) in plan.steps.iter().enumerate() {
+        run_step(step, sys, fds).map_err(|errno| Failure { stage: Stage::MountStep, index: i as u32, errno })?;
+    }
+
+    // 4d. pivot_root, not chroot: the old root is detached entirely, so no
+    //     path (nor a chroot-breakout trick) leads back to the host's files.
+    sys.pivot_root_here(&plan.new_root).map_err(Failure::at(Stage::PivotRoot))
+}
+
+fn run_step(step: &Step, sys: &dyn Syscalls, fds: &[RawFd]) -> SysResult {
+    match step {
+        Step::Mount { source, target, fstype, flags, data, .. } => {
+            sys.mount(source.as_deref(), target, fstype.as_deref(), *flags, data.as_deref())
+        }
+        Step::Attach { index, target, .. } => sys.move_mount(*fds.get(*index).ok_or(Errno(libc::EBADF))?, target),
+        Step::Mkdir { target, mode } => sys.mkdir(target, *mode),
+        Step::Touch { target } => sys.touch(target),
+        Step::Symlink { link, target } => match sys.symlink(target, link) {
+            Err(Errno(libc::EEXIST)) => Ok(()),
+            r => r,
+        },
+    }
+}
+
+/// The command's process, from fork to execve. Returns only on failure.
+pub fn exec_workload(exec: &ExecPlan, stdin: bool, tty: Option<RawFd>, sys: &dyn Syscalls) -> Failure {
+    // a. A new session: the command has no controlling terminal from the
+    //    host, so TIOCSTI on an inherited host terminal is refused.
+    // SAFETY: setsid takes no arguments.
+    if unsafe { libc::setsid() } < 0 {
+        return Failure::at(Stage::Session)(Errno::last());
+    }
+    // a'. A clean signal state: brig blocks the signals it handles and
+    //     Rust ignores SIGPIPE; both would otherwise survive execve.
+    reset_signals();
+    // b. Standard streams: the pty slave, or the caller's streams with
+    //    stdin replaced by /dev/null unless -i.
+    if let Err(e) = setup_stdio(stdin, tty) {
+        return Failure::at(Stage::Stdio)(e);
+    }
+    // c. Nothing of brig's reaches the command: every descriptor above
+    //    stderr closes on exec (the error pipe included, which is how the
+    //    host learns the exec succeeded).
+    // SAFETY: close_range with constant arguments.
+    unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) };
+
+    match drop_privileges(exec, sys) {
+        Err(f) => f,
+        Ok(()) => exec_command(exec),
+    }
+}
+
+/// Steps d–h of the command's process: everything between its set-up and
+/// execve that goes through [`Syscalls`], so it can be tested with a fake.
+pub fn drop_privileges(exec: &ExecPlan, sys: &dyn Syscalls) -> Result<(), Failure> {
+    // d. The working directory exists (created as root, then handed to the
+    //    user). The path is resolved inside the sandbox's root, so `..`
+    //    and symlinks cannot leave it.
+    for dir in &exec.workdir_prefixes {
+        let _ = sys.mkdir(dir, 0o755);
+    }
+    if let Some(last) = exec.workdir_prefixes.last() {
+        let _ = sys.chown(last, exec.uid, exec.gid);
+    }
+
+    // e. Capabilities: shrink the bounding set first (needs CAP_SETPCAP,
+    //    which we still have), then switch user (needs CAP_SETUID/SETGID),
+    //    then set what the command keeps: a container root's set for uid 0,
+    //    nothing for anyone else. All of them are capabilities of the
+    //    sandbox's user namespace only.
+    sys.drop_bounding_set(exec.caps).map_err(Failure::at(Stage::BoundingSet))?;
+    sys.set_ids(exec.uid, exec.gid, &exec.groups).map_err(Failure::at(Stage::Identity))?;
+    sys.set_capabilities(exec.caps).map_err(Failure::at(Stage::Capabilities))?;
+
+    // f. Enter the working directory as the user: a directory the user may
+    //    not enter is an error, not a silent privilege.
+    sys.chdir(&exec.workdir).map_err(Failure::at(Stage::Workdir))?;
+
+    // g. no_new_privs: setuid bits and file capabilities grant nothing,
+    //    and it is the precondition for an unprivileged seccomp filter.
+    sys.set_no_new_privs().map_err(Failure::at(Stage::NoNewPrivs))?;
+
+    // h. seccomp last, so the steps above may use what it denies.
+    sys.install_seccomp(seccomp::sandbox_filter()).map_err(Failure::at(Stage::Seccomp))
+}
+
+/// execve each PATH candidate in turn, as execvp does: remember a
+/// permission error but keep looking; stop on anything else.
+fn exec_command(exec: &ExecPlan) -> Failure {
+    let mut err = Errno(libc::ENOENT);
+    for cand in &exec.candidates {
+        // SAFETY: cand, argv and envp are NUL-terminated strings and
+        // NULL-terminated pointer arrays owned by `exec`.
+        unsafe { libc::execve(cand.as_ptr(), exec.argv_ptr(), exec.env_ptr()) };
+        match Errno::last() {
+            Errno(libc::ENOENT) | Errno(libc::ENOTDIR) => {}
+            Errno(libc::EACCES) => err = Errno(libc::EACCES),
+            other => return Failure { stage: Stage::Exec, index: 0, errno: other },
+        }
+    }
+    Failure { stage: Stage::Exec, index: 0, errno: err }
+}
+
+fn reset_signals() {
+    // SAFETY: sigset_t is plain old data; sigemptyset initialises it, and
+    // signal() with SIG_DFL is async-signal-safe. Errors (SIGKILL, SIGSTOP,
+    // and the unused numbers) are expected and ignored.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigprocmask(libc::SIG_SETMASK, &set, std::ptr::null_mut());
+        for sig in 1..libc::SIGRTMIN() {
+            libc::signal(sig, libc::SIG_DFL);
+        }
+    }
+}
+
+fn setup_stdio(stdin: bool, tty: Option<RawFd>) -> SysResult {
+    // SAFETY: dup2/ioctl/open on descriptors we own and a constant path.
+    unsafe {
+        if let Some(slave) = tty {
+            if libc::ioctl(slave, libc::TIOCSCTTY, 0) < 0 {
+                return Err(Errno::last());
+            }
+            for fd in 0..3 {
+                if libc::dup2(slave, fd) < 0 {
+                    return Err(Errno::last());
+                }
+            }
+            if slave > 2 {
+                libc::close(slave);
+            }
+        } else if !stdin {
+            let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY);
+            if null < 0 || libc::dup2(null, 0) < 0 {
+                return Err(Errno::last());
+            }
+            libc::close(null);
+        }
+    }
+    Ok(())
+}
+
+/// Open a pty pair on the sandbox's devpts: (master, slave).
+fn open_pty() -> SysResult<(RawFd, RawFd)> {
+    // SAFETY: open/ioctl on a constant path and our own descriptors.
+    unsafe {
+        let master = libc::open(c"/dev/ptmx".as_ptr(), libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC);
+        if master < 0 {
+            return Err(Errno::last());
+        }
+        let unlock: libc::c_int = 0;
+        if libc::ioctl(master, libc::TIOCSPTLCK, &unlock) < 0 {
+            return Err(Errno::last());
+        }
+        // TIOCGPTPEER opens the slave without a path lookup.
+        const TIOCGPTPEER: libc::c_ulong = 0x5441;
+        let slave = libc::ioctl(master, TIOCGPTPEER as _, libc::O_RDWR | libc::O_NOCTTY);
+        if slave < 0 {
+            return Err(Errno::last());
+        }
+        Ok((master, slave))
+    }
+}
+
+/// Wait for `main` (the command); reap every other child meanwhile. Returns
+/// the command's status the way a shell reports it.
+fn reap_until(main: libc::pid_t) -> i32 {
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid with a valid out-pointer.
+        let pid = unsafe { libc::waitpid(-1, &mut status, 0) };
+        if pid == main {
+            return if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { 128 + libc::WTERMSIG(status) };
+        }
+        if pid < 0 && Errno::last() != Errno(libc::EINTR) {
+            return 1;
+        }
+    }
+}
+
+fn write_failure(fd: RawFd, f: Failure) {
+    let b = f.encode();
+    // SAFETY: writing a stack buffer to our pipe; a short write cannot
+    // happen for 12 bytes on a pipe.
+    unsafe { libc::write(fd, b.as_ptr().cast(), b.len()) };
+}
+
+/// Receive a 1-byte message and up to MAX_FDS descriptors. Returns (bytes,
+/// descriptors).
+pub fn recv_with_fds(sock: RawFd, fds: &mut [RawFd; MAX_FDS]) -> SysResult<(usize, usize)> {
+    let mut byte = [0u8; 1];
+    let mut iov = libc::iovec { iov_base: byte.as_mut_ptr().cast(), iov_len: 1 };
+    // Room for one SCM_RIGHTS header and MAX_FDS ints, 8-byte aligned.
+    let mut cbuf = [0u64; 8];
+    // SAFETY: msghdr is plain old data; all-zero is valid.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = cbuf.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&cbuf);
+    // SAFETY: msg points at live stack buffers sized as declared.
+    let n = loop {
+        let n = unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if n >= 0 || Errno::last() != Errno(libc::EINTR) {
+            break n;
+        }
+    };
+    if n < 0 {
+        return Err(Errno::last());
+    }
+    let mut count = 0;
+    // SAFETY: CMSG_* walk the control buffer the kernel filled, bounded by
+    // msg_controllen.
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(cmsg) as *const RawFd;
+                let len = ((*cmsg).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / std::mem::size_of::<RawFd>();
+                for i in 0..len.min(MAX_FDS - count) {
+                    fds[count] = std::ptr::read_unaligned(data.add(i));
+                    count += 1;
+                }
+            }
+            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+        }
+    }
+    Ok((n as usize, count))
+}
+
+/// Send a 1-byte message, with `fd` attached if it is not -1.
+pub fn send_with_fd(sock: RawFd, fd: RawFd) -> SysResult {
+    send_with_fds(sock, if fd >= 0 { std::slice::from_ref(&fd) } else { &[] })
+}
+
+/// Send a 1-byte message with up to MAX_FDS descriptors attached.
+pub fn send_with_fds(sock: RawFd, fds: &[RawFd]) -> SysResult {
+    let mut byte = [1u8; 1];
+    let mut iov = libc::iovec { iov_base: byte.as_mut_ptr().cast(), iov_len: 1 };
+    let mut cbuf = [0u64; 8];
+    // SAFETY: msghdr is plain old data; all-zero is valid.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    let fds = &fds[..fds.len().min(MAX_FDS)];
+    if !fds.is_empty() {
+        let bytes = std::mem::size_of_val(fds) as u32;
+        msg.msg_control = cbuf.as_mut_ptr().cast();
+        // SAFETY: CMSG_SPACE is a pure size computation.
+        msg.msg_controllen = unsafe { libc::CMSG_SPACE(bytes) } as usize;
+        // SAFETY: the control buffer is large enough for one header and
+        // MAX_FDS descriptors; CMSG_FIRSTHDR is non-null for it.
+        unsafe {
+            let cmsg = libc::CMSG_FIRSTHDR(&msg);
+            (*cmsg).cmsg_level = libc::SOL_SOCKET;
+            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+            (*cmsg).cmsg_len = libc::CMSG_LEN(bytes) as usize;
+            std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(cmsg) as *mut RawFd, fds.len());
+        }
+    }
+    // SAFETY: msg points at live stack buffers.
+    if unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) } < 0 {
+        return Err(Errno::last());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::{PlanInput, DEFAULT_CAPS};
+    use crate::sys::{Call, Recording};
+    use crate::template::{HostEntry, Identity, Layout};
+    use brig_core::{SandboxId, SandboxSpec};
+    use std::path::Path;
+
+    fn plan(layout: &Layout, identity: &Identity) -> Plan {
+        let id = SandboxId::from_random(7);
+        Plan::build(&PlanInput {
+            spec: &SandboxSpec::new(vec!["true".into()]),
+            id: &id,
+            layout,
+            identity,
+            staging: Path::new("/st"),
+            nofile_hard: 4096,
+            proc_has: &|_| true,
+        })
+    }
+
+    #[test]
+    fn root_is_private_then_scratch_then_steps_then_pivot() {
+        let p = plan(&Layout::Host(vec![HostEntry::Bind("/usr".into())]), &Identity::root());
+        let sys = Recording::default();
+        prepare_root(&p, &sys, &[]).unwrap();
+        let calls = sys.calls();
+        assert_eq!(
+            calls[0],
+            Call::Mount { source: None, target: "/".into(), fstype: None, flags: libc::MS_REC | libc::MS_PRIVATE, data: None }
+        );
+        assert!(matches!(&calls[1], Call::Mount { fstype: Some(f), target, .. } if f == "tmpfs" && target == "/st"));
+        assert_eq!(calls.last().unwrap(), &Call::PivotRoot { new_root: "/st".into() });
+        // The /usr bind is read-only after its remount.
+        assert!(calls.iter().any(|c| matches!(c, Call::Mount { target, flags, .. }
+            if target == "/st/usr" && flags & libc::MS_RDONLY != 0 && flags & libc::MS_REMOUNT != 0)));
+        assert!(calls.iter().any(|c| matches!(c, Call::Mount { fstype: Some(f), .. } if f == "proc")));
+        assert!(calls.iter().any(|c| matches!(c, Call::Mount { fstype: Some(f), data: Some(d), .. } if f == "devpts" && d.contains("newinstance"))));
+    }
+
+    #[test]
+    fn overlay_attaches_the_host_supplied_fd() {
+        let p = plan(&Layout::Overlay { lower: "/rootfs".into() }, &Identity::root());
+        let sys = Recording::default();
+        prepare_root(&p, &sys, &[42]).unwrap();
+        assert!(sys.calls().contains(&Call::MoveMount { fd: 42, target: "/st/lower".into() }));
+        // Without the fd, the step fails and names itself.
+        let err = prepare_root(&p, &Recording::default(), &[]).unwrap_err();
+        assert_eq!(err.stage, Stage::MountStep);
+        assert!(p.steps[err.index as usize].describe().contains("attach the template"));
+    }
+
+    #[test]
+    fn a_failing_mount_reports_its_step() {
+        let p = plan(&Layout::Host(vec![]), &Identity::root());
+        let sys = Recording { fail_on: Some("\"proc\"".into()), ..Default::default() };
+        let err = prepare_root(&p, &sys, &[]).unwrap_err();
+        assert_eq!((err.stage, err.errno), (Stage::MountStep, Errno(libc::EPERM)));
+        assert_eq!(p.steps[err.index as usize].describe(), "mount proc at /st/proc");
+    }
+
+    #[test]
+    fn privileges_drop_in_order_for_root_and_for_users() {
+        for (identity, caps) in [
+            (Identity::root(), DEFAULT_CAPS),
+            (Identity { uid: 1000, gid: 1000, groups: vec![1000], home: "/home/u".into(), name: Some("u".into()) }, 0),
+        ] {
+            let p = plan(&Layout::Host(vec![]), &identity);
+            let sys = Recording::default();
+            drop_privileges(&p.exec, &sys).unwrap();
+            assert_eq!(
+                calls,
+                sys.calls(),
+                vec![
+                    Call::DropBoundingSet { keep: caps },
+                    Call::SetIds { uid: identity.uid, gid: identity.gid, groups: identity.groups.clone() },
+                    Call::SetCapabilities(caps),
+                    Call::Chdir("/".into()),
+                    Call::NoNewPrivs,
+                    Call::Seccomp { len: seccomp::sandbox_filter().len() },
+                ]
+            );
+        }
+    }
+
+    #[test]
+    fn failures_round_trip_through_bytes() {
+        let f = Failure { stage: Stage::Exec, index: 3, errno: Errno(libc::ENOENT) };
+        assert_eq!(Failure::decode(&f.encode()), Some(f));
+        assert_eq!(Failure::decode(&[0; 12]), None);
+        assert_eq!(Failure::decode(&[1, 2, 3]), None);
+    }
+}

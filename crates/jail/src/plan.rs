@@ -1,1 +1,496 @@
-//! (being written)
+//! The bring-up plan: every path, string and number the sandbox's init
+//! needs, computed on the host before `clone`.
+//!
+//! The cloned child must not allocate (the parent may be multi-threaded, and
+//! a fork copies a malloc lock in whatever state another thread left it), so
+//! everything it touches is prepared here as C strings and plain integers.
+//! Building a plan is pure apart from `statvfs`/`stat` of host paths, which
+//! makes it easy to test.
+
+use std::ffi::{CStr, CString};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use brig_core::{SandboxId, SandboxSpec};
+
+use crate::template::{HostEntry, Identity, Layout};
+
+/// Capabilities a container's root normally keeps (Docker's default set)
+/// minus CAP_NET_RAW: CHOWN, DAC_OVERRIDE, FOWNER, FSETID, KILL, SETGID,
+/// SETUID, SETPCAP, NET_BIND_SERVICE, SYS_CHROOT, MKNOD, AUDIT_WRITE,
+/// SETFCAP. They act only inside the sandbox's user namespace.
+pub const DEFAULT_CAPS: u64 = (1 << 0)
+    | (1 << 1)
+    | (1 << 3)
+    | (1 << 4)
+    | (1 << 5)
+    | (1 << 6)
+    | (1 << 7)
+    | (1 << 8)
+    | (1 << 10)
+    | (1 << 18)
+    | (1 << 27)
+    | (1 << 29)
+    | (1 << 31);
+
+/// Device nodes bound from the host into the sandbox's /dev. These are the
+/// harmless character devices every program expects.
+pub const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
+
+/// The PATH a command gets unless the caller sets one.
+pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// /proc files that leak host kernel state or offer host-wide controls;
+/// /dev/null is bound over them.
+const MASKED_PROC: &[&str] = &["kcore", "keys", "timer_list", "sched_debug", "latency_stats"];
+/// /proc paths made read-only (host-wide knobs, even where the sandbox's
+/// root would own the file, e.g. its own network namespace's sysctls).
+const READONLY_PROC: &[&str] = &["sys", "sysrq-trigger", "irq", "bus", "fs"];
+
+/// One mount-namespace operation before `pivot_root`.
+#[derive(Debug)]
+pub enum Step {
+    Mount {
+        what: &'static str,
+        source: Option<CString>,
+        target: CString,
+        fstype: Option<CString>,
+        flags: libc::c_ulong,
+        data: Option<CString>,
+    },
+    /// Attach the n-th detached mount the host sent (an idmapped template).
+    Attach { what: &'static str, index: usize, target: CString },
+    Mkdir { target: CString, mode: libc::mode_t },
+    Touch { target: CString },
+    Symlink { link: CString, target: CString },
+}
+
+impl Step {
+    /// A short description for error messages.
+    pub fn describe(&self) -> String {
+        let t = |c: &CString| c.to_string_lossy().into_owned();
+        match self {
+            Step::Mount { what, target, .. } => format!("{what} at {}", t(target)),
+            Step::Attach { what, target, .. } => format!("{what} at {}", t(target)),
+            Step::Mkdir { target, .. } => format!("create directory {}", t(target)),
+            Step::Touch { target } => format!("create file {}", t(target)),
+            Step::Symlink { link, .. } => format!("create symlink {}", t(link)),
+        }
+    }
+}
+
+/// What the workload process does between `fork` and `execve`.
+#[derive(Debug)]
+pub struct ExecPlan {
+    /// The command as given, for messages.
+    pub display: String,
+    pub argv: Vec<CString>,
+    pub env: Vec<CString>,
+    /// Paths to try with execve, in PATH order.
+    pub candidates: Vec<CString>,
+    pub workdir: CString,
+    /// `/a`, `/a/b`, … for creating a missing workdir.
+    pub workdir_prefixes: Vec<CString>,
+    pub uid: u32,
+    pub gid: u32,
+    pub groups: Vec<libc::gid_t>,
+    pub caps: u64,
+    argv_ptrs: Vec<*const libc::c_char>,
+    env_ptrs: Vec<*const libc::c_char>,
+}
+
+impl ExecPlan {
+    /// NULL-terminated argv for execve. Valid as long as `self` is.
+    pub fn argv_ptr(&self) -> *const *const libc::c_char {
+        self.argv_ptrs.as_ptr()
+    }
+    pub fn env_ptr(&self) -> *const *const libc::c_char {
+        self.env_ptrs.as_ptr()
+    }
+}
+
+/// Everything the sandbox's init needs.
+#[derive(Debug)]
+pub struct Plan {
+    /// Host directory the sandbox mounts its scratch tmpfs on (in its own
+    /// mount namespace; the host never sees the mount).
+    pub staging: CString,
+    pub staging_opts: CString,
+    pub steps: Vec<Step>,
+    /// The directory that becomes `/`.
+    pub new_root: CString,
+    pub hostname: Vec<u8>,
+    pub rlimits: Vec<(libc::c_int, u64, u64)>,
+    pub tty: bool,
+    pub stdin: bool,
+    pub exec: ExecPlan,
+}
+
+// SAFETY: the raw pointers in ExecPlan point into CStrings owned by the same
+// ExecPlan; they are never mutated after construction.
+unsafe impl Send for Plan {}
+// SAFETY: as above; shared access only reads.
+unsafe impl Sync for Plan {}
+
+fn c(s: impl AsRef<[u8]>) -> CString {
+    // Every string here comes from validated input (no NULs) or from paths
+    // brig builds itself.
+    CString::new(s.as_ref().to_vec()).expect("NUL byte in a validated string")
+}
+
+fn cp(p: &Path) -> CString {
+    c(p.as_os_str().as_bytes())
+}
+
+struct Builder {
+    root: String,
+    steps: Vec<Step>,
+}
+
+impl Builder {
+    fn at(&self, inside: &str) -> CString {
+        c(format!("{}{}", self.root, inside))
+    }
+    fn mkdir(&mut self, inside: &str, mode: libc::mode_t) {
+        let target = self.at(inside);
+        self.steps.push(Step::Mkdir { target, mode });
+    }
+    fn mount(&mut self, what: &'static str, src: Option<&str>, inside: &str, fs: Option<&str>, flags: libc::c_ulong, data: Option<String>) {
+        let target = self.at(inside);
+        self.steps.push(Step::Mount { what, source: src.map(c), target, fstype: fs.map(c), flags, data: data.map(c) });
+    }
+    /// A read-only bind: bind, then remount read-only keeping the flags
+    /// the kernel locks in a user namespace (nosuid, nodev, noexec, atime).
+    fn bind_ro(&mut self, what: &'static str, src: &str, inside: &str, locked: libc::c_ulong) {
+        self.mount(what, Some(src), inside, None, libc::MS_BIND | libc::MS_REC, None);
+        self.mount(
+            what,
+            None,
+            inside,
+            None,
+            libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | locked,
+            None,
+        );
+    }
+}
+
+/// The mount flags a user namespace may not clear on a bind of `path`.
+pub fn locked_flags(path: &Path) -> libc::c_ulong {
+    let Ok(cpath) = CString::new(path.as_os_str().as_bytes()) else { return 0 };
+    // SAFETY: statvfs is plain old data; all-zero is valid.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: valid path and out-pointer.
+    if unsafe { libc::statvfs(cpath.as_ptr(), &mut st) } != 0 {
+        return 0;
+    }
+    let mut flags = 0;
+    for (st_flag, ms_flag) in [
+        (libc::ST_NOEXEC, libc::MS_NOEXEC),
+        (libc::ST_NOATIME, libc::MS_NOATIME),
+        (libc::ST_NODIRATIME, libc::MS_NODIRATIME),
+        (libc::ST_RELATIME, libc::MS_RELATIME),
+    ] {
+        if st.f_flag & st_flag != 0 {
+            flags |= ms_flag;
+        }
+    }
+    flags
+}
+
+/// Inputs to [`Plan::build`] besides the spec.
+#[allow(missing_debug_implementations)] // holds a closure
+pub struct PlanInput<'a> {
+    pub spec: &'a SandboxSpec,
+    pub id: &'a SandboxId,
+    pub layout: &'a Layout,
+    pub identity: &'a Identity,
+    pub staging: &'a Path,
+    /// The host's RLIMIT_NOFILE hard limit: the sandbox cannot go above it.
+    pub nofile_hard: u64,
+    /// Which optional /proc files exist on this kernel.
+    pub proc_has: &'a dyn Fn(&str) -> bool,
+}
+
+impl Plan {
+    pub fn build(input: &PlanInput<'_>) -> Plan {
+        let spec = input.spec;
+        let staging = input.staging.to_string_lossy().into_owned();
+        let disk = spec.limits.disk.bytes();
+        let nosuid_nodev = libc::MS_NOSUID | libc::MS_NODEV;
+
+        // The scratch tmpfs holds the writable layer (and, for overlays, the
+        // overlay's upper and work directories). Its size is --disk.
+        let (root, mut b) = match input.layout {
+            Layout::Host(entries) => {
+                let mut b = Builder { root: staging.clone(), steps: Vec::new() };
+                for e in entries {
+                    match e {
+                        HostEntry::Bind(p) => {
+                            let inside = p.to_string_lossy().into_owned();
+                            b.mkdir(&inside, 0o755);
+                            b.bind_ro("bind the host's directory read-only", &inside, &inside, locked_flags(p));
+                        }
+                        HostEntry::Symlink(link, target) => {
+                            b.steps.push(Step::Symlink { link: b.at(&link.to_string_lossy()), target: cp(target) });
+                        }
+                    }
+                }
+                (staging.clone(), b)
+            }
+            Layout::Overlay { .. } => {
+                let mut b = Builder { root: staging.clone(), steps: Vec::new() };
+                for d in ["/lower", "/upper", "/work", "/root"] {
+                    b.mkdir(d, 0o755);
+                }
+                b.steps.push(Step::Attach { what: "attach the template (idmapped, read-only)", index: 0, target: b.at("/lower") });
+                let opts = format!("lowerdir={s}/lower,upperdir={s}/upper,workdir={s}/work,userxattr", s = staging);
+                b.mount("mount the overlay (template below, writable layer above)", Some("overlay"), "/root", Some("overlay"), nosuid_nodev, Some(opts));
+                let root = format!("{staging}/root");
+                b.root = root.clone();
+                (root, b)
+            }
+        };
+
+        // Directories every program expects, created in the writable layer.
+        for (d, mode) in [("/proc", 0o555), ("/dev", 0o755), ("/sys", 0o555), ("/tmp", 0o1777), ("/root", 0o700), ("/home", 0o755), ("/run", 0o755), ("/var", 0o755), ("/var/tmp", 0o1777)] {
+            b.mkdir(d, mode);
+        }
+
+        // A fresh /proc for the sandbox's own pid namespace: host processes
+        // are invisible. Then mask or freeze the host-wide parts of it.
+        b.mount("mount proc", Some("proc"), "/proc", Some("proc"), nosuid_nodev | libc::MS_NOEXEC, None);
+
+        // A minimal /dev on its own tmpfs: only the harmless character
+        // devices (bound from the host, since a user namespace may not
+        // mknod), a private devpts instance, and /dev/shm.
+        b.mount("mount /dev", Some("tmpfs"), "/dev", Some("tmpfs"), libc::MS_NOSUID | libc::MS_NOEXEC, Some("mode=755,size=64k".into()));
+        for d in DEVICES {
+            let inside = format!("/dev/{d}");
+            b.steps.push(Step::Touch { target: b.at(&inside) });
+            b.mount("bind a device node", Some(&inside), &inside, None, libc::MS_BIND, None);
+        }
+        b.mkdir("/dev/pts", 0o755);
+        b.mount(
+            "mount devpts",
+            Some("devpts"),
+            "/dev/pts",
+            Some("devpts"),
+            libc::MS_NOSUID | libc::MS_NOEXEC,
+            Some("newinstance,ptmxmode=0666,mode=0620".into()),
+        );
+        b.mkdir("/dev/shm", 0o1777);
+        b.mount("mount /dev/shm", Some("tmpfs"), "/dev/shm", Some("tmpfs"), nosuid_nodev, Some(format!("mode=1777,size={disk}")));
+        for (link, target) in [("/dev/ptmx", "pts/ptmx"), ("/dev/fd", "/proc/self/fd"), ("/dev/stdin", "/proc/self/fd/0"), ("/dev/stdout", "/proc/self/fd/1"), ("/dev/stderr", "/proc/self/fd/2")] {
+            b.steps.push(Step::Symlink { link: b.at(link), target: c(target) });
+        }
+
+        for f in MASKED_PROC.iter().filter(|f| (input.proc_has)(f)) {
+            let inside = format!("/proc/{f}");
+            b.mount("mask a host /proc file", Some(&format!("{root}/dev/null")), &inside, None, libc::MS_BIND, None);
+        }
+        for f in READONLY_PROC.iter().filter(|f| (input.proc_has)(f)) {
+            let inside = format!("/proc/{f}");
+            let src = format!("{root}{inside}");
+            b.bind_ro("make a /proc path read-only", &src, &inside, libc::MS_NOEXEC);
+        }
+
+        // A private /tmp, sized like the writable layer.
+        b.mount("mount /tmp", Some("tmpfs"), "/tmp", Some("tmpfs"), nosuid_nodev, Some(format!("mode=1777,size={disk}")));
+
+        // sysfs read-only: programs read CPU topology from it; nothing may
+        // be written.
+        b.mount("mount /sys read-only", Some("sysfs"), "/sys", Some("sysfs"), nosuid_nodev | libc::MS_NOEXEC | libc::MS_RDONLY, None);
+
+        let exec = exec_plan(input);
+        Plan {
+            staging: c(&staging),
+            staging_opts: c(format!("mode=755,size={disk}")),
+            steps: b.steps,
+            new_root: c(&root),
+            hostname: input.id.as_str().as_bytes().to_vec(),
+            rlimits: vec![
+                // No core dumps into the writable layer.
+                (libc::RLIMIT_CORE as libc::c_int, 0, 0),
+                (libc::RLIMIT_NOFILE as libc::c_int, input.nofile_hard.min(65536), input.nofile_hard.min(65536)),
+            ],
+            tty: spec.tty,
+            stdin: spec.stdin,
+            exec,
+        }
+    }
+
+    /// The C string form of a host path, for callers that build plans by hand.
+    pub fn cstr(s: &str) -> CString {
+        c(s)
+    }
+}
+
+fn exec_plan(input: &PlanInput<'_>) -> ExecPlan {
+    let spec = input.spec;
+    let id = input.identity;
+    let mut env: Vec<(String, String)> = vec![
+        ("PATH".into(), DEFAULT_PATH.into()),
+        ("HOME".into(), id.home.clone()),
+        ("HOSTNAME".into(), input.id.to_string()),
+    ];
+    if let Some(name) = &id.name {
+        env.push(("USER".into(), name.clone()));
+        env.push(("LOGNAME".into(), name.clone()));
+    }
+    if spec.tty {
+        env.push(("TERM".into(), std::env::var("TERM").unwrap_or_else(|_| "xterm".into())));
+    }
+    for v in &spec.env {
+        env.retain(|(k, _)| k != &v.key);
+        env.push((v.key.clone(), v.value.clone()));
+    }
+    let path = env.iter().find(|(k, _)| k == "PATH").map(|(_, v)| v.clone()).unwrap_or_default();
+    let cmd = &spec.command[0];
+    let candidates: Vec<CString> = if cmd.contains('/') {
+        vec![c(cmd)]
+    } else {
+        path.split(':').filter(|d| d.starts_with('/')).map(|d| c(format!("{}/{cmd}", d.trim_end_matches('/')))).collect()
+    };
+    let workdir = spec.workdir.clone().unwrap_or_else(|| "/".into());
+    let mut prefixes = Vec::new();
+    let mut acc = String::new();
+    for part in workdir.split('/').filter(|p| !p.is_empty()) {
+        acc.push('/');
+        acc.push_str(part);
+        prefixes.push(c(&acc));
+    }
+    let argv: Vec<CString> = spec.command.iter().map(c).collect();
+    let env: Vec<CString> = env.iter().map(|(k, v)| c(format!("{k}={v}"))).collect();
+    let argv_ptrs = argv.iter().map(|a| a.as_ptr()).chain(std::iter::once(std::ptr::null())).collect();
+    let env_ptrs = env.iter().map(|a| a.as_ptr()).chain(std::iter::once(std::ptr::null())).collect();
+    ExecPlan {
+        display: cmd.clone(),
+        argv,
+        env,
+        candidates,
+        workdir: c(&workdir),
+        workdir_prefixes: prefixes,
+        uid: id.uid,
+        gid: id.gid,
+        groups: id.groups.clone(),
+        caps: if id.uid == 0 { DEFAULT_CAPS } else { 0 },
+        argv_ptrs,
+        env_ptrs,
+    }
+}
+
+/// Helper for tests and messages: a C string as &str.
+pub fn lossy(c: &CStr) -> String {
+    c.to_string_lossy().into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use brig_core::EnvVar;
+    use std::path::PathBuf;
+
+    fn build(spec: &SandboxSpec, layout: &Layout) -> Plan {
+        let id = SandboxId::from_random(0x1234);
+        Plan::build(&PlanInput {
+            spec,
+            id: &id,
+            layout,
+            identity: &Identity::root(),
+            staging: Path::new("/run/brig/mnt"),
+            nofile_hard: 1 << 20,
+            proc_has: &|f| f != "sched_debug",
+        })
+    }
+
+    #[test]
+    fn host_layout_binds_only_the_listed_host_paths() {
+        let layout = Layout::Host(vec![HostEntry::Bind("/usr".into()), HostEntry::Symlink("/bin".into(), "usr/bin".into())]);
+        let plan = build(&SandboxSpec::new(vec!["true".into()]), &layout);
+        let binds: Vec<String> = plan
+            .steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::Mount { source: Some(src), flags, .. } if flags & libc::MS_BIND != 0 && flags & libc::MS_REMOUNT == 0 => {
+                    Some(lossy(src))
+                }
+                _ => None,
+            })
+            .filter(|s| !s.starts_with("/dev/") && !s.contains("/proc/") && !s.ends_with("/dev/null"))
+            .collect();
+        assert_eq!(binds, vec!["/usr"]);
+        assert_eq!(lossy(&plan.new_root), "/run/brig/mnt");
+        assert!(plan.steps.iter().any(|s| matches!(s, Step::Symlink { link, .. } if lossy(link) == "/run/brig/mnt/bin")));
+    }
+
+    #[test]
+    fn overlay_layout_attaches_the_template_below_a_writable_layer() {
+        let layout = Layout::Overlay { lower: PathBuf::from("/srv/rootfs") };
+        let plan = build(&SandboxSpec::new(vec!["true".into()]), &layout);
+        assert_eq!(lossy(&plan.new_root), "/run/brig/mnt/root");
+        let overlay = plan.steps.iter().find_map(|s| match s {
+            Step::Mount { fstype: Some(f), data: Some(d), .. } if f.as_bytes() == b"overlay" => Some(lossy(d)),
+            _ => None,
+        });
+        assert_eq!(
+            overlay.unwrap(),
+            "lowerdir=/run/brig/mnt/lower,upperdir=/run/brig/mnt/upper,workdir=/run/brig/mnt/work,userxattr"
+        );
+    }
+
+    #[test]
+    fn every_mount_but_the_root_is_nosuid() {
+        let plan = build(&SandboxSpec::new(vec!["true".into()]), &Layout::Host(vec![HostEntry::Bind("/usr".into())]));
+        for s in &plan.steps {
+            if let Step::Mount { flags, target, what, .. } = s {
+                let is_plain_bind = flags & libc::MS_BIND != 0 && flags & libc::MS_REMOUNT == 0;
+                if !is_plain_bind {
+                    assert!(flags & libc::MS_NOSUID != 0, "{what} at {target:?} lacks nosuid");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn env_user_values_override_defaults_and_path_drives_lookup() {
+        let mut spec = SandboxSpec::new(vec!["python3".into(), "-c".into(), "pass".into()]);
+        spec.env.push(EnvVar { key: "PATH".into(), value: "/opt/bin:relative:/usr/bin/".into() });
+        spec.env.push(EnvVar { key: "X".into(), value: "1".into() });
+        let plan = build(&spec, &Layout::Host(vec![]));
+        let cands: Vec<String> = plan.exec.candidates.iter().map(|c| lossy(c)).collect();
+        assert_eq!(cands, vec!["/opt/bin/python3", "/usr/bin/python3"]);
+        let env: Vec<String> = plan.exec.env.iter().map(|c| lossy(c)).collect();
+        assert!(env.contains(&"X=1".to_string()));
+        assert_eq!(env.iter().filter(|e| e.starts_with("PATH=")).count(), 1);
+        assert!(env.contains(&"HOSTNAME=000000001234".to_string()));
+    }
+
+    #[test]
+    fn workdir_prefixes_and_argv_are_null_terminated() {
+        let mut spec = SandboxSpec::new(vec!["ls".into()]);
+        spec.workdir = Some("/a/b/c".into());
+        let plan = build(&spec, &Layout::Host(vec![]));
+        let p: Vec<String> = plan.exec.workdir_prefixes.iter().map(|c| lossy(c)).collect();
+        assert_eq!(p, vec!["/a", "/a/b", "/a/b/c"]);
+        // SAFETY: argv_ptr points at argv.len()+1 pointers, the last null.
+        unsafe {
+            assert!((*plan.exec.argv_ptr().add(1)).is_null());
+        }
+        assert_eq!(plan.exec.caps, DEFAULT_CAPS);
+    }
+
+    #[test]
+    fn masked_proc_files_follow_the_kernel() {
+        let plan = build(&SandboxSpec::new(vec!["true".into()]), &Layout::Host(vec![]));
+        let masked: Vec<String> = plan
+            .steps
+            .iter()
+            .filter_map(|s| match s {
+                Step::Mount { what: "mask a host /proc file", target, .. } => Some(lossy(target)),
+                _ => None,
+            })
+            .collect();
+        assert!(masked.contains(&"/run/brig/mnt/proc/kcore".to_string()));
+        assert!(!masked.iter().any(|m| m.ends_with("sched_debug")));
+    }
+}

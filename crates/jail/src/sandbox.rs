@@ -1,7 +1,426 @@
-//! (being written)
+//! The host side of a sandbox's life: spawn, watch, kill, reap.
+//!
+//! [`Sandbox::spawn`] reads top to bottom:
+//! 1. validate the spec, resolve the template and the user, build the
+//!    [`Plan`] (all before `clone`, since the child may not allocate);
+//! 2. take a uid [`slot`] and create the [`Cgroup`] with its limits;
+//! 3. `clone` the sandbox's init into new user, mount, pid, ipc, uts and
+//!    network namespaces (the cgroup namespace comes later, from inside);
+//! 4. write its uid/gid maps, move it into the cgroup, send the template's
+//!    idmapped mount, and let it go;
+//! 5. wait until the command is executing, or report why it is not.
+//!
+//! Afterwards the caller watches [`Sandbox::pidfd`] (readable when the
+//! sandbox has ended) and, on cgroup v1, [`Sandbox::oom_fd`], then calls
+//! [`Sandbox::wait`]. Dropping a `Sandbox` kills it and cleans up.
+
+use std::ffi::CString;
+use std::fs;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use brig_core::{ByteSize, SandboxId, SandboxSpec};
+
+use crate::bringup::{self, Channels, Failure, Stage};
+use crate::cgroup::{Cgroup, Hierarchy};
+use crate::error::JailError;
+use crate::plan::{Plan, PlanInput};
+use crate::slot::{self, Slot};
+use crate::sys::Errno;
+use crate::template::{self, Layout};
+use crate::{reconcile, seccomp};
+
+/// Exit status of a sandbox whose set-up failed before the command ran.
+pub const SETUP_FAILED_EXIT: i32 = 125;
+
+/// Where a host keeps the process tier's runtime state.
+#[derive(Debug, Clone)]
+pub struct SpawnOptions {
+    /// `$BRIG_HOME/run`: slot locks and the staging mount point.
+    pub run_dir: PathBuf,
+    pub hierarchy: Hierarchy,
+}
+
+impl SpawnOptions {
+    /// Detect the cgroup layout, make sure the run directory exists, and
+    /// reap whatever an earlier, killed brig left behind.
+    pub fn prepare(home: &Path) -> Result<Self, JailError> {
+        let run_dir = home.join("run");
+        let staging = run_dir.join("mnt");
+        if !staging.is_dir() {
+            fs::create_dir_all(&staging)
+                .map_err(|source| JailError::Host { op: "create the runtime directory", path: staging.clone(), source })?;
+        }
+        let hierarchy = Hierarchy::detect()?;
+        reconcile::reap(&hierarchy, &run_dir);
+        Ok(SpawnOptions { run_dir, hierarchy })
+    }
+
+    fn staging(&self) -> PathBuf {
+        self.run_dir.join("mnt")
+    }
+}
+
+/// How a sandbox ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Exit {
+    /// The command's status as a shell reports it (128+N for signal N).
+    pub code: i32,
+    /// The kernel's OOM killer fired inside the sandbox.
+    pub oom: bool,
+    pub memory_limit: ByteSize,
+}
+
+/// A running sandbox.
 #[derive(Debug)]
-pub struct Sandbox;
-#[derive(Debug)]
-pub struct SpawnOptions;
-#[derive(Debug)]
-pub struct Exit;
+pub struct Sandbox {
+    id: SandboxId,
+    pid: libc::pid_t,
+    pidfd: OwnedFd,
+    pty: Option<OwnedFd>,
+    oom: Option<OwnedFd>,
+    cgroup: Option<Cgroup>,
+    slot: Option<Slot>,
+    memory_limit: ByteSize,
+    reaped: bool,
+}
+
+fn os_err(op: &'static str) -> impl FnOnce(Errno) -> JailError {
+    move |errno| JailError::HostCall { op, errno }
+}
+
+impl Sandbox {
+    /// Start `spec.command` in a new sandbox and return once it is
+    /// executing.
+    pub fn spawn(spec: &SandboxSpec, opts: &SpawnOptions) -> Result<Sandbox, JailError> {
+        // 1. Everything the child needs, computed while allocating is safe.
+        spec.validate()?;
+        if spec.limits.cpus.is_some() && !opts.hierarchy.supports_cpu_limit() {
+            return Err(JailError::NoCpuController);
+        }
+        let id = SandboxId::from_random(rand::random());
+        let layout = Layout::resolve(&spec.template);
+        let identity = template::resolve_user(layout.root_on_host(), spec.user.as_ref())?;
+        let staging = opts.staging();
+        let plan = Plan::build(&PlanInput {
+            spec,
+            id: &id,
+            layout: &layout,
+            identity: &identity,
+            staging: &staging,
+            nofile_hard: nofile_hard(),
+            proc_has: &|f| Path::new("/proc").join(f).exists(),
+        });
+        seccomp::init();
+
+        // 2. Host resources: a uid range of its own and its cgroups. Both
+        //    are released by Drop if anything below fails.
+        let slot = slot::acquire(&opts.run_dir, &id)?;
+        let cgroup = Cgroup::create(&opts.hierarchy, id.as_str(), &spec.limits)?;
+        let oom = cgroup.oom_eventfd()?;
+        let (host_sock, child_sock) = socketpair()?;
+        let (err_read, err_write) = pipe()?;
+
+        // 3. The init, in new namespaces. Raw clone with a NULL stack
+        //    behaves like fork; CLONE_PIDFD gives a descriptor that cannot
+        //    refer to a recycled pid.
+        let flags = libc::CLONE_NEWUSER
+            | libc::CLONE_NEWNS
+            | libc::CLONE_NEWPID
+            | libc::CLONE_NEWIPC
+            | libc::CLONE_NEWUTS
+            | libc::CLONE_NEWNET
+            | libc::CLONE_PIDFD;
+        let mut pidfd: libc::c_int = -1;
+        // SAFETY: clone without CLONE_VM and with a NULL stack is fork with
+        // extra namespaces. The child touches only the pre-built plan and
+        // makes system calls (bringup::init_main), then _exits or execs.
+        let pid = unsafe {
+            libc::syscall(libc::SYS_clone, (flags | libc::SIGCHLD) as libc::c_ulong, 0usize, &mut pidfd as *mut libc::c_int, 0usize, 0usize)
+        };
+        if pid < 0 {
+            return Err(JailError::namespaces(Errno::last()));
+        }
+        if pid == 0 {
+            drop(host_sock);
+            drop(err_read);
+            bringup::init_main(&plan, Channels { sync: child_sock.as_raw_fd(), error: err_write.as_raw_fd() });
+        }
+        let pid = pid as libc::pid_t;
+        drop(child_sock);
+        drop(err_write);
+        // SAFETY: the kernel returned a fresh pidfd for the child.
+        let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
+        let mut sandbox = Sandbox {
+            id,
+            pid,
+            pidfd,
+            pty: None,
+            oom,
+            memory_limit: spec.limits.memory,
+            cgroup: Some(cgroup),
+            slot: Some(slot),
+            reaped: false,
+        };
+
+        // 4. Give the init an identity, its cgroup and its template, then
+        //    let it go. Until the maps are written it is nobody in its own
+        //    namespace and can do nothing.
+        let base = sandbox.slot.as_ref().map_or(slot::BASE, Slot::host_base);
+        write_id_map(pid, "uid_map", base)?;
+        write_id_map(pid, "gid_map", base)?;
+        if let Some(cg) = &sandbox.cgroup {
+            cg.attach(pid)?;
+        }
+        let template_fds = match &layout {
+            Layout::Overlay { lower } => vec![idmapped_template(lower, pid)?],
+            Layout::Host(_) => Vec::new(),
+        };
+        let raw: Vec<RawFd> = template_fds.iter().map(|f| f.as_raw_fd()).collect();
+        // A failed send means the init already died; its reason is on the
+        // error pipe, read below.
+        let _ = bringup::send_with_fds(host_sock.as_raw_fd(), &raw);
+        drop(template_fds);
+
+        // 5. The init answers "ready" (with the pty master for -t), then the
+        //    error pipe reaches EOF when the command is executing, or
+        //    carries the step that failed.
+        let mut fds = [-1; bringup::MAX_FDS];
+        if let Ok((_, n)) = bringup::recv_with_fds(host_sock.as_raw_fd(), &mut fds) {
+            for (i, fd) in fds.iter().take(n).enumerate() {
+                // SAFETY: the kernel installed these descriptors for us.
+                let owned = unsafe { OwnedFd::from_raw_fd(*fd) };
+                if i == 0 {
+                    sandbox.pty = Some(owned);
+                }
+            }
+        }
+        drop(host_sock);
+        if let Some(failure) = read_failure(&err_read) {
+            return Err(failure_to_error(failure, &plan));
+        }
+        Ok(sandbox)
+    }
+
+    pub fn id(&self) -> &SandboxId {
+        &self.id
+    }
+
+    /// The init's pid (in the host's pid namespace).
+    pub fn pid(&self) -> libc::pid_t {
+        self.pid
+    }
+
+    /// Readable once the sandbox has ended.
+    pub fn pidfd(&self) -> BorrowedFd<'_> {
+        self.pidfd.as_fd()
+    }
+
+    /// On cgroup v1: readable when the sandbox ran out of memory (kill it).
+    pub fn oom_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.oom.as_ref().map(|f| f.as_fd())
+    }
+
+    /// The master side of the command's terminal (only with `tty`).
+    pub fn take_pty(&mut self) -> Option<OwnedFd> {
+        self.pty.take()
+    }
+
+    pub fn cgroup_dirs(&self) -> &[PathBuf] {
+        self.cgroup.as_ref().map_or(&[], |c| c.dirs())
+    }
+
+    /// Kill everything in the sandbox. Its init dies, and the kernel kills
+    /// the rest of its pid namespace with it.
+    pub fn kill(&self) {
+        // SAFETY: signalling through our own pidfd.
+        unsafe { libc::syscall(libc::SYS_pidfd_send_signal, self.pidfd.as_raw_fd(), libc::SIGKILL, 0usize, 0u32) };
+    }
+
+    /// Block until the sandbox ends, then release everything it held.
+    pub fn wait(mut self) -> Result<Exit, JailError> {
+        let status = self.reap()?;
+        let oom = self.cgroup.as_ref().is_some_and(Cgroup::oom_killed);
+        let code = if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { 128 + libc::WTERMSIG(status) };
+        self.teardown()?;
+        Ok(Exit { code, oom, memory_limit: self.memory_limit })
+    }
+
+    fn reap(&mut self) -> Result<i32, JailError> {
+        let mut status = 0;
+        loop {
+            // SAFETY: waitpid on our own child with a valid out-pointer.
+            let r = unsafe { libc::waitpid(self.pid, &mut status, libc::__WALL) };
+            if r == self.pid {
+                self.reaped = true;
+                return Ok(status);
+            }
+            if r < 0 && Errno::last() != Errno(libc::EINTR) {
+                self.reaped = true;
+                return Err(os_err("wait for the sandbox")(Errno::last()));
+            }
+        }
+    }
+
+    /// The init has been reaped, so (pid namespace semantics) every process
+    /// of the sandbox is gone, and with them its mounts and namespaces.
+    /// What is left on the host: the cgroups and the slot.
+    fn teardown(&mut self) -> Result<(), JailError> {
+        let result = match self.cgroup.take() {
+            Some(cg) => cg.destroy().map_err(JailError::from),
+            None => Ok(()),
+        };
+        if let Some(slot) = self.slot.take() {
+            slot.release();
+        }
+        result
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        if !self.reaped {
+            self.kill();
+            let _ = self.reap();
+        }
+        let _ = self.teardown();
+    }
+}
+
+fn nofile_hard() -> u64 {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: valid out-pointer.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
+        lim.rlim_max
+    } else {
+        1024
+    }
+}
+
+fn socketpair() -> Result<(OwnedFd, OwnedFd), JailError> {
+    let mut fds = [-1; 2];
+    // SAFETY: valid out-array of two ints.
+    if unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0, fds.as_mut_ptr()) } < 0 {
+        return Err(os_err("create a socket pair")(Errno::last()));
+    }
+    // SAFETY: both descriptors are fresh and ours.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+fn pipe() -> Result<(OwnedFd, OwnedFd), JailError> {
+    let mut fds = [-1; 2];
+    // SAFETY: valid out-array of two ints.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } < 0 {
+        return Err(os_err("create a pipe")(Errno::last()));
+    }
+    // SAFETY: both descriptors are fresh and ours.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Map sandbox ids 0..65536 to the slot's host range.
+fn write_id_map(pid: libc::pid_t, file: &'static str, base: u32) -> Result<(), JailError> {
+    let path = PathBuf::from(format!("/proc/{pid}/{file}"));
+    fs::write(&path, format!("0 {base} {}\n", slot::RANGE))
+        .map_err(|source| JailError::Host { op: "write the sandbox's id map", path, source })
+}
+
+/// A detached, read-only copy of the template directory whose files appear
+/// owned by the sandbox's own users (an idmapped mount through the init's
+/// user namespace). Falls back to a plain read-only copy on filesystems
+/// that cannot be idmapped.
+fn idmapped_template(lower: &Path, pid: libc::pid_t) -> Result<OwnedFd, JailError> {
+    const OPEN_TREE_CLONE: libc::c_uint = 1;
+    const AT_RECURSIVE: libc::c_uint = 0x8000;
+    const MOUNT_ATTR_RDONLY: u64 = 0x1;
+    const MOUNT_ATTR_NOSUID: u64 = 0x2;
+    const MOUNT_ATTR_NODEV: u64 = 0x4;
+    const MOUNT_ATTR_IDMAP: u64 = 0x0010_0000;
+    #[repr(C)]
+    struct MountAttr {
+        attr_set: u64,
+        attr_clr: u64,
+        propagation: u64,
+        userns_fd: u64,
+    }
+    let path = CString::new(lower.as_os_str().as_bytes()).map_err(|_| JailError::HostCall {
+        op: "use the template path",
+        errno: Errno(libc::EINVAL),
+    })?;
+    // SAFETY: open_tree with a valid path; returns a new descriptor.
+    let tree = unsafe {
+        libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, path.as_ptr(), OPEN_TREE_CLONE | libc::O_CLOEXEC as u32 | AT_RECURSIVE)
+    };
+    if tree < 0 {
+        return Err(os_err("clone the template's mount (open_tree)")(Errno::last()));
+    }
+    // SAFETY: fresh descriptor from open_tree.
+    let tree = unsafe { OwnedFd::from_raw_fd(tree as RawFd) };
+    let userns = fs::File::open(format!("/proc/{pid}/ns/user")).map_err(|source| JailError::Host {
+        op: "open the sandbox's user namespace",
+        path: PathBuf::from(format!("/proc/{pid}/ns/user")),
+        source,
+    })?;
+    let setattr = |set: u64, userns_fd: u64| {
+        let attr = MountAttr { attr_set: set, attr_clr: 0, propagation: 0, userns_fd };
+        // SAFETY: a valid mount fd, an empty path with AT_EMPTY_PATH, and a
+        // properly sized mount_attr.
+        unsafe {
+            libc::syscall(
+                libc::SYS_mount_setattr,
+                tree.as_raw_fd(),
+                c"".as_ptr(),
+                libc::AT_EMPTY_PATH as u32 | AT_RECURSIVE,
+                &attr as *const MountAttr,
+                std::mem::size_of::<MountAttr>(),
+            )
+        }
+    };
+    let ro = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
+    if setattr(ro | MOUNT_ATTR_IDMAP, userns.as_raw_fd() as u64) < 0 {
+        // EINVAL/EOPNOTSUPP: this filesystem cannot be idmapped. The
+        // template still works; its root-owned files show as nobody.
+        if setattr(ro, 0) < 0 {
+            return Err(os_err("make the template read-only (mount_setattr)")(Errno::last()));
+        }
+    }
+    Ok(tree)
+}
+
+/// Read the error pipe to EOF: nothing means the command is executing.
+fn read_failure(fd: &OwnedFd) -> Option<Failure> {
+    let mut buf = [0u8; Failure::SIZE];
+    let mut got = 0;
+    while got < buf.len() {
+        // SAFETY: reading into the unfilled part of a stack buffer.
+        let n = unsafe { libc::read(fd.as_raw_fd(), buf[got..].as_mut_ptr().cast(), buf.len() - got) };
+        if n == 0 {
+            break;
+        }
+        if n < 0 {
+            if Errno::last() == Errno(libc::EINTR) {
+                continue;
+            }
+            break;
+        }
+        got += n as usize;
+    }
+    if got == 0 {
+        return None;
+    }
+    Some(Failure::decode(&buf[..got]).unwrap_or(Failure { stage: Stage::WaitForHost, index: 0, errno: Errno(libc::EPIPE) }))
+}
+
+fn failure_to_error(f: Failure, plan: &Plan) -> JailError {
+    let command = plan.exec.display.clone();
+    match f.stage {
+        Stage::Exec if f.errno == Errno(libc::ENOENT) => JailError::CommandNotFound { command },
+        Stage::Exec => JailError::CommandNotExecutable { command, errno: f.errno },
+        Stage::Workdir => JailError::Workdir { path: plan.exec.workdir.to_string_lossy().into_owned(), errno: f.errno },
+        Stage::MountStep => JailError::Setup {
+            step: plan.steps.get(f.index as usize).map_or_else(|| "prepare the root filesystem".into(), |s| s.describe()),
+            errno: f.errno,
+        },
+        stage => JailError::Setup { step: stage.describe().into(), errno: f.errno },
+    }
+}

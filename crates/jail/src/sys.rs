@@ -62,6 +62,9 @@ pub trait Syscalls {
     fn chdir(&self, path: &CStr) -> SysResult;
     fn mkdir(&self, path: &CStr, mode: libc::mode_t) -> SysResult;
     fn symlink(&self, target: &CStr, link: &CStr) -> SysResult;
+    /// Create an empty file to bind a device node or file over.
+    fn touch(&self, path: &CStr) -> SysResult;
+    fn chown(&self, path: &CStr, uid: u32, gid: u32) -> SysResult;
     fn sethostname(&self, name: &[u8]) -> SysResult;
     fn unshare(&self, flags: libc::c_int) -> SysResult;
     fn setrlimit(&self, resource: libc::c_int, soft: u64, hard: u64) -> SysResult;
@@ -149,6 +152,19 @@ impl Syscalls for Linux {
     fn symlink(&self, target: &CStr, link: &CStr) -> SysResult {
         // SAFETY: both are valid C strings.
         check(unsafe { libc::symlink(target.as_ptr(), link.as_ptr()) }.into()).map(drop)
+    }
+
+    fn touch(&self, path: &CStr) -> SysResult {
+        // SAFETY: path is a valid C string; the descriptor is closed at once.
+        let fd = check(unsafe { libc::open(path.as_ptr(), libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC, 0o644) }.into())?;
+        // SAFETY: fd was just opened by us.
+        unsafe { libc::close(fd as RawFd) };
+        Ok(())
+    }
+
+    fn chown(&self, path: &CStr, uid: u32, gid: u32) -> SysResult {
+        // SAFETY: path is a valid C string.
+        check(unsafe { libc::chown(path.as_ptr(), uid, gid) }.into()).map(drop)
     }
 
     fn sethostname(&self, name: &[u8]) -> SysResult {
@@ -273,6 +289,8 @@ pub enum Call {
     Chdir(String),
     Mkdir { path: String, mode: libc::mode_t },
     Symlink { target: String, link: String },
+    Touch(String),
+    Chown { path: String, uid: u32, gid: u32 },
     Sethostname(String),
     Unshare(libc::c_int),
     Setrlimit { resource: libc::c_int, soft: u64, hard: u64 },
@@ -341,6 +359,12 @@ impl Syscalls for Recording {
     }
     fn symlink(&self, target: &CStr, link: &CStr) -> SysResult {
         self.record(Call::Symlink { target: s(target), link: s(link) })
+    }
+    fn touch(&self, path: &CStr) -> SysResult {
+        self.record(Call::Touch(s(path)))
+    }
+    fn chown(&self, path: &CStr, uid: u32, gid: u32) -> SysResult {
+        self.record(Call::Chown { path: s(path), uid, gid })
     }
     fn sethostname(&self, name: &[u8]) -> SysResult {
         self.record(Call::Sethostname(String::from_utf8_lossy(name).into_owned()))

@@ -1,6 +1,218 @@
-//! `brig run` (being written).
+//! `brig run`: one command in a fresh sandbox, which is removed when the
+//! command exits.
+//!
+//! Two stages, as every subcommand: [`RunArgs`] (clap) becomes a validated
+//! [`SandboxSpec`] before anything touches the system; then [`run`] spawns
+//! the sandbox and [`supervise`]s it: forwarding a terminal if asked, and
+//! turning timeouts, OOM kills and signals to brig into a torn-down
+//! sandbox and the right exit status.
+
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use brig_core::{parse_duration, parse_size, EnvVar, SandboxSpec, TemplateRef, UserSpec};
+use brig_jail::{Sandbox, SpawnOptions};
+
+use crate::exit::{self, Outcome};
+use crate::home;
+use crate::tty::{self, RawTerminal};
+
 #[derive(Debug, clap::Args)]
-pub struct RunArgs {}
-pub fn run(_args: RunArgs) -> anyhow::Result<i32> {
-    Ok(0)
+#[command(trailing_var_arg = true)]
+pub struct RunArgs {
+    /// Root filesystem: `host` (read-only view of the host's /usr, /etc,
+    /// /bin, /sbin, /lib*) or `dir:PATH` (any unpacked root filesystem).
+    #[arg(long, default_value = "host", value_name = "NAME|dir:PATH")]
+    template: String,
+    /// Memory limit; going over it kills the sandbox (exit 137).
+    #[arg(long, default_value = "512M", value_name = "SIZE")]
+    memory: String,
+    /// CPU quota in cores, e.g. 0.5 or 2 (default: unlimited).
+    #[arg(long, value_name = "N")]
+    cpus: Option<f64>,
+    /// Most processes and threads alive at once.
+    #[arg(long, default_value_t = 256, value_name = "N")]
+    pids: u32,
+    /// Size of the writable layer and of /tmp (memory-backed, counts
+    /// towards --memory).
+    #[arg(long, default_value = "1G", value_name = "SIZE")]
+    disk: String,
+    /// Wall-clock limit, e.g. 30s, 5m, 1h30m; on expiry everything in the
+    /// sandbox dies and brig exits with 124.
+    #[arg(long, value_name = "DURATION")]
+    timeout: Option<String>,
+    /// Set an environment variable (repeatable).
+    #[arg(long = "env", short = 'e', value_name = "KEY=VALUE")]
+    env: Vec<String>,
+    /// Working directory inside the sandbox (created if missing).
+    #[arg(long, short = 'w', value_name = "DIR")]
+    workdir: Option<String>,
+    /// Run as this user (a name from the template's /etc/passwd, or UID[:GID]).
+    #[arg(long, short = 'u', value_name = "NAME|UID")]
+    user: Option<String>,
+    /// Pass standard input through to the command.
+    #[arg(short = 'i', long = "interactive")]
+    interactive: bool,
+    /// Give the command a pseudo-terminal.
+    #[arg(short = 't', long = "tty")]
+    tty: bool,
+    /// The command and its arguments (after `--`).
+    #[arg(value_name = "CMD", required = true, allow_hyphen_values = true)]
+    command: Vec<String>,
+}
+
+impl RunArgs {
+    /// Stage two: every flag parsed and checked, or one clear error.
+    fn into_spec(self) -> anyhow::Result<SandboxSpec> {
+        let mut spec = SandboxSpec::new(self.command);
+        spec.template = TemplateRef::parse(&self.template)?;
+        spec.limits.memory = parse_size(&self.memory).context("--memory")?;
+        spec.limits.disk = parse_size(&self.disk).context("--disk")?;
+        spec.limits.pids = self.pids;
+        spec.limits.cpus = self.cpus;
+        spec.limits.timeout = self.timeout.as_deref().map(parse_duration).transpose().context("--timeout")?;
+        spec.env = self.env.iter().map(|e| EnvVar::parse(e)).collect::<Result<_, _>>()?;
+        spec.workdir = self.workdir;
+        spec.user = self.user.as_deref().map(UserSpec::parse).transpose()?;
+        spec.stdin = self.interactive || self.tty;
+        spec.tty = self.tty;
+        spec.validate()?;
+        Ok(spec)
+    }
+}
+
+pub fn run(args: RunArgs) -> anyhow::Result<i32> {
+    let spec = args.into_spec()?;
+    exit::require_root()?;
+    let home = home::dir()?;
+    let opts = SpawnOptions::prepare(&home)?;
+
+    // Signals to brig become a sandbox teardown. They are blocked before
+    // the spawn so none is lost in between, and read from a signalfd; the
+    // sandbox's command starts with a clean mask and default handlers.
+    let signals = tty::SignalFd::new(&[libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT, libc::SIGWINCH])?;
+    let mut sandbox = Sandbox::spawn(&spec, &opts)?;
+    let pty = sandbox.take_pty();
+    let outcome = supervise(&sandbox, &signals, pty, spec.limits.timeout)?;
+    let result = sandbox.wait()?;
+    Ok(exit::finish(outcome, &result))
+}
+
+/// Watch the sandbox until it ends: the pidfd, signals to brig, the OOM
+/// notification (cgroup v1), the timeout, and terminal traffic with -t.
+fn supervise(sandbox: &Sandbox, signals: &tty::SignalFd, pty: Option<OwnedFd>, timeout: Option<Duration>) -> anyhow::Result<Outcome> {
+    let deadline = timeout.map(|t| (Instant::now() + t, t));
+    let mut term = match &pty {
+        Some(master) => Some(tty::Forwarder::new(master.as_raw_fd())?),
+        None => None,
+    };
+    // Raw mode only while a terminal is attached to brig, restored on drop.
+    let _raw = match &term {
+        Some(_) => RawTerminal::enter(0),
+        None => None,
+    };
+    if let Some(t) = &term {
+        t.sync_window_size();
+    }
+    loop {
+        let mut fds: Vec<libc::pollfd> = vec![poll_in(sandbox.pidfd().as_raw_fd()), poll_in(signals.fd())];
+        let oom_at = sandbox.oom_fd().map(|fd: BorrowedFd<'_>| {
+            fds.push(poll_in(fd.as_raw_fd()));
+            fds.len() - 1
+        });
+        let term_at = term.as_ref().map(|t| {
+            let at = fds.len();
+            fds.extend(t.poll_fds());
+            at
+        });
+        let wait_ms = match deadline {
+            Some((at, _)) => at.saturating_duration_since(Instant::now()).as_millis().min(i32::MAX as u128) as i32,
+            None => -1,
+        };
+        // SAFETY: fds is a live array of pollfd of the given length.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, wait_ms) };
+        if n < 0 {
+            if std::io::Error::last_os_error().raw_os_error() == Some(libc::EINTR) {
+                continue;
+            }
+            return Err(std::io::Error::last_os_error()).context("wait for the sandbox");
+        }
+        if let (Some(t), Some(at)) = (term.as_mut(), term_at) {
+            t.pump(&fds[at..]);
+        }
+        if fds[0].revents != 0 {
+            if let Some(t) = term.as_mut() {
+                t.drain();
+            }
+            return Ok(Outcome::Exited);
+        }
+        if let Some(sig) = signals.read_ready(fds[1].revents) {
+            if sig == libc::SIGWINCH {
+                if let Some(t) = &term {
+                    t.sync_window_size();
+                }
+                continue;
+            }
+            sandbox.kill();
+            return Ok(Outcome::Signalled(sig));
+        }
+        if oom_at.is_some_and(|i| fds[i].revents != 0) {
+            sandbox.kill();
+            return Ok(Outcome::OutOfMemory);
+        }
+        if let Some((at, limit)) = deadline {
+            if Instant::now() >= at {
+                sandbox.kill();
+                return Ok(Outcome::TimedOut(limit));
+            }
+        }
+    }
+}
+
+fn poll_in(fd: RawFd) -> libc::pollfd {
+    libc::pollfd { fd, events: libc::POLLIN, revents: 0 }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn parse(args: &[&str]) -> anyhow::Result<SandboxSpec> {
+        let cli = crate::commands::Cli::try_parse_from(args)?;
+        match cli.command {
+            crate::commands::Command::Run(r) => r.into_spec(),
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn flags_become_a_spec() {
+        let s = parse(&["brig", "run", "--memory", "64M", "--pids", "9", "--timeout", "2s", "-e", "A=1", "-t", "--", "sh", "-c", "x"]).unwrap();
+        assert_eq!(s.limits.memory.bytes(), 64 << 20);
+        assert_eq!(s.limits.pids, 9);
+        assert_eq!(s.limits.timeout, Some(Duration::from_secs(2)));
+        assert_eq!(s.command, vec!["sh", "-c", "x"]);
+        assert!(s.tty && s.stdin);
+    }
+
+    #[test]
+    fn bad_flags_name_the_flag() {
+        let e = parse(&["brig", "run", "--memory", "lots", "--", "true"]).unwrap_err();
+        assert!(format!("{e:#}").starts_with("--memory: invalid size \"lots\""), "{e:#}");
+        let e = parse(&["brig", "run", "--timeout", "soon", "--", "true"]).unwrap_err();
+        assert!(format!("{e:#}").contains("--timeout"), "{e:#}");
+        let e = parse(&["brig", "run", "--template", "ubuntu", "--", "true"]).unwrap_err();
+        assert!(format!("{e:#}").contains("unknown template \"ubuntu\""), "{e:#}");
+        let e = parse(&["brig", "run", "-e", "1X=2", "--", "true"]).unwrap_err();
+        assert!(format!("{e:#}").contains("invalid environment variable"), "{e:#}");
+    }
+
+    #[test]
+    fn arguments_after_the_command_are_not_flags() {
+        let s = parse(&["brig", "run", "--", "ls", "--memory", "-l"]).unwrap();
+        assert_eq!(s.command, vec!["ls", "--memory", "-l"]);
+        assert_eq!(s.limits.memory.bytes(), 512 << 20);
+    }
 }
