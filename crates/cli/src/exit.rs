@@ -69,7 +69,7 @@ fn humantime(d: Duration) -> String {
     }
 }
 
-pub fn is_root() -> bool {
+fn is_root() -> bool {
     // SAFETY: geteuid cannot fail.
     unsafe { libc::geteuid() == 0 }
 }

@@ -5,7 +5,6 @@
 
 mod commands;
 mod exit;
-mod home;
 mod tty;
 
 use clap::Parser;

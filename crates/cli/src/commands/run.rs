@@ -15,7 +15,6 @@ use brig_core::{parse_duration, parse_size, EnvVar, SandboxSpec, TemplateRef, Us
 use brig_jail::{Sandbox, SpawnOptions};
 
 use crate::exit::{self, Outcome};
-use crate::home;
 use crate::tty::{self, RawTerminal};
 
 #[derive(Debug, clap::Args)]
@@ -85,8 +84,7 @@ impl RunArgs {
 pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     let spec = args.into_spec()?;
     exit::require_root()?;
-    let home = home::dir()?;
-    let opts = SpawnOptions::prepare(&home)?;
+    let opts = SpawnOptions::prepare()?;
 
     // Signals to brig become a sandbox teardown. They are blocked before
     // the spawn so none is lost in between, and read from a signalfd; the

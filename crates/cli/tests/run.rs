@@ -1,0 +1,450 @@
+//! End-to-end tests of `brig run`: the real binary, real namespaces, on
+//! both templates (`host`, and the Debian rootfs the test script builds).
+//! They need root; without it each test says so and returns.
+
+mod support;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use support::*;
+
+#[test]
+fn output_streams_and_exit_status_pass_through() {
+    require_root!();
+    for t in templates() {
+        let o = run(&t, &[], &["sh", "-c", "echo out; echo err >&2; exit 3"]);
+        assert_eq!(o.status.code(), Some(3), "{t}: {}", stderr(&o));
+        assert_eq!(stdout(&o), "out\n", "{t}");
+        assert_eq!(stderr(&o), "err\n", "{t}");
+    }
+}
+
+#[test]
+fn python_prints_42_on_the_default_template() {
+    require_root!();
+    let o = brig().args(["run", "--", "python3", "-c", "print(6*7)"]).output().unwrap();
+    assert_eq!((o.status.code(), stdout(&o).as_str()), (Some(0), "42\n"), "{}", stderr(&o));
+}
+
+#[test]
+fn output_is_not_buffered() {
+    require_root!();
+    let mut child = brig()
+        .args(["run", "--", "sh", "-c", "echo first; sleep 3; echo second"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    assert_eq!(lines.next().unwrap().unwrap(), "first");
+    assert!(start.elapsed() < Duration::from_millis(2500), "first line took {:?}", start.elapsed());
+    assert_eq!(lines.next().unwrap().unwrap(), "second");
+    assert!(child.wait().unwrap().success());
+}
+
+#[test]
+fn stdin_reaches_the_command_only_with_dash_i() {
+    require_root!();
+    for (flag, expect) in [(Some("-i"), "hello sandbox\n"), (None, "")] {
+        let mut cmd = brig();
+        cmd.arg("run");
+        if let Some(f) = flag {
+            cmd.arg(f);
+        }
+        let mut child = cmd.args(["--", "cat"]).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
+        child.stdin.take().unwrap().write_all(b"hello sandbox\n").unwrap();
+        let o = child.wait_with_output().unwrap();
+        assert_eq!(stdout(&o), expect, "flag {flag:?}");
+    }
+}
+
+#[test]
+fn a_missing_command_is_127_with_a_clear_message() {
+    require_root!();
+    for t in templates() {
+        let o = run(&t, &[], &["definitely-not-a-command"]);
+        assert_eq!(o.status.code(), Some(127), "{t}");
+        assert_eq!(stderr(&o), "brig: command not found in sandbox: definitely-not-a-command\n");
+    }
+}
+
+#[test]
+fn a_non_executable_command_is_126() {
+    require_root!();
+    let o = run("host", &[], &["/etc/passwd"]);
+    assert_eq!(o.status.code(), Some(126));
+    assert!(stderr(&o).starts_with("brig: cannot execute /etc/passwd in sandbox: "), "{}", stderr(&o));
+}
+
+#[test]
+fn bad_input_gets_one_line_a_person_can_act_on() {
+    require_root!();
+    let cases: &[(&[&str], &str)] = &[
+        (&["--template", "ubuntu"], "unknown template \"ubuntu\": use `host` or `dir:/path/to/rootfs`"),
+        (&["--template", "dir:/no/such/rootfs"], "template directory \"/no/such/rootfs\" is not usable"),
+        (&["--memory", "12Q"], "--memory: invalid size \"12Q\""),
+        (&["--memory", "1M"], "--memory 1 MiB is out of range: the minimum is 16M"),
+        (&["--disk", "x"], "--disk: invalid size \"x\""),
+        (&["--timeout", "forever"], "--timeout: invalid duration \"forever\""),
+        (&["--timeout", "0s"], "--timeout 0s is out of range"),
+        (&["--cpus", "0"], "--cpus 0 is out of range"),
+        (&["--pids", "1"], "--pids 1 is out of range"),
+        (&["--env", "NOEQUALS"], "invalid environment variable \"NOEQUALS\""),
+        (&["--workdir", "rel/dir"], "invalid --workdir \"rel/dir\""),
+        (&["--user", "ghost"], "user \"ghost\" does not exist in the template's /etc/passwd"),
+    ];
+    for (args, expect) in cases {
+        let o = brig().arg("run").args(*args).args(["--", "true"]).output().unwrap();
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(125), "{args:?}: {err}");
+        assert!(err.starts_with("brig: ") && err.contains(expect), "{args:?}: got {err:?}, want {expect:?}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(!err.contains("panicked") && !err.contains(" { "), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn the_host_template_shows_exactly_the_documented_paths() {
+    require_root!();
+    std::fs::write("/root/.brig-test-canary", "secret").unwrap();
+    let o = run(
+        "host",
+        &[],
+        &[
+            "sh",
+            "-c",
+            "ls -A /; echo ---; ls -A /root /home /run /var; echo ---; \
+             cat /root/.brig-test-canary 2>&1; cat /etc/shadow 2>&1; ls /opt /srv /boot /mnt /media 2>&1",
+        ],
+    );
+    let out = stdout(&o);
+    let parts: Vec<&str> = out.split("---\n").collect();
+    let top: Vec<&str> = parts[0].lines().collect();
+    for p in &top {
+        assert!(
+            ["bin", "dev", "etc", "home", "lib", "lib32", "lib64", "libx32", "proc", "root", "run", "sbin", "sys", "tmp", "usr", "var"]
+                .contains(p),
+            "unexpected top-level entry {p:?} in {top:?}"
+        );
+    }
+    assert!(parts[1].lines().all(|l| l.ends_with(':') || l.is_empty() || l == "tmp"), "{}", parts[1]);
+    assert!(parts[2].contains("/root/.brig-test-canary: No such file or directory"), "{}", parts[2]);
+    assert!(parts[2].contains("/etc/shadow: Permission denied"), "{}", parts[2]);
+    for p in ["/opt", "/srv", "/boot", "/mnt", "/media"] {
+        assert!(parts[2].contains(&format!("{p}': No such file or directory")), "{p}: {}", parts[2]);
+    }
+}
+
+#[test]
+fn templates_are_never_written() {
+    require_root!();
+    let o = run("host", &[], &["sh", "-c", "touch /usr/bin/brig-x; echo x >> /etc/hostname"]);
+    // Read-only mounts; host-owned files also fail the permission check first.
+    let refused = stderr(&o).lines().filter(|l| l.contains("Read-only file system") || l.contains("Permission denied")).count();
+    assert_eq!(refused, 2, "{}", stderr(&o));
+    assert!(!std::path::Path::new("/usr/bin/brig-x").exists());
+    if let Some(rootfs) = rootfs() {
+        let before = std::fs::read_to_string(rootfs.join("etc/passwd")).unwrap();
+        let t = format!("dir:{}", rootfs.display());
+        let o = run(&t, &[], &["sh", "-c", "echo hacked >> /etc/passwd && touch /usr/bin/brig-x && tail -1 /etc/passwd"]);
+        assert_eq!(stdout(&o), "hacked\n", "writes land in the sandbox's own layer: {}", stderr(&o));
+        assert_eq!(std::fs::read_to_string(rootfs.join("etc/passwd")).unwrap(), before);
+        assert!(!rootfs.join("usr/bin/brig-x").exists());
+    }
+}
+
+#[test]
+fn dir_templates_belong_to_the_sandboxs_root() {
+    require_root!();
+    let rootfs = require_rootfs!();
+    let t = format!("dir:{}", rootfs.display());
+    let o = run(&t, &[], &["sh", "-c", "stat -c '%U %G' /etc/passwd /usr/bin; id -u; head -1 /etc/os-release"]);
+    assert_eq!(stdout(&o), "root root\nroot root\n0\nPRETTY_NAME=\"Debian GNU/Linux 12 (bookworm)\"\n", "{}", stderr(&o));
+}
+
+#[test]
+fn the_sandbox_has_its_own_hostname_network_and_identity() {
+    require_root!();
+    for t in templates() {
+        let o = run(&t, &[], &["sh", "-c", "hostname; cat /proc/net/dev | tail -n +3 | cut -d: -f1; cat /proc/self/uid_map; ls /proc | grep -c '^[0-9]'"]);
+        let out = stdout(&o);
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(lines[0].len() == 12 && lines[0].bytes().all(|b| b.is_ascii_hexdigit()), "{t}: hostname {:?}", lines[0]);
+        assert_eq!(lines[1].trim(), "lo", "{t}: only loopback");
+        let map: Vec<u64> = lines[2].split_whitespace().map(|x| x.parse().unwrap()).collect();
+        assert_eq!(map[0], 0);
+        assert!(map[1] >= 0x1000_0000, "{t}: sandbox root maps to host uid {} (must never be 0)", map[1]);
+        assert_eq!(map[2], 65536);
+        // Only the sandbox's own processes: init, sh, and the pipeline.
+        assert!(lines[3].parse::<u32>().unwrap() <= 6, "{t}: {} pids visible", lines[3]);
+    }
+}
+
+#[test]
+fn env_workdir_and_user_apply() {
+    require_root!();
+    for t in templates() {
+        let o = run(&t, &["--env", "GREETING=hi there", "--workdir", "/work/dir", "--user", "nobody"], &["sh", "-c", "echo \"$GREETING\"; pwd; id -un; echo $HOME"]);
+        assert_eq!(stdout(&o), "hi there\n/work/dir\nnobody\n/nonexistent\n", "{t}: {}", stderr(&o));
+        let o = run(&t, &["--user", "1234:5678"], &["id"]);
+        assert!(stdout(&o).starts_with("uid=1234 gid=5678"), "{t}: {}", stdout(&o));
+    }
+}
+
+#[test]
+fn workdir_symlinks_and_dotdot_stay_inside() {
+    require_root!();
+    let o = run("host", &["--workdir", "/tmp/../../../../root"], &["sh", "-c", "pwd; ls -A"]);
+    assert_eq!(stdout(&o), "/root\n", "{}", stderr(&o));
+}
+
+#[test]
+fn memory_limit_kills_the_sandbox_with_137() {
+    require_root!();
+    for t in templates() {
+        let o = run(&t, &["--memory", "64M"], &["sh", "-c", "x=$(head -c 300000000 /dev/zero | tr '\\0' a); echo survived"]);
+        assert_eq!(o.status.code(), Some(137), "{t}: {}", stderr(&o));
+        assert!(stderr(&o).contains("brig: out of memory (limit 64 MiB)"), "{t}: {}", stderr(&o));
+        assert!(!stdout(&o).contains("survived"));
+    }
+}
+
+#[test]
+fn timeout_kills_everything_with_124() {
+    require_root!();
+    let start = Instant::now();
+    let o = run("host", &["--timeout", "1s"], &["sh", "-c", "sleep 30 & sleep 30"]);
+    assert_eq!(o.status.code(), Some(124));
+    assert!(stderr(&o).contains("brig: timed out after 1s; the sandbox was killed"), "{}", stderr(&o));
+    assert!(start.elapsed() < Duration::from_secs(10), "took {:?}", start.elapsed());
+}
+
+#[test]
+fn disk_limit_gives_enospc_inside() {
+    require_root!();
+    for t in templates() {
+        for dir in ["/", "/tmp"] {
+            let script = format!("dd if=/dev/zero of={dir}/fill bs=1M count=64 2>&1; stat -c %s {dir}/fill");
+            let o = run(&t, &["--disk", "16M"], &["sh", "-c", &script]);
+            let out = stdout(&o);
+            assert!(out.contains("No space left on device"), "{t} {dir}: {out}");
+            let size: u64 = out.lines().last().unwrap().trim().parse().unwrap();
+            assert!(size <= 16 << 20, "{t} {dir}: wrote {size} bytes");
+        }
+    }
+}
+
+#[test]
+fn pids_limit_contains_a_fork_storm() {
+    require_root!();
+    // The storm runs in an inner shell (dash exits when a fork fails); the
+    // outer one counts with builtins only, since forking is exhausted.
+    let script = "sh -c 'for i in $(seq 60); do sleep 3 & done' 2>/dev/null; n=0; for p in /proc/[0-9]*; do n=$((n+1)); done; echo $n";
+    let o = run("host", &["--pids", "16", "--timeout", "20s"], &["sh", "-c", script]);
+    let n: u32 = stdout(&o).trim().lines().last().unwrap_or("999").parse().unwrap_or(999);
+    assert!(n <= 16, "{n} processes alive under --pids 16: {}", stderr(&o));
+    // And the host can still fork.
+    assert!(std::process::Command::new("true").status().unwrap().success());
+}
+
+#[test]
+fn cpus_sets_a_cfs_quota() {
+    require_root!();
+    let mut child = brig()
+        .args(["run", "--cpus", "0.25", "--timeout", "5s", "--", "sh", "-c", "hostname; while :; do :; done"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut id = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut id).unwrap();
+    let quota = ["/sys/fs/cgroup/cpu/brig", "/sys/fs/cgroup/brig"]
+        .iter()
+        .find_map(|base| {
+            let id = id.trim();
+            std::fs::read_to_string(format!("{base}/{id}/cpu.cfs_quota_us"))
+                .or_else(|_| std::fs::read_to_string(format!("{base}/{id}/cpu.max")))
+                .ok()
+        })
+        .expect("a cpu cgroup for the sandbox");
+    assert!(quota.trim().starts_with("25000"), "quota {quota:?}");
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    assert_eq!(child.wait().unwrap().code(), Some(143));
+}
+
+/// Start `brig run -- sh -c 'hostname; <rest>'` and return the child and
+/// the sandbox id it printed.
+fn start_with_id(args: &[&str], rest: &str) -> (std::process::Child, String) {
+    let mut child = brig()
+        .arg("run")
+        .args(args)
+        .args(["--", "sh", "-c", &format!("hostname; {rest}")])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut id = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut id).unwrap();
+    (child, id.trim().to_string())
+}
+
+fn assert_nothing_left(id: &str, how: &str) {
+    assert!(id.len() == 12, "{how}: bad id {id:?}");
+    assert!(eventually(Duration::from_secs(5), || processes_of(id).is_empty()), "{how}: processes left: {:?}", processes_of(id));
+    // Reconcile runs at the start of every brig run.
+    let _ = run("host", &[], &["true"]);
+    for d in cgroup_dirs(id) {
+        assert!(!d.exists(), "{how}: cgroup {} left behind", d.display());
+    }
+    assert!(host_mounts_matching("/run/brig").is_empty(), "{how}: host mounts {:?}", host_mounts_matching("/run/brig"));
+    let staging: Vec<_> = std::fs::read_dir("/run/brig/mnt").unwrap().collect();
+    assert!(staging.is_empty(), "{how}: staging dir not empty");
+    let slots = std::fs::read_dir("/run/brig/slots").unwrap();
+    for s in slots.flatten() {
+        let content = std::fs::read_to_string(s.path()).unwrap_or_default();
+        if content == id {
+            // The file may still hold the id only if nobody holds the lock;
+            // the next acquire or reconcile clears it.
+            let f = std::fs::File::open(s.path()).unwrap();
+            use std::os::fd::AsRawFd;
+            assert_eq!(unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }, 0, "{how}: slot still held");
+        }
+    }
+}
+
+#[test]
+fn nothing_remains_after_a_normal_exit() {
+    require_root!();
+    let (child, id) = start_with_id(&[], "sleep 0.2 & exit 0");
+    assert!(child.wait_with_output().unwrap().status.success());
+    assert_nothing_left(&id, "normal exit");
+}
+
+#[test]
+fn nothing_remains_after_a_timeout() {
+    require_root!();
+    let (child, id) = start_with_id(&["--timeout", "1s"], "sleep 60 & sleep 60");
+    assert_eq!(child.wait_with_output().unwrap().status.code(), Some(124));
+    assert_nothing_left(&id, "timeout");
+}
+
+#[test]
+fn nothing_remains_after_an_oom_kill() {
+    require_root!();
+    let (child, id) = start_with_id(&["--memory", "32M"], "sleep 30 & x=$(head -c 200000000 /dev/zero | tr '\\0' a)");
+    assert_eq!(child.wait_with_output().unwrap().status.code(), Some(137));
+    assert_nothing_left(&id, "oom");
+}
+
+#[test]
+fn nothing_remains_after_brig_is_sigkilled() {
+    require_root!();
+    let (mut child, id) = start_with_id(&[], "sleep 60 & sleep 60");
+    assert!(!processes_of(&id).is_empty(), "the sandbox should be running");
+    child.kill().unwrap(); // SIGKILL: brig gets no chance to clean up
+    child.wait().unwrap();
+    assert_nothing_left(&id, "SIGKILL of brig");
+}
+
+#[test]
+fn sigterm_to_brig_tears_the_sandbox_down() {
+    require_root!();
+    let (mut child, id) = start_with_id(&[], "trap '' TERM; sleep 60");
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    assert_eq!(child.wait().unwrap().code(), Some(143));
+    assert_nothing_left(&id, "SIGTERM to brig");
+}
+
+#[test]
+fn two_sandboxes_get_disjoint_host_uids() {
+    require_root!();
+    let a = start_with_id(&[], "cat /proc/self/uid_map; sleep 1");
+    let b = start_with_id(&[], "cat /proc/self/uid_map; sleep 1");
+    let (oa, ob) = (a.0.wait_with_output().unwrap(), b.0.wait_with_output().unwrap());
+    let base = |o: &std::process::Output| stdout(o).split_whitespace().nth(1).unwrap().parse::<u64>().unwrap();
+    assert_ne!(a.1, b.1);
+    assert!(base(&oa).abs_diff(base(&ob)) >= 65536);
+}
+
+/// A pty pair for driving `brig run -t` as a terminal would.
+fn openpty(rows: u16, cols: u16) -> (OwnedFd, OwnedFd) {
+    let (mut m, mut s) = (0, 0);
+    let ws = libc::winsize { ws_row: rows, ws_col: cols, ws_xpixel: 0, ws_ypixel: 0 };
+    // SAFETY: valid out-pointers and winsize.
+    assert_eq!(unsafe { libc::openpty(&mut m, &mut s, std::ptr::null_mut(), std::ptr::null(), &ws) }, 0);
+    // SAFETY: fresh descriptors from openpty.
+    unsafe { (OwnedFd::from_raw_fd(m), OwnedFd::from_raw_fd(s)) }
+}
+
+fn run_on_pty(cmd: &[&str], input: &[(&str, &[u8])]) -> (String, Option<i32>) {
+    let (master, slave) = openpty(33, 101);
+    let mut c = brig();
+    c.args(["run", "-t", "--"]).args(cmd);
+    c.stdin(Stdio::from(slave.try_clone().unwrap())).stdout(Stdio::from(slave.try_clone().unwrap())).stderr(Stdio::from(slave));
+    // SAFETY: setsid/ioctl in the child before exec are async-signal-safe.
+    unsafe {
+        c.pre_exec(|| {
+            libc::setsid();
+            libc::ioctl(0, libc::TIOCSCTTY, 0);
+            Ok(())
+        });
+    }
+    let mut child = c.spawn().unwrap();
+    drop(c);
+    let mut m = std::fs::File::from(master);
+    let mut reader = m.try_clone().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<Vec<u8>>();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = reader.read(&mut buf) {
+            if n == 0 || tx.send(buf[..n].to_vec()).is_err() {
+                break;
+            }
+        }
+    });
+    let mut seen = String::new();
+    for (wait_for, send) in input {
+        let end = Instant::now() + Duration::from_secs(10);
+        while !seen.contains(wait_for) && Instant::now() < end {
+            if let Ok(chunk) = rx.recv_timeout(Duration::from_millis(100)) {
+                seen.push_str(&String::from_utf8_lossy(&chunk));
+            }
+        }
+        m.write_all(send).unwrap();
+    }
+    let status = child.wait().unwrap();
+    while let Ok(chunk) = rx.recv_timeout(Duration::from_millis(300)) {
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    (seen, status.code())
+}
+
+#[test]
+fn tty_gives_a_terminal_with_the_callers_size() {
+    require_root!();
+    let (out, code) = run_on_pty(&["sh", "-c", "tty; stty size; test -t 0 && echo stdin-is-tty"], &[]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("/dev/pts/0"), "{out}");
+    assert!(out.contains("33 101"), "{out}");
+    assert!(out.contains("stdin-is-tty"), "{out}");
+}
+
+#[test]
+fn ctrl_c_reaches_the_command_through_the_tty() {
+    require_root!();
+    let script = "trap 'echo got-sigint; exit 3' INT; echo ready; sleep 20 & wait";
+    let (out, code) = run_on_pty(&["sh", "-c", script], &[("ready", b"\x03")]);
+    assert!(out.contains("got-sigint"), "{out}");
+    assert_eq!(code, Some(3), "{out}");
+}
+
+#[test]
+fn an_interactive_shell_reads_from_the_tty() {
+    require_root!();
+    let (out, code) = run_on_pty(&["sh"], &[("#", b"echo $((40+2))\n"), ("42", b"exit 5\n")]);
+    assert!(out.contains("42"), "{out}");
+    assert_eq!(code, Some(5), "{out}");
+}

@@ -1,0 +1,115 @@
+//! Shared helpers for the `brig` end-to-end tests: finding the binary,
+//! skipping (loudly) where the host lacks what a test needs, and looking at
+//! the host after a sandbox is gone.
+#![allow(dead_code)] // each test file uses a different subset
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+pub const BRIG: &str = env!("CARGO_BIN_EXE_brig");
+
+/// Skip the calling test, with the reason on stderr, unless we are root.
+#[macro_export]
+macro_rules! require_root {
+    () => {
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipping: brig's process tier needs root and this test runs as uid {}", unsafe { libc::geteuid() });
+            return;
+        }
+    };
+}
+
+/// The Debian rootfs the test script builds, or a printed skip.
+#[macro_export]
+macro_rules! require_rootfs {
+    () => {
+        match $crate::support::rootfs() {
+            Some(r) => r,
+            None => {
+                eprintln!("skipping: BRIG_TEST_ROOTFS is not set; scripts/test builds a Debian rootfs and sets it");
+                return;
+            }
+        }
+    };
+}
+
+pub fn rootfs() -> Option<PathBuf> {
+    std::env::var_os("BRIG_TEST_ROOTFS").map(PathBuf::from).filter(|p| p.join("bin/sh").exists())
+}
+
+pub fn brig() -> Command {
+    Command::new(BRIG)
+}
+
+/// `brig run [args] -- cmd...` with the given template.
+pub fn run(template: &str, args: &[&str], cmd: &[&str]) -> Output {
+    brig().arg("run").arg("--template").arg(template).args(args).arg("--").args(cmd).output().expect("spawn brig")
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// The templates every behaviour is checked on: `host`, and the Debian
+/// rootfs when the test script built one.
+pub fn templates() -> Vec<String> {
+    let mut t = vec!["host".to_string()];
+    match rootfs() {
+        Some(r) => t.push(format!("dir:{}", r.display())),
+        None => eprintln!("note: BRIG_TEST_ROOTFS not set; checking the host template only"),
+    }
+    t
+}
+
+/// The cgroup directories a sandbox with this id would have.
+pub fn cgroup_dirs(id: &str) -> Vec<PathBuf> {
+    let mut v = Vec::new();
+    for c in ["memory", "pids", "cpu", "freezer", "unified", ""] {
+        let base = if c.is_empty() { PathBuf::from("/sys/fs/cgroup/brig") } else { PathBuf::from(format!("/sys/fs/cgroup/{c}/brig")) };
+        v.push(base.join(id));
+    }
+    v
+}
+
+/// Host pids of processes that belong to sandbox `id`'s cgroups.
+pub fn processes_of(id: &str) -> Vec<u32> {
+    let needle = format!("/brig/{id}");
+    let mut pids = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else { return pids };
+    for e in entries.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+        let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+        if cg.contains(&needle) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// Poll `f` until it is true or `timeout` passes.
+pub fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + timeout;
+    while Instant::now() < end {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    f()
+}
+
+/// Mount points on the host whose path mentions `needle`.
+pub fn host_mounts_matching(needle: &str) -> Vec<String> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains(needle))
+        .map(str::to_string)
+        .collect()
+}
