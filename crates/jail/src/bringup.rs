@@ -141,12 +141,10 @@ pub fn init_main(plan: &Plan, ch: Channels) -> ! {
 
 /// The sandbox's init, from clone to the command's exit status.
 pub fn run_init(plan: &Plan, sys: &dyn Syscalls, ch: Channels) -> Result<i32, Failure> {
-    // 1. Die with the host process. If brig is SIGKILLed, the kernel kills
-    //    this init, and with it (pid namespace) every process of the
-    //    sandbox. Set before anything else so no window is left open; if the
-    //    host already died, step 2 sees EOF and we exit.
-    // SAFETY: prctl with integer arguments only.
-    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
+    // 1. Keep only the two channels to the host. Anything else inherited
+    //    from brig (notably its slot lock, whose release is how a dead
+    //    owner is detected) must not live on in the sandbox.
+    close_other_fds(ch.sync, ch.error);
 
     // 2. Wait for the host: it writes our uid/gid maps (until then we have
     //    no identity in our user namespace), moves us into the sandbox's
@@ -163,6 +161,17 @@ pub fn run_init(plan: &Plan, sys: &dyn Syscalls, ch: Channels) -> Result<i32, Fa
     //     to uid 0 now that the map exists makes us the slot's host uid,
     //     so every file we create belongs to the sandbox, not host root.
     sys.set_ids(0, 0, &[]).map_err(Failure::at(Stage::Identity))?;
+
+    // 2c. Die with the host process: if brig is SIGKILLed, the kernel kills
+    //     this init and, with it (pid namespace), every process of the
+    //     sandbox. Set only now because a credential change clears it. If
+    //     the host died before this point, its end of the channel is
+    //     closed: check, so no window is left open.
+    // SAFETY: prctl with integer arguments only.
+    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
+    if host_gone(ch.sync) {
+        return Err(Failure::at(Stage::WaitForHost)(Errno(libc::EPIPE)));
+    }
 
     // 3. A cgroup namespace, entered only now that we are inside our
     //    cgroup: /proc/self/cgroup shows "/" and the host's cgroup tree
@@ -349,6 +358,28 @@ fn exec_command(exec: &ExecPlan) -> Failure {
         }
     }
     Failure { stage: Stage::Exec, index: 0, errno: err }
+}
+
+/// Close every descriptor above stderr except `a` and `b`.
+fn close_other_fds(a: RawFd, b: RawFd) {
+    let (lo, hi) = if a < b { (a, b) } else { (b, a) };
+    let close = |from: RawFd, to: RawFd| {
+        if from <= to {
+            // SAFETY: close_range on a range of our own descriptors.
+            unsafe { libc::syscall(libc::SYS_close_range, from as u32, to as u32, 0u32) };
+        }
+    };
+    close(3, lo - 1);
+    close(lo + 1, hi - 1);
+    close(hi + 1, RawFd::MAX);
+}
+
+/// Whether the host's end of the channel has been closed.
+fn host_gone(sock: RawFd) -> bool {
+    let mut p = libc::pollfd { fd: sock, events: libc::POLLRDHUP, revents: 0 };
+    // SAFETY: poll on one valid pollfd, no wait.
+    unsafe { libc::poll(&mut p, 1, 0) };
+    p.revents & (libc::POLLHUP | libc::POLLRDHUP | libc::POLLERR) != 0
 }
 
 fn reset_signals() {

@@ -34,19 +34,24 @@ use crate::{reconcile, seccomp};
 /// Exit status of a sandbox whose set-up failed before the command ran.
 pub const SETUP_FAILED_EXIT: i32 = 125;
 
+/// The process tier's runtime state: host-wide, because uid ranges and
+/// cgroups are host-wide (two brig homes on one host must not hand out the
+/// same uid range), and on tmpfs, because none of it outlives a reboot.
+pub const RUNTIME_DIR: &str = "/run/brig";
+
 /// Where a host keeps the process tier's runtime state.
 #[derive(Debug, Clone)]
 pub struct SpawnOptions {
-    /// `$BRIG_HOME/run`: slot locks and the staging mount point.
+    /// [`RUNTIME_DIR`]: slot locks and the staging mount point.
     pub run_dir: PathBuf,
     pub hierarchy: Hierarchy,
 }
 
 impl SpawnOptions {
-    /// Detect the cgroup layout, make sure the run directory exists, and
-    /// reap whatever an earlier, killed brig left behind.
-    pub fn prepare(home: &Path) -> Result<Self, JailError> {
-        let run_dir = home.join("run");
+    /// Detect the cgroup layout, make sure the runtime directory exists,
+    /// and reap whatever an earlier, killed brig left behind.
+    pub fn prepare() -> Result<Self, JailError> {
+        let run_dir = PathBuf::from(RUNTIME_DIR);
         let staging = run_dir.join("mnt");
         if !staging.is_dir() {
             fs::create_dir_all(&staging)
