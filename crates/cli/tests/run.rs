@@ -361,12 +361,17 @@ fn sigterm_to_brig_tears_the_sandbox_down() {
 #[test]
 fn two_sandboxes_get_disjoint_host_uids() {
     require_root!();
-    let a = start_with_id(&[], "cat /proc/self/uid_map; sleep 1");
-    let b = start_with_id(&[], "cat /proc/self/uid_map; sleep 1");
-    let (oa, ob) = (a.0.wait_with_output().unwrap(), b.0.wait_with_output().unwrap());
-    let base = |o: &std::process::Output| stdout(o).split_whitespace().nth(1).unwrap().parse::<u64>().unwrap();
-    assert_ne!(a.1, b.1);
-    assert!(base(&oa).abs_diff(base(&ob)) >= 65536);
+    let spawn = || {
+        brig().args(["run", "--", "sh", "-c", "hostname; cat /proc/self/uid_map; sleep 1"]).stdout(Stdio::piped()).spawn().unwrap()
+    };
+    let (a, b) = (spawn(), spawn());
+    let (oa, ob) = (stdout(&a.wait_with_output().unwrap()), stdout(&b.wait_with_output().unwrap()));
+    // hostname, then "0 <host base> 65536"
+    let fields = |o: &str| o.split_whitespace().map(str::to_string).collect::<Vec<_>>();
+    let (fa, fb) = (fields(&oa), fields(&ob));
+    assert_ne!(fa[0], fb[0], "sandbox ids");
+    let (ba, bb): (u64, u64) = (fa[2].parse().unwrap(), fb[2].parse().unwrap());
+    assert!(ba.abs_diff(bb) >= 65536, "uid ranges overlap: {ba} {bb}");
 }
 
 /// A pty pair for driving `brig run -t` as a terminal would.

@@ -619,7 +619,6 @@ mod tests {
             let sys = Recording::default();
             drop_privileges(&p.exec, &sys).unwrap();
             assert_eq!(
-                calls,
                 sys.calls(),
                 vec![
                     Call::DropBoundingSet { keep: caps },

@@ -3,8 +3,8 @@
 //! A sandbox's namespaces, mounts and processes die with its init, and its
 //! init dies with its owner (`PR_SET_PDEATHSIG`). The one thing the kernel
 //! does not clean up is the cgroup directories. [`reap`] removes every
-//! `brig/<id>` group whose owner no longer holds its slot lock
-//! ([`crate::slot::live_ids`]), killing anything still inside first.
+//! `brig/<id>` group whose owner no longer holds its liveness lock
+//! ([`crate::slot::is_live`]), killing anything still inside first.
 //! `brig run` calls it on start; it costs one `readdir` per controller when
 //! there is nothing to do.
 
@@ -38,8 +38,7 @@ pub fn reap(hierarchy: &Hierarchy, run_dir: &Path) -> Reaped {
     if candidates.is_empty() {
         return Reaped::default();
     }
-    let live = slot::live_ids(run_dir);
-    let dead: Vec<PathBuf> = candidates.into_iter().filter(|(id, _)| !live.contains(id)).map(|(_, p)| p).collect();
+    let dead: Vec<PathBuf> = candidates.into_iter().filter(|(id, _)| !slot::is_live(run_dir, id)).map(|(_, p)| p).collect();
     cgroup::kill_procs(&dead);
     let mut reaped = Reaped::default();
     for dir in dead {

@@ -1,15 +1,16 @@
 //! Host uid ranges for sandboxes, and the locks that say a sandbox's owner
 //! is alive.
 //!
-//! Every live sandbox holds one slot: an exclusive `flock` on
-//! `<run>/slots/<n>.lock`, whose content is the sandbox id. Slot `n` owns the
-//! host uid/gid range `BASE + n·65536 .. +65536`, so sandbox root is never
-//! host root and two sandboxes never share a host uid. The kernel drops the
-//! lock when the owner dies, however it dies, which is what lets
-//! [`crate::reconcile`] tell leftovers from live sandboxes.
+//! Every live sandbox holds two locks, both exclusive `flock`s that the
+//! kernel drops when the owner dies, however it dies:
+//! - a slot, `<run>/slots/<n>.lock`: slot `n` owns the host uid/gid range
+//!   `BASE + n·65536 .. +65536`, so sandbox root is never host root and two
+//!   sandboxes never share a host uid;
+//! - its liveness lock, `<run>/live/<id>`: what lets [`crate::reconcile`]
+//!   tell a leftover from a live sandbox by looking at that one file.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Read, Seek, Write};
+use std::io;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
@@ -35,11 +36,13 @@ pub enum SlotError {
     },
 }
 
-/// A held slot. Dropping it releases the lock.
+/// A held slot and liveness lock. Dropping it releases both.
 #[derive(Debug)]
 pub struct Slot {
     index: u32,
-    file: File,
+    _file: File,
+    live: PathBuf,
+    _live_file: File,
 }
 
 impl Slot {
@@ -52,10 +55,9 @@ impl Slot {
         BASE + self.index * RANGE
     }
 
-    /// Release the lock and empty the file, so reconcile does not mistake
-    /// the old id for a leftover.
+    /// Release both locks and remove the liveness file.
     pub fn release(self) {
-        let _ = self.file.set_len(0);
+        let _ = fs::remove_file(&self.live);
     }
 }
 
@@ -68,54 +70,55 @@ pub fn slots_dir(run_dir: &Path) -> PathBuf {
     run_dir.join("slots")
 }
 
+fn open_lock(dir: &Path, name: &str) -> Result<File, SlotError> {
+    let io_err = |source| SlotError::Io { path: dir.to_path_buf(), source };
+    let path = dir.join(name);
+    let open = || OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path);
+    match open() {
+        Ok(f) => Ok(f),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            fs::create_dir_all(dir).map_err(io_err)?;
+            open().map_err(io_err)
+        }
+        Err(e) => Err(io_err(e)),
+    }
+}
+
+pub fn live_dir(run_dir: &Path) -> PathBuf {
+    run_dir.join("live")
+}
+
 /// Take a free slot for sandbox `id`, starting the search at a random slot
-/// so concurrent callers rarely contend.
+/// so concurrent callers rarely contend, and lock `id`'s liveness file.
 pub fn acquire(run_dir: &Path, id: &SandboxId) -> Result<Slot, SlotError> {
+    let live_dir = live_dir(run_dir);
+    let live_file = open_lock(&live_dir, id.as_str())?;
+    if !try_lock(&live_file) {
+        return Err(SlotError::Io { path: live_dir.join(id.as_str()), source: io::Error::from(io::ErrorKind::AlreadyExists) });
+    }
     let dir = slots_dir(run_dir);
-    let io_err = |source| SlotError::Io { path: dir.clone(), source };
     let start = rand::random::<u32>() % COUNT;
     for i in 0..COUNT {
         let index = (start + i) % COUNT;
-        let path = dir.join(format!("{index}.lock"));
-        let file = match OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path) {
-            Ok(f) => f,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                fs::create_dir_all(&dir).map_err(io_err)?;
-                OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path).map_err(io_err)?
-            }
-            Err(e) => return Err(io_err(e)),
-        };
+        let file = open_lock(&dir, &format!("{index}.lock"))?;
         if try_lock(&file) {
-            let mut f = &file;
-            f.set_len(0).map_err(io_err)?;
-            f.write_all(id.as_str().as_bytes()).map_err(io_err)?;
-            return Ok(Slot { index, file });
+            return Ok(Slot { index, _file: file, live: live_dir.join(id.as_str()), _live_file: live_file });
         }
     }
+    let _ = fs::remove_file(live_dir.join(id.as_str()));
     Err(SlotError::Exhausted)
 }
 
-/// Ids of sandboxes whose owner is alive: the content of every slot file
-/// someone else holds locked. (A file we can lock has no living owner.)
-pub fn live_ids(run_dir: &Path) -> Vec<SandboxId> {
-    let Ok(entries) = fs::read_dir(slots_dir(run_dir)) else { return Vec::new() };
-    let mut live = Vec::new();
-    for entry in entries.flatten() {
-        let Ok(mut file) = OpenOptions::new().read(true).write(true).open(entry.path()) else { continue };
-        if try_lock(&file) {
-            // Nobody holds it: whatever id it names is dead. Clear it; the
-            // lock is released when `file` drops.
-            let _ = file.set_len(0);
-            continue;
-        }
-        let mut s = String::new();
-        if file.rewind().is_ok() && file.read_to_string(&mut s).is_ok() {
-            if let Some(id) = SandboxId::parse(s.trim()) {
-                live.push(id);
-            }
-        }
+/// Whether the owner of sandbox `id` is alive: it holds `live/<id>`. A
+/// file nobody holds is removed on the way.
+pub fn is_live(run_dir: &Path, id: &SandboxId) -> bool {
+    let path = live_dir(run_dir).join(id.as_str());
+    let Ok(file) = OpenOptions::new().read(true).open(&path) else { return false };
+    if try_lock(&file) {
+        let _ = fs::remove_file(&path);
+        return false;
     }
-    live
+    true
 }
 
 #[cfg(test)]
@@ -133,14 +136,25 @@ mod tests {
     }
 
     #[test]
-    fn live_ids_lists_held_slots_only() {
+    fn liveness_follows_the_lock() {
         let t = tempfile::tempdir().unwrap();
         let id = SandboxId::from_random(0xabc);
         let slot = acquire(t.path(), &id).unwrap();
         // flock locks belong to the open file description, so a second open
         // in the same process does conflict, as a separate process would.
-        assert_eq!(live_ids(t.path()), vec![id]);
+        assert!(is_live(t.path(), &id));
+        assert!(!is_live(t.path(), &SandboxId::from_random(0xdef)));
         slot.release();
-        assert!(live_ids(t.path()).is_empty());
+        assert!(!is_live(t.path(), &id));
+    }
+
+    #[test]
+    fn a_dead_owners_file_is_not_live() {
+        let t = tempfile::tempdir().unwrap();
+        let id = SandboxId::from_random(0x77);
+        fs::create_dir_all(live_dir(t.path())).unwrap();
+        fs::write(live_dir(t.path()).join(id.as_str()), "").unwrap();
+        assert!(!is_live(t.path(), &id));
+        assert!(!live_dir(t.path()).join(id.as_str()).exists());
     }
 }
