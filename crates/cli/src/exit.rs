@@ -56,7 +56,7 @@ pub fn finish(outcome: Outcome, exit: &Exit) -> i32 {
 
 fn humantime(d: Duration) -> String {
     let ms = d.as_millis();
-    if ms % 1000 != 0 {
+    if !ms.is_multiple_of(1000) {
         format!("{ms}ms")
     } else {
         let s = d.as_secs();

@@ -271,7 +271,7 @@ fn cpus_sets_a_cfs_quota() {
         })
         .expect("a cpu cgroup for the sandbox");
     assert!(quota.trim().starts_with("25000"), "quota {quota:?}");
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    signal(child.id(), libc::SIGTERM);
     assert_eq!(child.wait().unwrap().code(), Some(143));
 }
 
@@ -302,17 +302,8 @@ fn assert_nothing_left(id: &str, how: &str) {
     assert!(host_mounts_matching("/run/brig").is_empty(), "{how}: host mounts {:?}", host_mounts_matching("/run/brig"));
     let staging: Vec<_> = std::fs::read_dir("/run/brig/mnt").unwrap().collect();
     assert!(staging.is_empty(), "{how}: staging dir not empty");
-    let slots = std::fs::read_dir("/run/brig/slots").unwrap();
-    for s in slots.flatten() {
-        let content = std::fs::read_to_string(s.path()).unwrap_or_default();
-        if content == id {
-            // The file may still hold the id only if nobody holds the lock;
-            // the next acquire or reconcile clears it.
-            let f = std::fs::File::open(s.path()).unwrap();
-            use std::os::fd::AsRawFd;
-            assert_eq!(unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }, 0, "{how}: slot still held");
-        }
-    }
+    // The liveness lock file goes with the sandbox (or with reconcile).
+    assert!(!std::path::Path::new("/run/brig/live").join(id).exists(), "{how}: liveness file left");
 }
 
 #[test]
@@ -353,7 +344,7 @@ fn nothing_remains_after_brig_is_sigkilled() {
 fn sigterm_to_brig_tears_the_sandbox_down() {
     require_root!();
     let (mut child, id) = start_with_id(&[], "trap '' TERM; sleep 60");
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    signal(child.id(), libc::SIGTERM);
     assert_eq!(child.wait().unwrap().code(), Some(143));
     assert_nothing_left(&id, "SIGTERM to brig");
 }

@@ -38,7 +38,7 @@ impl fmt::Display for ByteSize {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let n = self.0;
         for (unit, name) in [(1u64 << 40, "TiB"), (Self::GIB, "GiB"), (Self::MIB, "MiB"), (Self::KIB, "KiB")] {
-            if n >= unit && n % unit == 0 {
+            if n >= unit && n.is_multiple_of(unit) {
                 return write!(f, "{} {}", n / unit, name);
             }
         }

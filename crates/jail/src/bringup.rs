@@ -480,8 +480,8 @@ pub fn recv_with_fds(sock: RawFd, fds: &mut [RawFd; MAX_FDS]) -> SysResult<(usiz
     msg.msg_iovlen = 1;
     msg.msg_control = cbuf.as_mut_ptr().cast();
     msg.msg_controllen = std::mem::size_of_val(&cbuf);
-    // SAFETY: msg points at live stack buffers sized as declared.
     let n = loop {
+        // SAFETY: msg points at live stack buffers sized as declared.
         let n = unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC) };
         if n >= 0 || Errno::last() != Errno(libc::EINTR) {
             break n;

@@ -131,7 +131,7 @@ mod tests {
         let a = acquire(t.path(), &SandboxId::from_random(1)).unwrap();
         let b = acquire(t.path(), &SandboxId::from_random(2)).unwrap();
         assert_ne!(a.index(), b.index());
-        assert!(a.host_base() >= BASE && a.host_base() % RANGE == 0);
+        assert!(a.host_base() >= BASE && a.host_base().is_multiple_of(RANGE));
         assert!(a.host_base().abs_diff(b.host_base()) >= RANGE);
     }
 

@@ -17,14 +17,14 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run a command in a fresh sandbox and remove the sandbox when it exits.
-    Run(run::RunArgs),
+    Run(Box<run::RunArgs>),
     /// Report which kernel features and isolation tiers this host offers.
     Doctor(doctor::DoctorArgs),
 }
 
 pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
-        Command::Run(args) => run::run(args),
+        Command::Run(args) => run::run(*args),
         Command::Doctor(args) => doctor::run(args),
     }
 }

@@ -180,7 +180,7 @@ mod tests {
     fn parse(args: &[&str]) -> anyhow::Result<SandboxSpec> {
         let cli = crate::commands::Cli::try_parse_from(args)?;
         match cli.command {
-            crate::commands::Command::Run(r) => r.into_spec(),
+            crate::commands::Command::Run(r) => (*r).into_spec(),
             _ => unreachable!(),
         }
     }

@@ -13,9 +13,8 @@ pub const BRIG: &str = env!("CARGO_BIN_EXE_brig");
 #[macro_export]
 macro_rules! require_root {
     () => {
-        // SAFETY: geteuid cannot fail.
-        if unsafe { libc::geteuid() } != 0 {
-            eprintln!("skipping: brig's process tier needs root and this test runs as uid {}", unsafe { libc::geteuid() });
+        if $crate::support::euid() != 0 {
+            eprintln!("skipping: brig's process tier needs root and this test runs as uid {}", $crate::support::euid());
             return;
         }
     };
@@ -33,6 +32,17 @@ macro_rules! require_rootfs {
             }
         }
     };
+}
+
+pub fn euid() -> u32 {
+    // SAFETY: geteuid cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// Send `sig` to a child process.
+pub fn signal(pid: u32, sig: libc::c_int) {
+    // SAFETY: kill with a pid we spawned.
+    unsafe { libc::kill(pid as libc::pid_t, sig) };
 }
 
 pub fn rootfs() -> Option<PathBuf> {
