@@ -77,11 +77,19 @@ fn is_root() -> bool {
 /// The process tier needs root for now (user namespaces with a full uid
 /// range, idmapped mounts, cgroups).
 pub fn require_root() -> anyhow::Result<()> {
-    if is_root() {
-        Ok(())
-    } else {
+    if !is_root() {
         anyhow::bail!("brig run needs root on this host (it maps each sandbox to its own unprivileged uid range and creates cgroups); run it with sudo")
     }
+    // uid 0 inside someone else's user namespace (a rootless container,
+    // `unshare -r`) has none of the privileges the process tier needs.
+    let map = std::fs::read_to_string("/proc/self/uid_map").unwrap_or_default();
+    if map.split_whitespace().collect::<Vec<_>>() != ["0", "0", "4294967295"] {
+        anyhow::bail!(
+            "brig run needs root in the host's user namespace, but it runs inside a user namespace (uid map {:?}); run it on the host or in a privileged container",
+            map.trim()
+        )
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -444,3 +444,20 @@ fn an_interactive_shell_reads_from_the_tty() {
     assert!(out.contains("42"), "{out}");
     assert_eq!(code, Some(5), "{out}");
 }
+
+#[test]
+fn a_missing_kernel_feature_is_named_with_its_fix() {
+    require_root!();
+    // cgroups hidden (a private mount namespace with an empty tmpfs over
+    // /sys/fs/cgroup), as on a host without the controllers mounted.
+    let o = std::process::Command::new("unshare")
+        .args(["-m", "sh", "-c", &format!("mount -t tmpfs none /sys/fs/cgroup && exec {BRIG} run -- true")])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(125), "{}", stderr(&o));
+    assert!(stderr(&o).contains("no usable cgroup hierarchy") && stderr(&o).contains("brig doctor"), "{}", stderr(&o));
+    // Root of a nested user namespace is not root enough.
+    let o = std::process::Command::new("unshare").args(["-Ur", BRIG, "run", "--", "true"]).output().unwrap();
+    assert_eq!(o.status.code(), Some(125), "{}", stderr(&o));
+    assert!(stderr(&o).contains("needs root in the host's user namespace"), "{}", stderr(&o));
+}

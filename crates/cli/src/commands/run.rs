@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use brig_core::{parse_duration, parse_size, EnvVar, SandboxSpec, TemplateRef, UserSpec};
-use brig_jail::{Sandbox, SpawnOptions};
+use brig_jail::{probe, JailError, Sandbox, SpawnOptions};
 
 use crate::exit::{self, Outcome};
 use crate::tty::{self, RawTerminal};
@@ -84,17 +84,35 @@ impl RunArgs {
 pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     let spec = args.into_spec()?;
     exit::require_root()?;
-    let opts = SpawnOptions::prepare()?;
+    let opts = SpawnOptions::prepare().map_err(explain)?;
 
     // Signals to brig become a sandbox teardown. They are blocked before
     // the spawn so none is lost in between, and read from a signalfd; the
     // sandbox's command starts with a clean mask and default handlers.
     let signals = tty::SignalFd::new(&[libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT, libc::SIGWINCH])?;
-    let mut sandbox = Sandbox::spawn(&spec, &opts)?;
+    let mut sandbox = Sandbox::spawn(&spec, &opts).map_err(explain)?;
     let pty = sandbox.take_pty();
     let outcome = supervise(&sandbox, &signals, pty, spec.limits.timeout)?;
     let result = sandbox.wait()?;
     Ok(exit::finish(outcome, &result))
+}
+
+/// A sandbox that could not be set up, explained: if the host lacks a
+/// kernel feature the process tier needs, name it and its fix (the probe
+/// runs only on this failure path; it costs a few milliseconds).
+fn explain(err: JailError) -> anyhow::Error {
+    let host_side = matches!(
+        err,
+        JailError::Namespaces { .. } | JailError::Setup { .. } | JailError::Cgroup(_) | JailError::HostCall { .. } | JailError::Host { .. }
+    );
+    let err = anyhow::Error::from(err);
+    if host_side {
+        if let Err(feature) = probe::check_process_tier() {
+            let fix = feature.fix.as_deref().map(|f| format!("; fix: {f}")).unwrap_or_default();
+            return anyhow::anyhow!("{err:#} (this host lacks {}: {}{fix})", feature.name, feature.detail);
+        }
+    }
+    err
 }
 
 /// Watch the sandbox until it ends: the pidfd, signals to brig, the OOM
