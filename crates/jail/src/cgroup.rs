@@ -140,7 +140,9 @@ impl Cgroup {
         match self.hierarchy.clone() {
             Hierarchy::V1 { root, cpu, freezer } => {
                 for parent in self.hierarchy.parents() {
-                    mkdir(&parent)?;
+                    if !parent.exists() {
+                        mkdir(&parent)?;
+                    }
                 }
                 let memory = root.join("memory").join(PARENT).join(name);
                 mkdir(&memory)?;
@@ -160,7 +162,9 @@ impl Cgroup {
                 self.dirs.push(pids.clone());
                 write(&pids.join("pids.max"), &limits.pids.to_string())?;
 
-                if cpu {
+                // Only the controllers this sandbox uses: each one costs a
+                // mkdir, an attach and an rmdir on the spawn path.
+                if cpu && limits.cpus.is_some() {
                     let dir = root.join("cpu").join(PARENT).join(name);
                     mkdir(&dir)?;
                     self.dirs.push(dir.clone());
@@ -169,11 +173,9 @@ impl Cgroup {
                         write(&dir.join("cpu.cfs_quota_us"), &((cpus * 100_000.0).round() as u64).max(1000).to_string())?;
                     }
                 }
-                if freezer {
-                    let dir = root.join("freezer").join(PARENT).join(name);
-                    mkdir(&dir)?;
-                    self.dirs.push(dir);
-                }
+                // The freezer is for pause/resume, which one-shot runs do
+                // not offer; `freezer` stays in `parents()` for reconcile.
+                let _ = freezer;
             }
             Hierarchy::V2 { root } => {
                 let parent = root.join(PARENT);

@@ -40,12 +40,14 @@ pub const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty
 /// The PATH a command gets unless the caller sets one.
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
-/// /proc files that leak host kernel state or offer host-wide controls;
-/// /dev/null is bound over them.
-const MASKED_PROC: &[&str] = &["kcore", "keys", "timer_list", "sched_debug", "latency_stats"];
-/// /proc paths made read-only (host-wide knobs, even where the sandbox's
-/// root would own the file, e.g. its own network namespace's sysctls).
-const READONLY_PROC: &[&str] = &["sys", "sysrq-trigger", "irq", "bus", "fs"];
+/// /proc paths made read-only. Docker also masks kcore, keys, timer_list,
+/// sched_debug and freezes irq, bus, fs; it must, because its container
+/// root is host root. Here sandbox root is an unmapped uid to every host
+/// root-owned /proc file, so plain permissions already refuse them (the
+/// hostile suite checks). /proc/sys is frozen anyway: part of it (the
+/// sandbox's own network namespace's sysctls) belongs to sandbox root, and
+/// nothing in there needs changing from inside.
+const READONLY_PROC: &[&str] = &["sys", "sysrq-trigger"];
 
 /// One mount-namespace operation before `pivot_root`.
 #[derive(Debug)]
@@ -284,10 +286,6 @@ impl Plan {
             b.steps.push(Step::Symlink { link: b.at(link), target: c(target) });
         }
 
-        for f in MASKED_PROC.iter().filter(|f| (input.proc_has)(f)) {
-            let inside = format!("/proc/{f}");
-            b.mount("mask a host /proc file", Some(&format!("{root}/dev/null")), &inside, None, libc::MS_BIND, None);
-        }
         for f in READONLY_PROC.iter().filter(|f| (input.proc_has)(f)) {
             let inside = format!("/proc/{f}");
             let src = format!("{root}{inside}");
@@ -480,17 +478,27 @@ mod tests {
     }
 
     #[test]
-    fn masked_proc_files_follow_the_kernel() {
-        let plan = build(&SandboxSpec::new(vec!["true".into()]), &Layout::Host(vec![]));
-        let masked: Vec<String> = plan
+    fn readonly_proc_paths_follow_the_kernel() {
+        let id = SandboxId::from_random(1);
+        let plan = Plan::build(&PlanInput {
+            spec: &SandboxSpec::new(vec!["true".into()]),
+            id: &id,
+            layout: &Layout::Host(vec![]),
+            identity: &Identity::root(),
+            staging: Path::new("/st"),
+            nofile_hard: 1024,
+            proc_has: &|f| f == "sys",
+        });
+        let frozen: Vec<String> = plan
             .steps
             .iter()
             .filter_map(|s| match s {
-                Step::Mount { what: "mask a host /proc file", target, .. } => Some(lossy(target)),
+                Step::Mount { what: "make a /proc path read-only", target, flags, .. } if flags & libc::MS_RDONLY != 0 => {
+                    Some(lossy(target))
+                }
                 _ => None,
             })
             .collect();
-        assert!(masked.contains(&"/run/brig/mnt/proc/kcore".to_string()));
-        assert!(!masked.iter().any(|m| m.ends_with("sched_debug")));
-    }
+        assert_eq!(frozen, vec!["/st/proc/sys"]);
+}
 }
