@@ -179,7 +179,10 @@ pub fn run_init(plan: &Plan, sys: &dyn Syscalls, ch: Channels) -> Result<i32, Fa
     sys.unshare(libc::CLONE_NEWCGROUP).map_err(Failure::at(Stage::CgroupNamespace))?;
 
     // 4. The root filesystem: private mounts, the writable layer, the
-    //    template, /proc, /dev, /tmp, /sys; then pivot_root into it.
+    //    template, /proc, /dev, /tmp, /sys; then pivot_root into it. With
+    //    umask 0, so /tmp and /dev/shm get exactly mode 1777.
+    // SAFETY: umask cannot fail.
+    unsafe { libc::umask(0) };
     prepare_root(plan, sys, &fds[..n.1])?;
     for fd in &fds[..n.1] {
         // SAFETY: the received descriptors are ours; attached already.
@@ -289,9 +292,12 @@ pub fn exec_workload(exec: &ExecPlan, stdin: bool, tty: Option<RawFd>, sys: &dyn
     if unsafe { libc::setsid() } < 0 {
         return Failure::at(Stage::Session)(Errno::last());
     }
-    // a'. A clean signal state: brig blocks the signals it handles and
-    //     Rust ignores SIGPIPE; both would otherwise survive execve.
+    // a'. A clean signal state (brig blocks the signals it handles and
+    //     Rust ignores SIGPIPE; both would otherwise survive execve) and
+    //     the conventional umask.
     reset_signals();
+    // SAFETY: umask cannot fail.
+    unsafe { libc::umask(0o022) };
     // b. Standard streams: the pty slave, or the caller's streams with
     //    stdin replaced by /dev/null unless -i.
     if let Err(e) = setup_stdio(stdin, tty) {

@@ -254,6 +254,9 @@ impl Plan {
         };
 
         // Directories every program expects, created in the writable layer.
+        // /tmp is one of them: private, memory-backed, and sharing the
+        // --disk budget with the rest of the writable layer (as a
+        // container's /tmp does).
         for (d, mode) in [("/proc", 0o555), ("/dev", 0o755), ("/sys", 0o555), ("/tmp", 0o1777), ("/root", 0o700), ("/home", 0o755), ("/run", 0o755), ("/var", 0o755), ("/var/tmp", 0o1777)] {
             b.mkdir(d, mode);
         }
@@ -262,10 +265,12 @@ impl Plan {
         // are invisible. Then mask or freeze the host-wide parts of it.
         b.mount("mount proc", Some("proc"), "/proc", Some("proc"), nosuid_nodev | libc::MS_NOEXEC, None);
 
-        // A minimal /dev on its own tmpfs: only the harmless character
-        // devices (bound from the host, since a user namespace may not
-        // mknod), a private devpts instance, and /dev/shm.
-        b.mount("mount /dev", Some("tmpfs"), "/dev", Some("tmpfs"), libc::MS_NOSUID | libc::MS_NOEXEC, Some("mode=755,size=64k".into()));
+        // A minimal /dev on its own tmpfs (it hides a template's own /dev):
+        // only the harmless character devices (bound from the host, since a
+        // user namespace may not mknod), a private devpts instance, and
+        // /dev/shm as a directory of the same tmpfs. One tmpfs, not two:
+        // each superblock costs 0.1-0.3 ms on the spawn path.
+        b.mount("mount /dev", Some("tmpfs"), "/dev", Some("tmpfs"), libc::MS_NOSUID | libc::MS_NOEXEC, Some(format!("mode=755,size={disk}")));
         for d in DEVICES {
             let inside = format!("/dev/{d}");
             b.steps.push(Step::Touch { target: b.at(&inside) });
@@ -281,7 +286,6 @@ impl Plan {
             Some("newinstance,ptmxmode=0666,mode=0620".into()),
         );
         b.mkdir("/dev/shm", 0o1777);
-        b.mount("mount /dev/shm", Some("tmpfs"), "/dev/shm", Some("tmpfs"), nosuid_nodev, Some(format!("mode=1777,size={disk}")));
         for (link, target) in [("/dev/ptmx", "pts/ptmx"), ("/dev/fd", "/proc/self/fd"), ("/dev/stdin", "/proc/self/fd/0"), ("/dev/stdout", "/proc/self/fd/1"), ("/dev/stderr", "/proc/self/fd/2")] {
             b.steps.push(Step::Symlink { link: b.at(link), target: c(target) });
         }
@@ -291,9 +295,6 @@ impl Plan {
             let src = format!("{root}{inside}");
             b.bind_ro("make a /proc path read-only", &src, &inside, libc::MS_NOEXEC);
         }
-
-        // A private /tmp, sized like the writable layer.
-        b.mount("mount /tmp", Some("tmpfs"), "/tmp", Some("tmpfs"), nosuid_nodev, Some(format!("mode=1777,size={disk}")));
 
         // sysfs read-only: programs read CPU topology from it; nothing may
         // be written.
