@@ -31,7 +31,9 @@ pub fn report(err: &anyhow::Error) -> i32 {
     eprintln!("brig: {err:#}");
     match err.downcast_ref::<JailError>() {
         Some(JailError::CommandNotFound { .. }) => NOT_FOUND,
-        Some(JailError::CommandNotExecutable { .. }) | Some(JailError::Workdir { .. }) => NOT_EXECUTABLE,
+        Some(JailError::CommandNotExecutable { .. }) | Some(JailError::Workdir { .. }) => {
+            NOT_EXECUTABLE
+        }
         _ => START_FAILED,
     }
 }
@@ -40,13 +42,19 @@ pub fn report(err: &anyhow::Error) -> i32 {
 /// did not simply exit.
 pub fn finish(outcome: Outcome, exit: &Exit) -> i32 {
     if exit.oom || outcome == Outcome::OutOfMemory {
-        eprintln!("brig: out of memory (limit {}); the sandbox was killed", exit.memory_limit);
+        eprintln!(
+            "brig: out of memory (limit {}); the sandbox was killed",
+            exit.memory_limit
+        );
         return OOM;
     }
     match outcome {
         Outcome::Exited => exit.code,
         Outcome::TimedOut(limit) => {
-            eprintln!("brig: timed out after {}; the sandbox was killed", humantime(limit));
+            eprintln!(
+                "brig: timed out after {}; the sandbox was killed",
+                humantime(limit)
+            );
             TIMED_OUT
         }
         Outcome::Signalled(sig) => 128 + sig,
@@ -98,7 +106,11 @@ mod tests {
     use brig_core::ByteSize;
 
     fn exit(code: i32, oom: bool) -> Exit {
-        Exit { code, oom, memory_limit: ByteSize::mib(512) }
+        Exit {
+            code,
+            oom,
+            memory_limit: ByteSize::mib(512),
+        }
     }
 
     #[test]
@@ -106,13 +118,21 @@ mod tests {
         assert_eq!(finish(Outcome::Exited, &exit(3, false)), 3);
         assert_eq!(finish(Outcome::Exited, &exit(137, true)), OOM);
         assert_eq!(finish(Outcome::OutOfMemory, &exit(137, false)), OOM);
-        assert_eq!(finish(Outcome::TimedOut(Duration::from_secs(2)), &exit(137, false)), TIMED_OUT);
-        assert_eq!(finish(Outcome::Signalled(libc::SIGTERM), &exit(137, false)), 143);
+        assert_eq!(
+            finish(Outcome::TimedOut(Duration::from_secs(2)), &exit(137, false)),
+            TIMED_OUT
+        );
+        assert_eq!(
+            finish(Outcome::Signalled(libc::SIGTERM), &exit(137, false)),
+            143
+        );
     }
 
     #[test]
     fn errors_map_to_exit_codes() {
-        let nf = anyhow::Error::new(JailError::CommandNotFound { command: "foo".into() });
+        let nf = anyhow::Error::new(JailError::CommandNotFound {
+            command: "foo".into(),
+        });
         assert_eq!(report(&nf), NOT_FOUND);
         assert_eq!(nf.to_string(), "command not found in sandbox: foo");
         assert_eq!(report(&anyhow::anyhow!("other")), START_FAILED);

@@ -33,7 +33,8 @@ impl SignalFd {
             return Err(io::Error::last_os_error()).context("create a signalfd");
         }
         // SAFETY: fresh descriptor.
-        Ok(SignalFd { fd: unsafe { OwnedFd::from_raw_fd(fd) } })
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(SignalFd { fd })
     }
 
     pub fn fd(&self) -> RawFd {
@@ -50,7 +51,13 @@ impl SignalFd {
         let mut info: libc::signalfd_siginfo = unsafe { std::mem::zeroed() };
         let size = std::mem::size_of::<libc::signalfd_siginfo>();
         // SAFETY: reading exactly one siginfo into a stack struct.
-        let n = unsafe { libc::read(self.fd(), (&mut info as *mut libc::signalfd_siginfo).cast(), size) };
+        let n = unsafe {
+            libc::read(
+                self.fd(),
+                (&mut info as *mut libc::signalfd_siginfo).cast(),
+                size,
+            )
+        };
         (n == size as isize).then_some(info.ssi_signo as libc::c_int)
     }
 }
@@ -103,18 +110,34 @@ const CHUNK: usize = 16 * 1024;
 impl Forwarder {
     pub fn new(master: RawFd) -> anyhow::Result<Self> {
         set_nonblocking(master).context("configure the terminal")?;
-        Ok(Forwarder { master, pending: Vec::new(), stdin_open: true })
+        Ok(Forwarder {
+            master,
+            pending: Vec::new(),
+            stdin_open: true,
+        })
     }
 
     /// The descriptors to poll: master (always), stdin (while the buffer
     /// has room), master for writing (while bytes are pending).
     pub fn poll_fds(&self) -> Vec<libc::pollfd> {
-        let mut v = vec![libc::pollfd { fd: self.master, events: libc::POLLIN, revents: 0 }];
+        let mut v = vec![libc::pollfd {
+            fd: self.master,
+            events: libc::POLLIN,
+            revents: 0,
+        }];
         if self.stdin_open && self.pending.is_empty() {
-            v.push(libc::pollfd { fd: 0, events: libc::POLLIN, revents: 0 });
+            v.push(libc::pollfd {
+                fd: 0,
+                events: libc::POLLIN,
+                revents: 0,
+            });
         }
         if !self.pending.is_empty() {
-            v.push(libc::pollfd { fd: self.master, events: libc::POLLOUT, revents: 0 });
+            v.push(libc::pollfd {
+                fd: self.master,
+                events: libc::POLLOUT,
+                revents: 0,
+            });
         }
         v
     }
@@ -143,7 +166,13 @@ impl Forwarder {
     fn flush_pending(&mut self) {
         while !self.pending.is_empty() {
             // SAFETY: writing from a live buffer.
-            let n = unsafe { libc::write(self.master, self.pending.as_ptr().cast(), self.pending.len()) };
+            let n = unsafe {
+                libc::write(
+                    self.master,
+                    self.pending.as_ptr().cast(),
+                    self.pending.len(),
+                )
+            };
             if n <= 0 {
                 return;
             }

@@ -2,6 +2,8 @@
 //! every feature, the table has a row per feature, and helper programs are
 //! found on PATH and asked for their version.
 
+mod support;
+
 use std::path::Path;
 use std::process::{Command, Output};
 
@@ -116,9 +118,7 @@ fn json_report_names_every_feature() {
 #[test]
 fn process_tier_is_available_as_root() {
     if !is_root() {
-        eprintln!(
-            "skipping process_tier_is_available_as_root: needs root (brig's process tier does)"
-        );
+        support::skip("process_tier_is_available_as_root needs root (brig's process tier does)");
         return;
     }
     let (report, code) = json_report(None);

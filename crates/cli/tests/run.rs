@@ -26,8 +26,16 @@ fn output_streams_and_exit_status_pass_through() {
 #[test]
 fn python_prints_42_on_the_default_template() {
     require_root!();
-    let o = brig().args(["run", "--", "python3", "-c", "print(6*7)"]).output().unwrap();
-    assert_eq!((o.status.code(), stdout(&o).as_str()), (Some(0), "42\n"), "{}", stderr(&o));
+    let o = brig()
+        .args(["run", "--", "python3", "-c", "print(6*7)"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        (o.status.code(), stdout(&o).as_str()),
+        (Some(0), "42\n"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[test]
@@ -41,7 +49,11 @@ fn output_is_not_buffered() {
     let start = Instant::now();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     assert_eq!(lines.next().unwrap().unwrap(), "first");
-    assert!(start.elapsed() < Duration::from_millis(2500), "first line took {:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_millis(2500),
+        "first line took {:?}",
+        start.elapsed()
+    );
     assert_eq!(lines.next().unwrap().unwrap(), "second");
     assert!(child.wait().unwrap().success());
 }
@@ -55,8 +67,18 @@ fn stdin_reaches_the_command_only_with_dash_i() {
         if let Some(f) = flag {
             cmd.arg(f);
         }
-        let mut child = cmd.args(["--", "cat"]).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn().unwrap();
-        child.stdin.take().unwrap().write_all(b"hello sandbox\n").unwrap();
+        let mut child = cmd
+            .args(["--", "cat"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(b"hello sandbox\n")
+            .unwrap();
         let o = child.wait_with_output().unwrap();
         assert_eq!(stdout(&o), expect, "flag {flag:?}");
     }
@@ -68,7 +90,10 @@ fn a_missing_command_is_127_with_a_clear_message() {
     for t in templates() {
         let o = run(&t, &[], &["definitely-not-a-command"]);
         assert_eq!(o.status.code(), Some(127), "{t}");
-        assert_eq!(stderr(&o), "brig: command not found in sandbox: definitely-not-a-command\n");
+        assert_eq!(
+            stderr(&o),
+            "brig: command not found in sandbox: definitely-not-a-command\n"
+        );
     }
 }
 
@@ -77,33 +102,66 @@ fn a_non_executable_command_is_126() {
     require_root!();
     let o = run("host", &[], &["/etc/passwd"]);
     assert_eq!(o.status.code(), Some(126));
-    assert!(stderr(&o).starts_with("brig: cannot execute /etc/passwd in sandbox: "), "{}", stderr(&o));
+    assert!(
+        stderr(&o).starts_with("brig: cannot execute /etc/passwd in sandbox: "),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[test]
 fn bad_input_gets_one_line_a_person_can_act_on() {
     require_root!();
     let cases: &[(&[&str], &str)] = &[
-        (&["--template", "ubuntu"], "unknown template \"ubuntu\": use `host` or `dir:/path/to/rootfs`"),
-        (&["--template", "dir:/no/such/rootfs"], "template directory \"/no/such/rootfs\" is not usable"),
+        (
+            &["--template", "ubuntu"],
+            "unknown template \"ubuntu\": use `host` or `dir:/path/to/rootfs`",
+        ),
+        (
+            &["--template", "dir:/no/such/rootfs"],
+            "template directory \"/no/such/rootfs\" is not usable",
+        ),
         (&["--memory", "12Q"], "--memory: invalid size \"12Q\""),
-        (&["--memory", "1M"], "--memory 1 MiB is out of range: the minimum is 16M"),
+        (
+            &["--memory", "1M"],
+            "--memory 1 MiB is out of range: the minimum is 16M",
+        ),
         (&["--disk", "x"], "--disk: invalid size \"x\""),
-        (&["--timeout", "forever"], "--timeout: invalid duration \"forever\""),
+        (
+            &["--timeout", "forever"],
+            "--timeout: invalid duration \"forever\"",
+        ),
         (&["--timeout", "0s"], "--timeout 0s is out of range"),
         (&["--cpus", "0"], "--cpus 0 is out of range"),
         (&["--pids", "1"], "--pids 1 is out of range"),
-        (&["--env", "NOEQUALS"], "invalid environment variable \"NOEQUALS\""),
+        (
+            &["--env", "NOEQUALS"],
+            "invalid environment variable \"NOEQUALS\"",
+        ),
         (&["--workdir", "rel/dir"], "invalid --workdir \"rel/dir\""),
-        (&["--user", "ghost"], "user \"ghost\" does not exist in the template's /etc/passwd"),
+        (
+            &["--user", "ghost"],
+            "user \"ghost\" does not exist in the template's /etc/passwd",
+        ),
     ];
     for (args, expect) in cases {
-        let o = brig().arg("run").args(*args).args(["--", "true"]).output().unwrap();
+        let o = brig()
+            .arg("run")
+            .args(*args)
+            .args(["--", "true"])
+            .output()
+            .unwrap();
         let err = stderr(&o);
         assert_eq!(o.status.code(), Some(125), "{args:?}: {err}");
-        assert!(err.starts_with("brig: ") && err.contains(expect), "{args:?}: got {err:?}, want {expect:?}");
+        assert!(
+            err.starts_with("brig: ") && err.contains(expect),
+            "{args:?}: got {err:?}, want {expect:?}"
+        );
         assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
-        assert!(!err.contains("panicked") && !err.contains(" { "), "{args:?}: {err}");
+        assert!(
+            !err.contains("panicked") && !err.contains(" { "),
+            "{args:?}: {err}"
+        );
     }
 }
 
@@ -126,33 +184,77 @@ fn the_host_template_shows_exactly_the_documented_paths() {
     let top: Vec<&str> = parts[0].lines().collect();
     for p in &top {
         assert!(
-            ["bin", "dev", "etc", "home", "lib", "lib32", "lib64", "libx32", "proc", "root", "run", "sbin", "sys", "tmp", "usr", "var"]
-                .contains(p),
+            [
+                "bin", "dev", "etc", "home", "lib", "lib32", "lib64", "libx32", "proc", "root",
+                "run", "sbin", "sys", "tmp", "usr", "var"
+            ]
+            .contains(p),
             "unexpected top-level entry {p:?} in {top:?}"
         );
     }
-    assert!(parts[1].lines().all(|l| l.ends_with(':') || l.is_empty() || l == "tmp"), "{}", parts[1]);
-    assert!(parts[2].contains("/root/.brig-test-canary: No such file or directory"), "{}", parts[2]);
-    assert!(parts[2].contains("/etc/shadow: Permission denied"), "{}", parts[2]);
+    assert!(
+        parts[1]
+            .lines()
+            .all(|l| l.ends_with(':') || l.is_empty() || l == "tmp"),
+        "{}",
+        parts[1]
+    );
+    assert!(
+        parts[2].contains("/root/.brig-test-canary: No such file or directory"),
+        "{}",
+        parts[2]
+    );
+    assert!(
+        parts[2].contains("/etc/shadow: Permission denied"),
+        "{}",
+        parts[2]
+    );
     for p in ["/opt", "/srv", "/boot", "/mnt", "/media"] {
-        assert!(parts[2].contains(&format!("{p}': No such file or directory")), "{p}: {}", parts[2]);
+        assert!(
+            parts[2].contains(&format!("{p}': No such file or directory")),
+            "{p}: {}",
+            parts[2]
+        );
     }
 }
 
 #[test]
 fn templates_are_never_written() {
     require_root!();
-    let o = run("host", &[], &["sh", "-c", "touch /usr/bin/brig-x; echo x >> /etc/hostname"]);
+    let o = run(
+        "host",
+        &[],
+        &["sh", "-c", "touch /usr/bin/brig-x; echo x >> /etc/hostname"],
+    );
     // Read-only mounts; host-owned files also fail the permission check first.
-    let refused = stderr(&o).lines().filter(|l| l.contains("Read-only file system") || l.contains("Permission denied")).count();
+    let refused = stderr(&o)
+        .lines()
+        .filter(|l| l.contains("Read-only file system") || l.contains("Permission denied"))
+        .count();
     assert_eq!(refused, 2, "{}", stderr(&o));
     assert!(!std::path::Path::new("/usr/bin/brig-x").exists());
     if let Some(rootfs) = rootfs() {
         let before = std::fs::read_to_string(rootfs.join("etc/passwd")).unwrap();
         let t = format!("dir:{}", rootfs.display());
-        let o = run(&t, &[], &["sh", "-c", "echo hacked >> /etc/passwd && touch /usr/bin/brig-x && tail -1 /etc/passwd"]);
-        assert_eq!(stdout(&o), "hacked\n", "writes land in the sandbox's own layer: {}", stderr(&o));
-        assert_eq!(std::fs::read_to_string(rootfs.join("etc/passwd")).unwrap(), before);
+        let o = run(
+            &t,
+            &[],
+            &[
+                "sh",
+                "-c",
+                "echo hacked >> /etc/passwd && touch /usr/bin/brig-x && tail -1 /etc/passwd",
+            ],
+        );
+        assert_eq!(
+            stdout(&o),
+            "hacked\n",
+            "writes land in the sandbox's own layer: {}",
+            stderr(&o)
+        );
+        assert_eq!(
+            std::fs::read_to_string(rootfs.join("etc/passwd")).unwrap(),
+            before
+        );
         assert!(!rootfs.join("usr/bin/brig-x").exists());
     }
 }
@@ -162,8 +264,21 @@ fn dir_templates_belong_to_the_sandboxs_root() {
     require_root!();
     let rootfs = require_rootfs!();
     let t = format!("dir:{}", rootfs.display());
-    let o = run(&t, &[], &["sh", "-c", "stat -c '%U %G' /etc/passwd /usr/bin; id -u; head -1 /etc/os-release"]);
-    assert_eq!(stdout(&o), "root root\nroot root\n0\nPRETTY_NAME=\"Debian GNU/Linux 12 (bookworm)\"\n", "{}", stderr(&o));
+    let o = run(
+        &t,
+        &[],
+        &[
+            "sh",
+            "-c",
+            "stat -c '%U %G' /etc/passwd /usr/bin; id -u; head -1 /etc/os-release",
+        ],
+    );
+    assert_eq!(
+        stdout(&o),
+        "root root\nroot root\n0\nPRETTY_NAME=\"Debian GNU/Linux 12 (bookworm)\"\n",
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[test]
@@ -173,14 +288,29 @@ fn the_sandbox_has_its_own_hostname_network_and_identity() {
         let o = run(&t, &[], &["sh", "-c", "hostname; cat /proc/net/dev | tail -n +3 | cut -d: -f1; cat /proc/self/uid_map; ls /proc | grep -c '^[0-9]'"]);
         let out = stdout(&o);
         let lines: Vec<&str> = out.lines().collect();
-        assert!(lines[0].len() == 12 && lines[0].bytes().all(|b| b.is_ascii_hexdigit()), "{t}: hostname {:?}", lines[0]);
+        assert!(
+            lines[0].len() == 12 && lines[0].bytes().all(|b| b.is_ascii_hexdigit()),
+            "{t}: hostname {:?}",
+            lines[0]
+        );
         assert_eq!(lines[1].trim(), "lo", "{t}: only loopback");
-        let map: Vec<u64> = lines[2].split_whitespace().map(|x| x.parse().unwrap()).collect();
+        let map: Vec<u64> = lines[2]
+            .split_whitespace()
+            .map(|x| x.parse().unwrap())
+            .collect();
         assert_eq!(map[0], 0);
-        assert!(map[1] >= 0x1000_0000, "{t}: sandbox root maps to host uid {} (must never be 0)", map[1]);
+        assert!(
+            map[1] >= 0x1000_0000,
+            "{t}: sandbox root maps to host uid {} (must never be 0)",
+            map[1]
+        );
         assert_eq!(map[2], 65536);
         // Only the sandbox's own processes: init, sh, and the pipeline.
-        assert!(lines[3].parse::<u32>().unwrap() <= 6, "{t}: {} pids visible", lines[3]);
+        assert!(
+            lines[3].parse::<u32>().unwrap() <= 6,
+            "{t}: {} pids visible",
+            lines[3]
+        );
     }
 }
 
@@ -188,17 +318,41 @@ fn the_sandbox_has_its_own_hostname_network_and_identity() {
 fn env_workdir_and_user_apply() {
     require_root!();
     for t in templates() {
-        let o = run(&t, &["--env", "GREETING=hi there", "--workdir", "/work/dir", "--user", "nobody"], &["sh", "-c", "echo \"$GREETING\"; pwd; id -un; echo $HOME"]);
-        assert_eq!(stdout(&o), "hi there\n/work/dir\nnobody\n/nonexistent\n", "{t}: {}", stderr(&o));
+        let o = run(
+            &t,
+            &[
+                "--env",
+                "GREETING=hi there",
+                "--workdir",
+                "/work/dir",
+                "--user",
+                "nobody",
+            ],
+            &["sh", "-c", "echo \"$GREETING\"; pwd; id -un; echo $HOME"],
+        );
+        assert_eq!(
+            stdout(&o),
+            "hi there\n/work/dir\nnobody\n/nonexistent\n",
+            "{t}: {}",
+            stderr(&o)
+        );
         let o = run(&t, &["--user", "1234:5678"], &["id"]);
-        assert!(stdout(&o).starts_with("uid=1234 gid=5678"), "{t}: {}", stdout(&o));
+        assert!(
+            stdout(&o).starts_with("uid=1234 gid=5678"),
+            "{t}: {}",
+            stdout(&o)
+        );
     }
 }
 
 #[test]
 fn workdir_symlinks_and_dotdot_stay_inside() {
     require_root!();
-    let o = run("host", &["--workdir", "/tmp/../../../../root"], &["sh", "-c", "pwd; ls -A"]);
+    let o = run(
+        "host",
+        &["--workdir", "/tmp/../../../../root"],
+        &["sh", "-c", "pwd; ls -A"],
+    );
     assert_eq!(stdout(&o), "/root\n", "{}", stderr(&o));
 }
 
@@ -206,9 +360,21 @@ fn workdir_symlinks_and_dotdot_stay_inside() {
 fn memory_limit_kills_the_sandbox_with_137() {
     require_root!();
     for t in templates() {
-        let o = run(&t, &["--memory", "64M"], &["sh", "-c", "x=$(head -c 300000000 /dev/zero | tr '\\0' a); echo survived"]);
+        let o = run(
+            &t,
+            &["--memory", "64M"],
+            &[
+                "sh",
+                "-c",
+                "x=$(head -c 300000000 /dev/zero | tr '\\0' a); echo survived",
+            ],
+        );
         assert_eq!(o.status.code(), Some(137), "{t}: {}", stderr(&o));
-        assert!(stderr(&o).contains("brig: out of memory (limit 64 MiB)"), "{t}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains("brig: out of memory (limit 64 MiB)"),
+            "{t}: {}",
+            stderr(&o)
+        );
         assert!(!stdout(&o).contains("survived"));
     }
 }
@@ -217,10 +383,22 @@ fn memory_limit_kills_the_sandbox_with_137() {
 fn timeout_kills_everything_with_124() {
     require_root!();
     let start = Instant::now();
-    let o = run("host", &["--timeout", "1s"], &["sh", "-c", "sleep 30 & sleep 30"]);
+    let o = run(
+        "host",
+        &["--timeout", "1s"],
+        &["sh", "-c", "sleep 30 & sleep 30"],
+    );
     assert_eq!(o.status.code(), Some(124));
-    assert!(stderr(&o).contains("brig: timed out after 1s; the sandbox was killed"), "{}", stderr(&o));
-    assert!(start.elapsed() < Duration::from_secs(10), "took {:?}", start.elapsed());
+    assert!(
+        stderr(&o).contains("brig: timed out after 1s; the sandbox was killed"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        start.elapsed()
+    );
 }
 
 #[test]
@@ -228,7 +406,8 @@ fn disk_limit_gives_enospc_inside() {
     require_root!();
     for t in templates() {
         for dir in ["/", "/tmp"] {
-            let script = format!("dd if=/dev/zero of={dir}/fill bs=1M count=64 2>&1; stat -c %s {dir}/fill");
+            let script =
+                format!("dd if=/dev/zero of={dir}/fill bs=1M count=64 2>&1; stat -c %s {dir}/fill");
             let o = run(&t, &["--disk", "16M"], &["sh", "-c", &script]);
             let out = stdout(&o);
             assert!(out.contains("No space left on device"), "{t} {dir}: {out}");
@@ -244,23 +423,52 @@ fn pids_limit_contains_a_fork_storm() {
     // The storm runs in an inner shell (dash exits when a fork fails); the
     // outer one counts with builtins only, since forking is exhausted.
     let script = "sh -c 'for i in $(seq 60); do sleep 3 & done' 2>/dev/null; n=0; for p in /proc/[0-9]*; do n=$((n+1)); done; echo $n";
-    let o = run("host", &["--pids", "16", "--timeout", "20s"], &["sh", "-c", script]);
-    let n: u32 = stdout(&o).trim().lines().last().unwrap_or("999").parse().unwrap_or(999);
-    assert!(n <= 16, "{n} processes alive under --pids 16: {}", stderr(&o));
+    let o = run(
+        "host",
+        &["--pids", "16", "--timeout", "20s"],
+        &["sh", "-c", script],
+    );
+    let n: u32 = stdout(&o)
+        .trim()
+        .lines()
+        .last()
+        .unwrap_or("999")
+        .parse()
+        .unwrap_or(999);
+    assert!(
+        n <= 16,
+        "{n} processes alive under --pids 16: {}",
+        stderr(&o)
+    );
     // And the host can still fork.
-    assert!(std::process::Command::new("true").status().unwrap().success());
+    assert!(std::process::Command::new("true")
+        .status()
+        .unwrap()
+        .success());
 }
 
 #[test]
 fn cpus_sets_a_cfs_quota() {
     require_root!();
     let mut child = brig()
-        .args(["run", "--cpus", "0.25", "--timeout", "5s", "--", "sh", "-c", "hostname; while :; do :; done"])
+        .args([
+            "run",
+            "--cpus",
+            "0.25",
+            "--timeout",
+            "5s",
+            "--",
+            "sh",
+            "-c",
+            "hostname; while :; do :; done",
+        ])
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
     let mut id = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut id).unwrap();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut id)
+        .unwrap();
     let quota = ["/sys/fs/cgroup/cpu/brig", "/sys/fs/cgroup/brig"]
         .iter()
         .find_map(|base| {
@@ -287,23 +495,36 @@ fn start_with_id(args: &[&str], rest: &str) -> (std::process::Child, String) {
         .spawn()
         .unwrap();
     let mut id = String::new();
-    BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut id).unwrap();
+    BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut id)
+        .unwrap();
     (child, id.trim().to_string())
 }
 
 fn assert_nothing_left(id: &str, how: &str) {
     assert!(id.len() == 12, "{how}: bad id {id:?}");
-    assert!(eventually(Duration::from_secs(5), || processes_of(id).is_empty()), "{how}: processes left: {:?}", processes_of(id));
+    assert!(
+        eventually(Duration::from_secs(5), || processes_of(id).is_empty()),
+        "{how}: processes left: {:?}",
+        processes_of(id)
+    );
     // Reconcile runs at the start of every brig run.
     let _ = run("host", &[], &["true"]);
     for d in cgroup_dirs(id) {
         assert!(!d.exists(), "{how}: cgroup {} left behind", d.display());
     }
-    assert!(host_mounts_matching("/run/brig").is_empty(), "{how}: host mounts {:?}", host_mounts_matching("/run/brig"));
+    assert!(
+        host_mounts_matching("/run/brig").is_empty(),
+        "{how}: host mounts {:?}",
+        host_mounts_matching("/run/brig")
+    );
     let staging: Vec<_> = std::fs::read_dir("/run/brig/mnt").unwrap().collect();
     assert!(staging.is_empty(), "{how}: staging dir not empty");
     // The liveness lock file goes with the sandbox (or with reconcile).
-    assert!(!std::path::Path::new("/run/brig/live").join(id).exists(), "{how}: liveness file left");
+    assert!(
+        !std::path::Path::new("/run/brig/live").join(id).exists(),
+        "{how}: liveness file left"
+    );
 }
 
 #[test]
@@ -325,7 +546,10 @@ fn nothing_remains_after_a_timeout() {
 #[test]
 fn nothing_remains_after_an_oom_kill() {
     require_root!();
-    let (child, id) = start_with_id(&["--memory", "32M"], "sleep 30 & x=$(head -c 200000000 /dev/zero | tr '\\0' a)");
+    let (child, id) = start_with_id(
+        &["--memory", "32M"],
+        "sleep 30 & x=$(head -c 200000000 /dev/zero | tr '\\0' a)",
+    );
     assert_eq!(child.wait_with_output().unwrap().status.code(), Some(137));
     assert_nothing_left(&id, "oom");
 }
@@ -334,7 +558,10 @@ fn nothing_remains_after_an_oom_kill() {
 fn nothing_remains_after_brig_is_sigkilled() {
     require_root!();
     let (mut child, id) = start_with_id(&[], "sleep 60 & sleep 60");
-    assert!(!processes_of(&id).is_empty(), "the sandbox should be running");
+    assert!(
+        !processes_of(&id).is_empty(),
+        "the sandbox should be running"
+    );
     child.kill().unwrap(); // SIGKILL: brig gets no chance to clean up
     child.wait().unwrap();
     assert_nothing_left(&id, "SIGKILL of brig");
@@ -353,10 +580,23 @@ fn sigterm_to_brig_tears_the_sandbox_down() {
 fn two_sandboxes_get_disjoint_host_uids() {
     require_root!();
     let spawn = || {
-        brig().args(["run", "--", "sh", "-c", "hostname; cat /proc/self/uid_map; sleep 1"]).stdout(Stdio::piped()).spawn().unwrap()
+        brig()
+            .args([
+                "run",
+                "--",
+                "sh",
+                "-c",
+                "hostname; cat /proc/self/uid_map; sleep 1",
+            ])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap()
     };
     let (a, b) = (spawn(), spawn());
-    let (oa, ob) = (stdout(&a.wait_with_output().unwrap()), stdout(&b.wait_with_output().unwrap()));
+    let (oa, ob) = (
+        stdout(&a.wait_with_output().unwrap()),
+        stdout(&b.wait_with_output().unwrap()),
+    );
     // hostname, then "0 <host base> 65536"
     let fields = |o: &str| o.split_whitespace().map(str::to_string).collect::<Vec<_>>();
     let (fa, fb) = (fields(&oa), fields(&ob));
@@ -368,9 +608,15 @@ fn two_sandboxes_get_disjoint_host_uids() {
 /// A pty pair for driving `brig run -t` as a terminal would.
 fn openpty(rows: u16, cols: u16) -> (OwnedFd, OwnedFd) {
     let (mut m, mut s) = (0, 0);
-    let ws = libc::winsize { ws_row: rows, ws_col: cols, ws_xpixel: 0, ws_ypixel: 0 };
+    let ws = libc::winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
     // SAFETY: valid out-pointers and winsize.
-    assert_eq!(unsafe { libc::openpty(&mut m, &mut s, std::ptr::null_mut(), std::ptr::null(), &ws) }, 0);
+    let r = unsafe { libc::openpty(&mut m, &mut s, std::ptr::null_mut(), std::ptr::null(), &ws) };
+    assert_eq!(r, 0, "openpty");
     // SAFETY: fresh descriptors from openpty.
     unsafe { (OwnedFd::from_raw_fd(m), OwnedFd::from_raw_fd(s)) }
 }
@@ -379,7 +625,9 @@ fn run_on_pty(cmd: &[&str], input: &[(&str, &[u8])]) -> (String, Option<i32>) {
     let (master, slave) = openpty(33, 101);
     let mut c = brig();
     c.args(["run", "-t", "--"]).args(cmd);
-    c.stdin(Stdio::from(slave.try_clone().unwrap())).stdout(Stdio::from(slave.try_clone().unwrap())).stderr(Stdio::from(slave));
+    c.stdin(Stdio::from(slave.try_clone().unwrap()))
+        .stdout(Stdio::from(slave.try_clone().unwrap()))
+        .stderr(Stdio::from(slave));
     // SAFETY: setsid/ioctl in the child before exec are async-signal-safe.
     unsafe {
         c.pre_exec(|| {
@@ -421,7 +669,10 @@ fn run_on_pty(cmd: &[&str], input: &[(&str, &[u8])]) -> (String, Option<i32>) {
 #[test]
 fn tty_gives_a_terminal_with_the_callers_size() {
     require_root!();
-    let (out, code) = run_on_pty(&["sh", "-c", "tty; stty size; test -t 0 && echo stdin-is-tty"], &[]);
+    let (out, code) = run_on_pty(
+        &["sh", "-c", "tty; stty size; test -t 0 && echo stdin-is-tty"],
+        &[],
+    );
     assert_eq!(code, Some(0), "{out}");
     assert!(out.contains("/dev/pts/0"), "{out}");
     assert!(out.contains("33 101"), "{out}");
@@ -451,13 +702,29 @@ fn a_missing_kernel_feature_is_named_with_its_fix() {
     // cgroups hidden (a private mount namespace with an empty tmpfs over
     // /sys/fs/cgroup), as on a host without the controllers mounted.
     let o = std::process::Command::new("unshare")
-        .args(["-m", "sh", "-c", &format!("mount -t tmpfs none /sys/fs/cgroup && exec {BRIG} run -- true")])
+        .args([
+            "-m",
+            "sh",
+            "-c",
+            &format!("mount -t tmpfs none /sys/fs/cgroup && exec {BRIG} run -- true"),
+        ])
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(125), "{}", stderr(&o));
-    assert!(stderr(&o).contains("no usable cgroup hierarchy") && stderr(&o).contains("brig doctor"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("no usable cgroup hierarchy") && stderr(&o).contains("brig doctor"),
+        "{}",
+        stderr(&o)
+    );
     // Root of a nested user namespace is not root enough.
-    let o = std::process::Command::new("unshare").args(["-Ur", BRIG, "run", "--", "true"]).output().unwrap();
+    let o = std::process::Command::new("unshare")
+        .args(["-Ur", BRIG, "run", "--", "true"])
+        .output()
+        .unwrap();
     assert_eq!(o.status.code(), Some(125), "{}", stderr(&o));
-    assert!(stderr(&o).contains("needs root in the host's user namespace"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("needs root in the host's user namespace"),
+        "{}",
+        stderr(&o)
+    );
 }

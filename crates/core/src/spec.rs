@@ -19,12 +19,18 @@ pub enum SpecError {
     #[error("template directory {path:?} is not usable: {reason}")]
     TemplateDir { path: PathBuf, reason: String },
     #[error("--{field} {value} is out of range: {hint}")]
-    OutOfRange { field: &'static str, value: String, hint: &'static str },
+    OutOfRange {
+        field: &'static str,
+        value: String,
+        hint: &'static str,
+    },
     #[error("invalid environment variable {input:?}: expected KEY=VALUE with KEY made of letters, digits and _ (not starting with a digit)")]
     Env { input: String },
     #[error("invalid --workdir {path:?}: it must be an absolute path inside the sandbox")]
     Workdir { path: String },
-    #[error("invalid --user {input:?}: expected a user name or a numeric uid (optionally uid:gid)")]
+    #[error(
+        "invalid --user {input:?}: expected a user name or a numeric uid (optionally uid:gid)"
+    )]
     User { input: String },
     #[error("no command given: put the command after `--`, for example `brig run -- python3 -c 'print(42)'`")]
     NoCommand,
@@ -50,8 +56,10 @@ impl SandboxId {
     /// Accept an id from outside (a cgroup name, an API path) only if it has
     /// exactly the shape brig generates.
     pub fn parse(s: &str) -> Option<Self> {
-        (s.len() == Self::LEN && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
-            .then(|| SandboxId(s.to_string()))
+        (s.len() == Self::LEN
+            && s.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)))
+        .then(|| SandboxId(s.to_string()))
     }
 
     pub fn as_str(&self) -> &str {
@@ -85,7 +93,9 @@ impl TemplateRef {
             "host" => Ok(TemplateRef::Host),
             _ => match s.strip_prefix("dir:") {
                 Some(p) if !p.is_empty() => Ok(TemplateRef::Dir(PathBuf::from(p))),
-                _ => Err(SpecError::UnknownTemplate { name: s.to_string() }),
+                _ => Err(SpecError::UnknownTemplate {
+                    name: s.to_string(),
+                }),
             },
         }
     }
@@ -137,7 +147,9 @@ pub struct EnvVar {
 
 impl EnvVar {
     pub fn parse(s: &str) -> Result<Self, SpecError> {
-        let err = || SpecError::Env { input: s.to_string() };
+        let err = || SpecError::Env {
+            input: s.to_string(),
+        };
         let (key, value) = s.split_once('=').ok_or_else(err)?;
         let valid_key = !key.is_empty()
             && !key.starts_with(|c: char| c.is_ascii_digit())
@@ -145,7 +157,10 @@ impl EnvVar {
         if !valid_key || value.contains('\0') {
             return Err(err());
         }
-        Ok(EnvVar { key: key.to_string(), value: value.to_string() })
+        Ok(EnvVar {
+            key: key.to_string(),
+            value: value.to_string(),
+        })
     }
 }
 
@@ -160,7 +175,9 @@ pub enum UserSpec {
 
 impl UserSpec {
     pub fn parse(s: &str) -> Result<Self, SpecError> {
-        let err = || SpecError::User { input: s.to_string() };
+        let err = || SpecError::User {
+            input: s.to_string(),
+        };
         let (u, g) = match s.split_once(':') {
             Some((u, g)) => (u, Some(g)),
             None => (s, None),
@@ -175,7 +192,8 @@ impl UserSpec {
         let valid_name = !u.is_empty()
             && g.is_none()
             && u.len() <= 32
-            && u.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b));
+            && u.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b));
         if valid_name {
             Ok(UserSpec::Name(u.to_string()))
         } else {
@@ -221,7 +239,9 @@ impl SandboxSpec {
             return Err(SpecError::NoCommand);
         }
         if self.command.iter().any(|a| a.contains('\0')) {
-            return Err(SpecError::Command { reason: "arguments may not contain NUL bytes" });
+            return Err(SpecError::Command {
+                reason: "arguments may not contain NUL bytes",
+            });
         }
         let l = &self.limits;
         if l.memory.bytes() < 16 * ByteSize::MIB {
@@ -271,13 +291,16 @@ impl SandboxSpec {
                 Err(e) => Some(format!("{e}")),
                 Ok(m) if !m.is_dir() => Some("not a directory".to_string()),
                 Ok(_) if !p.is_absolute() => Some("use an absolute path".to_string()),
-                Ok(_) if std::fs::symlink_metadata(p.join("bin/sh")).is_err() => {
-                    Some("it has no bin/sh; point at the root of an unpacked filesystem".to_string())
-                }
+                Ok(_) if std::fs::symlink_metadata(p.join("bin/sh")).is_err() => Some(
+                    "it has no bin/sh; point at the root of an unpacked filesystem".to_string(),
+                ),
                 Ok(_) => None,
             };
             if let Some(reason) = reason {
-                return Err(SpecError::TemplateDir { path: p.clone(), reason });
+                return Err(SpecError::TemplateDir {
+                    path: p.clone(),
+                    reason,
+                });
             }
         }
         Ok(())
@@ -291,14 +314,26 @@ mod tests {
     #[test]
     fn templates_parse() {
         assert_eq!(TemplateRef::parse("host").unwrap(), TemplateRef::Host);
-        assert_eq!(TemplateRef::parse("dir:/x").unwrap(), TemplateRef::Dir("/x".into()));
-        assert!(matches!(TemplateRef::parse("ubuntu"), Err(SpecError::UnknownTemplate { .. })));
+        assert_eq!(
+            TemplateRef::parse("dir:/x").unwrap(),
+            TemplateRef::Dir("/x".into())
+        );
+        assert!(matches!(
+            TemplateRef::parse("ubuntu"),
+            Err(SpecError::UnknownTemplate { .. })
+        ));
         assert!(TemplateRef::parse("dir:").is_err());
     }
 
     #[test]
     fn env_vars_need_a_valid_key() {
-        assert_eq!(EnvVar::parse("A_1=x=y").unwrap(), EnvVar { key: "A_1".into(), value: "x=y".into() });
+        assert_eq!(
+            EnvVar::parse("A_1=x=y").unwrap(),
+            EnvVar {
+                key: "A_1".into(),
+                value: "x=y".into()
+            }
+        );
         assert_eq!(EnvVar::parse("E=").unwrap().value, "");
         for bad in ["NOEQUALS", "=v", "1A=v", "A-B=v", "A B=v"] {
             assert!(EnvVar::parse(bad).is_err(), "{bad}");
@@ -307,9 +342,24 @@ mod tests {
 
     #[test]
     fn users_parse_as_names_or_ids() {
-        assert_eq!(UserSpec::parse("nobody").unwrap(), UserSpec::Name("nobody".into()));
-        assert_eq!(UserSpec::parse("1000").unwrap(), UserSpec::Id { uid: 1000, gid: None });
-        assert_eq!(UserSpec::parse("1000:100").unwrap(), UserSpec::Id { uid: 1000, gid: Some(100) });
+        assert_eq!(
+            UserSpec::parse("nobody").unwrap(),
+            UserSpec::Name("nobody".into())
+        );
+        assert_eq!(
+            UserSpec::parse("1000").unwrap(),
+            UserSpec::Id {
+                uid: 1000,
+                gid: None
+            }
+        );
+        assert_eq!(
+            UserSpec::parse("1000:100").unwrap(),
+            UserSpec::Id {
+                uid: 1000,
+                gid: Some(100)
+            }
+        );
         for bad in ["", "70000", "1000:x", "a:b", "x/y", "root\n"] {
             assert!(UserSpec::parse(bad).is_err(), "{bad:?}");
         }
@@ -326,15 +376,30 @@ mod tests {
 
         let mut s = ok.clone();
         s.limits.memory = ByteSize(1000);
-        assert!(matches!(s.validate(), Err(SpecError::OutOfRange { field: "memory", .. })));
+        assert!(matches!(
+            s.validate(),
+            Err(SpecError::OutOfRange {
+                field: "memory",
+                ..
+            })
+        ));
 
         let mut s = ok.clone();
         s.limits.cpus = Some(f64::NAN);
-        assert!(matches!(s.validate(), Err(SpecError::OutOfRange { field: "cpus", .. })));
+        assert!(matches!(
+            s.validate(),
+            Err(SpecError::OutOfRange { field: "cpus", .. })
+        ));
 
         let mut s = ok.clone();
         s.limits.timeout = Some(Duration::ZERO);
-        assert!(matches!(s.validate(), Err(SpecError::OutOfRange { field: "timeout", .. })));
+        assert!(matches!(
+            s.validate(),
+            Err(SpecError::OutOfRange {
+                field: "timeout",
+                ..
+            })
+        ));
 
         let mut s = ok.clone();
         s.workdir = Some("relative/dir".into());

@@ -16,7 +16,9 @@ pub enum UnitError {
 
 /// A number of bytes. Displays in the largest binary unit that divides it
 /// exactly (`512 MiB`), which is what error messages quote back to users.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 #[serde(transparent)]
 pub struct ByteSize(pub u64);
 
@@ -37,7 +39,12 @@ impl ByteSize {
 impl fmt::Display for ByteSize {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let n = self.0;
-        for (unit, name) in [(1u64 << 40, "TiB"), (Self::GIB, "GiB"), (Self::MIB, "MiB"), (Self::KIB, "KiB")] {
+        for (unit, name) in [
+            (1u64 << 40, "TiB"),
+            (Self::GIB, "GiB"),
+            (Self::MIB, "MiB"),
+            (Self::KIB, "KiB"),
+        ] {
             if n >= unit && n.is_multiple_of(unit) {
                 return write!(f, "{} {}", n / unit, name);
             }
@@ -53,9 +60,13 @@ impl fmt::Display for ByteSize {
 /// (`K`, `M`, `G`, `T`, optionally followed by `i`/`iB`/`B`, any case).
 /// A bare number is bytes.
 pub fn parse_size(input: &str) -> Result<ByteSize, UnitError> {
-    let err = || UnitError::Size { input: input.to_string() };
+    let err = || UnitError::Size {
+        input: input.to_string(),
+    };
     let s = input.trim();
-    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
     let (num, unit) = s.split_at(split);
     if num.is_empty() {
         return Err(err());
@@ -79,7 +90,9 @@ pub fn parse_size(input: &str) -> Result<ByteSize, UnitError> {
 /// Parse a duration: one or more `<number><unit>` groups (`1h30m`), units
 /// `ms`, `s`, `m`, `h`. A bare number is seconds.
 pub fn parse_duration(input: &str) -> Result<Duration, UnitError> {
-    let err = || UnitError::Duration { input: input.to_string() };
+    let err = || UnitError::Duration {
+        input: input.to_string(),
+    };
     let s = input.trim();
     if s.is_empty() {
         return Err(err());
@@ -90,9 +103,13 @@ pub fn parse_duration(input: &str) -> Result<Duration, UnitError> {
     let mut total = Duration::ZERO;
     let mut rest = s;
     while !rest.is_empty() {
-        let n_end = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len());
+        let n_end = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
         let (num, tail) = rest.split_at(n_end);
-        let u_end = tail.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(tail.len());
+        let u_end = tail
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(tail.len());
         let (unit, tail) = tail.split_at(u_end);
         let value: f64 = num.parse().map_err(|_| err())?;
         let secs = match unit {

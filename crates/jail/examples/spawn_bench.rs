@@ -22,7 +22,10 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 
 fn bench(name: &str, spec: &SandboxSpec, opts: &SpawnOptions, n: usize) {
     for _ in 0..n / 10 {
-        Sandbox::spawn(spec, opts).expect("spawn").wait().expect("wait");
+        Sandbox::spawn(spec, opts)
+            .expect("spawn")
+            .wait()
+            .expect("wait");
     }
     let mut times = Vec::with_capacity(n);
     let mut spawn_only = Vec::with_capacity(n);
@@ -46,7 +49,10 @@ fn bench(name: &str, spec: &SandboxSpec, opts: &SpawnOptions, n: usize) {
 }
 
 fn main() {
-    let n: usize = std::env::args().nth(1).and_then(|a| a.parse().ok()).unwrap_or(300);
+    let n: usize = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(300);
     let dir = tempfile::tempdir().expect("tempdir");
     let root = dir.path().join("rootfs");
     for d in ["bin", "etc"] {
@@ -54,7 +60,11 @@ fn main() {
     }
     let src = dir.path().join("true.c");
     std::fs::write(&src, "int main(void){return 0;}\n").unwrap();
-    let status = Command::new("musl-gcc").args(["-static", "-O2", "-o"]).arg(root.join("bin/true")).arg(&src).status();
+    let status = Command::new("musl-gcc")
+        .args(["-static", "-O2", "-o"])
+        .arg(root.join("bin/true"))
+        .arg(&src)
+        .status();
     if !status.is_ok_and(|s| s.success()) {
         eprintln!("spawn_bench: musl-gcc not found (apt-get install musl-tools)");
         std::process::exit(2);

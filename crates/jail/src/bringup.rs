@@ -44,8 +44,26 @@ impl Stage {
     fn from_u32(v: u32) -> Option<Self> {
         use Stage::*;
         [
-            WaitForHost, CgroupNamespace, PrivateMounts, ScratchFs, MountStep, PivotRoot, Hostname, Loopback, Rlimit,
-            Terminal, Fork, Session, Stdio, Workdir, BoundingSet, Identity, Capabilities, NoNewPrivs, Seccomp, Exec,
+            WaitForHost,
+            CgroupNamespace,
+            PrivateMounts,
+            ScratchFs,
+            MountStep,
+            PivotRoot,
+            Hostname,
+            Loopback,
+            Rlimit,
+            Terminal,
+            Fork,
+            Session,
+            Stdio,
+            Workdir,
+            BoundingSet,
+            Identity,
+            Capabilities,
+            NoNewPrivs,
+            Seccomp,
+            Exec,
         ]
         .into_iter()
         .find(|s| *s as u32 == v)
@@ -91,7 +109,11 @@ impl Failure {
     pub const SIZE: usize = 12;
 
     fn at(stage: Stage) -> impl Fn(Errno) -> Failure {
-        move |errno| Failure { stage, index: 0, errno }
+        move |errno| Failure {
+            stage,
+            index: 0,
+            errno,
+        }
     }
 
     pub fn encode(&self) -> [u8; Self::SIZE] {
@@ -107,7 +129,11 @@ impl Failure {
             return None;
         }
         let word = |i: usize| u32::from_ne_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
-        Some(Failure { stage: Stage::from_u32(word(0))?, index: word(4), errno: Errno(word(8) as i32) })
+        Some(Failure {
+            stage: Stage::from_u32(word(0))?,
+            index: word(4),
+            errno: Errno(word(8) as i32),
+        })
     }
 }
 
@@ -160,7 +186,8 @@ pub fn run_init(plan: &Plan, sys: &dyn Syscalls, ch: Channels) -> Result<i32, Fa
     //     the host credentials (host uid 0, unmapped in here); switching
     //     to uid 0 now that the map exists makes us the slot's host uid,
     //     so every file we create belongs to the sandbox, not host root.
-    sys.set_ids(0, 0, &[]).map_err(Failure::at(Stage::Identity))?;
+    sys.set_ids(0, 0, &[])
+        .map_err(Failure::at(Stage::Identity))?;
 
     // 2c. Die with the host process: if brig is SIGKILLed, the kernel kills
     //     this init and, with it (pid namespace), every process of the
@@ -176,7 +203,8 @@ pub fn run_init(plan: &Plan, sys: &dyn Syscalls, ch: Channels) -> Result<i32, Fa
     // 3. A cgroup namespace, entered only now that we are inside our
     //    cgroup: /proc/self/cgroup shows "/" and the host's cgroup tree
     //    is not named.
-    sys.unshare(libc::CLONE_NEWCGROUP).map_err(Failure::at(Stage::CgroupNamespace))?;
+    sys.unshare(libc::CLONE_NEWCGROUP)
+        .map_err(Failure::at(Stage::CgroupNamespace))?;
 
     // 4. The root filesystem: private mounts, the writable layer, the
     //    template, /proc, /dev, /tmp, /sys; then pivot_root into it. With
@@ -192,13 +220,15 @@ pub fn run_init(plan: &Plan, sys: &dyn Syscalls, ch: Channels) -> Result<i32, Fa
     // 5. The machine's identity: hostname = sandbox id (in our own uts
     //    namespace), and a working loopback in our own network namespace,
     //    which has no other interface: no route leaves the sandbox.
-    sys.sethostname(&plan.hostname).map_err(Failure::at(Stage::Hostname))?;
+    sys.sethostname(&plan.hostname)
+        .map_err(Failure::at(Stage::Hostname))?;
     sys.loopback_up().map_err(Failure::at(Stage::Loopback))?;
 
     // 6. Resource limits the cgroup does not cover (open files, core size).
     //    Set in init so every process of the sandbox inherits them.
     for (res, soft, hard) in &plan.rlimits {
-        sys.setrlimit(*res, *soft, *hard).map_err(Failure::at(Stage::Rlimit))?;
+        sys.setrlimit(*res, *soft, *hard)
+            .map_err(Failure::at(Stage::Rlimit))?;
     }
 
     // 7. A pseudo-terminal from the sandbox's own devpts, if asked for. The
@@ -252,29 +282,54 @@ pub fn prepare_root(plan: &Plan, sys: &dyn Syscalls, fds: &[RawFd]) -> Result<()
     // 4a. Our mount namespace is a copy of the host's; make every mount
     //     private so nothing we mount propagates back to the host (or
     //     from it into the sandbox).
-    sys.mount(None, c"/", None, libc::MS_REC | libc::MS_PRIVATE, None).map_err(Failure::at(Stage::PrivateMounts))?;
+    sys.mount(None, c"/", None, libc::MS_REC | libc::MS_PRIVATE, None)
+        .map_err(Failure::at(Stage::PrivateMounts))?;
 
     // 4b. The scratch tmpfs: the writable layer, sized by --disk. It lives
     //     only in this namespace, so it disappears with the sandbox.
-    sys.mount(Some(c"tmpfs"), &plan.staging, Some(c"tmpfs"), libc::MS_NODEV, Some(&plan.staging_opts))
-        .map_err(Failure::at(Stage::ScratchFs))?;
+    sys.mount(
+        Some(c"tmpfs"),
+        &plan.staging,
+        Some(c"tmpfs"),
+        libc::MS_NODEV,
+        Some(&plan.staging_opts),
+    )
+    .map_err(Failure::at(Stage::ScratchFs))?;
 
     // 4c. The plan's steps: the template, /proc (masked), /dev, /tmp, /sys.
     for (i, step) in plan.steps.iter().enumerate() {
-        run_step(step, sys, fds).map_err(|errno| Failure { stage: Stage::MountStep, index: i as u32, errno })?;
+        run_step(step, sys, fds).map_err(|errno| Failure {
+            stage: Stage::MountStep,
+            index: i as u32,
+            errno,
+        })?;
     }
 
     // 4d. pivot_root, not chroot: the old root is detached entirely, so no
     //     path (nor a chroot-breakout trick) leads back to the host's files.
-    sys.pivot_root_here(&plan.new_root).map_err(Failure::at(Stage::PivotRoot))
+    sys.pivot_root_here(&plan.new_root)
+        .map_err(Failure::at(Stage::PivotRoot))
 }
 
 fn run_step(step: &Step, sys: &dyn Syscalls, fds: &[RawFd]) -> SysResult {
     match step {
-        Step::Mount { source, target, fstype, flags, data, .. } => {
-            sys.mount(source.as_deref(), target, fstype.as_deref(), *flags, data.as_deref())
+        Step::Mount {
+            source,
+            target,
+            fstype,
+            flags,
+            data,
+            ..
+        } => sys.mount(
+            source.as_deref(),
+            target,
+            fstype.as_deref(),
+            *flags,
+            data.as_deref(),
+        ),
+        Step::Attach { index, target, .. } => {
+            sys.move_mount(*fds.get(*index).ok_or(Errno(libc::EBADF))?, target)
         }
-        Step::Attach { index, target, .. } => sys.move_mount(*fds.get(*index).ok_or(Errno(libc::EBADF))?, target),
         Step::Mkdir { target, mode } => sys.mkdir(target, *mode),
         Step::Touch { target } => sys.touch(target),
         Step::Symlink { link, target } => match sys.symlink(target, link) {
@@ -285,7 +340,12 @@ fn run_step(step: &Step, sys: &dyn Syscalls, fds: &[RawFd]) -> SysResult {
 }
 
 /// The command's process, from fork to execve. Returns only on failure.
-pub fn exec_workload(exec: &ExecPlan, stdin: bool, tty: Option<RawFd>, sys: &dyn Syscalls) -> Failure {
+pub fn exec_workload(
+    exec: &ExecPlan,
+    stdin: bool,
+    tty: Option<RawFd>,
+    sys: &dyn Syscalls,
+) -> Failure {
     // a. A new session: the command has no controlling terminal from the
     //    host, so TIOCSTI on an inherited host terminal is refused.
     // SAFETY: setsid takes no arguments.
@@ -307,7 +367,14 @@ pub fn exec_workload(exec: &ExecPlan, stdin: bool, tty: Option<RawFd>, sys: &dyn
     //    stderr closes on exec (the error pipe included, which is how the
     //    host learns the exec succeeded).
     // SAFETY: close_range with constant arguments.
-    unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) };
+    unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            3u32,
+            u32::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        )
+    };
 
     match drop_privileges(exec, sys) {
         Err(f) => f,
@@ -333,20 +400,26 @@ pub fn drop_privileges(exec: &ExecPlan, sys: &dyn Syscalls) -> Result<(), Failur
     //    then set what the command keeps: a container root's set for uid 0,
     //    nothing for anyone else. All of them are capabilities of the
     //    sandbox's user namespace only.
-    sys.drop_bounding_set(exec.caps).map_err(Failure::at(Stage::BoundingSet))?;
-    sys.set_ids(exec.uid, exec.gid, &exec.groups).map_err(Failure::at(Stage::Identity))?;
-    sys.set_capabilities(exec.caps).map_err(Failure::at(Stage::Capabilities))?;
+    sys.drop_bounding_set(exec.caps)
+        .map_err(Failure::at(Stage::BoundingSet))?;
+    sys.set_ids(exec.uid, exec.gid, &exec.groups)
+        .map_err(Failure::at(Stage::Identity))?;
+    sys.set_capabilities(exec.caps)
+        .map_err(Failure::at(Stage::Capabilities))?;
 
     // f. Enter the working directory as the user: a directory the user may
     //    not enter is an error, not a silent privilege.
-    sys.chdir(&exec.workdir).map_err(Failure::at(Stage::Workdir))?;
+    sys.chdir(&exec.workdir)
+        .map_err(Failure::at(Stage::Workdir))?;
 
     // g. no_new_privs: setuid bits and file capabilities grant nothing,
     //    and it is the precondition for an unprivileged seccomp filter.
-    sys.set_no_new_privs().map_err(Failure::at(Stage::NoNewPrivs))?;
+    sys.set_no_new_privs()
+        .map_err(Failure::at(Stage::NoNewPrivs))?;
 
     // h. seccomp last, so the steps above may use what it denies.
-    sys.install_seccomp(seccomp::sandbox_filter()).map_err(Failure::at(Stage::Seccomp))
+    sys.install_seccomp(seccomp::sandbox_filter())
+        .map_err(Failure::at(Stage::Seccomp))
 }
 
 /// execve each PATH candidate in turn, as execvp does: remember a
@@ -360,10 +433,20 @@ fn exec_command(exec: &ExecPlan) -> Failure {
         match Errno::last() {
             Errno(libc::ENOENT) | Errno(libc::ENOTDIR) => {}
             Errno(libc::EACCES) => err = Errno(libc::EACCES),
-            other => return Failure { stage: Stage::Exec, index: 0, errno: other },
+            other => {
+                return Failure {
+                    stage: Stage::Exec,
+                    index: 0,
+                    errno: other,
+                }
+            }
         }
     }
-    Failure { stage: Stage::Exec, index: 0, errno: err }
+    Failure {
+        stage: Stage::Exec,
+        index: 0,
+        errno: err,
+    }
 }
 
 /// Close every descriptor above stderr except `a` and `b`.
@@ -382,7 +465,11 @@ fn close_other_fds(a: RawFd, b: RawFd) {
 
 /// Whether the host's end of the channel has been closed.
 fn host_gone(sock: RawFd) -> bool {
-    let mut p = libc::pollfd { fd: sock, events: libc::POLLRDHUP, revents: 0 };
+    let mut p = libc::pollfd {
+        fd: sock,
+        events: libc::POLLRDHUP,
+        revents: 0,
+    };
     // SAFETY: poll on one valid pollfd, no wait.
     unsafe { libc::poll(&mut p, 1, 0) };
     p.revents & (libc::POLLHUP | libc::POLLRDHUP | libc::POLLERR) != 0
@@ -432,7 +519,10 @@ fn setup_stdio(stdin: bool, tty: Option<RawFd>) -> SysResult {
 fn open_pty() -> SysResult<(RawFd, RawFd)> {
     // SAFETY: open/ioctl on a constant path and our own descriptors.
     unsafe {
-        let master = libc::open(c"/dev/ptmx".as_ptr(), libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC);
+        let master = libc::open(
+            c"/dev/ptmx".as_ptr(),
+            libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC,
+        );
         if master < 0 {
             return Err(Errno::last());
         }
@@ -458,7 +548,11 @@ fn reap_until(main: libc::pid_t) -> i32 {
         // SAFETY: waitpid with a valid out-pointer.
         let pid = unsafe { libc::waitpid(-1, &mut status, 0) };
         if pid == main {
-            return if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { 128 + libc::WTERMSIG(status) };
+            return if libc::WIFEXITED(status) {
+                libc::WEXITSTATUS(status)
+            } else {
+                128 + libc::WTERMSIG(status)
+            };
         }
         if pid < 0 && Errno::last() != Errno(libc::EINTR) {
             return 1;
@@ -477,7 +571,10 @@ fn write_failure(fd: RawFd, f: Failure) {
 /// descriptors).
 pub fn recv_with_fds(sock: RawFd, fds: &mut [RawFd; MAX_FDS]) -> SysResult<(usize, usize)> {
     let mut byte = [0u8; 1];
-    let mut iov = libc::iovec { iov_base: byte.as_mut_ptr().cast(), iov_len: 1 };
+    let mut iov = libc::iovec {
+        iov_base: byte.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
     // Room for one SCM_RIGHTS header and MAX_FDS ints, 8-byte aligned.
     let mut cbuf = [0u64; 8];
     // SAFETY: msghdr is plain old data; all-zero is valid.
@@ -504,7 +601,8 @@ pub fn recv_with_fds(sock: RawFd, fds: &mut [RawFd; MAX_FDS]) -> SysResult<(usiz
         while !cmsg.is_null() {
             if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
                 let data = libc::CMSG_DATA(cmsg) as *const RawFd;
-                let len = ((*cmsg).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / std::mem::size_of::<RawFd>();
+                let len = ((*cmsg).cmsg_len as usize - libc::CMSG_LEN(0) as usize)
+                    / std::mem::size_of::<RawFd>();
                 for i in 0..len.min(MAX_FDS - count) {
                     fds[count] = std::ptr::read_unaligned(data.add(i));
                     count += 1;
@@ -518,13 +616,23 @@ pub fn recv_with_fds(sock: RawFd, fds: &mut [RawFd; MAX_FDS]) -> SysResult<(usiz
 
 /// Send a 1-byte message, with `fd` attached if it is not -1.
 pub fn send_with_fd(sock: RawFd, fd: RawFd) -> SysResult {
-    send_with_fds(sock, if fd >= 0 { std::slice::from_ref(&fd) } else { &[] })
+    send_with_fds(
+        sock,
+        if fd >= 0 {
+            std::slice::from_ref(&fd)
+        } else {
+            &[]
+        },
+    )
 }
 
 /// Send a 1-byte message with up to MAX_FDS descriptors attached.
 pub fn send_with_fds(sock: RawFd, fds: &[RawFd]) -> SysResult {
     let mut byte = [1u8; 1];
-    let mut iov = libc::iovec { iov_base: byte.as_mut_ptr().cast(), iov_len: 1 };
+    let mut iov = libc::iovec {
+        iov_base: byte.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
     let mut cbuf = [0u64; 8];
     // SAFETY: msghdr is plain old data; all-zero is valid.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
@@ -543,7 +651,11 @@ pub fn send_with_fds(sock: RawFd, fds: &[RawFd]) -> SysResult {
             (*cmsg).cmsg_level = libc::SOL_SOCKET;
             (*cmsg).cmsg_type = libc::SCM_RIGHTS;
             (*cmsg).cmsg_len = libc::CMSG_LEN(bytes) as usize;
-            std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(cmsg) as *mut RawFd, fds.len());
+            std::ptr::copy_nonoverlapping(
+                fds.as_ptr(),
+                libc::CMSG_DATA(cmsg) as *mut RawFd,
+                fds.len(),
+            );
         }
     }
     // SAFETY: msg points at live stack buffers.
@@ -577,49 +689,95 @@ mod tests {
 
     #[test]
     fn root_is_private_then_scratch_then_steps_then_pivot() {
-        let p = plan(&Layout::Host(vec![HostEntry::Bind("/usr".into())]), &Identity::root());
+        let p = plan(
+            &Layout::Host(vec![HostEntry::Bind("/usr".into())]),
+            &Identity::root(),
+        );
         let sys = Recording::default();
         prepare_root(&p, &sys, &[]).unwrap();
         let calls = sys.calls();
         assert_eq!(
             calls[0],
-            Call::Mount { source: None, target: "/".into(), fstype: None, flags: libc::MS_REC | libc::MS_PRIVATE, data: None }
+            Call::Mount {
+                source: None,
+                target: "/".into(),
+                fstype: None,
+                flags: libc::MS_REC | libc::MS_PRIVATE,
+                data: None
+            }
         );
-        assert!(matches!(&calls[1], Call::Mount { fstype: Some(f), target, .. } if f == "tmpfs" && target == "/st"));
-        assert_eq!(calls.last().unwrap(), &Call::PivotRoot { new_root: "/st".into() });
+        assert!(
+            matches!(&calls[1], Call::Mount { fstype: Some(f), target, .. } if f == "tmpfs" && target == "/st")
+        );
+        assert_eq!(
+            calls.last().unwrap(),
+            &Call::PivotRoot {
+                new_root: "/st".into()
+            }
+        );
         // The /usr bind is read-only after its remount.
         assert!(calls.iter().any(|c| matches!(c, Call::Mount { target, flags, .. }
             if target == "/st/usr" && flags & libc::MS_RDONLY != 0 && flags & libc::MS_REMOUNT != 0)));
-        assert!(calls.iter().any(|c| matches!(c, Call::Mount { fstype: Some(f), .. } if f == "proc")));
+        assert!(calls
+            .iter()
+            .any(|c| matches!(c, Call::Mount { fstype: Some(f), .. } if f == "proc")));
         assert!(calls.iter().any(|c| matches!(c, Call::Mount { fstype: Some(f), data: Some(d), .. } if f == "devpts" && d.contains("newinstance"))));
     }
 
     #[test]
     fn overlay_attaches_the_host_supplied_fd() {
-        let p = plan(&Layout::Overlay { lower: "/rootfs".into() }, &Identity::root());
+        let p = plan(
+            &Layout::Overlay {
+                lower: "/rootfs".into(),
+            },
+            &Identity::root(),
+        );
         let sys = Recording::default();
         prepare_root(&p, &sys, &[42]).unwrap();
-        assert!(sys.calls().contains(&Call::MoveMount { fd: 42, target: "/st/lower".into() }));
+        assert!(sys.calls().contains(&Call::MoveMount {
+            fd: 42,
+            target: "/st/lower".into()
+        }));
         // Without the fd, the step fails and names itself.
         let err = prepare_root(&p, &Recording::default(), &[]).unwrap_err();
         assert_eq!(err.stage, Stage::MountStep);
-        assert!(p.steps[err.index as usize].describe().contains("attach the template"));
+        assert!(p.steps[err.index as usize]
+            .describe()
+            .contains("attach the template"));
     }
 
     #[test]
     fn a_failing_mount_reports_its_step() {
         let p = plan(&Layout::Host(vec![]), &Identity::root());
-        let sys = Recording { fail_on: Some("\"proc\"".into()), ..Default::default() };
+        let sys = Recording {
+            fail_on: Some("\"proc\"".into()),
+            ..Default::default()
+        };
         let err = prepare_root(&p, &sys, &[]).unwrap_err();
-        assert_eq!((err.stage, err.errno), (Stage::MountStep, Errno(libc::EPERM)));
-        assert_eq!(p.steps[err.index as usize].describe(), "mount proc at /st/proc");
+        assert_eq!(
+            (err.stage, err.errno),
+            (Stage::MountStep, Errno(libc::EPERM))
+        );
+        assert_eq!(
+            p.steps[err.index as usize].describe(),
+            "mount proc at /st/proc"
+        );
     }
 
     #[test]
     fn privileges_drop_in_order_for_root_and_for_users() {
         for (identity, caps) in [
             (Identity::root(), DEFAULT_CAPS),
-            (Identity { uid: 1000, gid: 1000, groups: vec![1000], home: "/home/u".into(), name: Some("u".into()) }, 0),
+            (
+                Identity {
+                    uid: 1000,
+                    gid: 1000,
+                    groups: vec![1000],
+                    home: "/home/u".into(),
+                    name: Some("u".into()),
+                },
+                0,
+            ),
         ] {
             let p = plan(&Layout::Host(vec![]), &identity);
             let sys = Recording::default();
@@ -628,11 +786,17 @@ mod tests {
                 sys.calls(),
                 vec![
                     Call::DropBoundingSet { keep: caps },
-                    Call::SetIds { uid: identity.uid, gid: identity.gid, groups: identity.groups.clone() },
+                    Call::SetIds {
+                        uid: identity.uid,
+                        gid: identity.gid,
+                        groups: identity.groups.clone()
+                    },
                     Call::SetCapabilities(caps),
                     Call::Chdir("/".into()),
                     Call::NoNewPrivs,
-                    Call::Seccomp { len: seccomp::sandbox_filter().len() },
+                    Call::Seccomp {
+                        len: seccomp::sandbox_filter().len()
+                    },
                 ]
             );
         }
@@ -640,7 +804,11 @@ mod tests {
 
     #[test]
     fn failures_round_trip_through_bytes() {
-        let f = Failure { stage: Stage::Exec, index: 3, errno: Errno(libc::ENOENT) };
+        let f = Failure {
+            stage: Stage::Exec,
+            index: 3,
+            errno: Errno(libc::ENOENT),
+        };
         assert_eq!(Failure::decode(&f.encode()), Some(f));
         assert_eq!(Failure::decode(&[0; 12]), None);
         assert_eq!(Failure::decode(&[1, 2, 3]), None);

@@ -26,7 +26,10 @@ pub enum CgroupError {
     #[error("no usable cgroup hierarchy: neither cgroup v2 nor the v1 memory and pids controllers are mounted under {root}; mount them (see `brig doctor`)")]
     NoHierarchy { root: PathBuf },
     #[error("cgroup v2 controller {controller:?} is not available at {root}: enable it in cgroup.subtree_control of the parent (see `brig doctor`)")]
-    MissingController { controller: &'static str, root: PathBuf },
+    MissingController {
+        controller: &'static str,
+        root: PathBuf,
+    },
     #[error("cgroup {op} {path}")]
     Io {
         op: &'static str,
@@ -37,7 +40,11 @@ pub enum CgroupError {
 }
 
 fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> CgroupError + 'a {
-    move |source| CgroupError::Io { op, path: path.to_path_buf(), source }
+    move |source| CgroupError::Io {
+        op,
+        path: path.to_path_buf(),
+        source,
+    }
 }
 
 /// Which cgroup layout this host uses.
@@ -45,7 +52,11 @@ fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> Cgr
 pub enum Hierarchy {
     /// One mount per controller under `root` (`root/memory`, `root/pids`…).
     /// `cpu` is optional: without it `--cpus` is refused.
-    V1 { root: PathBuf, cpu: bool, freezer: bool },
+    V1 {
+        root: PathBuf,
+        cpu: bool,
+        freezer: bool,
+    },
     /// The unified hierarchy mounted at `root`.
     V2 { root: PathBuf },
 }
@@ -67,16 +78,23 @@ impl Hierarchy {
             });
         }
         if root.join("cgroup.controllers").exists() {
-            return Ok(Hierarchy::V2 { root: root.to_path_buf() });
+            return Ok(Hierarchy::V2 {
+                root: root.to_path_buf(),
+            });
         }
-        Err(CgroupError::NoHierarchy { root: root.to_path_buf() })
+        Err(CgroupError::NoHierarchy {
+            root: root.to_path_buf(),
+        })
     }
 
     /// The directories that hold brig's groups (one per controller on v1).
     pub fn parents(&self) -> Vec<PathBuf> {
         match self {
             Hierarchy::V1 { root, cpu, freezer } => {
-                let mut v = vec![root.join("memory").join(PARENT), root.join("pids").join(PARENT)];
+                let mut v = vec![
+                    root.join("memory").join(PARENT),
+                    root.join("pids").join(PARENT),
+                ];
                 if *cpu {
                     v.push(root.join("cpu").join(PARENT));
                 }
@@ -109,7 +127,12 @@ pub struct Cgroup {
 fn write(path: &Path, value: &str) -> Result<(), CgroupError> {
     // O_CREAT is refused by cgroupfs, so a missing control file still fails;
     // it lets the unit tests run against a plain directory.
-    let mut f = fs::OpenOptions::new().write(true).create(true).truncate(true).open(path).map_err(io_err("open", path))?;
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(path)
+        .map_err(io_err("open", path))?;
     f.write_all(value.as_bytes()).map_err(io_err("write", path))
 }
 
@@ -125,7 +148,11 @@ impl Cgroup {
     /// Create the sandbox's group(s) and write the limits. On failure,
     /// whatever was created is removed again.
     pub fn create(hierarchy: &Hierarchy, name: &str, limits: &Limits) -> Result<Self, CgroupError> {
-        let mut cg = Cgroup { hierarchy: hierarchy.clone(), dirs: Vec::new(), memory_limit: limits.memory.bytes() };
+        let mut cg = Cgroup {
+            hierarchy: hierarchy.clone(),
+            dirs: Vec::new(),
+            memory_limit: limits.memory.bytes(),
+        };
         match cg.setup(name, limits) {
             Ok(()) => Ok(cg),
             Err(e) => {
@@ -170,7 +197,10 @@ impl Cgroup {
                     self.dirs.push(dir.clone());
                     if let Some(cpus) = limits.cpus {
                         write(&dir.join("cpu.cfs_period_us"), "100000")?;
-                        write(&dir.join("cpu.cfs_quota_us"), &((cpus * 100_000.0).round() as u64).max(1000).to_string())?;
+                        write(
+                            &dir.join("cpu.cfs_quota_us"),
+                            &((cpus * 100_000.0).round() as u64).max(1000).to_string(),
+                        )?;
                     }
                 }
                 // The freezer is for pause/resume, which one-shot runs do
@@ -180,13 +210,17 @@ impl Cgroup {
             Hierarchy::V2 { root } => {
                 let parent = root.join(PARENT);
                 mkdir(&parent)?;
-                let available = fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default();
+                let available =
+                    fs::read_to_string(root.join("cgroup.controllers")).unwrap_or_default();
                 for c in ["memory", "pids", "cpu"] {
                     if !available.split_whitespace().any(|a| a == c) {
                         if c == "cpu" && limits.cpus.is_none() {
                             continue;
                         }
-                        return Err(CgroupError::MissingController { controller: c, root: root.clone() });
+                        return Err(CgroupError::MissingController {
+                            controller: c,
+                            root: root.clone(),
+                        });
                     }
                 }
                 // Enable the controllers for brig's children. Harmless if
@@ -211,7 +245,10 @@ impl Cgroup {
                 write(&dir.join("memory.oom.group"), "1")?;
                 write(&dir.join("pids.max"), &limits.pids.to_string())?;
                 if let Some(cpus) = limits.cpus {
-                    write(&dir.join("cpu.max"), &format!("{} 100000", ((cpus * 100_000.0).round() as u64).max(1000)))?;
+                    write(
+                        &dir.join("cpu.max"),
+                        &format!("{} 100000", ((cpus * 100_000.0).round() as u64).max(1000)),
+                    )?;
                 }
             }
         }
@@ -265,7 +302,9 @@ impl Cgroup {
         // SAFETY: eventfd with constant flags; the result is checked.
         let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
         if efd < 0 {
-            return Err(io_err("eventfd for", &control_path)(io::Error::last_os_error()));
+            return Err(io_err("eventfd for", &control_path)(
+                io::Error::last_os_error(),
+            ));
         }
         // SAFETY: efd is a fresh descriptor we own.
         let efd = unsafe { OwnedFd::from_raw_fd(efd) };
@@ -284,7 +323,11 @@ impl Cgroup {
             Hierarchy::V1 { .. } => "memory.max_usage_in_bytes",
             Hierarchy::V2 { .. } => "memory.peak",
         };
-        fs::read_to_string(self.memory_dir().join(file)).ok()?.trim().parse().ok()
+        fs::read_to_string(self.memory_dir().join(file))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
     }
 
     /// SIGKILL every process still in the group.
@@ -315,7 +358,10 @@ impl Drop for Cgroup {
 pub(crate) fn kill_procs(dirs: &[PathBuf]) {
     for dir in dirs {
         if let Ok(procs) = fs::read_to_string(dir.join("cgroup.procs")) {
-            for pid in procs.lines().filter_map(|l| l.trim().parse::<libc::pid_t>().ok()) {
+            for pid in procs
+                .lines()
+                .filter_map(|l| l.trim().parse::<libc::pid_t>().ok())
+            {
                 // SAFETY: kill with a pid read from the group; at worst the
                 // process is already gone (ESRCH).
                 unsafe { libc::kill(pid, libc::SIGKILL) };
@@ -373,11 +419,26 @@ mod tests {
     #[test]
     fn detects_v1_v2_and_nothing() {
         let t = tempfile::tempdir().unwrap();
-        assert!(matches!(Hierarchy::detect_at(t.path()), Err(CgroupError::NoHierarchy { .. })));
+        assert!(matches!(
+            Hierarchy::detect_at(t.path()),
+            Err(CgroupError::NoHierarchy { .. })
+        ));
         fs::write(t.path().join("cgroup.controllers"), "memory pids").unwrap();
-        assert_eq!(Hierarchy::detect_at(t.path()).unwrap(), Hierarchy::V2 { root: t.path().into() });
+        assert_eq!(
+            Hierarchy::detect_at(t.path()).unwrap(),
+            Hierarchy::V2 {
+                root: t.path().into()
+            }
+        );
         fake_v1(t.path(), true);
-        assert!(matches!(Hierarchy::detect_at(t.path()).unwrap(), Hierarchy::V1 { cpu: true, freezer: false, .. }));
+        assert!(matches!(
+            Hierarchy::detect_at(t.path()).unwrap(),
+            Hierarchy::V1 {
+                cpu: true,
+                freezer: false,
+                ..
+            }
+        ));
     }
 
     #[test]
@@ -385,10 +446,18 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         fake_v1(t.path(), true);
         let h = Hierarchy::detect_at(t.path()).unwrap();
-        let limits = Limits { memory: ByteSize::mib(64), pids: 32, cpus: Some(0.5), ..Limits::default() };
+        let limits = Limits {
+            memory: ByteSize::mib(64),
+            pids: 32,
+            cpus: Some(0.5),
+            ..Limits::default()
+        };
         let cg = Cgroup::create(&h, "abc", &limits).unwrap();
         let read = |p: &str| fs::read_to_string(t.path().join(p)).unwrap();
-        assert_eq!(read("memory/brig/abc/memory.limit_in_bytes"), (64u64 << 20).to_string());
+        assert_eq!(
+            read("memory/brig/abc/memory.limit_in_bytes"),
+            (64u64 << 20).to_string()
+        );
         assert_eq!(read("pids/brig/abc/pids.max"), "32");
         assert_eq!(read("cpu/brig/abc/cpu.cfs_quota_us"), "50000");
         assert_eq!(cg.dirs().len(), 3);
@@ -401,9 +470,18 @@ mod tests {
     #[test]
     fn v2_writes_limits_and_group_oom() {
         let t = tempfile::tempdir().unwrap();
-        fs::write(t.path().join("cgroup.controllers"), "cpuset cpu io memory pids").unwrap();
+        fs::write(
+            t.path().join("cgroup.controllers"),
+            "cpuset cpu io memory pids",
+        )
+        .unwrap();
         let h = Hierarchy::detect_at(t.path()).unwrap();
-        let limits = Limits { memory: ByteSize::mib(128), pids: 10, cpus: Some(2.0), ..Limits::default() };
+        let limits = Limits {
+            memory: ByteSize::mib(128),
+            pids: 10,
+            cpus: Some(2.0),
+            ..Limits::default()
+        };
         let cg = Cgroup::create(&h, "x1", &limits).unwrap();
         let read = |p: &str| fs::read_to_string(t.path().join(p)).unwrap();
         assert_eq!(read("brig/cgroup.subtree_control"), "+cpu +memory +pids");
@@ -425,8 +503,14 @@ mod tests {
 
     #[test]
     fn flat_keyed_files_parse() {
-        assert_eq!(parse_flat_keyed("oom_kill_disable 0\nunder_oom 0\noom_kill 3\n", "oom_kill"), Some(3));
-        assert_eq!(parse_flat_keyed("low 0\nhigh 0\nmax 2\noom 1\noom_kill 1\n", "oom_kill"), Some(1));
+        assert_eq!(
+            parse_flat_keyed("oom_kill_disable 0\nunder_oom 0\noom_kill 3\n", "oom_kill"),
+            Some(3)
+        );
+        assert_eq!(
+            parse_flat_keyed("low 0\nhigh 0\nmax 2\noom 1\noom_kill 1\n", "oom_kill"),
+            Some(1)
+        );
         assert_eq!(parse_flat_keyed("", "oom_kill"), None);
     }
 }

@@ -61,10 +61,22 @@ pub enum Step {
         data: Option<CString>,
     },
     /// Attach the n-th detached mount the host sent (an idmapped template).
-    Attach { what: &'static str, index: usize, target: CString },
-    Mkdir { target: CString, mode: libc::mode_t },
-    Touch { target: CString },
-    Symlink { link: CString, target: CString },
+    Attach {
+        what: &'static str,
+        index: usize,
+        target: CString,
+    },
+    Mkdir {
+        target: CString,
+        mode: libc::mode_t,
+    },
+    Touch {
+        target: CString,
+    },
+    Symlink {
+        link: CString,
+        target: CString,
+    },
 }
 
 impl Step {
@@ -157,20 +169,47 @@ impl Builder {
         let target = self.at(inside);
         self.steps.push(Step::Mkdir { target, mode });
     }
-    fn mount(&mut self, what: &'static str, src: Option<&str>, inside: &str, fs: Option<&str>, flags: libc::c_ulong, data: Option<String>) {
+    fn mount(
+        &mut self,
+        what: &'static str,
+        src: Option<&str>,
+        inside: &str,
+        fs: Option<&str>,
+        flags: libc::c_ulong,
+        data: Option<String>,
+    ) {
         let target = self.at(inside);
-        self.steps.push(Step::Mount { what, source: src.map(c), target, fstype: fs.map(c), flags, data: data.map(c) });
+        self.steps.push(Step::Mount {
+            what,
+            source: src.map(c),
+            target,
+            fstype: fs.map(c),
+            flags,
+            data: data.map(c),
+        });
     }
     /// A read-only bind: bind, then remount read-only keeping the flags
     /// the kernel locks in a user namespace (nosuid, nodev, noexec, atime).
     fn bind_ro(&mut self, what: &'static str, src: &str, inside: &str, locked: libc::c_ulong) {
-        self.mount(what, Some(src), inside, None, libc::MS_BIND | libc::MS_REC, None);
+        self.mount(
+            what,
+            Some(src),
+            inside,
+            None,
+            libc::MS_BIND | libc::MS_REC,
+            None,
+        );
         self.mount(
             what,
             None,
             inside,
             None,
-            libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | locked,
+            libc::MS_BIND
+                | libc::MS_REMOUNT
+                | libc::MS_RDONLY
+                | libc::MS_NOSUID
+                | libc::MS_NODEV
+                | locked,
             None,
         );
     }
@@ -178,7 +217,9 @@ impl Builder {
 
 /// The mount flags a user namespace may not clear on a bind of `path`.
 pub fn locked_flags(path: &Path) -> libc::c_ulong {
-    let Ok(cpath) = CString::new(path.as_os_str().as_bytes()) else { return 0 };
+    let Ok(cpath) = CString::new(path.as_os_str().as_bytes()) else {
+        return 0;
+    };
     // SAFETY: statvfs is plain old data; all-zero is valid.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
     // SAFETY: valid path and out-pointer.
@@ -224,29 +265,57 @@ impl Plan {
         // overlay's upper and work directories). Its size is --disk.
         let (root, mut b) = match input.layout {
             Layout::Host(entries) => {
-                let mut b = Builder { root: staging.clone(), steps: Vec::new() };
+                let mut b = Builder {
+                    root: staging.clone(),
+                    steps: Vec::new(),
+                };
                 for e in entries {
                     match e {
                         HostEntry::Bind(p) => {
                             let inside = p.to_string_lossy().into_owned();
                             b.mkdir(&inside, 0o755);
-                            b.bind_ro("bind the host's directory read-only", &inside, &inside, locked_flags(p));
+                            b.bind_ro(
+                                "bind the host's directory read-only",
+                                &inside,
+                                &inside,
+                                locked_flags(p),
+                            );
                         }
                         HostEntry::Symlink(link, target) => {
-                            b.steps.push(Step::Symlink { link: b.at(&link.to_string_lossy()), target: cp(target) });
+                            b.steps.push(Step::Symlink {
+                                link: b.at(&link.to_string_lossy()),
+                                target: cp(target),
+                            });
                         }
                     }
                 }
                 (staging.clone(), b)
             }
             Layout::Overlay { .. } => {
-                let mut b = Builder { root: staging.clone(), steps: Vec::new() };
+                let mut b = Builder {
+                    root: staging.clone(),
+                    steps: Vec::new(),
+                };
                 for d in ["/lower", "/upper", "/work", "/root"] {
                     b.mkdir(d, 0o755);
                 }
-                b.steps.push(Step::Attach { what: "attach the template (idmapped, read-only)", index: 0, target: b.at("/lower") });
-                let opts = format!("lowerdir={s}/lower,upperdir={s}/upper,workdir={s}/work,userxattr", s = staging);
-                b.mount("mount the overlay (template below, writable layer above)", Some("overlay"), "/root", Some("overlay"), nosuid_nodev, Some(opts));
+                b.steps.push(Step::Attach {
+                    what: "attach the template (idmapped, read-only)",
+                    index: 0,
+                    target: b.at("/lower"),
+                });
+                let opts = format!(
+                    "lowerdir={s}/lower,upperdir={s}/upper,workdir={s}/work,userxattr",
+                    s = staging
+                );
+                b.mount(
+                    "mount the overlay (template below, writable layer above)",
+                    Some("overlay"),
+                    "/root",
+                    Some("overlay"),
+                    nosuid_nodev,
+                    Some(opts),
+                );
                 let root = format!("{staging}/root");
                 b.root = root.clone();
                 (root, b)
@@ -257,24 +326,57 @@ impl Plan {
         // /tmp is one of them: private, memory-backed, and sharing the
         // --disk budget with the rest of the writable layer (as a
         // container's /tmp does).
-        for (d, mode) in [("/proc", 0o555), ("/dev", 0o755), ("/sys", 0o555), ("/tmp", 0o1777), ("/root", 0o700), ("/home", 0o755), ("/run", 0o755), ("/var", 0o755), ("/var/tmp", 0o1777)] {
+        for (d, mode) in [
+            ("/proc", 0o555),
+            ("/dev", 0o755),
+            ("/sys", 0o555),
+            ("/tmp", 0o1777),
+            ("/root", 0o700),
+            ("/home", 0o755),
+            ("/run", 0o755),
+            ("/var", 0o755),
+            ("/var/tmp", 0o1777),
+        ] {
             b.mkdir(d, mode);
         }
 
         // A fresh /proc for the sandbox's own pid namespace: host processes
         // are invisible. Then mask or freeze the host-wide parts of it.
-        b.mount("mount proc", Some("proc"), "/proc", Some("proc"), nosuid_nodev | libc::MS_NOEXEC, None);
+        b.mount(
+            "mount proc",
+            Some("proc"),
+            "/proc",
+            Some("proc"),
+            nosuid_nodev | libc::MS_NOEXEC,
+            None,
+        );
 
         // A minimal /dev on its own tmpfs (it hides a template's own /dev):
         // only the harmless character devices (bound from the host, since a
         // user namespace may not mknod), a private devpts instance, and
         // /dev/shm as a directory of the same tmpfs. One tmpfs, not two:
         // each superblock costs 0.1-0.3 ms on the spawn path.
-        b.mount("mount /dev", Some("tmpfs"), "/dev", Some("tmpfs"), libc::MS_NOSUID | libc::MS_NOEXEC, Some(format!("mode=755,size={disk}")));
+        b.mount(
+            "mount /dev",
+            Some("tmpfs"),
+            "/dev",
+            Some("tmpfs"),
+            libc::MS_NOSUID | libc::MS_NOEXEC,
+            Some(format!("mode=755,size={disk}")),
+        );
         for d in DEVICES {
             let inside = format!("/dev/{d}");
-            b.steps.push(Step::Touch { target: b.at(&inside) });
-            b.mount("bind a device node", Some(&inside), &inside, None, libc::MS_BIND, None);
+            b.steps.push(Step::Touch {
+                target: b.at(&inside),
+            });
+            b.mount(
+                "bind a device node",
+                Some(&inside),
+                &inside,
+                None,
+                libc::MS_BIND,
+                None,
+            );
         }
         b.mkdir("/dev/pts", 0o755);
         b.mount(
@@ -286,19 +388,40 @@ impl Plan {
             Some("newinstance,ptmxmode=0666,mode=0620".into()),
         );
         b.mkdir("/dev/shm", 0o1777);
-        for (link, target) in [("/dev/ptmx", "pts/ptmx"), ("/dev/fd", "/proc/self/fd"), ("/dev/stdin", "/proc/self/fd/0"), ("/dev/stdout", "/proc/self/fd/1"), ("/dev/stderr", "/proc/self/fd/2")] {
-            b.steps.push(Step::Symlink { link: b.at(link), target: c(target) });
+        for (link, target) in [
+            ("/dev/ptmx", "pts/ptmx"),
+            ("/dev/fd", "/proc/self/fd"),
+            ("/dev/stdin", "/proc/self/fd/0"),
+            ("/dev/stdout", "/proc/self/fd/1"),
+            ("/dev/stderr", "/proc/self/fd/2"),
+        ] {
+            b.steps.push(Step::Symlink {
+                link: b.at(link),
+                target: c(target),
+            });
         }
 
         for f in READONLY_PROC.iter().filter(|f| (input.proc_has)(f)) {
             let inside = format!("/proc/{f}");
             let src = format!("{root}{inside}");
-            b.bind_ro("make a /proc path read-only", &src, &inside, libc::MS_NOEXEC);
+            b.bind_ro(
+                "make a /proc path read-only",
+                &src,
+                &inside,
+                libc::MS_NOEXEC,
+            );
         }
 
         // sysfs read-only: programs read CPU topology from it; nothing may
         // be written.
-        b.mount("mount /sys read-only", Some("sysfs"), "/sys", Some("sysfs"), nosuid_nodev | libc::MS_NOEXEC | libc::MS_RDONLY, None);
+        b.mount(
+            "mount /sys read-only",
+            Some("sysfs"),
+            "/sys",
+            Some("sysfs"),
+            nosuid_nodev | libc::MS_NOEXEC | libc::MS_RDONLY,
+            None,
+        );
 
         let exec = exec_plan(input);
         Plan {
@@ -310,7 +433,11 @@ impl Plan {
             rlimits: vec![
                 // No core dumps into the writable layer.
                 (libc::RLIMIT_CORE as libc::c_int, 0, 0),
-                (libc::RLIMIT_NOFILE as libc::c_int, input.nofile_hard.min(65536), input.nofile_hard.min(65536)),
+                (
+                    libc::RLIMIT_NOFILE as libc::c_int,
+                    input.nofile_hard.min(65536),
+                    input.nofile_hard.min(65536),
+                ),
             ],
             tty: spec.tty,
             stdin: spec.stdin,
@@ -337,18 +464,28 @@ fn exec_plan(input: &PlanInput<'_>) -> ExecPlan {
         env.push(("LOGNAME".into(), name.clone()));
     }
     if spec.tty {
-        env.push(("TERM".into(), std::env::var("TERM").unwrap_or_else(|_| "xterm".into())));
+        env.push((
+            "TERM".into(),
+            std::env::var("TERM").unwrap_or_else(|_| "xterm".into()),
+        ));
     }
     for v in &spec.env {
         env.retain(|(k, _)| k != &v.key);
         env.push((v.key.clone(), v.value.clone()));
     }
-    let path = env.iter().find(|(k, _)| k == "PATH").map(|(_, v)| v.clone()).unwrap_or_default();
+    let path = env
+        .iter()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| v.clone())
+        .unwrap_or_default();
     let cmd = &spec.command[0];
     let candidates: Vec<CString> = if cmd.contains('/') {
         vec![c(cmd)]
     } else {
-        path.split(':').filter(|d| d.starts_with('/')).map(|d| c(format!("{}/{cmd}", d.trim_end_matches('/')))).collect()
+        path.split(':')
+            .filter(|d| d.starts_with('/'))
+            .map(|d| c(format!("{}/{cmd}", d.trim_end_matches('/'))))
+            .collect()
     };
     let workdir = spec.workdir.clone().unwrap_or_else(|| "/".into());
     let mut prefixes = Vec::new();
@@ -360,8 +497,16 @@ fn exec_plan(input: &PlanInput<'_>) -> ExecPlan {
     }
     let argv: Vec<CString> = spec.command.iter().map(c).collect();
     let env: Vec<CString> = env.iter().map(|(k, v)| c(format!("{k}={v}"))).collect();
-    let argv_ptrs = argv.iter().map(|a| a.as_ptr()).chain(std::iter::once(std::ptr::null())).collect();
-    let env_ptrs = env.iter().map(|a| a.as_ptr()).chain(std::iter::once(std::ptr::null())).collect();
+    let argv_ptrs = argv
+        .iter()
+        .map(|a| a.as_ptr())
+        .chain(std::iter::once(std::ptr::null()))
+        .collect();
+    let env_ptrs = env
+        .iter()
+        .map(|a| a.as_ptr())
+        .chain(std::iter::once(std::ptr::null()))
+        .collect();
     ExecPlan {
         display: cmd.clone(),
         argv,
@@ -404,31 +549,48 @@ mod tests {
 
     #[test]
     fn host_layout_binds_only_the_listed_host_paths() {
-        let layout = Layout::Host(vec![HostEntry::Bind("/usr".into()), HostEntry::Symlink("/bin".into(), "usr/bin".into())]);
+        let layout = Layout::Host(vec![
+            HostEntry::Bind("/usr".into()),
+            HostEntry::Symlink("/bin".into(), "usr/bin".into()),
+        ]);
         let plan = build(&SandboxSpec::new(vec!["true".into()]), &layout);
         let binds: Vec<String> = plan
             .steps
             .iter()
             .filter_map(|s| match s {
-                Step::Mount { source: Some(src), flags, .. } if flags & libc::MS_BIND != 0 && flags & libc::MS_REMOUNT == 0 => {
+                Step::Mount {
+                    source: Some(src),
+                    flags,
+                    ..
+                } if flags & libc::MS_BIND != 0 && flags & libc::MS_REMOUNT == 0 => {
                     Some(lossy(src))
                 }
                 _ => None,
             })
-            .filter(|s| !s.starts_with("/dev/") && !s.contains("/proc/") && !s.ends_with("/dev/null"))
+            .filter(|s| {
+                !s.starts_with("/dev/") && !s.contains("/proc/") && !s.ends_with("/dev/null")
+            })
             .collect();
         assert_eq!(binds, vec!["/usr"]);
         assert_eq!(lossy(&plan.new_root), "/run/brig/mnt");
-        assert!(plan.steps.iter().any(|s| matches!(s, Step::Symlink { link, .. } if lossy(link) == "/run/brig/mnt/bin")));
+        assert!(plan.steps.iter().any(
+            |s| matches!(s, Step::Symlink { link, .. } if lossy(link) == "/run/brig/mnt/bin")
+        ));
     }
 
     #[test]
     fn overlay_layout_attaches_the_template_below_a_writable_layer() {
-        let layout = Layout::Overlay { lower: PathBuf::from("/srv/rootfs") };
+        let layout = Layout::Overlay {
+            lower: PathBuf::from("/srv/rootfs"),
+        };
         let plan = build(&SandboxSpec::new(vec!["true".into()]), &layout);
         assert_eq!(lossy(&plan.new_root), "/run/brig/mnt/root");
         let overlay = plan.steps.iter().find_map(|s| match s {
-            Step::Mount { fstype: Some(f), data: Some(d), .. } if f.as_bytes() == b"overlay" => Some(lossy(d)),
+            Step::Mount {
+                fstype: Some(f),
+                data: Some(d),
+                ..
+            } if f.as_bytes() == b"overlay" => Some(lossy(d)),
             _ => None,
         });
         assert_eq!(
@@ -439,12 +601,24 @@ mod tests {
 
     #[test]
     fn every_mount_but_the_root_is_nosuid() {
-        let plan = build(&SandboxSpec::new(vec!["true".into()]), &Layout::Host(vec![HostEntry::Bind("/usr".into())]));
+        let plan = build(
+            &SandboxSpec::new(vec!["true".into()]),
+            &Layout::Host(vec![HostEntry::Bind("/usr".into())]),
+        );
         for s in &plan.steps {
-            if let Step::Mount { flags, target, what, .. } = s {
+            if let Step::Mount {
+                flags,
+                target,
+                what,
+                ..
+            } = s
+            {
                 let is_plain_bind = flags & libc::MS_BIND != 0 && flags & libc::MS_REMOUNT == 0;
                 if !is_plain_bind {
-                    assert!(flags & libc::MS_NOSUID != 0, "{what} at {target:?} lacks nosuid");
+                    assert!(
+                        flags & libc::MS_NOSUID != 0,
+                        "{what} at {target:?} lacks nosuid"
+                    );
                 }
             }
         }
@@ -453,8 +627,14 @@ mod tests {
     #[test]
     fn env_user_values_override_defaults_and_path_drives_lookup() {
         let mut spec = SandboxSpec::new(vec!["python3".into(), "-c".into(), "pass".into()]);
-        spec.env.push(EnvVar { key: "PATH".into(), value: "/opt/bin:relative:/usr/bin/".into() });
-        spec.env.push(EnvVar { key: "X".into(), value: "1".into() });
+        spec.env.push(EnvVar {
+            key: "PATH".into(),
+            value: "/opt/bin:relative:/usr/bin/".into(),
+        });
+        spec.env.push(EnvVar {
+            key: "X".into(),
+            value: "1".into(),
+        });
         let plan = build(&spec, &Layout::Host(vec![]));
         let cands: Vec<String> = plan.exec.candidates.iter().map(|c| lossy(c)).collect();
         assert_eq!(cands, vec!["/opt/bin/python3", "/usr/bin/python3"]);
@@ -469,7 +649,12 @@ mod tests {
         let mut spec = SandboxSpec::new(vec!["ls".into()]);
         spec.workdir = Some("/a/b/c".into());
         let plan = build(&spec, &Layout::Host(vec![]));
-        let p: Vec<String> = plan.exec.workdir_prefixes.iter().map(|c| lossy(c)).collect();
+        let p: Vec<String> = plan
+            .exec
+            .workdir_prefixes
+            .iter()
+            .map(|c| lossy(c))
+            .collect();
         assert_eq!(p, vec!["/a", "/a/b", "/a/b/c"]);
         // SAFETY: argv_ptr points at argv.len()+1 pointers, the last null.
         unsafe {
@@ -494,12 +679,15 @@ mod tests {
             .steps
             .iter()
             .filter_map(|s| match s {
-                Step::Mount { what: "make a /proc path read-only", target, flags, .. } if flags & libc::MS_RDONLY != 0 => {
-                    Some(lossy(target))
-                }
+                Step::Mount {
+                    what: "make a /proc path read-only",
+                    target,
+                    flags,
+                    ..
+                } if flags & libc::MS_RDONLY != 0 => Some(lossy(target)),
                 _ => None,
             })
             .collect();
         assert_eq!(frozen, vec!["/st/proc/sys"]);
-}
+    }
 }

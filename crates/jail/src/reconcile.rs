@@ -26,7 +26,9 @@ pub struct Reaped {
 pub fn reap(hierarchy: &Hierarchy, run_dir: &Path) -> Reaped {
     let mut candidates: Vec<(SandboxId, PathBuf)> = Vec::new();
     for parent in hierarchy.parents() {
-        let Ok(entries) = fs::read_dir(&parent) else { continue };
+        let Ok(entries) = fs::read_dir(&parent) else {
+            continue;
+        };
         for e in entries.flatten() {
             if let Some(id) = e.file_name().to_str().and_then(SandboxId::parse) {
                 if e.path().is_dir() {
@@ -38,7 +40,11 @@ pub fn reap(hierarchy: &Hierarchy, run_dir: &Path) -> Reaped {
     if candidates.is_empty() {
         return Reaped::default();
     }
-    let dead: Vec<PathBuf> = candidates.into_iter().filter(|(id, _)| !slot::is_live(run_dir, id)).map(|(_, p)| p).collect();
+    let dead: Vec<PathBuf> = candidates
+        .into_iter()
+        .filter(|(id, _)| !slot::is_live(run_dir, id))
+        .map(|(_, p)| p)
+        .collect();
     cgroup::kill_procs(&dead);
     let mut reaped = Reaped::default();
     for dir in dead {

@@ -54,8 +54,11 @@ impl SpawnOptions {
         let run_dir = PathBuf::from(RUNTIME_DIR);
         let staging = run_dir.join("mnt");
         if !staging.is_dir() {
-            fs::create_dir_all(&staging)
-                .map_err(|source| JailError::Host { op: "create the runtime directory", path: staging.clone(), source })?;
+            fs::create_dir_all(&staging).map_err(|source| JailError::Host {
+                op: "create the runtime directory",
+                path: staging.clone(),
+                source,
+            })?;
         }
         let hierarchy = Hierarchy::detect()?;
         reconcile::reap(&hierarchy, &run_dir);
@@ -142,7 +145,14 @@ impl Sandbox {
         // extra namespaces. The child touches only the pre-built plan and
         // makes system calls (bringup::init_main), then _exits or execs.
         let pid = unsafe {
-            libc::syscall(libc::SYS_clone, (flags | libc::SIGCHLD) as libc::c_ulong, 0usize, &mut pidfd as *mut libc::c_int, 0usize, 0usize)
+            libc::syscall(
+                libc::SYS_clone,
+                (flags | libc::SIGCHLD) as libc::c_ulong,
+                0usize,
+                &mut pidfd as *mut libc::c_int,
+                0usize,
+                0usize,
+            )
         };
         if pid < 0 {
             return Err(JailError::namespaces(Errno::last()));
@@ -150,7 +160,13 @@ impl Sandbox {
         if pid == 0 {
             drop(host_sock);
             drop(err_read);
-            bringup::init_main(&plan, Channels { sync: child_sock.as_raw_fd(), error: err_write.as_raw_fd() });
+            bringup::init_main(
+                &plan,
+                Channels {
+                    sync: child_sock.as_raw_fd(),
+                    error: err_write.as_raw_fd(),
+                },
+            );
         }
         let pid = pid as libc::pid_t;
         drop(child_sock);
@@ -240,16 +256,32 @@ impl Sandbox {
     /// the rest of its pid namespace with it.
     pub fn kill(&self) {
         // SAFETY: signalling through our own pidfd.
-        unsafe { libc::syscall(libc::SYS_pidfd_send_signal, self.pidfd.as_raw_fd(), libc::SIGKILL, 0usize, 0u32) };
+        unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                self.pidfd.as_raw_fd(),
+                libc::SIGKILL,
+                0usize,
+                0u32,
+            )
+        };
     }
 
     /// Block until the sandbox ends, then release everything it held.
     pub fn wait(mut self) -> Result<Exit, JailError> {
         let status = self.reap()?;
         let oom = self.cgroup.as_ref().is_some_and(Cgroup::oom_killed);
-        let code = if libc::WIFEXITED(status) { libc::WEXITSTATUS(status) } else { 128 + libc::WTERMSIG(status) };
+        let code = if libc::WIFEXITED(status) {
+            libc::WEXITSTATUS(status)
+        } else {
+            128 + libc::WTERMSIG(status)
+        };
         self.teardown()?;
-        Ok(Exit { code, oom, memory_limit: self.memory_limit })
+        Ok(Exit {
+            code,
+            oom,
+            memory_limit: self.memory_limit,
+        })
     }
 
     fn reap(&mut self) -> Result<i32, JailError> {
@@ -294,7 +326,10 @@ impl Drop for Sandbox {
 }
 
 fn nofile_hard() -> u64 {
-    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
     // SAFETY: valid out-pointer.
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
         lim.rlim_max
@@ -306,7 +341,15 @@ fn nofile_hard() -> u64 {
 fn socketpair() -> Result<(OwnedFd, OwnedFd), JailError> {
     let mut fds = [-1; 2];
     // SAFETY: valid out-array of two ints.
-    if unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC, 0, fds.as_mut_ptr()) } < 0 {
+    if unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    } < 0
+    {
         return Err(os_err("create a socket pair")(Errno::last()));
     }
     // SAFETY: both descriptors are fresh and ours.
@@ -326,8 +369,11 @@ fn pipe() -> Result<(OwnedFd, OwnedFd), JailError> {
 /// Map sandbox ids 0..65536 to the slot's host range.
 fn write_id_map(pid: libc::pid_t, file: &'static str, base: u32) -> Result<(), JailError> {
     let path = PathBuf::from(format!("/proc/{pid}/{file}"));
-    fs::write(&path, format!("0 {base} {}\n", slot::RANGE))
-        .map_err(|source| JailError::Host { op: "write the sandbox's id map", path, source })
+    fs::write(&path, format!("0 {base} {}\n", slot::RANGE)).map_err(|source| JailError::Host {
+        op: "write the sandbox's id map",
+        path,
+        source,
+    })
 }
 
 /// A detached, read-only copy of the template directory whose files appear
@@ -354,20 +400,33 @@ fn idmapped_template(lower: &Path, pid: libc::pid_t) -> Result<OwnedFd, JailErro
     })?;
     // SAFETY: open_tree with a valid path; returns a new descriptor.
     let tree = unsafe {
-        libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, path.as_ptr(), OPEN_TREE_CLONE | libc::O_CLOEXEC as u32 | AT_RECURSIVE)
+        libc::syscall(
+            libc::SYS_open_tree,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            OPEN_TREE_CLONE | libc::O_CLOEXEC as u32 | AT_RECURSIVE,
+        )
     };
     if tree < 0 {
-        return Err(os_err("clone the template's mount (open_tree)")(Errno::last()));
+        return Err(os_err("clone the template's mount (open_tree)")(
+            Errno::last(),
+        ));
     }
     // SAFETY: fresh descriptor from open_tree.
     let tree = unsafe { OwnedFd::from_raw_fd(tree as RawFd) };
-    let userns = fs::File::open(format!("/proc/{pid}/ns/user")).map_err(|source| JailError::Host {
-        op: "open the sandbox's user namespace",
-        path: PathBuf::from(format!("/proc/{pid}/ns/user")),
-        source,
-    })?;
+    let userns =
+        fs::File::open(format!("/proc/{pid}/ns/user")).map_err(|source| JailError::Host {
+            op: "open the sandbox's user namespace",
+            path: PathBuf::from(format!("/proc/{pid}/ns/user")),
+            source,
+        })?;
     let setattr = |set: u64, userns_fd: u64| {
-        let attr = MountAttr { attr_set: set, attr_clr: 0, propagation: 0, userns_fd };
+        let attr = MountAttr {
+            attr_set: set,
+            attr_clr: 0,
+            propagation: 0,
+            userns_fd,
+        };
         // SAFETY: a valid mount fd, an empty path with AT_EMPTY_PATH, and a
         // properly sized mount_attr.
         unsafe {
@@ -386,7 +445,9 @@ fn idmapped_template(lower: &Path, pid: libc::pid_t) -> Result<OwnedFd, JailErro
         // EINVAL/EOPNOTSUPP: this filesystem cannot be idmapped. The
         // template still works; its root-owned files show as nobody.
         if setattr(ro, 0) < 0 {
-            return Err(os_err("make the template read-only (mount_setattr)")(Errno::last()));
+            return Err(os_err("make the template read-only (mount_setattr)")(
+                Errno::last(),
+            ));
         }
     }
     Ok(tree)
@@ -398,7 +459,13 @@ fn read_failure(fd: &OwnedFd) -> Option<Failure> {
     let mut got = 0;
     while got < buf.len() {
         // SAFETY: reading into the unfilled part of a stack buffer.
-        let n = unsafe { libc::read(fd.as_raw_fd(), buf[got..].as_mut_ptr().cast(), buf.len() - got) };
+        let n = unsafe {
+            libc::read(
+                fd.as_raw_fd(),
+                buf[got..].as_mut_ptr().cast(),
+                buf.len() - got,
+            )
+        };
         if n == 0 {
             break;
         }
@@ -413,19 +480,35 @@ fn read_failure(fd: &OwnedFd) -> Option<Failure> {
     if got == 0 {
         return None;
     }
-    Some(Failure::decode(&buf[..got]).unwrap_or(Failure { stage: Stage::WaitForHost, index: 0, errno: Errno(libc::EPIPE) }))
+    Some(Failure::decode(&buf[..got]).unwrap_or(Failure {
+        stage: Stage::WaitForHost,
+        index: 0,
+        errno: Errno(libc::EPIPE),
+    }))
 }
 
 fn failure_to_error(f: Failure, plan: &Plan) -> JailError {
     let command = plan.exec.display.clone();
     match f.stage {
         Stage::Exec if f.errno == Errno(libc::ENOENT) => JailError::CommandNotFound { command },
-        Stage::Exec => JailError::CommandNotExecutable { command, errno: f.errno },
-        Stage::Workdir => JailError::Workdir { path: plan.exec.workdir.to_string_lossy().into_owned(), errno: f.errno },
-        Stage::MountStep => JailError::Setup {
-            step: plan.steps.get(f.index as usize).map_or_else(|| "prepare the root filesystem".into(), |s| s.describe()),
+        Stage::Exec => JailError::CommandNotExecutable {
+            command,
             errno: f.errno,
         },
-        stage => JailError::Setup { step: stage.describe().into(), errno: f.errno },
+        Stage::Workdir => JailError::Workdir {
+            path: plan.exec.workdir.to_string_lossy().into_owned(),
+            errno: f.errno,
+        },
+        Stage::MountStep => JailError::Setup {
+            step: plan
+                .steps
+                .get(f.index as usize)
+                .map_or_else(|| "prepare the root filesystem".into(), |s| s.describe()),
+            errno: f.errno,
+        },
+        stage => JailError::Setup {
+            step: stage.describe().into(),
+            errno: f.errno,
+        },
     }
 }

@@ -71,9 +71,19 @@ pub fn slots_dir(run_dir: &Path) -> PathBuf {
 }
 
 fn open_lock(dir: &Path, name: &str) -> Result<File, SlotError> {
-    let io_err = |source| SlotError::Io { path: dir.to_path_buf(), source };
+    let io_err = |source| SlotError::Io {
+        path: dir.to_path_buf(),
+        source,
+    };
     let path = dir.join(name);
-    let open = || OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path);
+    let open = || {
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+    };
     match open() {
         Ok(f) => Ok(f),
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
@@ -94,7 +104,10 @@ pub fn acquire(run_dir: &Path, id: &SandboxId) -> Result<Slot, SlotError> {
     let live_dir = live_dir(run_dir);
     let live_file = open_lock(&live_dir, id.as_str())?;
     if !try_lock(&live_file) {
-        return Err(SlotError::Io { path: live_dir.join(id.as_str()), source: io::Error::from(io::ErrorKind::AlreadyExists) });
+        return Err(SlotError::Io {
+            path: live_dir.join(id.as_str()),
+            source: io::Error::from(io::ErrorKind::AlreadyExists),
+        });
     }
     let dir = slots_dir(run_dir);
     let start = rand::random::<u32>() % COUNT;
@@ -102,7 +115,12 @@ pub fn acquire(run_dir: &Path, id: &SandboxId) -> Result<Slot, SlotError> {
         let index = (start + i) % COUNT;
         let file = open_lock(&dir, &format!("{index}.lock"))?;
         if try_lock(&file) {
-            return Ok(Slot { index, _file: file, live: live_dir.join(id.as_str()), _live_file: live_file });
+            return Ok(Slot {
+                index,
+                _file: file,
+                live: live_dir.join(id.as_str()),
+                _live_file: live_file,
+            });
         }
     }
     let _ = fs::remove_file(live_dir.join(id.as_str()));
@@ -113,7 +131,9 @@ pub fn acquire(run_dir: &Path, id: &SandboxId) -> Result<Slot, SlotError> {
 /// file nobody holds is removed on the way.
 pub fn is_live(run_dir: &Path, id: &SandboxId) -> bool {
     let path = live_dir(run_dir).join(id.as_str());
-    let Ok(file) = OpenOptions::new().read(true).open(&path) else { return false };
+    let Ok(file) = OpenOptions::new().read(true).open(&path) else {
+        return false;
+    };
     if try_lock(&file) {
         let _ = fs::remove_file(&path);
         return false;

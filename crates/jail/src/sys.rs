@@ -99,7 +99,13 @@ impl Syscalls for Linux {
         // SAFETY: every pointer is either null or a NUL-terminated string that
         // outlives the call.
         let r = unsafe {
-            libc::mount(opt_ptr(source), target.as_ptr(), opt_ptr(fstype), flags, opt_ptr(data).cast())
+            libc::mount(
+                opt_ptr(source),
+                target.as_ptr(),
+                opt_ptr(fstype),
+                flags,
+                opt_ptr(data).cast(),
+            )
         };
         check(r.into()).map(drop)
     }
@@ -156,7 +162,16 @@ impl Syscalls for Linux {
 
     fn touch(&self, path: &CStr) -> SysResult {
         // SAFETY: path is a valid C string; the descriptor is closed at once.
-        let fd = check(unsafe { libc::open(path.as_ptr(), libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC, 0o644) }.into())?;
+        let fd = check(
+            unsafe {
+                libc::open(
+                    path.as_ptr(),
+                    libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC,
+                    0o644,
+                )
+            }
+            .into(),
+        )?;
         // SAFETY: fd was just opened by us.
         unsafe { libc::close(fd as RawFd) };
         Ok(())
@@ -178,7 +193,10 @@ impl Syscalls for Linux {
     }
 
     fn setrlimit(&self, resource: libc::c_int, soft: u64, hard: u64) -> SysResult {
-        let lim = libc::rlimit { rlim_cur: soft, rlim_max: hard };
+        let lim = libc::rlimit {
+            rlim_cur: soft,
+            rlim_max: hard,
+        };
         // SAFETY: lim is a valid rlimit on the stack. The resource type is
         // u32 in glibc's prototype; the values used are small constants.
         check(unsafe { libc::setrlimit(resource as _, &lim) }.into()).map(drop)
@@ -186,8 +204,9 @@ impl Syscalls for Linux {
 
     fn loopback_up(&self) -> SysResult {
         // SAFETY: plain socket creation; closed below.
-        let fd = check(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) }.into())?
-            as RawFd;
+        let fd = check(
+            unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) }.into(),
+        )? as RawFd;
         // SAFETY: ifreq is plain old data; all-zero is a valid value.
         let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
         for (dst, src) in ifr.ifr_name.iter_mut().zip(b"lo\0") {
@@ -213,7 +232,8 @@ impl Syscalls for Linux {
         for cap in 0..=CAP_LAST {
             if keep & (1 << cap) == 0 {
                 // SAFETY: prctl with integer arguments only.
-                let r = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) };
+                let r =
+                    unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) };
                 // EINVAL: the running kernel does not know this capability.
                 if r < 0 && Errno::last() != Errno(libc::EINVAL) {
                     return Err(Errno::last());
@@ -222,7 +242,15 @@ impl Syscalls for Linux {
         }
         // Ambient capabilities would survive execve of non-root programs.
         // SAFETY: prctl with integer arguments only.
-        let _ = unsafe { libc::prctl(libc::PR_CAP_AMBIENT, libc::PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) };
+        let _ = unsafe {
+            libc::prctl(
+                libc::PR_CAP_AMBIENT,
+                libc::PR_CAP_AMBIENT_CLEAR_ALL,
+                0,
+                0,
+                0,
+            )
+        };
         Ok(())
     }
 
@@ -240,11 +268,22 @@ impl Syscalls for Linux {
             inheritable: u32,
         }
         const VERSION_3: u32 = 0x2008_0522;
-        let header = Header { version: VERSION_3, pid: 0 };
+        let header = Header {
+            version: VERSION_3,
+            pid: 0,
+        };
         let (lo, hi) = (caps as u32, (caps >> 32) as u32);
         let data = [
-            Data { effective: lo, permitted: lo, inheritable: 0 },
-            Data { effective: hi, permitted: hi, inheritable: 0 },
+            Data {
+                effective: lo,
+                permitted: lo,
+                inheritable: 0,
+            },
+            Data {
+                effective: hi,
+                permitted: hi,
+                inheritable: 0,
+            },
         ];
         // SAFETY: header and data match the kernel's v3 capability ABI
         // (one header, two 32-bit data words) and live across the call.
@@ -269,10 +308,14 @@ impl Syscalls for Linux {
     }
 
     fn install_seccomp(&self, program: &[libc::sock_filter]) -> SysResult {
-        let prog = libc::sock_fprog { len: program.len() as u16, filter: program.as_ptr() as *mut _ };
+        let prog = libc::sock_fprog {
+            len: program.len() as u16,
+            filter: program.as_ptr() as *mut _,
+        };
         // SAFETY: prog points at a live, well-formed BPF program; the kernel
         // copies it. TSYNC is not needed: the caller is single-threaded.
-        check(unsafe { libc::syscall(libc::SYS_seccomp, libc::SECCOMP_SET_MODE_FILTER, 0, &prog) }).map(drop)
+        check(unsafe { libc::syscall(libc::SYS_seccomp, libc::SECCOMP_SET_MODE_FILTER, 0, &prog) })
+            .map(drop)
     }
 }
 
@@ -282,24 +325,60 @@ pub const CAP_LAST: u32 = 40;
 /// One recorded call, for tests.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Call {
-    Mount { source: Option<String>, target: String, fstype: Option<String>, flags: libc::c_ulong, data: Option<String> },
-    Umount { target: String, flags: libc::c_int },
-    MoveMount { fd: RawFd, target: String },
-    PivotRoot { new_root: String },
+    Mount {
+        source: Option<String>,
+        target: String,
+        fstype: Option<String>,
+        flags: libc::c_ulong,
+        data: Option<String>,
+    },
+    Umount {
+        target: String,
+        flags: libc::c_int,
+    },
+    MoveMount {
+        fd: RawFd,
+        target: String,
+    },
+    PivotRoot {
+        new_root: String,
+    },
     Chdir(String),
-    Mkdir { path: String, mode: libc::mode_t },
-    Symlink { target: String, link: String },
+    Mkdir {
+        path: String,
+        mode: libc::mode_t,
+    },
+    Symlink {
+        target: String,
+        link: String,
+    },
     Touch(String),
-    Chown { path: String, uid: u32, gid: u32 },
+    Chown {
+        path: String,
+        uid: u32,
+        gid: u32,
+    },
     Sethostname(String),
     Unshare(libc::c_int),
-    Setrlimit { resource: libc::c_int, soft: u64, hard: u64 },
+    Setrlimit {
+        resource: libc::c_int,
+        soft: u64,
+        hard: u64,
+    },
     LoopbackUp,
-    DropBoundingSet { keep: u64 },
+    DropBoundingSet {
+        keep: u64,
+    },
     SetCapabilities(u64),
-    SetIds { uid: u32, gid: u32, groups: Vec<u32> },
+    SetIds {
+        uid: u32,
+        gid: u32,
+        groups: Vec<u32>,
+    },
     NoNewPrivs,
-    Seccomp { len: usize },
+    Seccomp {
+        len: usize,
+    },
 }
 
 /// A fake that records calls instead of making them. `fail_on` makes the
@@ -313,7 +392,10 @@ pub struct Recording {
 
 impl Recording {
     fn record(&self, call: Call) -> SysResult {
-        let fail = self.fail_on.as_ref().is_some_and(|f| format!("{call:?}").contains(f.as_str()));
+        let fail = self
+            .fail_on
+            .as_ref()
+            .is_some_and(|f| format!("{call:?}").contains(f.as_str()));
         self.calls.borrow_mut().push(call);
         if fail {
             Err(Errno(libc::EPERM))
@@ -340,40 +422,70 @@ impl Syscalls for Recording {
         flags: libc::c_ulong,
         data: Option<&CStr>,
     ) -> SysResult {
-        self.record(Call::Mount { source: source.map(s), target: s(target), fstype: fstype.map(s), flags, data: data.map(s) })
+        self.record(Call::Mount {
+            source: source.map(s),
+            target: s(target),
+            fstype: fstype.map(s),
+            flags,
+            data: data.map(s),
+        })
     }
     fn umount(&self, target: &CStr, flags: libc::c_int) -> SysResult {
-        self.record(Call::Umount { target: s(target), flags })
+        self.record(Call::Umount {
+            target: s(target),
+            flags,
+        })
     }
     fn move_mount(&self, fd: RawFd, target: &CStr) -> SysResult {
-        self.record(Call::MoveMount { fd, target: s(target) })
+        self.record(Call::MoveMount {
+            fd,
+            target: s(target),
+        })
     }
     fn pivot_root_here(&self, new_root: &CStr) -> SysResult {
-        self.record(Call::PivotRoot { new_root: s(new_root) })
+        self.record(Call::PivotRoot {
+            new_root: s(new_root),
+        })
     }
     fn chdir(&self, path: &CStr) -> SysResult {
         self.record(Call::Chdir(s(path)))
     }
     fn mkdir(&self, path: &CStr, mode: libc::mode_t) -> SysResult {
-        self.record(Call::Mkdir { path: s(path), mode })
+        self.record(Call::Mkdir {
+            path: s(path),
+            mode,
+        })
     }
     fn symlink(&self, target: &CStr, link: &CStr) -> SysResult {
-        self.record(Call::Symlink { target: s(target), link: s(link) })
+        self.record(Call::Symlink {
+            target: s(target),
+            link: s(link),
+        })
     }
     fn touch(&self, path: &CStr) -> SysResult {
         self.record(Call::Touch(s(path)))
     }
     fn chown(&self, path: &CStr, uid: u32, gid: u32) -> SysResult {
-        self.record(Call::Chown { path: s(path), uid, gid })
+        self.record(Call::Chown {
+            path: s(path),
+            uid,
+            gid,
+        })
     }
     fn sethostname(&self, name: &[u8]) -> SysResult {
-        self.record(Call::Sethostname(String::from_utf8_lossy(name).into_owned()))
+        self.record(Call::Sethostname(
+            String::from_utf8_lossy(name).into_owned(),
+        ))
     }
     fn unshare(&self, flags: libc::c_int) -> SysResult {
         self.record(Call::Unshare(flags))
     }
     fn setrlimit(&self, resource: libc::c_int, soft: u64, hard: u64) -> SysResult {
-        self.record(Call::Setrlimit { resource, soft, hard })
+        self.record(Call::Setrlimit {
+            resource,
+            soft,
+            hard,
+        })
     }
     fn loopback_up(&self) -> SysResult {
         self.record(Call::LoopbackUp)
@@ -385,7 +497,11 @@ impl Syscalls for Recording {
         self.record(Call::SetCapabilities(caps))
     }
     fn set_ids(&self, uid: u32, gid: u32, groups: &[libc::gid_t]) -> SysResult {
-        self.record(Call::SetIds { uid, gid, groups: groups.to_vec() })
+        self.record(Call::SetIds {
+            uid,
+            gid,
+            groups: groups.to_vec(),
+        })
     }
     fn set_no_new_privs(&self) -> SysResult {
         self.record(Call::NoNewPrivs)

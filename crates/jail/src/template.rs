@@ -21,7 +21,9 @@ use std::path::{Path, PathBuf};
 use brig_core::{TemplateRef, UserSpec};
 
 /// Host paths the `host` template shows, in mount order.
-pub const HOST_PATHS: &[&str] = &["/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"];
+pub const HOST_PATHS: &[&str] = &[
+    "/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
+];
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum TemplateError {
@@ -73,7 +75,10 @@ pub fn host_entries(root: &Path) -> Vec<HostEntry> {
             let on_host = root.join(p.trim_start_matches('/'));
             let meta = fs::symlink_metadata(&on_host).ok()?;
             if meta.file_type().is_symlink() {
-                Some(HostEntry::Symlink(PathBuf::from(p), fs::read_link(&on_host).ok()?))
+                Some(HostEntry::Symlink(
+                    PathBuf::from(p),
+                    fs::read_link(&on_host).ok()?,
+                ))
             } else if meta.is_dir() {
                 Some(HostEntry::Bind(PathBuf::from(p)))
             } else {
@@ -95,7 +100,13 @@ pub struct Identity {
 
 impl Identity {
     pub fn root() -> Self {
-        Identity { uid: 0, gid: 0, groups: vec![0], home: "/root".into(), name: Some("root".into()) }
+        Identity {
+            uid: 0,
+            gid: 0,
+            groups: vec![0],
+            home: "/root".into(),
+            name: Some("root".into()),
+        }
     }
 }
 
@@ -106,10 +117,17 @@ pub fn resolve_user(root: &Path, user: Option<&UserSpec>) -> Result<Identity, Te
     let group = read_etc(root, "group")?;
     let entries: Vec<PasswdEntry> = passwd.lines().filter_map(PasswdEntry::parse).collect();
     let found = match user {
-        None => return Ok(entries.iter().find(|e| e.uid == 0).map(|e| e.identity(&group)).unwrap_or_else(Identity::root)),
-        Some(UserSpec::Name(name)) => {
-            entries.iter().find(|e| &e.name == name).ok_or_else(|| TemplateError::UnknownUser { name: name.clone() })?
+        None => {
+            return Ok(entries
+                .iter()
+                .find(|e| e.uid == 0)
+                .map(|e| e.identity(&group))
+                .unwrap_or_else(Identity::root))
         }
+        Some(UserSpec::Name(name)) => entries
+            .iter()
+            .find(|e| &e.name == name)
+            .ok_or_else(|| TemplateError::UnknownUser { name: name.clone() })?,
         Some(UserSpec::Id { uid, gid }) => match entries.iter().find(|e| e.uid == *uid) {
             Some(e) => {
                 let mut id = e.identity(&group);
@@ -121,7 +139,13 @@ pub fn resolve_user(root: &Path, user: Option<&UserSpec>) -> Result<Identity, Te
             }
             None => {
                 let g = gid.unwrap_or(*uid);
-                return Ok(Identity { uid: *uid, gid: g, groups: vec![g], home: "/".into(), name: None });
+                return Ok(Identity {
+                    uid: *uid,
+                    gid: g,
+                    groups: vec![g],
+                    home: "/".into(),
+                    name: None,
+                });
             }
         },
     };
@@ -133,7 +157,10 @@ fn read_etc(root: &Path, name: &str) -> Result<String, TemplateError> {
     match fs::read_to_string(&path) {
         Ok(s) => Ok(s),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(String::new()),
-        Err(e) => Err(TemplateError::Unreadable { path, reason: e.to_string() }),
+        Err(e) => Err(TemplateError::Unreadable {
+            path,
+            reason: e.to_string(),
+        }),
     }
 }
 
@@ -151,7 +178,12 @@ impl PasswdEntry {
         if f.len() < 7 {
             return None;
         }
-        Some(PasswdEntry { name: f[0].into(), uid: f[2].parse().ok()?, gid: f[3].parse().ok()?, home: f[5].into() })
+        Some(PasswdEntry {
+            name: f[0].into(),
+            uid: f[2].parse().ok()?,
+            gid: f[3].parse().ok()?,
+            home: f[5].into(),
+        })
     }
 
     fn identity(&self, group_file: &str) -> Identity {
@@ -166,7 +198,13 @@ impl PasswdEntry {
                 }
             }
         }
-        Identity { uid: self.uid, gid: self.gid, groups, home: self.home.clone(), name: Some(self.name.clone()) }
+        Identity {
+            uid: self.uid,
+            gid: self.gid,
+            groups,
+            home: self.home.clone(),
+            name: Some(self.name.clone()),
+        }
     }
 }
 
@@ -182,7 +220,11 @@ mod tests {
             "root:x:0:0:root:/root:/bin/bash\nuser:x:1000:1000::/home/user:/bin/sh\nbroken line\n",
         )
         .unwrap();
-        fs::write(t.path().join("etc/group"), "root:x:0:\nsudo:x:27:user\nuser:x:1000:\n").unwrap();
+        fs::write(
+            t.path().join("etc/group"),
+            "root:x:0:\nsudo:x:27:user\nuser:x:1000:\n",
+        )
+        .unwrap();
         t
     }
 
@@ -190,7 +232,10 @@ mod tests {
     fn names_resolve_with_supplementary_groups() {
         let t = rootfs();
         let id = resolve_user(t.path(), Some(&UserSpec::Name("user".into()))).unwrap();
-        assert_eq!((id.uid, id.gid, id.groups.clone(), id.home.as_str()), (1000, 1000, vec![1000, 27], "/home/user"));
+        assert_eq!(
+            (id.uid, id.gid, id.groups.clone(), id.home.as_str()),
+            (1000, 1000, vec![1000, 27], "/home/user")
+        );
         assert_eq!(resolve_user(t.path(), None).unwrap().home, "/root");
     }
 
@@ -199,9 +244,18 @@ mod tests {
         let t = rootfs();
         assert_eq!(
             resolve_user(t.path(), Some(&UserSpec::Name("ghost".into()))),
-            Err(TemplateError::UnknownUser { name: "ghost".into() })
+            Err(TemplateError::UnknownUser {
+                name: "ghost".into()
+            })
         );
-        let id = resolve_user(t.path(), Some(&UserSpec::Id { uid: 4242, gid: None })).unwrap();
+        let id = resolve_user(
+            t.path(),
+            Some(&UserSpec::Id {
+                uid: 4242,
+                gid: None,
+            }),
+        )
+        .unwrap();
         assert_eq!((id.uid, id.gid, id.home.as_str()), (4242, 4242, "/"));
     }
 

@@ -70,8 +70,17 @@ impl RunArgs {
         spec.limits.disk = parse_size(&self.disk).context("--disk")?;
         spec.limits.pids = self.pids;
         spec.limits.cpus = self.cpus;
-        spec.limits.timeout = self.timeout.as_deref().map(parse_duration).transpose().context("--timeout")?;
-        spec.env = self.env.iter().map(|e| EnvVar::parse(e)).collect::<Result<_, _>>()?;
+        spec.limits.timeout = self
+            .timeout
+            .as_deref()
+            .map(parse_duration)
+            .transpose()
+            .context("--timeout")?;
+        spec.env = self
+            .env
+            .iter()
+            .map(|e| EnvVar::parse(e))
+            .collect::<Result<_, _>>()?;
         spec.workdir = self.workdir;
         spec.user = self.user.as_deref().map(UserSpec::parse).transpose()?;
         spec.stdin = self.interactive || self.tty;
@@ -89,7 +98,13 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     // Signals to brig become a sandbox teardown. They are blocked before
     // the spawn so none is lost in between, and read from a signalfd; the
     // sandbox's command starts with a clean mask and default handlers.
-    let signals = tty::SignalFd::new(&[libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT, libc::SIGWINCH])?;
+    let signals = tty::SignalFd::new(&[
+        libc::SIGINT,
+        libc::SIGTERM,
+        libc::SIGHUP,
+        libc::SIGQUIT,
+        libc::SIGWINCH,
+    ])?;
     let mut sandbox = Sandbox::spawn(&spec, &opts).map_err(explain)?;
     let pty = sandbox.take_pty();
     let outcome = supervise(&sandbox, &signals, pty, spec.limits.timeout)?;
@@ -103,13 +118,25 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
 fn explain(err: JailError) -> anyhow::Error {
     let host_side = matches!(
         err,
-        JailError::Namespaces { .. } | JailError::Setup { .. } | JailError::Cgroup(_) | JailError::HostCall { .. } | JailError::Host { .. }
+        JailError::Namespaces { .. }
+            | JailError::Setup { .. }
+            | JailError::Cgroup(_)
+            | JailError::HostCall { .. }
+            | JailError::Host { .. }
     );
     let err = anyhow::Error::from(err);
     if host_side {
         if let Err(feature) = probe::check_process_tier() {
-            let fix = feature.fix.as_deref().map(|f| format!("; fix: {f}")).unwrap_or_default();
-            return anyhow::anyhow!("{err:#} (this host lacks {}: {}{fix})", feature.name, feature.detail);
+            let fix = feature
+                .fix
+                .as_deref()
+                .map(|f| format!("; fix: {f}"))
+                .unwrap_or_default();
+            return anyhow::anyhow!(
+                "{err:#} (this host lacks {}: {}{fix})",
+                feature.name,
+                feature.detail
+            );
         }
     }
     err
@@ -117,7 +144,12 @@ fn explain(err: JailError) -> anyhow::Error {
 
 /// Watch the sandbox until it ends: the pidfd, signals to brig, the OOM
 /// notification (cgroup v1), the timeout, and terminal traffic with -t.
-fn supervise(sandbox: &Sandbox, signals: &tty::SignalFd, pty: Option<OwnedFd>, timeout: Option<Duration>) -> anyhow::Result<Outcome> {
+fn supervise(
+    sandbox: &Sandbox,
+    signals: &tty::SignalFd,
+    pty: Option<OwnedFd>,
+    timeout: Option<Duration>,
+) -> anyhow::Result<Outcome> {
     let deadline = timeout.map(|t| (Instant::now() + t, t));
     let mut term = match &pty {
         Some(master) => Some(tty::Forwarder::new(master.as_raw_fd())?),
@@ -132,7 +164,8 @@ fn supervise(sandbox: &Sandbox, signals: &tty::SignalFd, pty: Option<OwnedFd>, t
         t.sync_window_size();
     }
     loop {
-        let mut fds: Vec<libc::pollfd> = vec![poll_in(sandbox.pidfd().as_raw_fd()), poll_in(signals.fd())];
+        let mut fds: Vec<libc::pollfd> =
+            vec![poll_in(sandbox.pidfd().as_raw_fd()), poll_in(signals.fd())];
         let oom_at = sandbox.oom_fd().map(|fd: BorrowedFd<'_>| {
             fds.push(poll_in(fd.as_raw_fd()));
             fds.len() - 1
@@ -143,7 +176,10 @@ fn supervise(sandbox: &Sandbox, signals: &tty::SignalFd, pty: Option<OwnedFd>, t
             at
         });
         let wait_ms = match deadline {
-            Some((at, _)) => at.saturating_duration_since(Instant::now()).as_millis().min(i32::MAX as u128) as i32,
+            Some((at, _)) => at
+                .saturating_duration_since(Instant::now())
+                .as_millis()
+                .min(i32::MAX as u128) as i32,
             None => -1,
         };
         // SAFETY: fds is a live array of pollfd of the given length.
@@ -187,7 +223,11 @@ fn supervise(sandbox: &Sandbox, signals: &tty::SignalFd, pty: Option<OwnedFd>, t
 }
 
 fn poll_in(fd: RawFd) -> libc::pollfd {
-    libc::pollfd { fd, events: libc::POLLIN, revents: 0 }
+    libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    }
 }
 
 #[cfg(test)]
@@ -205,7 +245,24 @@ mod tests {
 
     #[test]
     fn flags_become_a_spec() {
-        let s = parse(&["brig", "run", "--memory", "64M", "--pids", "9", "--timeout", "2s", "-e", "A=1", "-t", "--", "sh", "-c", "x"]).unwrap();
+        let s = parse(&[
+            "brig",
+            "run",
+            "--memory",
+            "64M",
+            "--pids",
+            "9",
+            "--timeout",
+            "2s",
+            "-e",
+            "A=1",
+            "-t",
+            "--",
+            "sh",
+            "-c",
+            "x",
+        ])
+        .unwrap();
         assert_eq!(s.limits.memory.bytes(), 64 << 20);
         assert_eq!(s.limits.pids, 9);
         assert_eq!(s.limits.timeout, Some(Duration::from_secs(2)));
@@ -216,13 +273,22 @@ mod tests {
     #[test]
     fn bad_flags_name_the_flag() {
         let e = parse(&["brig", "run", "--memory", "lots", "--", "true"]).unwrap_err();
-        assert!(format!("{e:#}").starts_with("--memory: invalid size \"lots\""), "{e:#}");
+        assert!(
+            format!("{e:#}").starts_with("--memory: invalid size \"lots\""),
+            "{e:#}"
+        );
         let e = parse(&["brig", "run", "--timeout", "soon", "--", "true"]).unwrap_err();
         assert!(format!("{e:#}").contains("--timeout"), "{e:#}");
         let e = parse(&["brig", "run", "--template", "ubuntu", "--", "true"]).unwrap_err();
-        assert!(format!("{e:#}").contains("unknown template \"ubuntu\""), "{e:#}");
+        assert!(
+            format!("{e:#}").contains("unknown template \"ubuntu\""),
+            "{e:#}"
+        );
         let e = parse(&["brig", "run", "-e", "1X=2", "--", "true"]).unwrap_err();
-        assert!(format!("{e:#}").contains("invalid environment variable"), "{e:#}");
+        assert!(
+            format!("{e:#}").contains("invalid environment variable"),
+            "{e:#}"
+        );
     }
 
     #[test]

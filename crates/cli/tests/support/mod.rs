@@ -9,12 +9,25 @@ use std::time::{Duration, Instant};
 
 pub const BRIG: &str = env!("CARGO_BIN_EXE_brig");
 
+/// Skip a test with `reason` on stderr — or, when `BRIG_TEST_STRICT=1`
+/// (scripts/test sets it), fail it: in CI a missing capability is a broken
+/// set-up, not a pass.
+pub fn skip(reason: &str) {
+    if std::env::var("BRIG_TEST_STRICT").is_ok_and(|v| v == "1") {
+        panic!("BRIG_TEST_STRICT=1 and this test cannot run: {reason}");
+    }
+    eprintln!("skipping: {reason}");
+}
+
 /// Skip the calling test, with the reason on stderr, unless we are root.
 #[macro_export]
 macro_rules! require_root {
     () => {
         if $crate::support::euid() != 0 {
-            eprintln!("skipping: brig's process tier needs root and this test runs as uid {}", $crate::support::euid());
+            $crate::support::skip(&format!(
+                "brig's process tier needs root and this test runs as uid {}",
+                $crate::support::euid()
+            ));
             return;
         }
     };
@@ -27,7 +40,9 @@ macro_rules! require_rootfs {
         match $crate::support::rootfs() {
             Some(r) => r,
             None => {
-                eprintln!("skipping: BRIG_TEST_ROOTFS is not set; scripts/test builds a Debian rootfs and sets it");
+                $crate::support::skip(
+                    "BRIG_TEST_ROOTFS is not set; scripts/test builds a Debian rootfs and sets it",
+                );
                 return;
             }
         }
@@ -46,7 +61,9 @@ pub fn signal(pid: u32, sig: libc::c_int) {
 }
 
 pub fn rootfs() -> Option<PathBuf> {
-    std::env::var_os("BRIG_TEST_ROOTFS").map(PathBuf::from).filter(|p| p.join("bin/sh").exists())
+    std::env::var_os("BRIG_TEST_ROOTFS")
+        .map(PathBuf::from)
+        .filter(|p| p.join("bin/sh").exists())
 }
 
 pub fn brig() -> Command {
@@ -55,7 +72,15 @@ pub fn brig() -> Command {
 
 /// `brig run [args] -- cmd...` with the given template.
 pub fn run(template: &str, args: &[&str], cmd: &[&str]) -> Output {
-    brig().arg("run").arg("--template").arg(template).args(args).arg("--").args(cmd).output().expect("spawn brig")
+    brig()
+        .arg("run")
+        .arg("--template")
+        .arg(template)
+        .args(args)
+        .arg("--")
+        .args(cmd)
+        .output()
+        .expect("spawn brig")
 }
 
 pub fn stdout(o: &Output) -> String {
@@ -72,7 +97,7 @@ pub fn templates() -> Vec<String> {
     let mut t = vec!["host".to_string()];
     match rootfs() {
         Some(r) => t.push(format!("dir:{}", r.display())),
-        None => eprintln!("note: BRIG_TEST_ROOTFS not set; checking the host template only"),
+        None => skip("BRIG_TEST_ROOTFS not set; checking the host template only"),
     }
     t
 }
@@ -81,7 +106,11 @@ pub fn templates() -> Vec<String> {
 pub fn cgroup_dirs(id: &str) -> Vec<PathBuf> {
     let mut v = Vec::new();
     for c in ["memory", "pids", "cpu", "freezer", "unified", ""] {
-        let base = if c.is_empty() { PathBuf::from("/sys/fs/cgroup/brig") } else { PathBuf::from(format!("/sys/fs/cgroup/{c}/brig")) };
+        let base = if c.is_empty() {
+            PathBuf::from("/sys/fs/cgroup/brig")
+        } else {
+            PathBuf::from(format!("/sys/fs/cgroup/{c}/brig"))
+        };
         v.push(base.join(id));
     }
     v
@@ -91,9 +120,13 @@ pub fn cgroup_dirs(id: &str) -> Vec<PathBuf> {
 pub fn processes_of(id: &str) -> Vec<u32> {
     let needle = format!("/brig/{id}");
     let mut pids = Vec::new();
-    let Ok(entries) = std::fs::read_dir("/proc") else { return pids };
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return pids;
+    };
     for e in entries.flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
         let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
         if cg.contains(&needle) {
             pids.push(pid);

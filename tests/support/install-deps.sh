@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Install the Debian packages the tests and benches need, and nothing else.
+#
+#   tests/support/install-deps.sh [EXTRA_PACKAGE...]
+#
+# Fast when everything is already there: one `dpkg-query` and no network.
+# `apt-get update` runs only when something is missing, because on a fresh
+# machine the package lists may be absent or stale.
+set -euo pipefail
+
+packages=(
+    mmdebstrap      # builds the Debian minbase rootfs (tests/support/build-rootfs.sh)
+    bubblewrap      # peer in bench/spawn.sh
+    crun            # peer in bench/spawn.sh
+    hyperfine       # timing in bench/
+    musl-tools      # musl-gcc: static test binaries with no glibc start-up cost
+    busybox-static  # a shell and coreutils for minimal rootfs fixtures
+    uidmap          # newuidmap/newgidmap for the unprivileged user-namespace tests
+    iproute2        # `ip` to inspect network namespaces in tests
+    ca-certificates # mmdebstrap over https mirrors
+    "$@"
+)
+
+missing=()
+for p in "${packages[@]}"; do
+    # `dpkg-query -W` prints the status of an installed package; anything else
+    # (unknown, removed, config-files only) counts as missing.
+    if [ "$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null)" != installed ]; then
+        missing+=("$p")
+    fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+    echo "install-deps: all ${#packages[@]} packages present"
+    exit 0
+fi
+
+if [ "$(id -u)" -ne 0 ]; then
+    echo "install-deps: missing ${missing[*]}; run as root or: sudo apt-get install ${missing[*]}" >&2
+    exit 1
+fi
+
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}"
