@@ -79,4 +79,20 @@ fn main() {
     let _ = Path::new("/");
     bench("dir template, static musl true", &dir_spec, &opts, n);
     bench("host template, glibc /bin/true", &host_spec, &opts, n);
+
+    // The warm path: network namespaces from a pool, refilled by a
+    // background thread (as a long-lived daemon would run it).
+    let pool = brig_jail::NetnsPool::start(8).expect("netns pool");
+    pool.wait_full().expect("fill the netns pool");
+    let pooled = SpawnOptions {
+        net_pool: Some(pool),
+        ..opts.clone()
+    };
+    bench("dir template, musl, pooled netns", &dir_spec, &pooled, n);
+    bench(
+        "host template, /bin/true, pooled netns",
+        &host_spec,
+        &pooled,
+        n,
+    );
 }

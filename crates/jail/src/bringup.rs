@@ -167,6 +167,22 @@ pub fn init_main(plan: &Plan, ch: Channels) -> ! {
 
 /// The sandbox's init, from clone to the command's exit status.
 pub fn run_init(plan: &Plan, sys: &dyn Syscalls, ch: Channels) -> Result<i32, Failure> {
+    // 0. Forget brig's command line: /proc/1/cmdline is read from this
+    //    process's own memory, which still holds the host's argv (brig's
+    //    path, the template's host path, every flag).
+    if let Some((start, end)) = plan.argv_area {
+        // SAFETY: [start, end) is this process's argv area as the kernel
+        // reports it (copied by fork); it is writable stack memory that
+        // nothing reads after this point (std's args() is not used here).
+        unsafe {
+            let area = std::slice::from_raw_parts_mut(start as *mut u8, end - start);
+            area.fill(0);
+            let name = b"brig-init";
+            let n = name.len().min(area.len().saturating_sub(1));
+            area[..n].copy_from_slice(&name[..n]);
+        }
+    }
+
     // 1. Keep only the two channels to the host. Anything else inherited
     //    from brig (notably its slot lock, whose release is how a dead
     //    owner is detected) must not live on in the sandbox.
@@ -222,7 +238,9 @@ pub fn run_init(plan: &Plan, sys: &dyn Syscalls, ch: Channels) -> Result<i32, Fa
     //    which has no other interface: no route leaves the sandbox.
     sys.sethostname(&plan.hostname)
         .map_err(Failure::at(Stage::Hostname))?;
-    sys.loopback_up().map_err(Failure::at(Stage::Loopback))?;
+    if plan.loopback {
+        sys.loopback_up().map_err(Failure::at(Stage::Loopback))?;
+    }
 
     // 6. Resource limits the cgroup does not cover (open files, core size).
     //    Set in init so every process of the sandbox inherits them.
@@ -287,11 +305,13 @@ pub fn prepare_root(plan: &Plan, sys: &dyn Syscalls, fds: &[RawFd]) -> Result<()
 
     // 4b. The scratch tmpfs: the writable layer, sized by --disk. It lives
     //     only in this namespace, so it disappears with the sandbox.
+    //     nosuid: no_new_privs already voids setuid bits; this is the
+    //     second lock on the same door.
     sys.mount(
         Some(c"tmpfs"),
         &plan.staging,
         Some(c"tmpfs"),
-        libc::MS_NODEV,
+        libc::MS_NODEV | libc::MS_NOSUID,
         Some(&plan.staging_opts),
     )
     .map_err(Failure::at(Stage::ScratchFs))?;
@@ -684,6 +704,7 @@ mod tests {
             staging: Path::new("/st"),
             nofile_hard: 4096,
             proc_has: &|_| true,
+            pooled_net: false,
         })
     }
 

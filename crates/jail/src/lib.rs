@@ -13,12 +13,14 @@
 //!   [`sys::Recording`] is its fake, so most tests run unprivileged.
 //! - [`cgroup`] (v1 and v2), [`seccomp`] (policy compiled at build time from
 //!   `resources/seccomp/`), [`slot`] (uid ranges and liveness locks),
-//!   [`reconcile`] (reaping what a killed brig left behind) and [`probe`]
-//!   (what this host offers, for `brig doctor`).
+//!   [`reconcile`] (reaping what a killed brig left behind), [`netpool`]
+//!   (pre-made network namespaces for the warm path) and [`probe`] (what
+//!   this host offers, for `brig doctor`).
 
 pub mod bringup;
 pub mod cgroup;
 pub mod error;
+pub mod netpool;
 pub mod plan;
 pub mod probe;
 pub mod reconcile;
@@ -29,4 +31,5 @@ pub mod sys;
 pub mod template;
 
 pub use error::JailError;
+pub use netpool::NetnsPool;
 pub use sandbox::{Exit, Sandbox, SpawnOptions};

@@ -137,6 +137,11 @@ pub struct Plan {
     pub rlimits: Vec<(libc::c_int, u64, u64)>,
     pub tty: bool,
     pub stdin: bool,
+    /// Bring loopback up (not needed in a pooled namespace, where it is).
+    pub loopback: bool,
+    /// The host process's argv area (`arg_start..arg_end`), which the init
+    /// overwrites so the sandbox cannot read brig's command line.
+    pub argv_area: Option<(usize, usize)>,
     pub exec: ExecPlan,
 }
 
@@ -252,6 +257,9 @@ pub struct PlanInput<'a> {
     pub nofile_hard: u64,
     /// Which optional /proc files exist on this kernel.
     pub proc_has: &'a dyn Fn(&str) -> bool,
+    /// The sandbox joins a pooled network namespace and gets its sysfs as a
+    /// detached mount (after the template's, if any).
+    pub pooled_net: bool,
 }
 
 impl Plan {
@@ -263,6 +271,9 @@ impl Plan {
 
         // The scratch tmpfs holds the writable layer (and, for overlays, the
         // overlay's upper and work directories). Its size is --disk.
+        // Detached mounts the host sends, in order: the template (overlay
+        // layouts), then the pooled network namespace's sysfs.
+        let mut next_fd = 0;
         let (root, mut b) = match input.layout {
             Layout::Host(entries) => {
                 let mut b = Builder {
@@ -301,9 +312,10 @@ impl Plan {
                 }
                 b.steps.push(Step::Attach {
                     what: "attach the template (idmapped, read-only)",
-                    index: 0,
+                    index: next_fd,
                     target: b.at("/lower"),
                 });
+                next_fd += 1;
                 let opts = format!(
                     "lowerdir={s}/lower,upperdir={s}/upper,workdir={s}/work,userxattr",
                     s = staging
@@ -413,15 +425,25 @@ impl Plan {
         }
 
         // sysfs read-only: programs read CPU topology from it; nothing may
-        // be written.
-        b.mount(
-            "mount /sys read-only",
-            Some("sysfs"),
-            "/sys",
-            Some("sysfs"),
-            nosuid_nodev | libc::MS_NOEXEC | libc::MS_RDONLY,
-            None,
-        );
+        // be written. It shows the sandbox's own network namespace: mounted
+        // here when the namespace is the sandbox's own, attached ready-made
+        // when it comes from the pool (only its owner may mount one).
+        if input.pooled_net {
+            b.steps.push(Step::Attach {
+                what: "attach the network namespace's sysfs",
+                index: next_fd,
+                target: b.at("/sys"),
+            });
+        } else {
+            b.mount(
+                "mount /sys read-only",
+                Some("sysfs"),
+                "/sys",
+                Some("sysfs"),
+                nosuid_nodev | libc::MS_NOEXEC | libc::MS_RDONLY,
+                None,
+            );
+        }
 
         let exec = exec_plan(input);
         Plan {
@@ -441,6 +463,8 @@ impl Plan {
             ],
             tty: spec.tty,
             stdin: spec.stdin,
+            loopback: !input.pooled_net,
+            argv_area: argv_area(),
             exec,
         }
     }
@@ -523,6 +547,17 @@ fn exec_plan(input: &PlanInput<'_>) -> ExecPlan {
     }
 }
 
+/// `arg_start` and `arg_end` of this process, from /proc/self/stat (fields
+/// 48 and 49, counted after the parenthesised command name).
+fn argv_area() -> Option<(usize, usize)> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let after = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let start: usize = fields.get(45)?.parse().ok()?;
+    let end: usize = fields.get(46)?.parse().ok()?;
+    (end > start && end - start < 1 << 20).then_some((start, end))
+}
+
 /// Helper for tests and messages: a C string as &str.
 pub fn lossy(c: &CStr) -> String {
     c.to_string_lossy().into_owned()
@@ -544,6 +579,7 @@ mod tests {
             staging: Path::new("/run/brig/mnt"),
             nofile_hard: 1 << 20,
             proc_has: &|f| f != "sched_debug",
+            pooled_net: false,
         })
     }
 
@@ -674,6 +710,7 @@ mod tests {
             staging: Path::new("/st"),
             nofile_hard: 1024,
             proc_has: &|f| f == "sys",
+            pooled_net: false,
         });
         let frozen: Vec<String> = plan
             .steps

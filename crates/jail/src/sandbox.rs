@@ -19,12 +19,14 @@ use std::fs;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use brig_core::{ByteSize, SandboxId, SandboxSpec};
 
 use crate::bringup::{self, Channels, Failure, Stage};
 use crate::cgroup::{Cgroup, Hierarchy};
 use crate::error::JailError;
+use crate::netpool::{self, NetnsPool, PooledNet};
 use crate::plan::{Plan, PlanInput};
 use crate::slot::{self, Slot};
 use crate::sys::Errno;
@@ -45,6 +47,9 @@ pub struct SpawnOptions {
     /// [`RUNTIME_DIR`]: slot locks and the staging mount point.
     pub run_dir: PathBuf,
     pub hierarchy: Hierarchy,
+    /// Pre-made network namespaces (the warm path of a long-lived process);
+    /// without one, each sandbox creates its own in `clone`.
+    pub net_pool: Option<Arc<NetnsPool>>,
 }
 
 impl SpawnOptions {
@@ -62,7 +67,11 @@ impl SpawnOptions {
         }
         let hierarchy = Hierarchy::detect()?;
         reconcile::reap(&hierarchy, &run_dir);
-        Ok(SpawnOptions { run_dir, hierarchy })
+        Ok(SpawnOptions {
+            run_dir,
+            hierarchy,
+            net_pool: None,
+        })
     }
 
     fn staging(&self) -> PathBuf {
@@ -108,6 +117,7 @@ impl Sandbox {
             return Err(JailError::NoCpuController);
         }
         let id = SandboxId::from_random(rand::random());
+        let pooled: Option<PooledNet> = opts.net_pool.as_ref().and_then(|p| p.take());
         let layout = Layout::resolve(&spec.template);
         let identity = template::resolve_user(layout.root_on_host(), spec.user.as_ref())?;
         let staging = opts.staging();
@@ -119,6 +129,7 @@ impl Sandbox {
             staging: &staging,
             nofile_hard: nofile_hard(),
             proc_has: &|f| Path::new("/proc").join(f).exists(),
+            pooled_net: pooled.is_some(),
         });
         seccomp::init();
 
@@ -133,13 +144,20 @@ impl Sandbox {
         // 3. The init, in new namespaces. Raw clone with a NULL stack
         //    behaves like fork; CLONE_PIDFD gives a descriptor that cannot
         //    refer to a recycled pid.
-        let flags = libc::CLONE_NEWUSER
+        let mut flags = libc::CLONE_NEWUSER
             | libc::CLONE_NEWNS
             | libc::CLONE_NEWPID
             | libc::CLONE_NEWIPC
             | libc::CLONE_NEWUTS
-            | libc::CLONE_NEWNET
             | libc::CLONE_PIDFD;
+        // A pooled network namespace is entered by this thread just for the
+        // clone (network namespaces are per thread) and left right after;
+        // otherwise the init gets a fresh one.
+        if let Some(net) = &pooled {
+            netpool::enter(&net.ns).map_err(os_err("enter a pooled network namespace"))?;
+        } else {
+            flags |= libc::CLONE_NEWNET;
+        }
         let mut pidfd: libc::c_int = -1;
         // SAFETY: clone without CLONE_VM and with a NULL stack is fork with
         // extra namespaces. The child touches only the pre-built plan and
@@ -154,6 +172,15 @@ impl Sandbox {
                 0usize,
             )
         };
+        if pid != 0 {
+            if let (Some(_), Some(pool)) = (&pooled, &opts.net_pool) {
+                // Back to the process's namespace, whatever clone did. If
+                // this fails the thread is unusable for networking; say so
+                // rather than carry on in a sandbox's namespace.
+                netpool::enter(pool.host_ns())
+                    .expect("return to the host network namespace after a spawn");
+            }
+        }
         if pid < 0 {
             return Err(JailError::namespaces(Errno::last()));
         }
@@ -194,10 +221,15 @@ impl Sandbox {
         if let Some(cg) = &sandbox.cgroup {
             cg.attach(pid)?;
         }
-        let template_fds = match &layout {
+        let mut template_fds = match &layout {
             Layout::Overlay { lower } => vec![idmapped_template(lower, pid)?],
             Layout::Host(_) => Vec::new(),
         };
+        if let Some(net) = pooled {
+            // The namespace lives on in the init; our copies go.
+            drop(net.ns);
+            template_fds.push(net.sysfs);
+        }
         let raw: Vec<RawFd> = template_fds.iter().map(|f| f.as_raw_fd()).collect();
         // A failed send means the init already died; its reason is on the
         // error pipe, read below.

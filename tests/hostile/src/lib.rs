@@ -1,1 +1,569 @@
-//! placeholder
+//! brig-hostile: a corpus of small programs that try to escape or exhaust a
+//! sandbox (STYLE.md habit 12). Each binary under `src/bin/` attacks one
+//! thing and ends by printing exactly one JSON line on stdout:
+//!
+//! ```text
+//! {"program":"<name>","escaped":false,"detail":"<what it tried, what happened, errnos>"}
+//! ```
+//!
+//! `"escaped": true` means the program managed something a sandbox must
+//! prevent. The security suite (`crates/cli/tests/hostile.rs`) uploads every
+//! program into a `brig run` sandbox on every template, reads that line and
+//! then checks the host independently (canaries, clock, hostname, leftover
+//! processes), because a program can only see its own side.
+//!
+//! This library is deliberately tiny and depends on `libc` only, so the
+//! programs build as static binaries that run in any template:
+//! - [`Report`] collects findings and prints the final line;
+//! - [`Args`] reads the few flags the harness passes (`--armed`,
+//!   `--template host|dir`, `--canary NAME`, positional modes);
+//! - [`guard_destructive`] refuses to run an exhaustion or state-changing
+//!   program outside a sandbox;
+//! - small wrappers ([`open`], [`read_file`], [`errno_name`], [`in_child`],
+//!   [`visible_pids`]) keep the programs short and their reports uniform.
+//!
+//! Nothing here uses NSS (no getpwnam, no getaddrinfo): those do not work in
+//! a static glibc binary.
+
+use std::ffi::CString;
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::os::fd::{FromRawFd, OwnedFd};
+
+/// The name the harness gives everything it plants on the host (a file in
+/// /root, an environment variable, a process's argv[0], an abstract unix
+/// socket). Seeing it from inside a sandbox is an escape.
+pub const CANARY: &str = "brig-hostile-canary";
+
+/// The environment variable the harness sets on `brig` itself. It must never
+/// reach the sandboxed command.
+pub const CANARY_ENV: &str = "BRIG_HOSTILE_HOST_SECRET";
+
+/// Findings of one program, printed as the single final JSON line.
+#[derive(Debug)]
+pub struct Report {
+    program: &'static str,
+    escaped: bool,
+    notes: Vec<String>,
+}
+
+impl Report {
+    pub fn new(program: &'static str) -> Self {
+        Report {
+            program,
+            escaped: false,
+            notes: Vec::new(),
+        }
+    }
+
+    /// Record something that happened and is fine (a denied call, a count).
+    pub fn note(&mut self, note: impl Into<String>) {
+        self.notes.push(note.into());
+    }
+
+    /// Record something a sandbox must prevent; the report will say
+    /// `"escaped": true`.
+    pub fn escape(&mut self, what: impl Into<String>) {
+        self.escaped = true;
+        self.notes.push(format!("ESCAPE: {}", what.into()));
+    }
+
+    /// Either [`Report::escape`] or [`Report::note`], depending on `escaped`.
+    pub fn record(&mut self, escaped: bool, what: impl Into<String>) {
+        if escaped {
+            self.escape(what)
+        } else {
+            self.note(what)
+        }
+    }
+
+    pub fn escaped(&self) -> bool {
+        self.escaped
+    }
+
+    /// The JSON line, without printing it.
+    pub fn to_json(&self) -> String {
+        format!(
+            "{{\"program\":\"{}\",\"escaped\":{},\"detail\":\"{}\"}}",
+            json_escape(self.program),
+            self.escaped,
+            json_escape(&self.notes.join("; "))
+        )
+    }
+
+    /// Print the final line and exit 0. The exit status never carries the
+    /// verdict: the harness reads it from the JSON (and from brig's status
+    /// where the sandbox kills the program).
+    pub fn finish(self) -> ! {
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{}", self.to_json());
+        let _ = out.flush();
+        drop(out);
+        // SAFETY: _exit ends the process at once; nothing in these programs
+        // relies on destructors or atexit handlers.
+        unsafe { libc::_exit(0) }
+    }
+}
+
+/// Escape a string for a JSON string literal.
+pub fn json_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// The flags the harness passes. Unknown flags (such as the harness's
+/// `--run-id=...` marker) are ignored.
+#[derive(Debug, Clone)]
+pub struct Args {
+    args: Vec<String>,
+}
+
+impl Args {
+    pub fn get() -> Self {
+        Args {
+            args: std::env::args().skip(1).collect(),
+        }
+    }
+
+    pub fn has(&self, flag: &str) -> bool {
+        self.args.iter().any(|a| a == flag)
+    }
+
+    /// The value after `--name`, or of `--name=value`.
+    pub fn value(&self, name: &str) -> Option<String> {
+        let prefix = format!("{name}=");
+        let mut it = self.args.iter();
+        while let Some(a) = it.next() {
+            if a == name {
+                return it.next().cloned();
+            }
+            if let Some(v) = a.strip_prefix(&prefix) {
+                return Some(v.to_string());
+            }
+        }
+        None
+    }
+
+    /// Positional arguments (those not starting with `--`, and not the value
+    /// of a flag that takes one).
+    pub fn positional(&self) -> Vec<String> {
+        const TAKES_VALUE: &[&str] = &[
+            "--template",
+            "--canary",
+            "--limit-bytes",
+            "--seconds",
+            "--cap",
+        ];
+        let mut out = Vec::new();
+        let mut it = self.args.iter();
+        while let Some(a) = it.next() {
+            if TAKES_VALUE.contains(&a.as_str()) {
+                it.next();
+            } else if !a.starts_with("--") {
+                out.push(a.clone());
+            }
+        }
+        out
+    }
+
+    /// `host` or `dir`, as told by the harness; `None` if not told.
+    pub fn template(&self) -> Option<String> {
+        self.value("--template")
+    }
+
+    /// The canary file name planted on the host (default [`CANARY`]).
+    pub fn canary(&self) -> String {
+        self.value("--canary").unwrap_or_else(|| CANARY.to_string())
+    }
+
+    pub fn u64_value(&self, name: &str) -> Option<u64> {
+        self.value(name).and_then(|v| v.parse().ok())
+    }
+}
+
+/// Whether this process is in the host's initial user namespace, judged by
+/// its uid_map being the identity over the whole range. `None` if the map
+/// cannot be read.
+pub fn in_initial_userns() -> Option<bool> {
+    let map = std::fs::read_to_string("/proc/self/uid_map").ok()?;
+    let fields: Vec<&str> = map.split_whitespace().collect();
+    Some(fields == ["0", "0", "4294967295"])
+}
+
+/// Refuse to run an exhaustion or state-changing program anywhere but inside
+/// a sandbox: it needs `--armed` on the command line (the harness passes it)
+/// and must not be in the initial user namespace. Being in the initial user
+/// namespace while armed means the sandbox did not isolate uids at all, so
+/// that is reported as an escape (and nothing destructive is attempted).
+pub fn guard_destructive(program: &'static str, args: &Args) {
+    if !args.has("--armed") {
+        eprintln!("{program}: refusing to run without --armed (it exhausts or changes the machine it runs on)");
+        std::process::exit(2);
+    }
+    match in_initial_userns() {
+        Some(false) => {}
+        Some(true) => {
+            let mut r = Report::new(program);
+            r.escape("running in the initial user namespace (uid_map is the identity): not sandboxed, refusing to attack the host");
+            r.finish()
+        }
+        None => {
+            let mut r = Report::new(program);
+            r.escape("cannot read /proc/self/uid_map to confirm a user namespace; refusing to run");
+            r.finish()
+        }
+    }
+}
+
+/// The calling thread's errno.
+pub fn errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
+/// `EPERM`, `ENOENT`, ... for the errnos these programs meet; `errno N`
+/// otherwise.
+pub fn errno_name(e: i32) -> String {
+    let name = match e {
+        libc::EPERM => "EPERM",
+        libc::ENOENT => "ENOENT",
+        libc::ESRCH => "ESRCH",
+        libc::EINTR => "EINTR",
+        libc::EIO => "EIO",
+        libc::ENXIO => "ENXIO",
+        libc::E2BIG => "E2BIG",
+        libc::ENOEXEC => "ENOEXEC",
+        libc::EBADF => "EBADF",
+        libc::ECHILD => "ECHILD",
+        libc::EAGAIN => "EAGAIN",
+        libc::ENOMEM => "ENOMEM",
+        libc::EACCES => "EACCES",
+        libc::EFAULT => "EFAULT",
+        libc::ENOTBLK => "ENOTBLK",
+        libc::EBUSY => "EBUSY",
+        libc::EEXIST => "EEXIST",
+        libc::EXDEV => "EXDEV",
+        libc::ENODEV => "ENODEV",
+        libc::ENOTDIR => "ENOTDIR",
+        libc::EISDIR => "EISDIR",
+        libc::EINVAL => "EINVAL",
+        libc::ENFILE => "ENFILE",
+        libc::EMFILE => "EMFILE",
+        libc::ENOTTY => "ENOTTY",
+        libc::ETXTBSY => "ETXTBSY",
+        libc::EFBIG => "EFBIG",
+        libc::ENOSPC => "ENOSPC",
+        libc::ESPIPE => "ESPIPE",
+        libc::EROFS => "EROFS",
+        libc::EMLINK => "EMLINK",
+        libc::EPIPE => "EPIPE",
+        libc::ERANGE => "ERANGE",
+        libc::ENAMETOOLONG => "ENAMETOOLONG",
+        libc::ENOSYS => "ENOSYS",
+        libc::ENOTEMPTY => "ENOTEMPTY",
+        libc::ELOOP => "ELOOP",
+        libc::ENOMSG => "ENOMSG",
+        libc::EIDRM => "EIDRM",
+        libc::ENODATA => "ENODATA",
+        libc::EOVERFLOW => "EOVERFLOW",
+        libc::EBADMSG => "EBADMSG",
+        libc::ENOTSOCK => "ENOTSOCK",
+        libc::EPROTOTYPE => "EPROTOTYPE",
+        libc::ENOPROTOOPT => "ENOPROTOOPT",
+        libc::EPROTONOSUPPORT => "EPROTONOSUPPORT",
+        libc::ESOCKTNOSUPPORT => "ESOCKTNOSUPPORT",
+        libc::EOPNOTSUPP => "EOPNOTSUPP",
+        libc::EAFNOSUPPORT => "EAFNOSUPPORT",
+        libc::EADDRINUSE => "EADDRINUSE",
+        libc::EADDRNOTAVAIL => "EADDRNOTAVAIL",
+        libc::ENETDOWN => "ENETDOWN",
+        libc::ENETUNREACH => "ENETUNREACH",
+        libc::ECONNRESET => "ECONNRESET",
+        libc::ENOBUFS => "ENOBUFS",
+        libc::EISCONN => "EISCONN",
+        libc::ENOTCONN => "ENOTCONN",
+        libc::ETIMEDOUT => "ETIMEDOUT",
+        libc::ECONNREFUSED => "ECONNREFUSED",
+        libc::EHOSTUNREACH => "EHOSTUNREACH",
+        libc::EALREADY => "EALREADY",
+        libc::EINPROGRESS => "EINPROGRESS",
+        libc::ESTALE => "ESTALE",
+        libc::EDQUOT => "EDQUOT",
+        libc::ENOKEY => "ENOKEY",
+        libc::EKEYREJECTED => "EKEYREJECTED",
+        libc::EUSERS => "EUSERS",
+        _ => return format!("errno {e}"),
+    };
+    name.to_string()
+}
+
+/// Whether an errno is what a seccomp deny rule answers (EPERM) or what an
+/// unknown/blocked syscall answers (ENOSYS).
+pub fn policy_denied(e: i32) -> bool {
+    e == libc::EPERM || e == libc::ENOSYS
+}
+
+/// Turn a raw syscall return into `Ok(value)` or `Err(errno)`.
+pub fn check(ret: libc::c_long) -> Result<libc::c_long, i32> {
+    if ret < 0 {
+        Err(errno())
+    } else {
+        Ok(ret)
+    }
+}
+
+/// `ok` or the errno name, for reports.
+pub fn outcome<T>(r: &Result<T, i32>) -> String {
+    match r {
+        Ok(_) => "ok".to_string(),
+        Err(e) => errno_name(*e),
+    }
+}
+
+pub fn cstr(s: &str) -> CString {
+    CString::new(s).expect("no NUL in path")
+}
+
+/// open(2) returning an owned fd or the errno.
+pub fn open(path: &str, flags: libc::c_int) -> Result<OwnedFd, i32> {
+    open_mode(path, flags, 0o600)
+}
+
+pub fn open_mode(path: &str, flags: libc::c_int, mode: libc::mode_t) -> Result<OwnedFd, i32> {
+    let p = cstr(path);
+    // SAFETY: p is a valid NUL-terminated string for the duration of the call.
+    let fd = unsafe { libc::open(p.as_ptr(), flags | libc::O_CLOEXEC, mode as libc::c_uint) };
+    if fd < 0 {
+        Err(errno())
+    } else {
+        // SAFETY: fd was just returned by open and is owned by nobody else.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+}
+
+/// Read a whole file, reporting the errno on failure.
+pub fn read_file(path: &str) -> Result<Vec<u8>, i32> {
+    std::fs::read(path).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))
+}
+
+/// Read at most `max` bytes of a file (for /proc files that never end or
+/// devices).
+pub fn read_prefix(path: &str, max: usize) -> Result<Vec<u8>, i32> {
+    use std::io::Read as _;
+    let f = std::fs::File::open(path).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+    let mut buf = Vec::new();
+    f.take(max as u64)
+        .read_to_end(&mut buf)
+        .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+    Ok(buf)
+}
+
+/// Names in a directory, or the errno.
+pub fn list_dir(path: &str) -> Result<Vec<String>, i32> {
+    let rd = std::fs::read_dir(path).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+    let mut names: Vec<String> = rd
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
+/// stat(2): (st_dev, st_ino), or the errno.
+pub fn dev_ino(path: &str) -> Result<(u64, u64), i32> {
+    let p = cstr(path);
+    // SAFETY: an all-zero stat is a valid value for the out-parameter.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: p is NUL-terminated and st is a valid out-pointer.
+    if unsafe { libc::stat(p.as_ptr(), &mut st) } < 0 {
+        return Err(errno());
+    }
+    Ok((st.st_dev, st.st_ino))
+}
+
+/// readlink(2) as a string, or the errno.
+pub fn readlink(path: &str) -> Result<String, i32> {
+    std::fs::read_link(path)
+        .map(|p| p.to_string_lossy().into_owned())
+        .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))
+}
+
+/// Numeric entries of /proc: the pids this process can see.
+pub fn visible_pids() -> Vec<i32> {
+    let mut pids: Vec<i32> = std::fs::read_dir("/proc")
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .filter_map(|e| e.file_name().to_str().and_then(|s| s.parse().ok()))
+                .collect()
+        })
+        .unwrap_or_default();
+    pids.sort_unstable();
+    pids
+}
+
+/// A field of /proc/<pid>/status ("Uid", "NoNewPrivs", ...).
+pub fn status_field(pid: &str, field: &str) -> Option<String> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    s.lines().find_map(|l| {
+        l.strip_prefix(&format!("{field}:"))
+            .map(|v| v.trim().to_string())
+    })
+}
+
+/// argv of a process with NULs replaced by spaces ("" if unreadable).
+pub fn cmdline(pid: i32) -> String {
+    read_file(&format!("/proc/{pid}/cmdline"))
+        .map(|b| {
+            String::from_utf8_lossy(&b)
+                .replace('\0', " ")
+                .trim()
+                .to_string()
+        })
+        .unwrap_or_default()
+}
+
+/// How a forked child ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChildEnd {
+    Exited(i32),
+    Signaled(i32),
+}
+
+impl std::fmt::Display for ChildEnd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ChildEnd::Exited(c) => write!(f, "exited {c}"),
+            ChildEnd::Signaled(s) => write!(f, "killed by signal {s}"),
+        }
+    }
+}
+
+/// Run `f` in a forked child and return how it ended; the child exits with
+/// the value `f` returns. Used for attempts that change the calling process
+/// (unshare, setns, setuid) or may get it killed (a seccomp KILL action).
+/// The programs are single-threaded when they call this, so the child may
+/// run ordinary Rust code.
+pub fn in_child(f: impl FnOnce() -> i32) -> Result<ChildEnd, i32> {
+    // SAFETY: fork in a single-threaded program; the child only runs `f`
+    // and then _exit.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(errno());
+    }
+    if pid == 0 {
+        let code = f();
+        // SAFETY: leave the child without running the parent's destructors.
+        unsafe { libc::_exit(code) }
+    }
+    wait_child(pid)
+}
+
+/// waitpid for one child.
+pub fn wait_child(pid: libc::pid_t) -> Result<ChildEnd, i32> {
+    let mut status = 0;
+    loop {
+        // SAFETY: status is a valid out-pointer.
+        let r = unsafe { libc::waitpid(pid, &mut status, 0) };
+        if r == pid {
+            break;
+        }
+        let e = errno();
+        if e != libc::EINTR {
+            return Err(e);
+        }
+    }
+    if libc::WIFSIGNALED(status) {
+        Ok(ChildEnd::Signaled(libc::WTERMSIG(status)))
+    } else {
+        Ok(ChildEnd::Exited(libc::WEXITSTATUS(status)))
+    }
+}
+
+/// Encode a syscall outcome as a child exit code: 0 for success, the errno
+/// otherwise (errnos fit in 1..=133).
+pub fn exit_code_for(r: Result<libc::c_long, i32>) -> i32 {
+    match r {
+        Ok(_) => 0,
+        Err(e) => e.clamp(1, 255),
+    }
+}
+
+/// Decode [`exit_code_for`] as a report string.
+pub fn describe_child(end: Result<ChildEnd, i32>) -> String {
+    match end {
+        Ok(ChildEnd::Exited(0)) => "ok".to_string(),
+        Ok(ChildEnd::Exited(e)) => errno_name(e),
+        Ok(ChildEnd::Signaled(s)) => format!("child killed by signal {s}"),
+        Err(e) => format!("fork failed: {}", errno_name(e)),
+    }
+}
+
+/// Whether the child ended as a policy denial: EPERM/ENOSYS, or killed by
+/// SIGSYS (a seccomp KILL action).
+pub fn child_denied(end: &Result<ChildEnd, i32>) -> bool {
+    match end {
+        Ok(ChildEnd::Exited(e)) => policy_denied(*e),
+        Ok(ChildEnd::Signaled(s)) => *s == libc::SIGSYS,
+        Err(_) => false,
+    }
+}
+
+/// Current wall-clock time in seconds since the epoch.
+pub fn now_secs() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn report_is_one_json_line() {
+        let mut r = Report::new("x");
+        r.note("tried \"a\"\nthen b");
+        assert_eq!(
+            r.to_json(),
+            r#"{"program":"x","escaped":false,"detail":"tried \"a\"\nthen b"}"#
+        );
+        r.escape("got in");
+        assert!(r.to_json().contains("\"escaped\":true"));
+    }
+
+    #[test]
+    fn args_find_values_and_positionals() {
+        let a = Args {
+            args: vec![
+                "probe".into(),
+                "--template".into(),
+                "dir".into(),
+                "--armed".into(),
+                "--run-id=z".into(),
+            ],
+        };
+        assert_eq!(a.template().as_deref(), Some("dir"));
+        assert!(a.has("--armed"));
+        assert_eq!(a.positional(), vec!["probe".to_string()]);
+        assert_eq!(a.value("--run-id").as_deref(), Some("z"));
+    }
+
+    #[test]
+    fn errno_names() {
+        assert_eq!(errno_name(libc::EPERM), "EPERM");
+        assert_eq!(errno_name(9999), "errno 9999");
+    }
+}

@@ -1,0 +1,1036 @@
+//! The hostile-program suite (STYLE.md habit 12): every program of
+//! `tests/hostile` (crate `brig-hostile`) runs inside a real `brig run`
+//! sandbox on every template, and each is judged twice — by the one JSON
+//! line it prints (`"escaped": false`), and by looking at the host
+//! afterwards, because a program only sees its own side.
+//!
+//! How a run works:
+//! 1. The programs are built once per test process as static binaries
+//!    (`cargo build -p brig-hostile --release --target
+//!    x86_64-unknown-linux-gnu` with `+crt-static`, into `target/hostile`),
+//!    or taken from `BRIG_HOSTILE_DIR`.
+//! 2. [`HostWatch::start`] plants canaries on the host — files in /root and
+//!    /var/tmp, a process with argv[0] `brig-hostile-canary` and a secret in
+//!    its environment, an abstract unix socket, a pseudo-terminal — and
+//!    notes the hostname, the clock and the canary contents.
+//! 3. The binary is uploaded through stdin: `brig run -i [limits] -- /bin/sh
+//!    -c 'cat > /tmp/h && chmod +x /tmp/h && exec /tmp/h "$@"' sh ARGS`,
+//!    with `BRIG_HOSTILE_HOST_SECRET` set in brig's own environment and a
+//!    unique `--run-id=...` among the arguments.
+//! 4. The verdict: the expected exit (0 and a report, or 137 / 124 for the
+//!    bombs), `escaped == false`, then [`HostWatch::finish`]: the host can
+//!    fork, hostname and clock unchanged, canaries intact and the canary
+//!    process alive, no process carrying the run id left anywhere, and the
+//!    template (host /usr and /etc, or the rootfs directory) unmodified.
+//!
+//! One test per program and template (`host_template::fork_bomb`,
+//! `dir_template::fork_bomb`, ...), so a failure names both. Without root
+//! each test prints why it skips; when brig reports that a sandbox cannot
+//! start on this host (exit 125) likewise, unless `BRIG_HOSTILE_REQUIRE=1`;
+//! the `dir` tests skip without `BRIG_TEST_ROOTFS`.
+
+mod support;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant, SystemTime};
+
+use support::{eventually, rootfs, BRIG};
+
+/// Name of everything planted on the host; see `brig_hostile::CANARY`.
+const CANARY: &str = "brig-hostile-canary";
+/// Variable set in brig's environment; see `brig_hostile::CANARY_ENV`.
+const CANARY_ENV: &str = "BRIG_HOSTILE_HOST_SECRET";
+const CANARY_FILES: &[&str] = &["/root/brig-hostile-canary", "/var/tmp/brig-hostile-canary"];
+const CANARY_CONTENT: &str = "brig-hostile-canary: planted by crates/cli/tests/hostile.rs; if a sandbox can read this, it escaped\n";
+/// Host uids at and above this belong to sandboxes.
+const SANDBOX_UID_BASE: u32 = 0x1000_0000;
+/// Files the programs create inside the sandbox; none may appear in a
+/// template on the host.
+const PLANTED_IN_TEMPLATE: &[&str] = &[
+    "usr/bin/brig-hostile-x",
+    "etc/brig-hostile-x",
+    "usr/lib/brig-hostile-x",
+    "usr/brig-hostile-dir",
+    "brig-hostile-fill",
+    "brig-hostile-suid",
+    "tmp/brig-hostile-fill",
+    "tmp/brig-hostile-suid",
+];
+
+// ---------------------------------------------------------------------------
+// Preconditions: root, a working brig, the programs built.
+
+/// Whether brig can start a sandbox here: `Err(reason)` if brig says it
+/// cannot (exit 125). Any other failure of `brig run -- /bin/true` is a bug
+/// and fails the test.
+fn sandbox_available() -> &'static Result<(), String> {
+    static AVAILABLE: OnceLock<Result<(), String>> = OnceLock::new();
+    AVAILABLE.get_or_init(|| {
+        let o = Command::new(BRIG)
+            .args(["run", "--", "/bin/true"])
+            .output()
+            .expect("spawn brig");
+        match o.status.code() {
+            Some(0) => Ok(()),
+            Some(125) => Err(String::from_utf8_lossy(&o.stderr).trim().to_string()),
+            other => panic!(
+                "`brig run -- /bin/true` failed with {other:?}: {}",
+                String::from_utf8_lossy(&o.stderr)
+            ),
+        }
+    })
+}
+
+/// The directory holding the built programs.
+fn programs_dir() -> &'static Path {
+    static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let dir = DIR.get_or_init(|| {
+        if let Some(d) = std::env::var_os("BRIG_HOSTILE_DIR") {
+            return Ok(PathBuf::from(d));
+        }
+        build_programs()
+    });
+    match dir {
+        Ok(d) => d,
+        Err(e) => panic!("building the hostile programs failed:\n{e}"),
+    }
+}
+
+/// Build `brig-hostile` as static binaries. Thin LTO and one codegen unit
+/// (the workspace's release settings, right for brig itself) make dozens of
+/// small binaries take minutes; the programs need neither, so they are turned
+/// off here. When every binary is newer than every source file, cargo is
+/// not even asked: under nextest each test is its own process and would
+/// otherwise pay for a no-op cargo run.
+fn build_programs() -> Result<PathBuf, String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let target_dir = root.join("target/hostile");
+    let out_dir = target_dir.join("x86_64-unknown-linux-gnu/release");
+    if built_programs_are_fresh(&root.join("tests/hostile"), &out_dir) {
+        return Ok(out_dir);
+    }
+    let cargo = std::env::var("CARGO")
+        .ok()
+        .or(option_env!("CARGO").map(str::to_string))
+        .unwrap_or_else(|| "cargo".into());
+    let out = Command::new(cargo)
+        .current_dir(&root)
+        .args([
+            "build",
+            "-p",
+            "brig-hostile",
+            "--release",
+            "--target",
+            "x86_64-unknown-linux-gnu",
+        ])
+        .env("CARGO_TARGET_DIR", &target_dir)
+        .env("RUSTFLAGS", "-C target-feature=+crt-static")
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .env("CARGO_PROFILE_RELEASE_LTO", "off")
+        .env("CARGO_PROFILE_RELEASE_CODEGEN_UNITS", "16")
+        .env("CARGO_PROFILE_RELEASE_STRIP", "symbols")
+        .output()
+        .map_err(|e| format!("spawning cargo: {e}"))?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    Ok(out_dir)
+}
+
+/// Whether a binary exists for every program and none is older than any
+/// file of the crate's sources.
+fn built_programs_are_fresh(crate_dir: &Path, out_dir: &Path) -> bool {
+    fn newest(dir: &Path) -> Option<SystemTime> {
+        let mut t = std::fs::metadata(dir).ok()?.modified().ok()?;
+        for e in std::fs::read_dir(dir).ok()?.flatten() {
+            let m = e.metadata().ok()?;
+            let sub = if m.is_dir() {
+                newest(&e.path())?
+            } else {
+                m.modified().ok()?
+            };
+            t = t.max(sub);
+        }
+        Some(t)
+    }
+    let Some(src) = newest(&crate_dir.join("src")) else {
+        return false;
+    };
+    let Ok(manifest) = std::fs::metadata(crate_dir.join("Cargo.toml")).and_then(|m| m.modified())
+    else {
+        return false;
+    };
+    let sources = src.max(manifest);
+    PROGRAMS.iter().all(|p| {
+        std::fs::metadata(out_dir.join(p))
+            .and_then(|m| m.modified())
+            .is_ok_and(|t| t >= sources)
+    })
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Template {
+    Host,
+    Dir,
+}
+
+impl Template {
+    /// The `--template` value for brig, or `None` (with the skip reason
+    /// printed) when this template is unavailable.
+    fn brig_arg(self) -> Option<String> {
+        match self {
+            Template::Host => Some("host".into()),
+            Template::Dir => match rootfs() {
+                Some(r) => Some(format!("dir:{}", r.display())),
+                None => {
+                    eprintln!("skipping: BRIG_TEST_ROOTFS is not set (scripts/test builds a Debian rootfs and sets it)");
+                    None
+                }
+            },
+        }
+    }
+
+    /// What the programs are told (`--template host|dir`).
+    fn program_arg(self) -> &'static str {
+        match self {
+            Template::Host => "host",
+            Template::Dir => "dir",
+        }
+    }
+
+    /// Where this template's files live on the host.
+    fn host_root(self) -> PathBuf {
+        match self {
+            Template::Host => PathBuf::from("/"),
+            Template::Dir => rootfs().expect("rootfs checked in brig_arg"),
+        }
+    }
+}
+
+/// Root, a sandbox-capable host and the template; `None` means skip (the
+/// reason is already printed).
+fn prerequisites(template: Template) -> Option<String> {
+    if support::euid() != 0 {
+        eprintln!(
+            "skipping: the hostile suite needs root (brig's process tier); running as uid {}",
+            support::euid()
+        );
+        return None;
+    }
+    if let Err(reason) = sandbox_available() {
+        if std::env::var_os("BRIG_HOSTILE_REQUIRE").is_some() {
+            panic!("brig cannot start a sandbox here and BRIG_HOSTILE_REQUIRE is set: {reason}");
+        }
+        eprintln!("skipping: brig cannot start a sandbox on this host: {reason}");
+        return None;
+    }
+    template.brig_arg()
+}
+
+// ---------------------------------------------------------------------------
+// What each program needs and what counts as contained.
+
+#[derive(Debug, Clone, Copy)]
+enum Expect {
+    /// Exit 0 with a report that did not escape.
+    Report,
+    /// A clean report, or the memory limit killed the sandbox (exit 137).
+    ReportOrOom,
+    /// Killed by the memory limit: exit 137 and this on stderr.
+    Oom(&'static str),
+    /// Killed by --timeout: exit 124 within this long, stderr says so.
+    Timeout(Duration),
+}
+
+#[derive(Debug, Clone)]
+struct Case {
+    program: &'static str,
+    args: Vec<&'static str>,
+    brig_args: Vec<&'static str>,
+    expect: Expect,
+    /// The whole run must end within this (brig start-up included).
+    within: Duration,
+    /// The report's detail must contain each of these.
+    detail_contains: Vec<&'static str>,
+}
+
+fn case(program: &'static str) -> Case {
+    let mut c = Case {
+        program,
+        args: vec![],
+        brig_args: vec!["--timeout", "60s"],
+        expect: Expect::Report,
+        within: Duration::from_secs(90),
+        detail_contains: vec![],
+    };
+    match program {
+        "fork_bomb" => {
+            c.args = vec!["--cap", "64"];
+            c.brig_args = vec!["--pids", "64", "--timeout", "20s"];
+            c.within = Duration::from_secs(25);
+        }
+        "memory_bomb" => {
+            c.brig_args = vec!["--memory", "64M", "--timeout", "60s"];
+            c.expect = Expect::Oom("out of memory (limit 64 MiB)");
+        }
+        "disk_fill" => {
+            c.args = vec!["--limit-bytes", "33554432"];
+            c.brig_args = vec!["--disk", "32M", "--timeout", "60s"];
+            c.detail_contains = vec!["/: wrote", "/tmp: wrote", "/dev/shm: wrote", "ENOSPC"];
+        }
+        "inode_fill" => {
+            c.brig_args = vec!["--disk", "32M", "--memory", "64M", "--timeout", "60s"];
+            c.expect = Expect::ReportOrOom;
+        }
+        "fd_exhaust" => c.expect = Expect::ReportOrOom,
+        // The daemon it leaves must not keep brig (or the sandbox) alive.
+        "orphan_daemon" => c.within = Duration::from_secs(20),
+        "cpu_spin" => {
+            c.brig_args = vec!["--timeout", "2s"];
+            c.expect = Expect::Timeout(Duration::from_secs(5));
+        }
+        _ => {}
+    }
+    c
+}
+
+// ---------------------------------------------------------------------------
+// Running a program in a sandbox.
+
+/// A running `brig run` with a hostile program uploaded into it.
+struct Launch {
+    child: Child,
+    lines: mpsc::Receiver<String>,
+    stderr: mpsc::Receiver<String>,
+    started: Instant,
+}
+
+/// The outcome of one sandbox run.
+#[derive(Debug)]
+struct Finished {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+    elapsed: Duration,
+    hung: bool,
+}
+
+impl Finished {
+    /// The program's JSON report: the last stdout line that parses.
+    fn report(&self) -> Option<serde_json::Value> {
+        self.stdout.lines().rev().find_map(|l| {
+            serde_json::from_str::<serde_json::Value>(l.trim())
+                .ok()
+                .filter(|v| v.get("program").is_some())
+        })
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "exit {:?} after {:.1?}{}\n--- stdout\n{}\n--- stderr\n{}",
+            self.code,
+            self.elapsed,
+            if self.hung { " (HUNG, killed)" } else { "" },
+            self.stdout.trim_end(),
+            self.stderr.trim_end()
+        )
+    }
+}
+
+fn launch(
+    template_arg: &str,
+    brig_args: &[&str],
+    program: &str,
+    program_args: &[String],
+) -> Launch {
+    let exe = programs_dir().join(program);
+    let binary = std::fs::read(&exe).unwrap_or_else(|e| panic!("read {}: {e}", exe.display()));
+    let mut child = Command::new(BRIG)
+        .arg("run")
+        .arg("-i")
+        .arg("--template")
+        .arg(template_arg)
+        .args(brig_args)
+        .args([
+            "--",
+            "/bin/sh",
+            "-c",
+            "cat > /tmp/h && chmod +x /tmp/h && exec /tmp/h \"$@\"",
+            "sh",
+        ])
+        .args(program_args)
+        .env(CANARY_ENV, "host-secret-that-must-not-leak")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn brig");
+    let mut stdin = child.stdin.take().unwrap();
+    std::thread::spawn(move || {
+        // A sandbox that fails early closes the pipe; its exit tells why.
+        let _ = stdin.write_all(&binary);
+    });
+    let stdout = child.stdout.take().unwrap();
+    let (tx, lines) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut err = child.stderr.take().unwrap();
+    let (tx, stderr) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        let _ = tx.send(s);
+    });
+    Launch {
+        child,
+        lines,
+        stderr,
+        started: Instant::now(),
+    }
+}
+
+impl Launch {
+    /// Wait for brig to exit, killing it after `limit`.
+    fn finish(mut self, limit: Duration) -> Finished {
+        let mut hung = false;
+        let status = loop {
+            if let Some(st) = self.child.try_wait().expect("wait for brig") {
+                break st;
+            }
+            if self.started.elapsed() > limit {
+                hung = true;
+                let _ = self.child.kill();
+                break self.child.wait().expect("wait for brig");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let elapsed = self.started.elapsed();
+        // brig has exited, but its output may still be in the pipes: read
+        // to end of file. A sandbox process that outlived brig could hold
+        // the pipes open, so give up after a few seconds (the leftover
+        // check reports such a process).
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut stdout = Vec::new();
+        while let Ok(line) = self
+            .lines
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+        {
+            stdout.push(line);
+        }
+        let stderr = self
+            .stderr
+            .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            .unwrap_or_default();
+        Finished {
+            code: status.code(),
+            stdout: stdout.join("\n"),
+            stderr,
+            elapsed,
+            hung,
+        }
+    }
+
+    /// The next stdout line, waiting at most `limit`.
+    fn next_line(&self, limit: Duration) -> Option<String> {
+        self.lines.recv_timeout(limit).ok()
+    }
+}
+
+/// A fresh marker for one run, passed as `--run-id=...` so that every
+/// process of the run carries it in its argv.
+fn run_id(program: &str) -> String {
+    let nanos = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    format!(
+        "brighostile{}{}x{}",
+        std::process::id(),
+        nanos % 1_000_000_000,
+        program.len()
+    )
+}
+
+fn program_args(case: &Case, template: Template, id: &str, extra: &[&str]) -> Vec<String> {
+    let mut a: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
+    a.extend(case.args.iter().map(|s| s.to_string()));
+    // --armed: destructive programs run only when told, and only inside a
+    // user namespace; here they are meant to run.
+    a.extend([
+        "--armed".to_string(),
+        "--template".to_string(),
+        template.program_arg().to_string(),
+        format!("--run-id={id}"),
+    ]);
+    a
+}
+
+// ---------------------------------------------------------------------------
+// The host, before and after.
+
+/// The host's state before a run, and the canaries planted for it.
+struct HostWatch {
+    hostname: String,
+    proc_hostname: String,
+    wall: SystemTime,
+    mono: Instant,
+    canary_process: Child,
+    /// A host terminal, so that a sandbox sharing the host's devpts would
+    /// see one.
+    _canary_pty: Option<std::os::fd::OwnedFd>,
+    passwd: Vec<u8>,
+    template_root: PathBuf,
+    template_passwd: Vec<u8>,
+}
+
+impl HostWatch {
+    fn start(template: Template) -> HostWatch {
+        plant_canary_files();
+        canary_socket();
+        let canary_process = Command::new("/bin/sleep")
+            .arg0(CANARY)
+            .arg("600")
+            .env(CANARY_ENV, "host-secret-that-must-not-leak")
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("spawn the canary process");
+        let template_root = template.host_root();
+        HostWatch {
+            hostname: hostname(),
+            proc_hostname: std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default(),
+            wall: SystemTime::now(),
+            mono: Instant::now(),
+            canary_process,
+            _canary_pty: host_pty(),
+            passwd: std::fs::read("/etc/passwd").unwrap_or_default(),
+            template_passwd: std::fs::read(template_root.join("etc/passwd")).unwrap_or_default(),
+            template_root,
+        }
+    }
+
+    /// Everything wrong with the host now; empty if all is well. Waits up
+    /// to 5 s for the run's processes to disappear.
+    fn finish(mut self, ids: &[&str]) -> Vec<String> {
+        let mut problems = Vec::new();
+        match Command::new("/bin/true").status() {
+            Ok(s) if s.success() => {}
+            other => problems.push(format!(
+                "the host cannot fork/exec /bin/true afterwards: {other:?}"
+            )),
+        }
+        let now = hostname();
+        if now != self.hostname {
+            problems.push(format!(
+                "host hostname changed: {:?} -> {now:?} (restored)",
+                self.hostname
+            ));
+            // SAFETY: a valid buffer and length; we are root.
+            unsafe { libc::sethostname(self.hostname.as_ptr().cast(), self.hostname.len()) };
+        }
+        let proc_now = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+        if proc_now.trim() != self.proc_hostname.trim() {
+            problems.push(format!(
+                "/proc/sys/kernel/hostname changed: {:?} -> {proc_now:?}",
+                self.proc_hostname
+            ));
+        }
+        let wall = SystemTime::now()
+            .duration_since(self.wall)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or_else(|e| -e.duration().as_secs_f64());
+        let mono = self.mono.elapsed().as_secs_f64();
+        if (wall - mono).abs() > 2.0 {
+            problems.push(format!(
+                "host clock moved: {wall:.1}s of wall time passed during {mono:.1}s"
+            ));
+        }
+        for f in CANARY_FILES {
+            match std::fs::read_to_string(f) {
+                Ok(s) if s == CANARY_CONTENT => {}
+                other => problems.push(format!("canary {f} changed: {other:?}")),
+            }
+        }
+        match self.canary_process.try_wait() {
+            Ok(None) => {}
+            other => problems.push(format!("the host canary process died: {other:?}")),
+        }
+        if std::fs::read("/etc/passwd").unwrap_or_default() != self.passwd {
+            problems.push("host /etc/passwd changed".into());
+        }
+        if std::fs::read(self.template_root.join("etc/passwd")).unwrap_or_default()
+            != self.template_passwd
+        {
+            problems.push(format!(
+                "{}/etc/passwd changed",
+                self.template_root.display()
+            ));
+        }
+        for rel in PLANTED_IN_TEMPLATE {
+            let p = self.template_root.join(rel);
+            if p.symlink_metadata().is_ok() {
+                problems.push(format!("{} appeared on the host", p.display()));
+            }
+        }
+        if !eventually(Duration::from_secs(5), || {
+            orphaned_sandbox_processes().is_empty()
+        }) {
+            problems.push(format!(
+                "processes with sandbox uids run with no brig above them: {:?}",
+                orphaned_sandbox_processes()
+            ));
+        }
+        let leftovers = |ids: &[&str]| -> Vec<String> {
+            ids.iter().flat_map(|id| processes_with(id)).collect()
+        };
+        if !eventually(Duration::from_secs(5), || leftovers(ids).is_empty()) {
+            problems.push(format!(
+                "processes of the sandbox outlived brig: {:?}",
+                leftovers(ids)
+            ));
+        }
+        problems
+    }
+}
+
+impl Drop for HostWatch {
+    fn drop(&mut self) {
+        let _ = self.canary_process.kill();
+        let _ = self.canary_process.wait();
+    }
+}
+
+/// Write the canary files once per test process. Another process may be
+/// doing the same: each writes a private temporary file and renames it over
+/// the canary, so readers only ever see the full content.
+fn plant_canary_files() {
+    static PLANTED: OnceLock<()> = OnceLock::new();
+    PLANTED.get_or_init(|| {
+        use std::os::unix::fs::PermissionsExt;
+        for f in CANARY_FILES {
+            if std::fs::read_to_string(f).ok().as_deref() != Some(CANARY_CONTENT) {
+                let tmp = format!("{f}.tmp{}", std::process::id());
+                std::fs::write(&tmp, CANARY_CONTENT).unwrap_or_else(|e| panic!("plant {f}: {e}"));
+                std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))
+                    .unwrap_or_else(|e| panic!("plant {f}: {e}"));
+                std::fs::rename(&tmp, f).unwrap_or_else(|e| panic!("plant {f}: {e}"));
+            }
+        }
+    });
+}
+
+fn hostname() -> String {
+    // SAFETY: zeroed utsname is valid; uname fills it.
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: u is a valid out-pointer.
+    unsafe { libc::uname(&mut u) };
+    // SAFETY: the kernel NUL-terminates nodename.
+    unsafe { std::ffi::CStr::from_ptr(u.nodename.as_ptr()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Open a pseudo-terminal on the host (its /dev/pts/N exists while the
+/// master is open).
+fn host_pty() -> Option<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: posix_openpt takes flags only.
+    let fd = unsafe { libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC) };
+    // SAFETY: fd was just opened and is owned by nobody else.
+    (fd >= 0).then(|| unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+}
+
+/// Listen on the abstract socket `@brig-hostile-canary` for the rest of
+/// this process. Another test process may hold it already: then the
+/// canary exists all the same.
+fn canary_socket() {
+    static SOCKET: OnceLock<Option<std::os::unix::net::UnixListener>> = OnceLock::new();
+    SOCKET.get_or_init(|| {
+        use std::os::linux::net::SocketAddrExt;
+        let addr = std::os::unix::net::SocketAddr::from_abstract_name(CANARY.as_bytes()).ok()?;
+        std::os::unix::net::UnixListener::bind_addr(&addr).ok()
+    });
+}
+
+/// A field of /proc/<pid>/status, first number only.
+fn status_number(pid: u32, field: &str) -> Option<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix(field))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// Processes running under a sandbox uid (host uid >= 0x10000000) whose
+/// nearest ancestor outside that range is not a `brig`: sandbox processes
+/// that escaped their sandbox's lifetime. Unlike the run-id check this
+/// also catches processes of other sandboxes (this suite runs several at
+/// once, so only orphans count).
+fn orphaned_sandbox_processes() -> Vec<String> {
+    let mut found = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for e in entries.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        if status_number(pid, "Uid:").is_none_or(|u| u < SANDBOX_UID_BASE) {
+            continue;
+        }
+        let mut p = pid;
+        let anchored = loop {
+            let Some(parent) = status_number(p, "PPid:") else {
+                break true; // gone meanwhile
+            };
+            if parent == 0 {
+                break false;
+            }
+            if status_number(parent, "Uid:").is_none_or(|u| u < SANDBOX_UID_BASE) {
+                let comm =
+                    std::fs::read_to_string(format!("/proc/{parent}/comm")).unwrap_or_default();
+                break comm.trim() == "brig" || status_number(parent, "PPid:").is_none();
+            }
+            p = parent;
+        };
+        if !anchored {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            found.push(format!("pid {pid} ({})", comm.trim()));
+        }
+    }
+    found
+}
+
+/// Host processes whose argv carries `id`, with their uid.
+fn processes_with(id: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return found;
+    };
+    for e in entries.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let argv = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let argv = String::from_utf8_lossy(&argv).replace('\0', " ");
+        if argv.contains(id) {
+            let uid = std::fs::read_to_string(format!("/proc/{pid}/status"))
+                .unwrap_or_default()
+                .lines()
+                .find_map(|l| {
+                    l.strip_prefix("Uid:")
+                        .and_then(|v| v.split_whitespace().next())
+                        .and_then(|u| u.parse::<u32>().ok())
+                })
+                .unwrap_or(0);
+            let range = if uid >= SANDBOX_UID_BASE {
+                "sandbox uid"
+            } else {
+                "uid"
+            };
+            found.push(format!("pid {pid} ({range} {uid}): {}", argv.trim()));
+        }
+    }
+    found
+}
+
+// ---------------------------------------------------------------------------
+// The verdict.
+
+/// Run one program on one template and check everything.
+fn run_case(program: &'static str, template: Template) {
+    let Some(template_arg) = prerequisites(template) else {
+        return;
+    };
+    let case = case(program);
+    programs_dir(); // build before the clock starts
+    let watch = HostWatch::start(template);
+    let id = run_id(program);
+    let args = program_args(&case, template, &id, &[]);
+    let run = launch(&template_arg, &case.brig_args, case.program, &args)
+        .finish(case.within + Duration::from_secs(30));
+    let host = watch.finish(&[&id]);
+    eprintln!(
+        "{program} on {}: {}",
+        template.program_arg(),
+        run.describe()
+    );
+
+    let mut failures = Vec::new();
+    if run.hung {
+        failures.push(format!(
+            "brig did not finish within {:?}",
+            case.within + Duration::from_secs(30)
+        ));
+    } else if run.elapsed > case.within {
+        failures.push(format!(
+            "took {:.1?}, more than {:?}",
+            run.elapsed, case.within
+        ));
+    }
+    let report = run.report();
+    if let Some(r) = &report {
+        if r["program"] != program {
+            failures.push(format!(
+                "report names program {} instead of {program}",
+                r["program"]
+            ));
+        }
+        if r["escaped"] != serde_json::Value::Bool(false) {
+            failures.push(format!("ESCAPED: {}", r["detail"]));
+        }
+        let detail = r["detail"].as_str().unwrap_or_default();
+        for needle in &case.detail_contains {
+            if !detail.contains(needle) {
+                failures.push(format!("report detail lacks {needle:?}"));
+            }
+        }
+    }
+    match case.expect {
+        Expect::Report => {
+            if run.code != Some(0) {
+                failures.push(format!("expected exit 0, got {:?}", run.code));
+            }
+            if report.is_none() {
+                failures.push("no JSON report on stdout".into());
+            }
+        }
+        Expect::ReportOrOom => match run.code {
+            Some(0) if report.is_some() => {}
+            Some(137) if run.stderr.contains("out of memory") => {}
+            other => failures.push(format!(
+                "expected a report (exit 0) or an OOM kill (137), got {other:?}"
+            )),
+        },
+        Expect::Oom(message) => {
+            if run.code != Some(137) {
+                failures.push(format!(
+                    "expected the memory limit to kill it (exit 137), got {:?}",
+                    run.code
+                ));
+            }
+            if !run.stderr.contains(message) {
+                failures.push(format!("stderr lacks {message:?}"));
+            }
+        }
+        Expect::Timeout(within) => {
+            if run.code != Some(124) {
+                failures.push(format!(
+                    "expected --timeout to kill it (exit 124), got {:?}",
+                    run.code
+                ));
+            }
+            if run.elapsed > within {
+                failures.push(format!(
+                    "the timeout took {:.1?} to act, more than {within:?}",
+                    run.elapsed
+                ));
+            }
+            let e = run.stderr.to_lowercase();
+            if !e.contains("timed out") && !e.contains("timeout") {
+                failures.push("stderr does not mention the timeout".into());
+            }
+        }
+    }
+    if program == "disk_fill" {
+        failures.extend(disk_fill_bounds(report.as_ref(), 32 << 20));
+    }
+    failures.extend(host.into_iter().map(|p| format!("HOST: {p}")));
+    assert!(
+        failures.is_empty(),
+        "{program} on the {} template:\n  {}\n{}",
+        template.program_arg(),
+        failures.join("\n  "),
+        run.describe()
+    );
+}
+
+/// The harness's own check of disk_fill's numbers: each target must stop
+/// with ENOSPC, and each "wrote N bytes" be within the --disk size (plus
+/// rounding).
+fn disk_fill_bounds(report: Option<&serde_json::Value>, disk: u64) -> Vec<String> {
+    let Some(detail) = report.and_then(|r| r["detail"].as_str()) else {
+        return vec![];
+    };
+    let mut out = Vec::new();
+    for part in detail.split("; ").filter(|p| p.contains(": wrote ")) {
+        if !part.ends_with("then ENOSPC") {
+            out.push(format!("disk_fill target did not end with ENOSPC: {part}"));
+        }
+    }
+    for part in detail.split("wrote ").skip(1) {
+        let bytes: u64 = part
+            .split_whitespace()
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(u64::MAX);
+        if bytes > disk + disk / 8 + (2 << 20) {
+            out.push(format!("disk_fill wrote {bytes} bytes with --disk {disk}"));
+        }
+    }
+    out
+}
+
+/// Two sandboxes at once: `serve` plants markers, `probe` (in a second
+/// sandbox) must find none of them; then the serving brig gets SIGTERM and
+/// its whole sandbox must go.
+fn run_cross_sandbox(template: Template) {
+    let Some(template_arg) = prerequisites(template) else {
+        return;
+    };
+    let case = case("cross_sandbox");
+    programs_dir();
+    let watch = HostWatch::start(template);
+    let (serve_id, probe_id) = (run_id("serve"), run_id("probe"));
+    let serve = launch(
+        &template_arg,
+        &["--timeout", "60s"],
+        "cross_sandbox",
+        &program_args(&case, template, &serve_id, &["serve", "--seconds", "30"]),
+    );
+    let ready = serve.next_line(Duration::from_secs(20));
+    let probe = launch(
+        &template_arg,
+        &["--timeout", "60s"],
+        "cross_sandbox",
+        &program_args(&case, template, &probe_id, &["probe"]),
+    )
+    .finish(Duration::from_secs(60));
+    support::signal(serve.child.id(), libc::SIGTERM);
+    let served = serve.finish(Duration::from_secs(15));
+    let host = watch.finish(&[&serve_id, &probe_id]);
+    eprintln!(
+        "serve: {ready:?}\n{}\nprobe: {}",
+        served.describe(),
+        probe.describe()
+    );
+
+    let mut failures = Vec::new();
+    match ready
+        .as_deref()
+        .and_then(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+    {
+        Some(r) if r["escaped"] == serde_json::Value::Bool(false) => {}
+        other => failures.push(format!("serve did not report ready: {other:?}")),
+    }
+    match probe.report() {
+        Some(r) if r["escaped"] == serde_json::Value::Bool(false) => {}
+        Some(r) => failures.push(format!(
+            "ESCAPED: the probe reached the other sandbox: {}",
+            r["detail"]
+        )),
+        None => failures.push("the probe printed no report".into()),
+    }
+    if probe.code != Some(0) {
+        failures.push(format!("probe exited {:?}", probe.code));
+    }
+    if served.hung {
+        failures.push("the serving brig ignored SIGTERM for 15 s".into());
+    }
+    failures.extend(host.into_iter().map(|p| format!("HOST: {p}")));
+    assert!(
+        failures.is_empty(),
+        "cross_sandbox on the {} template:\n  {}",
+        template.program_arg(),
+        failures.join("\n  ")
+    );
+}
+
+/// One test per program and template.
+macro_rules! hostile_tests {
+    ($($program:ident),* $(,)?) => {
+        mod host_template {
+            $( #[test] fn $program() { super::run_case(stringify!($program), super::Template::Host) } )*
+            #[test] fn cross_sandbox() { super::run_cross_sandbox(super::Template::Host) }
+        }
+        mod dir_template {
+            $( #[test] fn $program() { super::run_case(stringify!($program), super::Template::Dir) } )*
+            #[test] fn cross_sandbox() { super::run_cross_sandbox(super::Template::Dir) }
+        }
+        /// Every program in tests/hostile/src/bin has a test here.
+        const PROGRAMS: &[&str] = &[$(stringify!($program),)* "cross_sandbox"];
+    };
+}
+
+hostile_tests!(
+    fork_bomb,
+    memory_bomb,
+    disk_fill,
+    inode_fill,
+    cpu_spin,
+    fd_exhaust,
+    read_host_files,
+    proc_root_tricks,
+    dotdot_traversal,
+    symlink_tricks,
+    proc_environ,
+    write_template,
+    mount_escape,
+    chroot_breakout,
+    dev_access,
+    raw_socket,
+    network_egress,
+    unix_socket_escape,
+    denied_syscalls,
+    seccomp_abi_bypass,
+    ptrace_attach,
+    kill_all,
+    setns_escape,
+    setuid_escalation,
+    capabilities,
+    proc_sys_write,
+    sysfs_write,
+    clock_change,
+    hostname_change,
+    cgroup_escape,
+    keyring,
+    userfaultfd,
+    io_uring,
+    bpf,
+    perf_event,
+    kernel_modules,
+    kernel_info_leak,
+    tiocsti,
+    open_by_handle,
+    nested_userns,
+    inherited_fds,
+    mountinfo,
+    env_leak,
+    proc_exe_overwrite,
+    orphan_daemon,
+);
+
+#[test]
+fn every_hostile_program_has_a_test() {
+    let bin = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/hostile/src/bin");
+    let mut on_disk: Vec<String> = std::fs::read_dir(&bin)
+        .expect("tests/hostile/src/bin")
+        .flatten()
+        .filter_map(|e| {
+            e.file_name()
+                .to_str()
+                .and_then(|n| n.strip_suffix(".rs"))
+                .map(str::to_string)
+        })
+        .collect();
+    on_disk.sort();
+    let mut tested: Vec<String> = PROGRAMS.iter().map(|s| s.to_string()).collect();
+    tested.sort();
+    assert_eq!(
+        on_disk, tested,
+        "add new programs to hostile_tests! (and remove deleted ones)"
+    );
+}
