@@ -101,16 +101,16 @@ fn programs_dir() -> &'static Path {
     }
 }
 
-/// Build `brig-hostile` as static binaries. Thin LTO and one codegen unit
-/// (the workspace's release settings, right for brig itself) make dozens of
-/// small binaries take minutes; the programs need neither, so they are turned
-/// off here. When every binary is newer than every source file, cargo is
+/// Build `brig-hostile` as static binaries with the workspace's `hostile`
+/// profile (release without LTO and with parallel codegen: dozens of small
+/// binaries would otherwise take minutes). scripts/test builds them the same
+/// way in its build stage. When every binary is newer than every source file, cargo is
 /// not even asked: under nextest each test is its own process and would
 /// otherwise pay for a no-op cargo run.
 fn build_programs() -> Result<PathBuf, String> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let target_dir = root.join("target/hostile");
-    let out_dir = target_dir.join("x86_64-unknown-linux-gnu/release");
+    let out_dir = target_dir.join("x86_64-unknown-linux-gnu/hostile");
     if built_programs_are_fresh(&root.join("tests/hostile"), &out_dir) {
         return Ok(out_dir);
     }
@@ -124,16 +124,14 @@ fn build_programs() -> Result<PathBuf, String> {
             "build",
             "-p",
             "brig-hostile",
-            "--release",
+            "--profile",
+            "hostile",
             "--target",
             "x86_64-unknown-linux-gnu",
         ])
         .env("CARGO_TARGET_DIR", &target_dir)
         .env("RUSTFLAGS", "-C target-feature=+crt-static")
         .env_remove("CARGO_ENCODED_RUSTFLAGS")
-        .env("CARGO_PROFILE_RELEASE_LTO", "off")
-        .env("CARGO_PROFILE_RELEASE_CODEGEN_UNITS", "16")
-        .env("CARGO_PROFILE_RELEASE_STRIP", "symbols")
         .output()
         .map_err(|e| format!("spawning cargo: {e}"))?;
     if !out.status.success() {
