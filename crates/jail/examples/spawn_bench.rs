@@ -1,50 +1,85 @@
 //! In-process benchmark of the jail library: create a sandbox, run a
-//! static binary in it, wait, destroy — N times — and print p50/p99.
+//! static binary in it, wait for it, destroy the sandbox — N times — and
+//! print p50/p99.
 //!
-//! Runs two shapes side by side:
+//! Shapes, side by side in one run:
 //! - `dir` template (overlay over a tiny rootfs, idmapped) running a static
-//!   musl `true` (no glibc start-up, so it measures brig, not CPUID traps);
-//! - `host` template running the host's `/bin/true` (glibc).
+//!   musl `true`: no glibc start-up, so it measures brig, not the ~0.5 ms of
+//!   trapped CPUID instructions every glibc start pays on this VM;
+//! - `host` template running the host's `/bin/true` (glibc);
+//! - cold (each sandbox creates its own network namespace) and warm
+//!   (namespaces from a pool refilled in the background, as a long-lived
+//!   daemon runs it);
+//! - teardown synchronous (the cycle includes unmounting the sandbox's
+//!   tree) or handed to a reaper thread (what a daemon does: the caller has
+//!   its answer when the command has exited).
 //!
 //! Usage (root): `cargo run --release -p brig-jail --example spawn_bench -- [N]`.
 //! Needs `musl-gcc` (Debian: musl-tools) to build the static binary.
 
-use std::path::Path;
 use std::process::Command;
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use brig_core::{SandboxSpec, TemplateRef};
-use brig_jail::{Sandbox, SpawnOptions};
+use brig_jail::{NetnsPool, Sandbox, SpawnOptions};
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+fn pct(sorted: &[Duration], p: f64) -> f64 {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize].as_secs_f64() * 1e3
 }
 
-fn bench(name: &str, spec: &SandboxSpec, opts: &SpawnOptions, n: usize) {
-    for _ in 0..n / 10 {
-        Sandbox::spawn(spec, opts)
-            .expect("spawn")
-            .wait()
-            .expect("wait");
-    }
-    let mut times = Vec::with_capacity(n);
-    let mut spawn_only = Vec::with_capacity(n);
-    for _ in 0..n {
+#[derive(Clone, Copy, PartialEq)]
+enum Teardown {
+    Sync,
+    Reaper,
+}
+
+fn bench(name: &str, spec: &SandboxSpec, opts: &SpawnOptions, n: usize, mode: Teardown) {
+    let (tx, rx) = mpsc::channel::<Sandbox>();
+    let reaper = std::thread::spawn(move || {
+        for sb in rx {
+            sb.wait().expect("teardown");
+        }
+    });
+    let run = |record: bool, exec: &mut Vec<Duration>, total: &mut Vec<Duration>| {
         let t0 = Instant::now();
-        let sb = Sandbox::spawn(spec, opts).expect("spawn");
-        spawn_only.push(t0.elapsed());
-        let exit = sb.wait().expect("wait");
-        times.push(t0.elapsed());
+        let mut sb = Sandbox::spawn(spec, opts).expect("spawn");
+        let t_exec = t0.elapsed();
+        let exit = match mode {
+            Teardown::Sync => sb.wait().expect("wait"),
+            Teardown::Reaper => {
+                let exit = sb.wait_command().expect("wait for the command");
+                tx.send(sb).expect("reaper alive");
+                exit
+            }
+        };
+        let t_total = t0.elapsed();
         assert_eq!(exit.code, 0);
+        if record {
+            exec.push(t_exec);
+            total.push(t_total);
+        }
+    };
+    let (mut exec, mut total) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for _ in 0..n / 10 {
+        run(false, &mut exec, &mut total);
     }
-    times.sort();
-    spawn_only.sort();
+    let start = Instant::now();
+    for _ in 0..n {
+        run(true, &mut exec, &mut total);
+    }
+    let elapsed = start.elapsed();
+    drop(tx);
+    reaper.join().expect("reaper");
+    exec.sort();
+    total.sort();
     println!(
-        "{name:<34} create+run+destroy p50 {:>7.3} ms  p99 {:>7.3} ms  | create->exec p50 {:>7.3} ms  p99 {:>7.3} ms  (n={n})",
-        percentile(&times, 0.5).as_secs_f64() * 1e3,
-        percentile(&times, 0.99).as_secs_f64() * 1e3,
-        percentile(&spawn_only, 0.5).as_secs_f64() * 1e3,
-        percentile(&spawn_only, 0.99).as_secs_f64() * 1e3,
+        "{name:<44} create->exec p50 {:>6.3} p99 {:>6.3} | create->exit p50 {:>6.3} p99 {:>6.3} ms | {:>5.0} cycles/s",
+        pct(&exec, 0.5),
+        pct(&exec, 0.99),
+        pct(&total, 0.5),
+        pct(&total, 0.99),
+        n as f64 / elapsed.as_secs_f64()
     );
 }
 
@@ -72,27 +107,52 @@ fn main() {
     std::os::unix::fs::symlink("true", root.join("bin/sh")).unwrap();
     std::fs::write(root.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n").unwrap();
 
-    let opts = SpawnOptions::prepare().expect("prepare (are you root?)");
-    let mut dir_spec = SandboxSpec::new(vec!["/bin/true".into()]);
-    dir_spec.template = TemplateRef::Dir(root.clone());
-    let host_spec = SandboxSpec::new(vec!["/bin/true".into()]);
-    let _ = Path::new("/");
-    bench("dir template, static musl true", &dir_spec, &opts, n);
-    bench("host template, glibc /bin/true", &host_spec, &opts, n);
-
-    // The warm path: network namespaces from a pool, refilled by a
-    // background thread (as a long-lived daemon would run it).
-    let pool = brig_jail::NetnsPool::start(8).expect("netns pool");
+    let cold = SpawnOptions::prepare().expect("prepare (are you root?)");
+    let pool = NetnsPool::start(16).expect("netns pool");
     pool.wait_full().expect("fill the netns pool");
-    let pooled = SpawnOptions {
+    let warm = SpawnOptions {
         net_pool: Some(pool),
-        ..opts.clone()
+        ..cold.clone()
     };
-    bench("dir template, musl, pooled netns", &dir_spec, &pooled, n);
+
+    let mut musl = SandboxSpec::new(vec!["/bin/true".into()]);
+    musl.template = TemplateRef::Dir(root.clone());
+    let glibc = SandboxSpec::new(vec!["/bin/true".into()]);
+
+    println!("jail: create a sandbox, run a program, wait; n={n} per row (times in ms)");
     bench(
-        "host template, /bin/true, pooled netns",
-        &host_spec,
-        &pooled,
+        "dir+musl   cold netns, sync teardown",
+        &musl,
+        &cold,
         n,
+        Teardown::Sync,
+    );
+    bench(
+        "dir+musl   warm netns, sync teardown",
+        &musl,
+        &warm,
+        n,
+        Teardown::Sync,
+    );
+    bench(
+        "dir+musl   warm netns, reaper teardown",
+        &musl,
+        &warm,
+        n,
+        Teardown::Reaper,
+    );
+    bench(
+        "host+glibc cold netns, sync teardown",
+        &glibc,
+        &cold,
+        n,
+        Teardown::Sync,
+    );
+    bench(
+        "host+glibc warm netns, reaper teardown",
+        &glibc,
+        &warm,
+        n,
+        Teardown::Reaper,
     );
 }

@@ -9,9 +9,11 @@
 
 use std::os::fd::RawFd;
 
+use crate::fdpass::{self, MAX_FDS};
 use crate::plan::{ExecPlan, Plan, Step};
 use crate::seccomp;
 use crate::sys::{Errno, Linux, SysResult, Syscalls};
+use crate::trace::{self, Marks};
 
 /// Which step of the bring-up failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,7 +43,7 @@ pub enum Stage {
 }
 
 impl Stage {
-    fn from_u32(v: u32) -> Option<Self> {
+    pub fn from_u32(v: u32) -> Option<Self> {
         use Stage::*;
         [
             WaitForHost,
@@ -148,9 +150,6 @@ pub struct Channels {
     pub error: RawFd,
 }
 
-/// Most detached mounts the host may send.
-pub const MAX_FDS: usize = 4;
-
 /// The init's entry point right after `clone`. Never returns.
 pub fn init_main(plan: &Plan, ch: Channels) -> ! {
     let code = match run_init(plan, &Linux, ch) {
@@ -183,17 +182,28 @@ pub fn run_init(plan: &Plan, sys: &dyn Syscalls, ch: Channels) -> Result<i32, Fa
         }
     }
 
-    // 1. Keep only the two channels to the host. Anything else inherited
+    // 1. Die with the host process from the first instruction on: if brig
+    //    dies, the kernel kills this init and, with it (pid namespace),
+    //    every process of the sandbox. (Set again in 2c: the credential
+    //    change in 2b clears it.)
+    // SAFETY: prctl with integer arguments only.
+    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
+
+    // 1b. Keep only the two channels to the host. Anything else inherited
     //    from brig (notably its slot lock, whose release is how a dead
     //    owner is detected) must not live on in the sandbox.
     close_other_fds(ch.sync, ch.error);
 
     // 2. Wait for the host: it writes our uid/gid maps (until then we have
-    //    no identity in our user namespace), moves us into the sandbox's
-    //    cgroups, and sends the template's detached mounts, which only it
-    //    can make (idmapping needs privilege in the host's namespace).
+    //    no identity in our user namespace) and sends the template's
+    //    detached mounts, which only it can make (idmapping needs privilege
+    //    in the host's namespace).
+    let mut marks = Marks::new(plan.trace);
+    marks.hit(0);
     let mut fds = [-1; MAX_FDS];
-    let n = recv_with_fds(ch.sync, &mut fds).map_err(Failure::at(Stage::WaitForHost))?;
+    let mut go = [0u8; 1];
+    let n = fdpass::recv(ch.sync, &mut go, &mut fds).map_err(Failure::at(Stage::WaitForHost))?;
+    marks.hit(Stage::WaitForHost as u32);
     if n.0 == 0 {
         return Err(Failure::at(Stage::WaitForHost)(Errno(libc::EPIPE)));
     }
@@ -205,35 +215,28 @@ pub fn run_init(plan: &Plan, sys: &dyn Syscalls, ch: Channels) -> Result<i32, Fa
     sys.set_ids(0, 0, &[])
         .map_err(Failure::at(Stage::Identity))?;
 
-    // 2c. Die with the host process: if brig is SIGKILLed, the kernel kills
-    //     this init and, with it (pid namespace), every process of the
-    //     sandbox. Set only now because a credential change clears it. If
-    //     the host died before this point, its end of the channel is
-    //     closed: check, so no window is left open.
+    // 2c. Die with the host process, again: the credential change cleared
+    //     the setting of step 1. If the host died in between, its end of
+    //     the channel is closed: check, so no window is left open.
     // SAFETY: prctl with integer arguments only.
     unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
     if host_gone(ch.sync) {
         return Err(Failure::at(Stage::WaitForHost)(Errno(libc::EPIPE)));
     }
 
-    // 3. A cgroup namespace, entered only now that we are inside our
-    //    cgroup: /proc/self/cgroup shows "/" and the host's cgroup tree
-    //    is not named.
-    sys.unshare(libc::CLONE_NEWCGROUP)
-        .map_err(Failure::at(Stage::CgroupNamespace))?;
-
-    // 4. The root filesystem: private mounts, the writable layer, the
+    // 3. The root filesystem: private mounts, the writable layer, the
     //    template, /proc, /dev, /tmp, /sys; then pivot_root into it. With
     //    umask 0, so /tmp and /dev/shm get exactly mode 1777.
     // SAFETY: umask cannot fail.
     unsafe { libc::umask(0) };
     prepare_root(plan, sys, &fds[..n.1])?;
+    marks.hit(Stage::PivotRoot as u32);
     for fd in &fds[..n.1] {
         // SAFETY: the received descriptors are ours; attached already.
         unsafe { libc::close(*fd) };
     }
 
-    // 5. The machine's identity: hostname = sandbox id (in our own uts
+    // 4. The machine's identity: hostname = sandbox id (in our own uts
     //    namespace), and a working loopback in our own network namespace,
     //    which has no other interface: no route leaves the sandbox.
     sys.sethostname(&plan.hostname)
@@ -241,50 +244,83 @@ pub fn run_init(plan: &Plan, sys: &dyn Syscalls, ch: Channels) -> Result<i32, Fa
     if plan.loopback {
         sys.loopback_up().map_err(Failure::at(Stage::Loopback))?;
     }
+    marks.hit(Stage::Loopback as u32);
 
-    // 6. Resource limits the cgroup does not cover (open files, core size).
+    // 5. Resource limits the cgroup does not cover (open files, core size).
     //    Set in init so every process of the sandbox inherits them.
     for (res, soft, hard) in &plan.rlimits {
         sys.setrlimit(*res, *soft, *hard)
             .map_err(Failure::at(Stage::Rlimit))?;
     }
 
+    // 6. Wait until the host has moved us into the sandbox's cgroups (it
+    //    creates them while we build the root): nothing may fork or run
+    //    before the limits apply. Then a cgroup namespace, so
+    //    /proc/self/cgroup shows "/" and the host's tree is not named.
+    let mut joined = [0u8; 1];
+    let n =
+        fdpass::recv(ch.sync, &mut joined, &mut fds).map_err(Failure::at(Stage::WaitForHost))?;
+    if n.0 == 0 {
+        return Err(Failure::at(Stage::WaitForHost)(Errno(libc::EPIPE)));
+    }
+    marks.hit(Stage::WaitForHost as u32);
+    sys.unshare(libc::CLONE_NEWCGROUP)
+        .map_err(Failure::at(Stage::CgroupNamespace))?;
+    marks.hit(Stage::CgroupNamespace as u32);
+
     // 7. A pseudo-terminal from the sandbox's own devpts, if asked for. The
     //    host gets the master; the command gets the slave as its
-    //    controlling terminal. Without one, tell the host we are ready.
+    //    controlling terminal. "Ready" carries the trace marks, if any.
+    marks.hit(Stage::Rlimit as u32);
+    let mut ready = [0u8; 12 * trace::MAX_MARKS];
+    let len = marks.encode(&mut ready);
     let slave = if plan.tty {
         let (master, slave) = open_pty().map_err(Failure::at(Stage::Terminal))?;
-        send_with_fd(ch.sync, master).map_err(Failure::at(Stage::Terminal))?;
+        fdpass::send(ch.sync, &ready[..len], &[master]).map_err(Failure::at(Stage::Terminal))?;
         // SAFETY: the host has its copy now.
         unsafe { libc::close(master) };
         Some(slave)
     } else {
-        send_with_fd(ch.sync, -1).map_err(Failure::at(Stage::WaitForHost))?;
+        fdpass::send(ch.sync, &ready[..len], &[]).map_err(Failure::at(Stage::WaitForHost))?;
         None
     };
 
     // 8. The command runs in a child: init stays behind as pid 1 to reap
     //    orphans (zombies would otherwise fill the pid limit), and its exit
-    //    (when the command exits) makes the kernel kill what is left.
-    // SAFETY: fork in a single-threaded process (this init).
-    let pid = unsafe { libc::fork() };
+    //    (when the command exits) makes the kernel kill what is left. The
+    //    child shares our memory until it execs (CLONE_VM|CLONE_VFORK, on
+    //    its own pre-allocated stack; we are suspended meanwhile): nothing
+    //    to copy, nothing to tear down.
+    let args = WorkloadArgs {
+        exec: &plan.exec,
+        stdin: plan.stdin,
+        tty: slave,
+        error: ch.error,
+        sys,
+    };
+    let stack_top = plan.workload_stack.top();
+    // SAFETY: workload_entry runs on its own stack (owned by the plan, not
+    // used by anyone else), reads only `args` (alive: we are suspended
+    // until it execs or exits) and ends in execve or _exit.
+    let pid = unsafe {
+        libc::clone(
+            workload_entry,
+            stack_top,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            &args as *const WorkloadArgs<'_> as *mut libc::c_void,
+        )
+    };
     if pid < 0 {
         return Err(Failure::at(Stage::Fork)(Errno::last()));
     }
-    if pid == 0 {
-        let f = exec_workload(&plan.exec, plan.stdin, slave, sys);
-        write_failure(ch.error, f);
-        // SAFETY: see init_main.
-        unsafe { libc::_exit(crate::sandbox::SETUP_FAILED_EXIT) };
-    }
 
-    // 9. Init keeps nothing the command could use: the host channels are
-    //    closed (the error pipe's EOF tells the host the command started),
-    //    and it becomes non-dumpable so even a same-uid process cannot
-    //    ptrace it or read its memory.
+    // 9. Init keeps nothing the command could use: the error pipe is closed
+    //    (its EOF tells the host the command started), and init becomes
+    //    non-dumpable so even a same-uid process cannot ptrace it, read its
+    //    memory or take its descriptors. It keeps the channel to the host
+    //    only to report the command's status.
     // SAFETY: closing our own descriptors; prctl with integers.
     unsafe {
-        libc::close(ch.sync);
         libc::close(ch.error);
         if let Some(s) = slave {
             libc::close(s);
@@ -292,18 +328,44 @@ pub fn run_init(plan: &Plan, sys: &dyn Syscalls, ch: Channels) -> Result<i32, Fa
         libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
         libc::prctl(libc::PR_SET_NAME, c"brig-init".as_ptr(), 0, 0, 0);
     }
-    Ok(reap_until(pid))
+    let status = reap_until(pid);
+
+    // 10. Tell the host the command's status before this process exits:
+    //     tearing the namespaces down (unmounting the whole tree) takes
+    //     about a millisecond, which a long-lived host can leave to the
+    //     background.
+    let _ = fdpass::send(ch.sync, &status.to_ne_bytes(), &[]);
+    Ok(libc::WEXITSTATUS(status))
 }
 
-/// Steps 4a–4d: build the root and pivot into it.
+/// What the command's process needs; passed by pointer through clone.
+struct WorkloadArgs<'a> {
+    exec: &'a ExecPlan,
+    stdin: bool,
+    tty: Option<RawFd>,
+    error: RawFd,
+    sys: &'a dyn Syscalls,
+}
+
+extern "C" fn workload_entry(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` points at the WorkloadArgs on the suspended init's
+    // stack, alive until this process execs or exits.
+    let a = unsafe { &*(arg as *const WorkloadArgs<'_>) };
+    let f = exec_workload(a.exec, a.stdin, a.tty, a.sys);
+    write_failure(a.error, f);
+    // SAFETY: see init_main.
+    unsafe { libc::_exit(crate::sandbox::SETUP_FAILED_EXIT) }
+}
+
+/// Steps 3a–3d: build the root and pivot into it.
 pub fn prepare_root(plan: &Plan, sys: &dyn Syscalls, fds: &[RawFd]) -> Result<(), Failure> {
-    // 4a. Our mount namespace is a copy of the host's; make every mount
+    // 3a. Our mount namespace is a copy of the host's; make every mount
     //     private so nothing we mount propagates back to the host (or
     //     from it into the sandbox).
     sys.mount(None, c"/", None, libc::MS_REC | libc::MS_PRIVATE, None)
         .map_err(Failure::at(Stage::PrivateMounts))?;
 
-    // 4b. The scratch tmpfs: the writable layer, sized by --disk. It lives
+    // 3b. The scratch tmpfs: the writable layer, sized by --disk. It lives
     //     only in this namespace, so it disappears with the sandbox.
     //     nosuid: no_new_privs already voids setuid bits; this is the
     //     second lock on the same door.
@@ -316,7 +378,7 @@ pub fn prepare_root(plan: &Plan, sys: &dyn Syscalls, fds: &[RawFd]) -> Result<()
     )
     .map_err(Failure::at(Stage::ScratchFs))?;
 
-    // 4c. The plan's steps: the template, /proc (masked), /dev, /tmp, /sys.
+    // 3c. The plan's steps: the template, /proc, /dev, /tmp, /sys.
     for (i, step) in plan.steps.iter().enumerate() {
         run_step(step, sys, fds).map_err(|errno| Failure {
             stage: Stage::MountStep,
@@ -325,7 +387,7 @@ pub fn prepare_root(plan: &Plan, sys: &dyn Syscalls, fds: &[RawFd]) -> Result<()
         })?;
     }
 
-    // 4d. pivot_root, not chroot: the old root is detached entirely, so no
+    // 3d. pivot_root, not chroot: the old root is detached entirely, so no
     //     path (nor a chroot-breakout trick) leads back to the host's files.
     sys.pivot_root_here(&plan.new_root)
         .map_err(Failure::at(Stage::PivotRoot))
@@ -561,21 +623,23 @@ fn open_pty() -> SysResult<(RawFd, RawFd)> {
 }
 
 /// Wait for `main` (the command); reap every other child meanwhile. Returns
-/// the command's status the way a shell reports it.
+/// the command's status as an exit status a shell would report (128+N for
+/// signal N), encoded as a wait status so the host can decode it.
 fn reap_until(main: libc::pid_t) -> i32 {
     loop {
         let mut status = 0;
         // SAFETY: waitpid with a valid out-pointer.
         let pid = unsafe { libc::waitpid(-1, &mut status, 0) };
         if pid == main {
-            return if libc::WIFEXITED(status) {
+            let code = if libc::WIFEXITED(status) {
                 libc::WEXITSTATUS(status)
             } else {
                 128 + libc::WTERMSIG(status)
             };
+            return (code & 0xff) << 8;
         }
         if pid < 0 && Errno::last() != Errno(libc::EINTR) {
-            return 1;
+            return 1 << 8;
         }
     }
 }
@@ -585,104 +649,6 @@ fn write_failure(fd: RawFd, f: Failure) {
     // SAFETY: writing a stack buffer to our pipe; a short write cannot
     // happen for 12 bytes on a pipe.
     unsafe { libc::write(fd, b.as_ptr().cast(), b.len()) };
-}
-
-/// Receive a 1-byte message and up to MAX_FDS descriptors. Returns (bytes,
-/// descriptors).
-pub fn recv_with_fds(sock: RawFd, fds: &mut [RawFd; MAX_FDS]) -> SysResult<(usize, usize)> {
-    let mut byte = [0u8; 1];
-    let mut iov = libc::iovec {
-        iov_base: byte.as_mut_ptr().cast(),
-        iov_len: 1,
-    };
-    // Room for one SCM_RIGHTS header and MAX_FDS ints, 8-byte aligned.
-    let mut cbuf = [0u64; 8];
-    // SAFETY: msghdr is plain old data; all-zero is valid.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = cbuf.as_mut_ptr().cast();
-    msg.msg_controllen = std::mem::size_of_val(&cbuf);
-    let n = loop {
-        // SAFETY: msg points at live stack buffers sized as declared.
-        let n = unsafe { libc::recvmsg(sock, &mut msg, libc::MSG_CMSG_CLOEXEC) };
-        if n >= 0 || Errno::last() != Errno(libc::EINTR) {
-            break n;
-        }
-    };
-    if n < 0 {
-        return Err(Errno::last());
-    }
-    let mut count = 0;
-    // SAFETY: CMSG_* walk the control buffer the kernel filled, bounded by
-    // msg_controllen.
-    unsafe {
-        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
-        while !cmsg.is_null() {
-            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
-                let data = libc::CMSG_DATA(cmsg) as *const RawFd;
-                let len = ((*cmsg).cmsg_len as usize - libc::CMSG_LEN(0) as usize)
-                    / std::mem::size_of::<RawFd>();
-                for i in 0..len.min(MAX_FDS - count) {
-                    fds[count] = std::ptr::read_unaligned(data.add(i));
-                    count += 1;
-                }
-            }
-            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
-        }
-    }
-    Ok((n as usize, count))
-}
-
-/// Send a 1-byte message, with `fd` attached if it is not -1.
-pub fn send_with_fd(sock: RawFd, fd: RawFd) -> SysResult {
-    send_with_fds(
-        sock,
-        if fd >= 0 {
-            std::slice::from_ref(&fd)
-        } else {
-            &[]
-        },
-    )
-}
-
-/// Send a 1-byte message with up to MAX_FDS descriptors attached.
-pub fn send_with_fds(sock: RawFd, fds: &[RawFd]) -> SysResult {
-    let mut byte = [1u8; 1];
-    let mut iov = libc::iovec {
-        iov_base: byte.as_mut_ptr().cast(),
-        iov_len: 1,
-    };
-    let mut cbuf = [0u64; 8];
-    // SAFETY: msghdr is plain old data; all-zero is valid.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &mut iov;
-    msg.msg_iovlen = 1;
-    let fds = &fds[..fds.len().min(MAX_FDS)];
-    if !fds.is_empty() {
-        let bytes = std::mem::size_of_val(fds) as u32;
-        msg.msg_control = cbuf.as_mut_ptr().cast();
-        // SAFETY: CMSG_SPACE is a pure size computation.
-        msg.msg_controllen = unsafe { libc::CMSG_SPACE(bytes) } as usize;
-        // SAFETY: the control buffer is large enough for one header and
-        // MAX_FDS descriptors; CMSG_FIRSTHDR is non-null for it.
-        unsafe {
-            let cmsg = libc::CMSG_FIRSTHDR(&msg);
-            (*cmsg).cmsg_level = libc::SOL_SOCKET;
-            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-            (*cmsg).cmsg_len = libc::CMSG_LEN(bytes) as usize;
-            std::ptr::copy_nonoverlapping(
-                fds.as_ptr(),
-                libc::CMSG_DATA(cmsg) as *mut RawFd,
-                fds.len(),
-            );
-        }
-    }
-    // SAFETY: msg points at live stack buffers.
-    if unsafe { libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL) } < 0 {
-        return Err(Errno::last());
-    }
-    Ok(())
 }
 
 #[cfg(test)]

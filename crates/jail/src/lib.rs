@@ -20,6 +20,7 @@
 pub mod bringup;
 pub mod cgroup;
 pub mod error;
+pub mod fdpass;
 pub mod netpool;
 pub mod plan;
 pub mod probe;
@@ -29,6 +30,7 @@ pub mod seccomp;
 pub mod slot;
 pub mod sys;
 pub mod template;
+pub mod trace;
 
 pub use error::JailError;
 pub use netpool::NetnsPool;

@@ -142,6 +142,11 @@ pub struct Plan {
     /// The host process's argv area (`arg_start..arg_end`), which the init
     /// overwrites so the sandbox cannot read brig's command line.
     pub argv_area: Option<(usize, usize)>,
+    /// Record step timestamps and send them with "ready"
+    /// (`BRIG_TRACE_SPAWN=1`).
+    pub trace: bool,
+    /// Stack for the command's process between clone and execve.
+    pub workload_stack: Stack,
     pub exec: ExecPlan,
 }
 
@@ -465,6 +470,8 @@ impl Plan {
             stdin: spec.stdin,
             loopback: !input.pooled_net,
             argv_area: argv_area(),
+            trace: false,
+            workload_stack: Stack::new(256 * 1024),
             exec,
         }
     }
@@ -544,6 +551,32 @@ fn exec_plan(input: &PlanInput<'_>) -> ExecPlan {
         caps: if id.uid == 0 { DEFAULT_CAPS } else { 0 },
         argv_ptrs,
         env_ptrs,
+    }
+}
+
+/// Memory for a child's stack, allocated before clone so the child need
+/// not allocate.
+pub struct Stack(std::cell::UnsafeCell<Vec<u8>>);
+
+impl Stack {
+    pub fn new(size: usize) -> Self {
+        Stack(std::cell::UnsafeCell::new(vec![0; size]))
+    }
+
+    /// The top of the stack (stacks grow down), 16-byte aligned.
+    pub fn top(&self) -> *mut libc::c_void {
+        // SAFETY: only the one child that runs on this stack writes to it;
+        // the pointer is derived from the UnsafeCell, not from a shared
+        // reference to the Vec's contents.
+        let v = unsafe { &mut *self.0.get() };
+        let end = v.as_mut_ptr() as usize + v.len();
+        (end & !15) as *mut libc::c_void
+    }
+}
+
+impl std::fmt::Debug for Stack {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Stack")
     }
 }
 

@@ -291,12 +291,15 @@ impl Syscalls for Linux {
     }
 
     fn set_ids(&self, uid: u32, gid: u32, groups: &[libc::gid_t]) -> SysResult {
-        // Order matters: groups and gid while we still have CAP_SETGID, uid last.
-        // SAFETY: groups is a live slice of gid_t.
-        check(unsafe { libc::setgroups(groups.len(), groups.as_ptr()) }.into())?;
-        // SAFETY: integer arguments only. Raw syscalls, not the libc
-        // wrappers: glibc's setresuid signals every thread, which is not
-        // safe in a freshly cloned child.
+        // Raw system calls, not the libc wrappers: glibc's set*id and
+        // setgroups broadcast the change to every thread it knows of, under
+        // a lock. In a child cloned from a multi-threaded process those
+        // threads do not exist, and the wrapper would wait for them forever.
+        // Order matters: groups and gid while we still have CAP_SETGID,
+        // uid last.
+        // SAFETY: groups is a live slice of gid_t; integer arguments.
+        check(unsafe { libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) })?;
+        // SAFETY: integer arguments only.
         check(unsafe { libc::syscall(libc::SYS_setresgid, gid, gid, gid) })?;
         // SAFETY: as above.
         check(unsafe { libc::syscall(libc::SYS_setresuid, uid, uid, uid) }).map(drop)
