@@ -116,10 +116,9 @@ mod tests {
     fn payload_and_descriptors_cross_a_socketpair() {
         let mut sv = [-1; 2];
         // SAFETY: valid out-array.
-        assert_eq!(
-            unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET, 0, sv.as_mut_ptr()) },
-            0
-        );
+        let r =
+            unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_SEQPACKET, 0, sv.as_mut_ptr()) };
+        assert_eq!(r, 0);
         // SAFETY: fresh descriptors.
         let (a, b) = unsafe { (OwnedFd::from_raw_fd(sv[0]), OwnedFd::from_raw_fd(sv[1])) };
         let file = std::fs::File::open("/proc/self/status").unwrap();
