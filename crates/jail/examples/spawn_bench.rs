@@ -14,6 +14,11 @@
 //!   tree) or handed to a reaper thread (what a daemon does: the caller has
 //!   its answer when the command has exited).
 //!
+//! The peer, in the same run: bubblewrap doing the same cycle over the same
+//! tiny rootfs (`bwrap --unshare-all --die-with-parent --ro-bind R / --dev
+//! /dev --proc /proc /bin/true`, started and waited for from this process),
+//! and the ratio of medians brig/bwrap.
+//!
 //! Usage (root): `cargo run --release -p brig-jail --example spawn_bench -- [N]`.
 //! Needs `musl-gcc` (Debian: musl-tools) to build the static binary.
 
@@ -34,7 +39,8 @@ enum Teardown {
     Reaper,
 }
 
-fn bench(name: &str, spec: &SandboxSpec, opts: &SpawnOptions, n: usize, mode: Teardown) {
+/// Run the cycle and return the median create->exit time in ms.
+fn bench(name: &str, spec: &SandboxSpec, opts: &SpawnOptions, n: usize, mode: Teardown) -> f64 {
     let (tx, rx) = mpsc::channel::<Sandbox>();
     let reaper = std::thread::spawn(move || {
         for sb in rx {
@@ -81,6 +87,45 @@ fn bench(name: &str, spec: &SandboxSpec, opts: &SpawnOptions, n: usize, mode: Te
         pct(&total, 0.99),
         n as f64 / elapsed.as_secs_f64()
     );
+    pct(&total, 0.5)
+}
+
+/// The same cycle with bubblewrap: start, run, wait. Returns the median in
+/// ms, or None when bwrap is not installed.
+fn bench_bwrap(name: &str, argv: &[&str], n: usize) -> Option<f64> {
+    let run = || {
+        Command::new(argv[0])
+            .args(&argv[1..])
+            .status()
+            .map(|s| s.success())
+    };
+    if !matches!(run(), Ok(true)) {
+        println!(
+            "{name:<44} skipped: `{}` did not run (apt-get install bubblewrap)",
+            argv.join(" ")
+        );
+        return None;
+    }
+    for _ in 0..n / 10 {
+        let _ = run();
+    }
+    let mut total = Vec::with_capacity(n);
+    let start = Instant::now();
+    for _ in 0..n {
+        let t0 = Instant::now();
+        assert!(run().expect("bwrap"));
+        total.push(t0.elapsed());
+    }
+    let elapsed = start.elapsed();
+    total.sort();
+    println!(
+        "{name:<44} {:>41} | create->exit p50 {:>6.3} p99 {:>6.3} ms | {:>5.0} cycles/s",
+        "",
+        pct(&total, 0.5),
+        pct(&total, 0.99),
+        n as f64 / elapsed.as_secs_f64()
+    );
+    Some(pct(&total, 0.5))
 }
 
 fn main() {
@@ -119,40 +164,76 @@ fn main() {
     musl.template = TemplateRef::Dir(root.clone());
     let glibc = SandboxSpec::new(vec!["/bin/true".into()]);
 
+    for d in ["dev", "proc"] {
+        std::fs::create_dir_all(root.join(d)).unwrap();
+    }
+    let r = root.to_str().expect("utf-8 temp path");
+    let common = [
+        "bwrap",
+        "--unshare-all",
+        "--die-with-parent",
+        "--dev",
+        "/dev",
+        "--proc",
+        "/proc",
+    ];
+    let bwrap_musl: Vec<&str> = common
+        .iter()
+        .copied()
+        .chain(["--ro-bind", r, "/", "/bin/true"])
+        .collect();
+    let bwrap_host: Vec<&str> = common
+        .iter()
+        .copied()
+        .chain(["--ro-bind", "/", "/", "/bin/true"])
+        .collect();
+
+    use Teardown::{Reaper, Sync};
     println!("jail: create a sandbox, run a program, wait; n={n} per row (times in ms)");
-    bench(
-        "dir+musl   cold netns, sync teardown",
+    let musl_cold = bench(
+        "brig dir+musl   cold netns, sync teardown",
         &musl,
         &cold,
         n,
-        Teardown::Sync,
+        Sync,
     );
     bench(
-        "dir+musl   warm netns, sync teardown",
+        "brig dir+musl   warm netns, sync teardown",
         &musl,
         &warm,
         n,
-        Teardown::Sync,
+        Sync,
     );
-    bench(
-        "dir+musl   warm netns, reaper teardown",
+    let musl_warm = bench(
+        "brig dir+musl   warm netns, reaper teardown",
         &musl,
         &warm,
         n,
-        Teardown::Reaper,
+        Reaper,
     );
-    bench(
-        "host+glibc cold netns, sync teardown",
+    let bw_musl = bench_bwrap("bwrap tiny rootfs + musl (same cycle)", &bwrap_musl, n);
+    let glibc_cold = bench(
+        "brig host+glibc cold netns, sync teardown",
         &glibc,
         &cold,
         n,
-        Teardown::Sync,
+        Sync,
     );
-    bench(
-        "host+glibc warm netns, reaper teardown",
+    let glibc_warm = bench(
+        "brig host+glibc warm netns, reaper teardown",
         &glibc,
         &warm,
         n,
-        Teardown::Reaper,
+        Reaper,
     );
+    let bw_host = bench_bwrap("bwrap / + /bin/true (same cycle)", &bwrap_host, n);
+    if let (Some(bm), Some(bh)) = (bw_musl, bw_host) {
+        println!(
+            "ratio of medians brig/bwrap: musl cold {:.2}, musl warm {:.2}; glibc cold {:.2}, glibc warm {:.2}",
+            musl_cold / bm,
+            musl_warm / bm,
+            glibc_cold / bh,
+            glibc_warm / bh
+        );
+    }
 }
