@@ -621,6 +621,9 @@ fn openpty(rows: u16, cols: u16) -> (OwnedFd, OwnedFd) {
     unsafe { (OwnedFd::from_raw_fd(m), OwnedFd::from_raw_fd(s)) }
 }
 
+/// In `run_on_pty` input: resize the terminal to 50x120 instead of typing.
+const RESIZE: &[u8] = b"\0resize";
+
 fn run_on_pty(cmd: &[&str], input: &[(&str, &[u8])]) -> (String, Option<i32>) {
     let (master, slave) = openpty(33, 101);
     let mut c = brig();
@@ -657,7 +660,21 @@ fn run_on_pty(cmd: &[&str], input: &[(&str, &[u8])]) -> (String, Option<i32>) {
                 seen.push_str(&String::from_utf8_lossy(&chunk));
             }
         }
-        m.write_all(send).unwrap();
+        if *send == RESIZE {
+            // As a terminal emulator does: set the size on our side; the
+            // kernel tells brig (SIGWINCH), brig tells the sandbox.
+            let ws = libc::winsize {
+                ws_row: 50,
+                ws_col: 120,
+                ws_xpixel: 0,
+                ws_ypixel: 0,
+            };
+            use std::os::fd::AsRawFd;
+            // SAFETY: ioctl on our pty master with a valid winsize.
+            unsafe { libc::ioctl(m.as_raw_fd(), libc::TIOCSWINSZ, &ws) };
+        } else {
+            m.write_all(send).unwrap();
+        }
     }
     let status = child.wait().unwrap();
     while let Ok(chunk) = rx.recv_timeout(Duration::from_millis(300)) {
@@ -727,4 +744,16 @@ fn a_missing_kernel_feature_is_named_with_its_fix() {
         "{}",
         stderr(&o)
     );
+}
+
+#[test]
+fn window_size_changes_reach_the_command() {
+    require_root!();
+    let script = "echo ready; read x; stty size";
+    let (out, code) = run_on_pty(
+        &["sh", "-c", script],
+        &[("ready", RESIZE), ("ready", b"\n")],
+    );
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("50 120"), "{out}");
 }
