@@ -211,7 +211,7 @@ pub struct SandboxSpec {
     /// Absolute path inside the sandbox; created if missing.
     pub workdir: Option<String>,
     pub user: Option<UserSpec>,
-    /// argv; argv[0] is looked up on the sandbox's PATH.
+    /// argv; `argv[0]` is looked up on the sandbox's PATH.
     pub command: Vec<String>,
     /// Give the command a pseudo-terminal.
     pub tty: bool,

@@ -4,18 +4,21 @@
 //!
 //! Where to start reading:
 //! - [`sandbox::Sandbox::spawn`] is the host side: it takes a uid slot,
-//!   creates the cgroup, clones the sandbox's init into fresh namespaces,
-//!   writes its uid/gid maps and hands it the template's mounts.
-//! - [`bringup::bring_up`] is the sandbox side, read top to bottom: mounts,
-//!   pivot_root, hostname, loopback, rlimits, capabilities, no_new_privs,
-//!   seccomp, exec — with the reason for each step at the step.
+//!   clones the sandbox's init into fresh namespaces, writes its uid/gid
+//!   maps, hands it the template's mounts, and creates its cgroups while
+//!   it builds its root.
+//! - [`bringup::run_init`] is the sandbox side, read top to bottom: mounts,
+//!   pivot_root, hostname, loopback, rlimits, cgroup namespace, then the
+//!   command's process: capabilities, no_new_privs, seccomp, exec — with
+//!   the reason for each step at the step.
 //! - [`sys::Syscalls`] is the one trait every privileged call goes through;
 //!   [`sys::Recording`] is its fake, so most tests run unprivileged.
 //! - [`cgroup`] (v1 and v2), [`seccomp`] (policy compiled at build time from
 //!   `resources/seccomp/`), [`slot`] (uid ranges and liveness locks),
 //!   [`reconcile`] (reaping what a killed brig left behind), [`netpool`]
-//!   (pre-made network namespaces for the warm path) and [`probe`] (what
-//!   this host offers, for `brig doctor`).
+//!   (pre-made network namespaces for the warm path), [`probe`] (what this
+//!   host offers, for `brig doctor`), [`fdpass`] (descriptors between host
+//!   and init) and [`trace`] (`BRIG_TRACE_SPAWN=1`).
 
 pub mod bringup;
 pub mod cgroup;

@@ -13,7 +13,9 @@
 //!
 //! Afterwards the caller watches [`Sandbox::pidfd`] (readable when the
 //! sandbox has ended) and, on cgroup v1, [`Sandbox::oom_fd`], then calls
-//! [`Sandbox::wait`]. Dropping a `Sandbox` kills it and cleans up.
+//! [`Sandbox::wait`]. A long-lived host may instead take the command's
+//! status early with [`Sandbox::wait_command`] and finish with `wait` on a
+//! reaper thread. Dropping a `Sandbox` kills it and cleans up.
 
 use std::ffi::CString;
 use std::fs;

@@ -33,8 +33,8 @@ pub struct RunArgs {
     /// Most processes and threads alive at once.
     #[arg(long, default_value_t = 256, value_name = "N")]
     pids: u32,
-    /// Size of the writable layer and of /tmp (memory-backed, counts
-    /// towards --memory).
+    /// Size of the writable layer, /tmp included, and separately of /dev
+    /// (memory-backed: counts towards --memory).
     #[arg(long, default_value = "1G", value_name = "SIZE")]
     disk: String,
     /// Wall-clock limit, e.g. 30s, 5m, 1h30m; on expiry everything in the
@@ -47,7 +47,7 @@ pub struct RunArgs {
     /// Working directory inside the sandbox (created if missing).
     #[arg(long, short = 'w', value_name = "DIR")]
     workdir: Option<String>,
-    /// Run as this user (a name from the template's /etc/passwd, or UID[:GID]).
+    /// Run as this user: a name from the template's /etc/passwd, a UID, or UID:GID.
     #[arg(long, short = 'u', value_name = "NAME|UID")]
     user: Option<String>,
     /// Pass standard input through to the command.
