@@ -16,6 +16,13 @@
 //! [`Sandbox::wait`]. A long-lived host may instead take the command's
 //! status early with [`Sandbox::wait_command`] and finish with `wait` on a
 //! reaper thread. Dropping a `Sandbox` kills it and cleans up.
+//!
+//! **Call `spawn` from a thread that outlives the sandbox.** The init dies
+//! with its parent through `PR_SET_PDEATHSIG`, and the kernel's notion of
+//! "parent" is the *thread* that cloned it: when that thread exits, every
+//! sandbox it spawned is killed. A multi-threaded host (the daemon) needs a
+//! long-lived spawner thread; tokio's `spawn_blocking` threads, which exit
+//! when idle, would kill their sandboxes.
 
 use std::ffi::CString;
 use std::fs;
