@@ -189,3 +189,26 @@ fn read_all(mut r: std::fs::File) -> String {
     r.read_to_string(&mut s).unwrap();
     s
 }
+
+/// The init dies with the *thread* that spawned it (PR_SET_PDEATHSIG is
+/// per thread): a sandbox spawned from a thread that then exits is killed.
+/// This is the behaviour hosts must design around (see sandbox.rs), pinned
+/// here so a change to it is noticed.
+#[test]
+fn a_sandbox_dies_with_the_thread_that_spawned_it() {
+    if !root_or_skip() {
+        return;
+    }
+    let opts = SpawnOptions::prepare().unwrap();
+    let mut sb = std::thread::spawn(move || Sandbox::spawn(&sh("sleep 30"), &opts).unwrap())
+        .join()
+        .unwrap();
+    let t = Instant::now();
+    let exit = sb.wait_command().unwrap();
+    assert_eq!(
+        exit.code, 137,
+        "killed by SIGKILL when its spawning thread exited"
+    );
+    assert!(t.elapsed() < Duration::from_secs(10));
+    sb.wait().unwrap();
+}
