@@ -186,7 +186,7 @@ impl Template {
             Template::Dir => match rootfs() {
                 Some(r) => Some(format!("dir:{}", r.display())),
                 None => {
-                    eprintln!("skipping: BRIG_TEST_ROOTFS is not set (scripts/test builds a Debian rootfs and sets it)");
+                    support::skip("BRIG_TEST_ROOTFS is not set (scripts/test builds a Debian rootfs and sets it)");
                     None
                 }
             },
@@ -214,17 +214,19 @@ impl Template {
 /// reason is already printed).
 fn prerequisites(template: Template) -> Option<String> {
     if support::euid() != 0 {
-        eprintln!(
-            "skipping: the hostile suite needs root (brig's process tier); running as uid {}",
+        support::skip(&format!(
+            "the hostile suite needs root (brig's process tier); running as uid {}",
             support::euid()
-        );
+        ));
         return None;
     }
     if let Err(reason) = sandbox_available() {
         if std::env::var_os("BRIG_HOSTILE_REQUIRE").is_some() {
             panic!("brig cannot start a sandbox here and BRIG_HOSTILE_REQUIRE is set: {reason}");
         }
-        eprintln!("skipping: brig cannot start a sandbox on this host: {reason}");
+        support::skip(&format!(
+            "brig cannot start a sandbox on this host: {reason}"
+        ));
         return None;
     }
     template.brig_arg()
