@@ -14,6 +14,10 @@
 //! - [`flow`]: per-stream credit windows. [`SendWindow`] says how much may
 //!   be sent; [`RecvWindow`] refuses a peer that sends more than it was
 //!   granted ([`FlowError`]) and decides when to grant more.
+//! - [`message`]: what the payloads mean. Open headers and control
+//!   messages are JSON ([`ExecRequest`](message::ExecRequest),
+//!   [`Call`](message::Call), [`Event`](message::Event), …); bulk bytes are
+//!   raw Data behind a one-byte channel tag ([`message::DataMsg`]).
 //! - [`negotiate`]: both peers send a Hello with the version range they
 //!   speak and use the highest version both support.
 //!
@@ -25,6 +29,7 @@
 
 pub mod flow;
 pub mod frame;
+pub mod message;
 
 pub use flow::{FlowError, RecvWindow, SendWindow, INITIAL_WINDOW, MAX_WINDOW};
 pub use frame::{

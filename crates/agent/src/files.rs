@@ -1,0 +1,188 @@
+//! File operations, implemented with std::fs. The agent runs inside the
+//! sandbox, so a path means what it means to the sandbox's processes; the
+//! only checks are for empty paths and NUL bytes, which the kernel would
+//! misread.
+
+use std::fs::{self, Metadata};
+use std::io;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+
+use brig_protocol::message::{Entry, ErrorCode, Event, FileKind};
+
+/// Entries per `entries` message, so a big listing never needs a big frame.
+const ENTRIES_PER_MESSAGE: usize = 256;
+/// Deepest listing the agent walks.
+const MAX_DEPTH: u32 = 64;
+
+/// A failed operation, ready to become an `error` event.
+pub fn io_error(op: &str, path: &str, err: &io::Error) -> Event {
+    let code = match err.raw_os_error() {
+        Some(libc::ENOENT) => ErrorCode::NotFound,
+        Some(libc::EACCES) | Some(libc::EPERM) => ErrorCode::PermissionDenied,
+        Some(libc::EEXIST) => ErrorCode::AlreadyExists,
+        Some(libc::ENOTDIR) => ErrorCode::NotADirectory,
+        Some(libc::EISDIR) => ErrorCode::IsADirectory,
+        Some(libc::ENOTEMPTY) => ErrorCode::DirectoryNotEmpty,
+        Some(libc::EINVAL) => ErrorCode::InvalidRequest,
+        _ => ErrorCode::Io,
+    };
+    Event::error(code, format!("{op} {path}: {}", describe(err)))
+}
+
+/// An io::Error as a lowercase reason without the "(os error N)" suffix.
+pub fn describe(err: &io::Error) -> String {
+    let text = err.to_string();
+    let text = match text.find(" (os error") {
+        Some(i) => &text[..i],
+        None => &text,
+    };
+    let mut chars = text.chars();
+    match chars.next() {
+        Some(first) => first.to_lowercase().chain(chars).collect(),
+        None => String::new(),
+    }
+}
+
+/// Reject paths the kernel cannot take.
+pub fn check_path(path: &str) -> Result<(), Event> {
+    if path.is_empty() {
+        return Err(Event::error(ErrorCode::InvalidRequest, "path is empty"));
+    }
+    if path.contains('\0') {
+        return Err(Event::error(
+            ErrorCode::InvalidRequest,
+            format!("path {path:?} contains a nul byte"),
+        ));
+    }
+    Ok(())
+}
+
+pub fn entry(path: &Path, meta: &Metadata) -> Entry {
+    let kind = if meta.is_symlink() {
+        FileKind::Symlink
+    } else if meta.is_dir() {
+        FileKind::Dir
+    } else if meta.is_file() {
+        FileKind::File
+    } else {
+        FileKind::Other
+    };
+    Entry {
+        path: path.to_string_lossy().into_owned(),
+        name: path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| path.to_string_lossy().into_owned()),
+        kind,
+        size: meta.len(),
+        mode: meta.permissions().mode() & 0o7777,
+        mtime: meta.mtime(),
+        symlink_target: meta
+            .is_symlink()
+            .then(|| fs::read_link(path).ok())
+            .flatten()
+            .map(|t| t.to_string_lossy().into_owned()),
+    }
+}
+
+pub fn stat(path: &str) -> Event {
+    match fs::symlink_metadata(path) {
+        Ok(meta) => Event::Stat {
+            entry: entry(Path::new(path), &meta),
+        },
+        Err(e) => io_error("stat", path, &e),
+    }
+}
+
+/// `entries` messages then `done`, or one `error`.
+pub fn list(path: &str, depth: u32) -> Vec<Event> {
+    let depth = depth.clamp(1, MAX_DEPTH);
+    let mut found = Vec::new();
+    if let Err(e) = walk(Path::new(path), depth, &mut found) {
+        return vec![io_error("list", path, &e)];
+    }
+    let mut events: Vec<Event> = found
+        .chunks(ENTRIES_PER_MESSAGE)
+        .map(|c| Event::Entries {
+            entries: c.to_vec(),
+        })
+        .collect();
+    events.push(Event::Done);
+    events
+}
+
+fn walk(dir: &Path, depth: u32, out: &mut Vec<Entry>) -> io::Result<()> {
+    let mut children: Vec<_> = fs::read_dir(dir)?.collect::<Result<_, _>>()?;
+    children.sort_by_key(|c| c.file_name());
+    for child in children {
+        let path = child.path();
+        // The entry may vanish between readdir and lstat; skip it then.
+        let Ok(meta) = fs::symlink_metadata(&path) else {
+            continue;
+        };
+        out.push(entry(&path, &meta));
+        // Never follow symlinks: a link to / would list the whole sandbox.
+        if depth > 1 && meta.is_dir() {
+            // A subdirectory we may not read is listed but not descended.
+            let _ = walk(&path, depth - 1, out);
+        }
+    }
+    Ok(())
+}
+
+pub fn mkdir(path: &str, parents: bool) -> Event {
+    let result = if parents {
+        fs::create_dir_all(path)
+    } else {
+        fs::create_dir(path)
+    };
+    match result {
+        Ok(()) => Event::Done,
+        Err(e) => io_error("mkdir", path, &e),
+    }
+}
+
+pub fn rename(from: &str, to: &str) -> Event {
+    match fs::rename(from, to) {
+        Ok(()) => Event::Done,
+        Err(e) => io_error("rename", &format!("{from} to {to}"), &e),
+    }
+}
+
+pub fn remove(path: &str, recursive: bool) -> Event {
+    let result = match fs::symlink_metadata(path) {
+        Ok(meta) if meta.is_dir() && recursive => fs::remove_dir_all(path),
+        Ok(meta) if meta.is_dir() => fs::remove_dir(path),
+        Ok(_) => fs::remove_file(path),
+        Err(e) => Err(e),
+    };
+    match result {
+        Ok(()) => Event::Done,
+        Err(e) => io_error("remove", path, &e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_are_lowercase_and_name_the_path() {
+        let Event::Error { code, message } = stat("/definitely/not/here") else {
+            panic!("expected an error")
+        };
+        assert_eq!(code, ErrorCode::NotFound);
+        assert_eq!(
+            message,
+            "stat /definitely/not/here: no such file or directory"
+        );
+    }
+
+    #[test]
+    fn bad_paths_are_refused() {
+        assert!(check_path("").is_err());
+        assert!(check_path("a\0b").is_err());
+        assert!(check_path("/tmp").is_ok());
+    }
+}

@@ -1,0 +1,306 @@
+//! Child processes: spawning with pipes or a PTY, and the per-process
+//! output queue that sits between the child's pipes and the client's
+//! stream.
+//!
+//! The queue is where back-pressure happens. A foreground process's queue
+//! holds at most [`FOREGROUND_QUEUE`] bytes; while it is full the agent
+//! stops reading the child's pipes, the pipe fills, and the child blocks in
+//! write(2). The queue drains only as fast as the stream's send window
+//! allows, so a child writing gigabytes costs the agent a bounded amount of
+//! memory. A background process must never block on a client that may
+//! never come, so its queue is a ring of [`BACKGROUND_QUEUE`] bytes that
+//! drops the oldest output; `ATTACH` replays what is left.
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::process::{Command, Stdio};
+
+use brig_protocol::message::{ExecRequest, CHANNEL_STDERR, CHANNEL_STDOUT};
+
+use crate::sys::{self, WaitStatus};
+
+/// Queue bound of a foreground process before the agent stops reading it.
+pub const FOREGROUND_QUEUE: usize = 64 << 10;
+/// Output kept for a background process (the last 1 MiB).
+pub const BACKGROUND_QUEUE: usize = 1 << 20;
+/// Bytes read from a child pipe at a time.
+const READ_CHUNK: usize = 64 << 10;
+
+/// Which output descriptor of a process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pipe {
+    Stdout,
+    Stderr,
+}
+
+#[derive(Debug)]
+pub struct Proc {
+    pub pid: i32,
+    pub argv: Vec<String>,
+    pub background: bool,
+    /// The stream the process's output goes to, if a client is attached.
+    pub attached: Option<u32>,
+    pub status: Option<WaitStatus>,
+    /// With a PTY, `stdout` is the master and is also where stdin goes.
+    pub pty: bool,
+    pub stdout: Option<File>,
+    pub stderr: Option<File>,
+    pub stdin: Option<File>,
+    /// stdin bytes received but not yet written to the child. Bounded by
+    /// the stream's receive window.
+    pub stdin_buf: VecDeque<u8>,
+    /// The client closed stdin; close the child's once `stdin_buf` drains.
+    pub stdin_eof: bool,
+    queue: VecDeque<(u8, Vec<u8>)>,
+    queued: usize,
+    pub dropped: u64,
+}
+
+/// Why a process could not be started.
+#[derive(Debug)]
+pub enum SpawnError {
+    Invalid(String),
+    Io(String, io::Error),
+}
+
+impl Proc {
+    pub fn spawn(req: &ExecRequest) -> Result<Proc, SpawnError> {
+        let Some(program) = req.argv.first() else {
+            return Err(SpawnError::Invalid("argv is empty".into()));
+        };
+        let mut cmd = Command::new(program);
+        cmd.args(&req.argv[1..]).envs(&req.env);
+        if let Some(cwd) = &req.cwd {
+            cmd.current_dir(cwd);
+        }
+        let (mut uid, mut gid) = (req.uid, req.gid);
+        if let Some(name) = &req.user {
+            let user = lookup_user(name).ok_or_else(|| {
+                SpawnError::Invalid(format!("no user named {name:?} in /etc/passwd"))
+            })?;
+            uid = uid.or(Some(user.0));
+            gid = gid.or(Some(user.1));
+            cmd.env("HOME", user.2).env("USER", name);
+        }
+        if let Some(gid) = gid {
+            cmd.gid(gid);
+        }
+        if let Some(uid) = uid {
+            cmd.uid(uid);
+        }
+        let what = || format!("cannot start {program}");
+        let mut proc = Proc {
+            pid: 0,
+            argv: req.argv.clone(),
+            background: req.background,
+            attached: None,
+            status: None,
+            pty: req.pty.is_some(),
+            stdout: None,
+            stderr: None,
+            stdin: None,
+            stdin_buf: VecDeque::new(),
+            stdin_eof: false,
+            queue: VecDeque::new(),
+            queued: 0,
+            dropped: 0,
+        };
+        if let Some(size) = req.pty {
+            let (master, slave) =
+                sys::openpty(size.rows, size.cols).map_err(|e| SpawnError::Io(what(), e))?;
+            let dup = |fd: &OwnedFd| fd.try_clone().map_err(|e| SpawnError::Io(what(), e));
+            cmd.stdin(Stdio::from(dup(&slave)?))
+                .stdout(Stdio::from(dup(&slave)?))
+                .stderr(Stdio::from(slave));
+            // SAFETY: the hook runs in the forked child before exec and only
+            // makes async-signal-safe syscalls (setsid, ioctl) on fd 0, which
+            // std has already pointed at the PTY slave. A new session with
+            // the slave as controlling terminal is what makes the child a
+            // proper terminal job: ^C, SIGWINCH and `tty` work.
+            unsafe {
+                cmd.pre_exec(|| {
+                    if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+            let child = cmd.spawn().map_err(|e| SpawnError::Io(what(), e))?;
+            // `cmd` still holds copies of the slave; drop it so that reading
+            // the master reports EIO once the child's side is closed.
+            drop(cmd);
+            let master = File::from(master);
+            sys::set_nonblocking(&master).map_err(|e| SpawnError::Io(what(), e))?;
+            proc.stdin = Some(master.try_clone().map_err(|e| SpawnError::Io(what(), e))?);
+            proc.stdout = Some(master);
+            proc.pid = child.id() as i32;
+        } else {
+            // Each child leads its own process group so that cancelling it
+            // also kills whatever it started.
+            cmd.stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .process_group(0);
+            let mut child = cmd.spawn().map_err(|e| SpawnError::Io(what(), e))?;
+            let to_file = |fd: OwnedFd| -> Result<File, SpawnError> {
+                let f = File::from(fd);
+                sys::set_nonblocking(&f).map_err(|e| SpawnError::Io(what(), e))?;
+                Ok(f)
+            };
+            proc.stdin = child
+                .stdin
+                .take()
+                .map(OwnedFd::from)
+                .map(to_file)
+                .transpose()?;
+            proc.stdout = child
+                .stdout
+                .take()
+                .map(OwnedFd::from)
+                .map(to_file)
+                .transpose()?;
+            proc.stderr = child
+                .stderr
+                .take()
+                .map(OwnedFd::from)
+                .map(to_file)
+                .transpose()?;
+            proc.pid = child.id() as i32;
+        }
+        // The `Child` is dropped without waiting: the agent reaps with
+        // waitpid(-1) when its SIGCHLD signalfd fires.
+        Ok(proc)
+    }
+
+    fn cap(&self) -> usize {
+        if self.background {
+            BACKGROUND_QUEUE
+        } else {
+            FOREGROUND_QUEUE
+        }
+    }
+
+    /// Whether the agent should read this process's output now.
+    pub fn wants_output(&self) -> bool {
+        self.background || self.queued < self.cap()
+    }
+
+    /// Read what is available from one pipe into the queue. Returns false
+    /// once the pipe has ended (and closes it).
+    pub fn read_pipe(&mut self, which: Pipe) -> bool {
+        let (slot, channel) = match which {
+            Pipe::Stdout => (&mut self.stdout, CHANNEL_STDOUT),
+            Pipe::Stderr => (&mut self.stderr, CHANNEL_STDERR),
+        };
+        let Some(file) = slot else { return false };
+        let mut buf = vec![0; READ_CHUNK];
+        match file.read(&mut buf) {
+            Ok(0) => {
+                *slot = None;
+                false
+            }
+            Ok(n) => {
+                buf.truncate(n);
+                self.queued += n;
+                self.queue.push_back((channel, buf));
+                while self.background && self.queued > BACKGROUND_QUEUE {
+                    if let Some((_, old)) = self.queue.pop_front() {
+                        self.queued -= old.len();
+                        self.dropped += old.len() as u64;
+                    }
+                }
+                true
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => true,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => true,
+            // EIO is how a PTY master reports that the slave side is gone.
+            Err(_) => {
+                *slot = None;
+                false
+            }
+        }
+    }
+
+    /// The next output chunk, at most `max` bytes of it.
+    pub fn take_output(&mut self, max: usize) -> Option<(u8, Vec<u8>)> {
+        let (channel, front) = self.queue.front_mut()?;
+        let channel = *channel;
+        let chunk = if front.len() <= max {
+            self.queue.pop_front().map(|(_, b)| b).unwrap_or_default()
+        } else {
+            let rest = front.split_off(max);
+            std::mem::replace(front, rest)
+        };
+        self.queued -= chunk.len();
+        Some((channel, chunk))
+    }
+
+    /// Exited, all output read from the pipes and handed on.
+    pub fn is_finished(&self) -> bool {
+        self.status.is_some()
+            && self.stdout.is_none()
+            && self.stderr.is_none()
+            && self.queue.is_empty()
+    }
+
+    /// Write buffered stdin to the child. Returns how many bytes left the
+    /// buffer (written, or discarded because the child closed its stdin).
+    pub fn write_stdin(&mut self) -> usize {
+        let mut done = 0;
+        while !self.stdin_buf.is_empty() {
+            let Some(file) = &mut self.stdin else {
+                done += self.stdin_buf.len();
+                self.stdin_buf.clear();
+                break;
+            };
+            let (front, _) = self.stdin_buf.as_slices();
+            match file.write(front) {
+                Ok(n) => {
+                    self.stdin_buf.drain(..n);
+                    done += n;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                // EPIPE: the child closed its stdin; nobody will read the rest.
+                Err(_) => self.stdin = None,
+            }
+        }
+        if self.stdin_buf.is_empty() && self.stdin_eof {
+            self.close_stdin();
+        }
+        done
+    }
+
+    fn close_stdin(&mut self) {
+        if self.pty {
+            // A PTY has no half-close: send the terminal's EOF character,
+            // which ends a read at the start of a line.
+            if let Some(f) = &mut self.stdin {
+                let _ = f.write(&[0x04]);
+            }
+            self.stdin_eof = false;
+            return;
+        }
+        self.stdin = None;
+    }
+
+    pub fn stdin_fd(&self) -> Option<i32> {
+        self.stdin.as_ref().map(|f| f.as_raw_fd())
+    }
+}
+
+/// (uid, gid, home) of a user in the sandbox's /etc/passwd.
+fn lookup_user(name: &str) -> Option<(u32, u32, String)> {
+    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
+    passwd.lines().find_map(|line| {
+        let f: Vec<&str> = line.split(':').collect();
+        if f.len() >= 6 && f[0] == name {
+            Some((f[2].parse().ok()?, f[3].parse().ok()?, f[5].to_string()))
+        } else {
+            None
+        }
+    })
+}

@@ -1,0 +1,860 @@
+//! The agent's event loop: one thread, one poll(2) over the connection, the
+//! SIGCHLD signalfd and every child pipe.
+//!
+//! Each turn: `pump` moves queued output onto streams as far as their send
+//! windows allow, `poll` waits for something to change, and the handlers
+//! read frames, child output and exit statuses. Nothing in the loop blocks
+//! except poll itself. Memory is bounded everywhere: the connection's
+//! outgoing buffer stops growing at [`OUT_HIGH`] (pumps pause, and the
+//! connection is not read while it is over [`OUT_MAX`]); process output
+//! queues are bounded (see `process.rs`); incoming Data is bounded by each
+//! stream's receive window.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+
+use brig_protocol::message::{
+    self, AttachRequest, Call, DataMsg, ErrorBody, ErrorCode, Event, ExecRequest, Input,
+    ProcessInfo, ReadRequest, WatchRequest, WriteRequest, CHANNEL_STDOUT, MAX_CHUNK,
+};
+use brig_protocol::{
+    negotiate, Body, Decoder, Frame, RecvWindow, ResetCode, SendWindow, StreamClass, StreamId,
+    SUPPORTED,
+};
+
+use crate::files;
+use crate::process::{Pipe, Proc, SpawnError};
+use crate::sys::{self, WaitStatus};
+
+/// Stop producing output once this much is waiting to be written.
+const OUT_HIGH: usize = 1 << 20;
+/// Stop reading the connection once this much is waiting to be written
+/// (a peer that pings without reading).
+const OUT_MAX: usize = 4 << 20;
+/// Streams open at once; more Opens are refused.
+const MAX_STREAMS: usize = 1024;
+/// Finished background processes kept for a late `ATTACH`.
+const MAX_EXITED: usize = 64;
+/// File bytes per Data frame when reading.
+const FILE_CHUNK: usize = 256 << 10;
+
+/// Why the connection ended.
+#[derive(Debug)]
+pub enum End {
+    /// The host closed the connection.
+    Eof,
+    /// The host broke the protocol; reported to it with a NOTICE stream.
+    Protocol(String),
+    Io(io::Error),
+}
+
+#[derive(Debug)]
+enum Role {
+    /// Output of a process goes here; inputs go to it.
+    Process {
+        pid: i32,
+    },
+    Read {
+        file: File,
+    },
+    Write {
+        file: File,
+        written: u64,
+    },
+    /// Nothing more to do but drain control messages and close.
+    Idle,
+}
+
+#[derive(Debug)]
+struct Stream {
+    send: SendWindow,
+    recv: RecvWindow,
+    /// Control payloads (already tagged) waiting for send credit.
+    ctl: VecDeque<Vec<u8>>,
+    role: Role,
+    /// Close this side once `ctl` is empty.
+    finish: bool,
+    local_closed: bool,
+    remote_closed: bool,
+}
+
+impl Stream {
+    fn new(role: Role) -> Stream {
+        Stream {
+            send: SendWindow::new(),
+            recv: RecvWindow::default(),
+            ctl: VecDeque::new(),
+            role,
+            finish: false,
+            local_closed: false,
+            remote_closed: false,
+        }
+    }
+
+    fn event(&mut self, event: &Event) {
+        self.ctl.push_back(message::control_payload(event));
+    }
+
+    /// Reply with one event and close.
+    fn reply(&mut self, event: &Event) {
+        self.event(event);
+        self.role = Role::Idle;
+        self.finish = true;
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Token {
+    ConnIn,
+    ConnOut,
+    Sigchld,
+    Out(i32, Pipe),
+    Stdin(i32),
+}
+
+#[derive(Debug)]
+pub struct Session {
+    input: File,
+    output: File,
+    decoder: Decoder,
+    out: Vec<u8>,
+    peer_hello: bool,
+    streams: BTreeMap<u32, Stream>,
+    highest_host_stream: u32,
+    next_agent_stream: u32,
+    procs: BTreeMap<i32, Proc>,
+    exited_unattached: VecDeque<i32>,
+    sigchld: File,
+}
+
+fn push_frame(out: &mut Vec<u8>, frame: Frame) {
+    // Every frame the agent builds is within the kind's bounds (Data ≤
+    // MAX_CHUNK + 1, headers ≤ a few hundred bytes), so encoding cannot fail.
+    frame
+        .encode_into(out)
+        .expect("agent frames are well-formed");
+}
+
+impl Session {
+    pub fn new(input: File, output: File) -> io::Result<Session> {
+        sys::set_nonblocking(&input)?;
+        sys::set_nonblocking(&output)?;
+        Ok(Session {
+            input,
+            output,
+            decoder: Decoder::new(),
+            out: Vec::new(),
+            peer_hello: false,
+            streams: BTreeMap::new(),
+            highest_host_stream: 0,
+            next_agent_stream: 2,
+            procs: BTreeMap::new(),
+            exited_unattached: VecDeque::new(),
+            sigchld: File::from(sys::sigchld_fd()?),
+        })
+    }
+
+    /// Serve until the host hangs up or breaks the protocol.
+    pub fn run(&mut self) -> End {
+        push_frame(&mut self.out, Frame::hello(SUPPORTED.0, SUPPORTED.1));
+        let end = loop {
+            if let Err(end) = self.turn() {
+                break end;
+            }
+        };
+        if let End::Protocol(message) = &end {
+            self.notice(message);
+        }
+        end
+    }
+
+    /// Kill every process this agent started (the connection is gone, and
+    /// with it any way to manage them).
+    pub fn kill_all(&mut self) {
+        for pid in self.procs.keys() {
+            sys::kill_group(*pid, libc::SIGKILL);
+        }
+    }
+
+    fn turn(&mut self) -> Result<(), End> {
+        self.pump();
+        let mut fds = Vec::new();
+        let mut tokens = Vec::new();
+        let mut add = |fd: i32, events: i16, token: Token| {
+            fds.push(libc::pollfd {
+                fd,
+                events,
+                revents: 0,
+            });
+            tokens.push(token);
+        };
+        if self.out.len() < OUT_MAX {
+            add(self.input.as_raw_fd(), libc::POLLIN, Token::ConnIn);
+        }
+        if !self.out.is_empty() {
+            add(self.output.as_raw_fd(), libc::POLLOUT, Token::ConnOut);
+        }
+        add(self.sigchld.as_raw_fd(), libc::POLLIN, Token::Sigchld);
+        for (pid, p) in &self.procs {
+            if p.wants_output() {
+                if let Some(f) = &p.stdout {
+                    add(f.as_raw_fd(), libc::POLLIN, Token::Out(*pid, Pipe::Stdout));
+                }
+                if let Some(f) = &p.stderr {
+                    add(f.as_raw_fd(), libc::POLLIN, Token::Out(*pid, Pipe::Stderr));
+                }
+            }
+            if !p.stdin_buf.is_empty() {
+                if let Some(fd) = p.stdin_fd() {
+                    add(fd, libc::POLLOUT, Token::Stdin(*pid));
+                }
+            }
+        }
+        sys::poll(&mut fds, -1).map_err(End::Io)?;
+        for (pfd, token) in fds.iter().zip(tokens) {
+            if pfd.revents == 0 {
+                continue;
+            }
+            match token {
+                Token::ConnIn => self.read_conn()?,
+                Token::ConnOut => self.flush()?,
+                Token::Sigchld => self.reap(),
+                Token::Out(pid, which) => {
+                    if let Some(p) = self.procs.get_mut(&pid) {
+                        p.read_pipe(which);
+                    }
+                }
+                Token::Stdin(pid) => self.write_stdin(pid),
+            }
+        }
+        Ok(())
+    }
+
+    fn read_conn(&mut self) -> Result<(), End> {
+        let mut buf = vec![0; 64 << 10];
+        let n = match self.input.read(&mut buf) {
+            Ok(0) => return Err(End::Eof),
+            Ok(n) => n,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+                ) =>
+            {
+                return Ok(())
+            }
+            Err(e) => return Err(End::Io(e)),
+        };
+        self.decoder.push(&buf[..n]);
+        loop {
+            match self.decoder.next_frame() {
+                Ok(Some(frame)) => self.handle(frame)?,
+                Ok(None) => return Ok(()),
+                Err(e) => return Err(End::Protocol(e.to_string())),
+            }
+        }
+    }
+
+    fn flush(&mut self) -> Result<(), End> {
+        while !self.out.is_empty() {
+            match self.output.write(&self.out) {
+                Ok(n) => {
+                    self.out.drain(..n);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(End::Io(e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// Report a connection-level error on an agent-opened NOTICE stream and
+    /// give the host up to a second to read it.
+    fn notice(&mut self, message: &str) {
+        let id = StreamId(self.next_agent_stream);
+        self.next_agent_stream += 2;
+        let body = ErrorBody {
+            code: ErrorCode::Protocol,
+            message: message.to_string(),
+        };
+        push_frame(
+            &mut self.out,
+            Frame::open(id, StreamClass::NOTICE, message::encode_header(&body)),
+        );
+        push_frame(&mut self.out, Frame::close(id));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+        while !self.out.is_empty() && std::time::Instant::now() < deadline {
+            let mut fds = [libc::pollfd {
+                fd: self.output.as_raw_fd(),
+                events: libc::POLLOUT,
+                revents: 0,
+            }];
+            if sys::poll(&mut fds, 100).is_err() || self.flush().is_err() {
+                return;
+            }
+        }
+    }
+
+    fn reap(&mut self) {
+        // Drain the signalfd; the statuses come from waitpid.
+        let mut buf = [0u8; 1024];
+        while matches!(self.sigchld.read(&mut buf), Ok(n) if n > 0) {}
+        for (pid, status) in sys::reap_children() {
+            if let Some(p) = self.procs.get_mut(&pid) {
+                p.status = Some(status);
+                if p.attached.is_none() {
+                    if p.background {
+                        self.exited_unattached.push_back(pid);
+                        while self.exited_unattached.len() > MAX_EXITED {
+                            if let Some(old) = self.exited_unattached.pop_front() {
+                                self.procs.remove(&old);
+                            }
+                        }
+                    } else {
+                        self.procs.remove(&pid);
+                    }
+                }
+            }
+        }
+    }
+
+    fn write_stdin(&mut self, pid: i32) {
+        let Some(p) = self.procs.get_mut(&pid) else {
+            return;
+        };
+        let done = p.write_stdin();
+        if let Some(id) = p.attached {
+            self.release(id, done);
+        }
+    }
+
+    /// Give `len` received bytes back to the peer as credit when due.
+    fn release(&mut self, id: u32, len: usize) {
+        if let Some(st) = self.streams.get_mut(&id) {
+            if st.recv.release(len).is_ok() {
+                if let Some(inc) = st.recv.take_credit() {
+                    push_frame(&mut self.out, Frame::credit(StreamId(id), inc));
+                }
+            }
+        }
+    }
+
+    fn handle(&mut self, frame: Frame) -> Result<(), End> {
+        let id = frame.stream.0;
+        match frame.body {
+            Body::Hello { min, max } => {
+                if self.peer_hello {
+                    return Err(End::Protocol("second hello on the connection".into()));
+                }
+                negotiate(SUPPORTED, (min, max)).map_err(|e| End::Protocol(e.to_string()))?;
+                self.peer_hello = true;
+                return Ok(());
+            }
+            _ if !self.peer_hello => {
+                return Err(End::Protocol(format!(
+                    "expected hello as the first frame, got {}",
+                    frame.kind()
+                )))
+            }
+            Body::Ping(nonce) => push_frame(&mut self.out, Frame::pong(nonce)),
+            Body::Pong(_) => {}
+            Body::Open { class, header } => self.open(id, class, &header),
+            Body::Data(bytes) => self.data(id, &bytes),
+            Body::Credit(inc) => {
+                if let Some(st) = self.streams.get_mut(&id) {
+                    if let Err(e) = st.send.replenish(inc) {
+                        self.reset(id, e.reset_code());
+                    }
+                } else {
+                    self.unknown_stream(id);
+                }
+            }
+            Body::Close => self.remote_close(id),
+            Body::Reset(_) => {
+                if self.streams.contains_key(&id) {
+                    self.drop_stream(id);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A frame for a stream not in the table: late frames for a stream that
+    /// already ended are dropped; anything else is a stream-level error.
+    fn unknown_stream(&mut self, id: u32) {
+        let ended = if id & 1 == 1 {
+            id <= self.highest_host_stream
+        } else {
+            id < self.next_agent_stream
+        };
+        if !ended {
+            push_frame(
+                &mut self.out,
+                Frame::reset(StreamId(id), ResetCode::PROTOCOL),
+            );
+        }
+    }
+
+    fn reset(&mut self, id: u32, code: ResetCode) {
+        push_frame(&mut self.out, Frame::reset(StreamId(id), code));
+        self.drop_stream(id);
+    }
+
+    /// Forget a stream, cancelling what it was doing.
+    fn drop_stream(&mut self, id: u32) {
+        let Some(st) = self.streams.remove(&id) else {
+            return;
+        };
+        if let Role::Process { pid } = st.role {
+            if let Some(p) = self.procs.get_mut(&pid) {
+                p.attached = None;
+                p.stdin_buf.clear();
+                if !p.background {
+                    // A foreground process lives only as long as its client.
+                    sys::kill_group(pid, libc::SIGKILL);
+                    self.procs.remove(&pid);
+                } else if p.status.is_some() {
+                    self.exited_unattached.push_back(pid);
+                }
+            }
+        }
+    }
+
+    fn open(&mut self, id: u32, class: StreamClass, header: &[u8]) {
+        // The host opens odd ids, each higher than the last, so a single
+        // number tells a reused id from a new one.
+        if id & 1 == 0 || id <= self.highest_host_stream {
+            push_frame(
+                &mut self.out,
+                Frame::reset(StreamId(id), ResetCode::PROTOCOL),
+            );
+            return;
+        }
+        self.highest_host_stream = id;
+        if self.streams.len() >= MAX_STREAMS {
+            push_frame(
+                &mut self.out,
+                Frame::reset(StreamId(id), ResetCode::REFUSED),
+            );
+            return;
+        }
+        let mut st = Stream::new(Role::Idle);
+        match class {
+            StreamClass::EXEC => match message::decode::<ExecRequest>("exec request", header) {
+                Ok(req) => self.exec(id, &mut st, &req),
+                Err(e) => st.reply(&Event::error(ErrorCode::InvalidRequest, e.to_string())),
+            },
+            StreamClass::ATTACH => match message::decode::<AttachRequest>("attach request", header)
+            {
+                Ok(req) => self.attach(id, &mut st, req.pid),
+                Err(e) => st.reply(&Event::error(ErrorCode::InvalidRequest, e.to_string())),
+            },
+            StreamClass::FILE_READ => {
+                match message::decode::<ReadRequest>("read request", header) {
+                    Ok(req) => open_read(&mut st, &req.path),
+                    Err(e) => st.reply(&Event::error(ErrorCode::InvalidRequest, e.to_string())),
+                }
+            }
+            StreamClass::FILE_WRITE => {
+                match message::decode::<WriteRequest>("write request", header) {
+                    Ok(req) => open_write(&mut st, &req),
+                    Err(e) => st.reply(&Event::error(ErrorCode::InvalidRequest, e.to_string())),
+                }
+            }
+            StreamClass::WATCH => match message::decode::<WatchRequest>("watch request", header) {
+                Ok(_) => st.reply(&Event::error(
+                    ErrorCode::Unsupported,
+                    "watch is not supported by this agent yet",
+                )),
+                Err(e) => st.reply(&Event::error(ErrorCode::InvalidRequest, e.to_string())),
+            },
+            StreamClass::CALL => match message::decode::<Call>("call", header) {
+                Ok(call) => {
+                    for event in self.call(call) {
+                        st.event(&event);
+                    }
+                    st.finish = true;
+                }
+                Err(e) => st.reply(&Event::error(ErrorCode::InvalidRequest, e.to_string())),
+            },
+            _ => {
+                push_frame(
+                    &mut self.out,
+                    Frame::reset(StreamId(id), ResetCode::REFUSED),
+                );
+                return;
+            }
+        }
+        self.streams.insert(id, st);
+    }
+
+    fn exec(&mut self, id: u32, st: &mut Stream, req: &ExecRequest) {
+        let mut proc = match Proc::spawn(req) {
+            Ok(p) => p,
+            Err(SpawnError::Invalid(m)) => {
+                return st.reply(&Event::error(ErrorCode::InvalidRequest, m));
+            }
+            Err(SpawnError::Io(what, e)) => {
+                let mut event = files::io_error("", "", &e);
+                if let Event::Error { message, .. } = &mut event {
+                    *message = format!("{what}: {}", files::describe(&e));
+                }
+                return st.reply(&event);
+            }
+        };
+        let pid = proc.pid;
+        st.event(&Event::Started { pid });
+        if req.background {
+            st.finish = true;
+        } else {
+            proc.attached = Some(id);
+            st.role = Role::Process { pid };
+        }
+        self.procs.insert(pid, proc);
+    }
+
+    fn attach(&mut self, id: u32, st: &mut Stream, pid: i32) {
+        let Some(p) = self.procs.get_mut(&pid) else {
+            return st.reply(&Event::error(
+                ErrorCode::NoSuchProcess,
+                format!("no process with pid {pid} is managed by this agent"),
+            ));
+        };
+        if p.attached.is_some() {
+            return st.reply(&Event::error(
+                ErrorCode::Busy,
+                format!("process {pid} already has a client attached"),
+            ));
+        }
+        p.attached = Some(id);
+        st.event(&Event::Attached {
+            pid,
+            dropped: p.dropped,
+        });
+        st.role = Role::Process { pid };
+        self.exited_unattached.retain(|x| *x != pid);
+    }
+
+    fn call(&mut self, call: Call) -> Vec<Event> {
+        let checked = |paths: &[&str]| paths.iter().try_for_each(|p| files::check_path(p));
+        match call {
+            Call::List { path, depth } => match checked(&[&path]) {
+                Ok(()) => files::list(&path, depth),
+                Err(e) => vec![e],
+            },
+            Call::Stat { path } => {
+                vec![checked(&[&path]).map_or_else(|e| e, |()| files::stat(&path))]
+            }
+            Call::Mkdir { path, parents } => {
+                vec![checked(&[&path]).map_or_else(|e| e, |()| files::mkdir(&path, parents))]
+            }
+            Call::Rename { from, to } => {
+                vec![checked(&[&from, &to]).map_or_else(|e| e, |()| files::rename(&from, &to))]
+            }
+            Call::Remove { path, recursive } => {
+                vec![checked(&[&path]).map_or_else(|e| e, |()| files::remove(&path, recursive))]
+            }
+            Call::ListProcesses => vec![Event::Processes {
+                processes: self
+                    .procs
+                    .values()
+                    .map(|p| ProcessInfo {
+                        pid: p.pid,
+                        argv: p.argv.clone(),
+                        pty: p.pty,
+                        background: p.background,
+                        running: p.status.is_none(),
+                        attached: p.attached.is_some(),
+                    })
+                    .collect(),
+            }],
+            Call::Signal { pid, sig } => vec![signal(pid, sig)],
+        }
+    }
+
+    fn data(&mut self, id: u32, bytes: &[u8]) {
+        let Some(st) = self.streams.get_mut(&id) else {
+            return self.unknown_stream(id);
+        };
+        if st.remote_closed {
+            return self.reset(id, ResetCode::PROTOCOL);
+        }
+        if let Err(e) = st.recv.receive(bytes.len()) {
+            return self.reset(id, e.reset_code());
+        }
+        let msg = match DataMsg::parse(bytes) {
+            Ok(m) => m,
+            Err(_) => return self.reset(id, ResetCode::PROTOCOL),
+        };
+        // Bytes held for later (stdin) are released when written; all else now.
+        let mut held = 0;
+        match (msg, &mut st.role) {
+            (DataMsg::Control(json), role) => {
+                let reply = match message::decode::<Input>("input", json) {
+                    Err(e) => Some(Event::error(ErrorCode::InvalidRequest, e.to_string())),
+                    Ok(input) => match role {
+                        Role::Process { pid } => match self.procs.get(pid) {
+                            Some(p) => input_to_process(p, input),
+                            None => None,
+                        },
+                        _ => Some(Event::error(
+                            ErrorCode::InvalidRequest,
+                            "this stream takes no control messages",
+                        )),
+                    },
+                };
+                if let Some(event) = reply {
+                    st.event(&event);
+                }
+            }
+            (DataMsg::Bytes { channel, bytes }, Role::Process { pid })
+                if channel == CHANNEL_STDOUT =>
+            {
+                if let Some(p) = self.procs.get_mut(pid) {
+                    if p.stdin.is_some() {
+                        p.stdin_buf.extend(bytes);
+                        held = bytes.len();
+                    }
+                }
+            }
+            (DataMsg::Bytes { channel, bytes }, Role::Write { file, written })
+                if channel == CHANNEL_STDOUT =>
+            {
+                // Local files accept writes at disk speed; writing inline
+                // keeps nothing buffered.
+                match file.write_all(bytes) {
+                    Ok(()) => *written += bytes.len() as u64,
+                    Err(e) => st.reply(&files::io_error("write", "file", &e)),
+                }
+            }
+            // Bytes for a finished operation, or stderr-channel bytes from
+            // the host, are dropped (but still credited).
+            (DataMsg::Bytes { .. }, _) => {}
+        }
+        let len = bytes.len() - held;
+        self.release(id, len);
+        if held > 0 {
+            if let Some(pid) = self.streams.get(&id).and_then(|s| match s.role {
+                Role::Process { pid } => Some(pid),
+                _ => None,
+            }) {
+                self.write_stdin(pid);
+            }
+        }
+    }
+
+    fn remote_close(&mut self, id: u32) {
+        let Some(st) = self.streams.get_mut(&id) else {
+            return self.unknown_stream(id);
+        };
+        if st.remote_closed {
+            return self.reset(id, ResetCode::PROTOCOL);
+        }
+        st.remote_closed = true;
+        match &mut st.role {
+            Role::Process { pid } => {
+                let pid = *pid;
+                if let Some(p) = self.procs.get_mut(&pid) {
+                    p.stdin_eof = true;
+                }
+                self.write_stdin(pid);
+            }
+            Role::Write { file, written } => {
+                let event = match file.sync_data() {
+                    Ok(()) => Event::Written { bytes: *written },
+                    Err(e) => files::io_error("write", "file", &e),
+                };
+                st.reply(&event);
+            }
+            Role::Read { .. } | Role::Idle => {}
+        }
+        self.maybe_forget(id);
+    }
+
+    fn maybe_forget(&mut self, id: u32) {
+        if matches!(self.streams.get(&id), Some(s) if s.local_closed && s.remote_closed) {
+            self.streams.remove(&id);
+        }
+    }
+
+    /// Move queued control messages, process output and file contents onto
+    /// their streams, as far as send windows and the outgoing buffer allow.
+    fn pump(&mut self) {
+        let ids: Vec<u32> = self.streams.keys().copied().collect();
+        for id in ids {
+            if self.out.len() >= OUT_HIGH {
+                return;
+            }
+            let Some(st) = self.streams.get_mut(&id) else {
+                continue;
+            };
+            let sid = StreamId(id);
+            loop {
+                // Control messages first: they were queued before anything
+                // the role produces below.
+                while let Some(msg) = st.ctl.front() {
+                    if st.send.consume(msg.len()).is_err() {
+                        break;
+                    }
+                    let msg = st.ctl.pop_front().unwrap_or_default();
+                    push_frame(&mut self.out, Frame::data(sid, msg));
+                }
+                if !st.ctl.is_empty() || self.out.len() >= OUT_HIGH {
+                    break;
+                }
+                let room = (st.send.available() as usize)
+                    .saturating_sub(1)
+                    .min(MAX_CHUNK);
+                match &mut st.role {
+                    Role::Process { pid } => {
+                        let pid = *pid;
+                        let Some(p) = self.procs.get_mut(&pid) else {
+                            st.role = Role::Idle;
+                            st.finish = true;
+                            continue;
+                        };
+                        if room > 0 {
+                            if let Some((channel, chunk)) = p.take_output(room) {
+                                let payload = message::bytes_payload(channel, &chunk);
+                                // `room` left a byte for the channel tag.
+                                let _ = st.send.consume(payload.len());
+                                push_frame(&mut self.out, Frame::data(sid, payload));
+                                continue;
+                            }
+                        }
+                        if p.is_finished() {
+                            let (code, signal) = match p.status {
+                                Some(WaitStatus::Exited(c)) => (Some(c), None),
+                                Some(WaitStatus::Signaled(s)) => (None, Some(s)),
+                                None => (None, None),
+                            };
+                            self.procs.remove(&pid);
+                            st.reply(&Event::Exited { code, signal });
+                            continue;
+                        }
+                        break;
+                    }
+                    Role::Read { file } => {
+                        if room == 0 {
+                            break;
+                        }
+                        let mut buf = vec![0; room.min(FILE_CHUNK)];
+                        match file.read(&mut buf) {
+                            Ok(0) => {
+                                st.role = Role::Idle;
+                                st.finish = true;
+                            }
+                            Ok(n) => {
+                                let payload = message::bytes_payload(CHANNEL_STDOUT, &buf[..n]);
+                                let _ = st.send.consume(payload.len());
+                                push_frame(&mut self.out, Frame::data(sid, payload));
+                            }
+                            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                            Err(e) => st.reply(&files::io_error("read", "file", &e)),
+                        }
+                    }
+                    Role::Write { .. } | Role::Idle => break,
+                }
+            }
+            if st.finish && st.ctl.is_empty() && !st.local_closed {
+                st.local_closed = true;
+                push_frame(&mut self.out, Frame::close(sid));
+            }
+            self.maybe_forget(id);
+        }
+    }
+}
+
+fn input_to_process(p: &Proc, input: Input) -> Option<Event> {
+    match input {
+        Input::Signal { sig } => match signal(p.pid, sig) {
+            Event::Done => None,
+            err => Some(err),
+        },
+        Input::Resize { rows, cols } => {
+            let Some(master) = p.stdout.as_ref().filter(|_| p.pty) else {
+                return Some(Event::error(
+                    ErrorCode::InvalidRequest,
+                    format!("process {} has no pty to resize", p.pid),
+                ));
+            };
+            sys::set_winsize(master, rows, cols).err().map(|e| {
+                Event::error(
+                    ErrorCode::Io,
+                    format!("resize pty: {}", files::describe(&e)),
+                )
+            })
+        }
+    }
+}
+
+fn signal(pid: i32, sig: i32) -> Event {
+    if pid <= 0 {
+        return Event::error(ErrorCode::InvalidRequest, format!("invalid pid {pid}"));
+    }
+    match sys::kill(pid, sig) {
+        Ok(()) => Event::Done,
+        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Event::error(
+            ErrorCode::NoSuchProcess,
+            format!("no process with pid {pid}"),
+        ),
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            Event::error(ErrorCode::InvalidRequest, format!("invalid signal {sig}"))
+        }
+        Err(e) => Event::error(
+            ErrorCode::PermissionDenied,
+            format!("signal {sig} to pid {pid}: {}", files::describe(&e)),
+        ),
+    }
+}
+
+fn open_read(st: &mut Stream, path: &str) {
+    if let Err(e) = files::check_path(path) {
+        return st.reply(&e);
+    }
+    let file = match File::open(path) {
+        Ok(f) => f,
+        Err(e) => return st.reply(&files::io_error("read", path, &e)),
+    };
+    match file.metadata() {
+        Ok(m) if m.is_dir() => st.reply(&Event::error(
+            ErrorCode::IsADirectory,
+            format!("read {path}: is a directory"),
+        )),
+        Ok(m) => {
+            st.event(&Event::ReadStarted { size: m.len() });
+            st.role = Role::Read { file };
+        }
+        Err(e) => st.reply(&files::io_error("read", path, &e)),
+    }
+}
+
+fn open_write(st: &mut Stream, req: &WriteRequest) {
+    if let Err(e) = files::check_path(&req.path) {
+        return st.reply(&e);
+    }
+    let mut opts = OpenOptions::new();
+    opts.write(true)
+        .create(true)
+        .mode(req.mode.unwrap_or(0o644));
+    if req.append {
+        opts.append(true);
+    } else {
+        opts.truncate(true);
+    }
+    let file = match opts.open(&req.path) {
+        Ok(f) => f,
+        Err(e) => return st.reply(&files::io_error("write", &req.path, &e)),
+    };
+    if let Some(mode) = req.mode {
+        // An existing file keeps its mode on open; apply the requested one.
+        if let Err(e) = file.set_permissions(std::fs::Permissions::from_mode(mode)) {
+            return st.reply(&files::io_error("chmod", &req.path, &e));
+        }
+    }
+    st.role = Role::Write { file, written: 0 };
+}

@@ -1,0 +1,158 @@
+//! The few raw syscalls the agent needs, each behind a safe function.
+//! Everything unsafe in the agent is in this file or in the PTY `pre_exec`
+//! hook in `process.rs`.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+fn check(rc: libc::c_int) -> io::Result<libc::c_int> {
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(rc)
+    }
+}
+
+pub fn set_nonblocking(fd: &impl AsRawFd) -> io::Result<()> {
+    let fd = fd.as_raw_fd();
+    // SAFETY: F_GETFL takes no pointer argument; a bad fd yields EBADF.
+    let flags = check(unsafe { libc::fcntl(fd, libc::F_GETFL) })?;
+    // SAFETY: F_SETFL takes an integer argument; no memory is touched.
+    check(unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) })?;
+    Ok(())
+}
+
+pub fn set_cloexec(fd: RawFd) -> io::Result<()> {
+    // SAFETY: F_GETFD/F_SETFD take integer arguments; a bad fd yields EBADF.
+    let flags = check(unsafe { libc::fcntl(fd, libc::F_GETFD) })?;
+    // SAFETY: as above.
+    check(unsafe { libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC) })?;
+    Ok(())
+}
+
+/// Take ownership of an inherited descriptor (fd 3, or 0 and 1 with
+/// `--stdio`) after checking that it is open.
+pub fn adopt_fd(fd: RawFd) -> io::Result<OwnedFd> {
+    set_cloexec(fd)?;
+    // SAFETY: the launcher handed this fd to the agent for its exclusive use,
+    // fcntl just proved it is open, and nothing else in this process owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// poll(2). EINTR counts as "nothing ready".
+pub fn poll(fds: &mut [libc::pollfd], timeout_ms: libc::c_int) -> io::Result<usize> {
+    // SAFETY: `fds` is a valid, exclusively borrowed array of `fds.len()`
+    // pollfd structs for the duration of the call.
+    let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
+    if n < 0 {
+        let err = io::Error::last_os_error();
+        if err.kind() == io::ErrorKind::Interrupted {
+            return Ok(0);
+        }
+        return Err(err);
+    }
+    Ok(n as usize)
+}
+
+/// Block SIGCHLD and return a signalfd that becomes readable when a child
+/// changes state. Children started with std::process::Command get an empty
+/// signal mask again, so blocking here does not leak into them.
+pub fn sigchld_fd() -> io::Result<OwnedFd> {
+    // SAFETY: sigset_t is plain data, all zeroes is a valid value, and
+    // sigemptyset initialises it before use.
+    let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid, exclusively borrowed sigset_t.
+    unsafe {
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGCHLD);
+    }
+    // SAFETY: `set` is valid; the old mask is not wanted (null is allowed).
+    let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
+    if rc != 0 {
+        return Err(io::Error::from_raw_os_error(rc));
+    }
+    // SAFETY: `set` is valid; -1 asks for a new descriptor.
+    let fd = check(unsafe { libc::signalfd(-1, &set, libc::SFD_NONBLOCK | libc::SFD_CLOEXEC) })?;
+    // SAFETY: signalfd just returned this descriptor; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// How a child ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitStatus {
+    Exited(i32),
+    Signaled(i32),
+}
+
+/// Reap every child that has ended, without blocking.
+pub fn reap_children() -> Vec<(i32, WaitStatus)> {
+    let mut out = Vec::new();
+    loop {
+        let mut status = 0;
+        // SAFETY: `status` is a valid out-pointer; WNOHANG never blocks.
+        let pid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) };
+        if pid <= 0 {
+            return out;
+        }
+        if libc::WIFEXITED(status) {
+            out.push((pid, WaitStatus::Exited(libc::WEXITSTATUS(status))));
+        } else if libc::WIFSIGNALED(status) {
+            out.push((pid, WaitStatus::Signaled(libc::WTERMSIG(status))));
+        }
+    }
+}
+
+pub fn kill(pid: i32, sig: i32) -> io::Result<()> {
+    // SAFETY: kill(2) takes no pointers.
+    check(unsafe { libc::kill(pid, sig) })?;
+    Ok(())
+}
+
+/// Kill a whole process group (every child is started as a group leader).
+pub fn kill_group(pgid: i32, sig: i32) {
+    if pgid > 0 {
+        // SAFETY: killpg(2) takes no pointers. Failure (the group is gone)
+        // is fine: there is nothing left to kill.
+        unsafe { libc::killpg(pgid, sig) };
+    }
+}
+
+/// A new PTY pair of the given size: (master, slave), both close-on-exec.
+pub fn openpty(rows: u16, cols: u16) -> io::Result<(OwnedFd, OwnedFd)> {
+    let (mut master, mut slave) = (-1, -1);
+    let ws = libc::winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: the out-pointers are valid ints; name and termios may be null;
+    // `ws` is a valid winsize that outlives the call.
+    check(unsafe {
+        libc::openpty(
+            &mut master,
+            &mut slave,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            &ws,
+        )
+    })?;
+    // SAFETY: openpty returned two new descriptors that nothing else owns.
+    let pair = unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+    set_cloexec(pair.0.as_raw_fd())?;
+    set_cloexec(pair.1.as_raw_fd())?;
+    Ok(pair)
+}
+
+pub fn set_winsize(fd: &impl AsRawFd, rows: u16, cols: u16) -> io::Result<()> {
+    let ws = libc::winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCSWINSZ reads one winsize through the pointer, which is
+    // valid for the call.
+    check(unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCSWINSZ, &ws) })?;
+    Ok(())
+}

@@ -1,0 +1,212 @@
+//! File operations against the real agent binary.
+
+mod support;
+
+use brig_protocol::message::{
+    Call, ErrorCode, Event, FileKind, ReadRequest, WatchRequest, WriteRequest,
+};
+use brig_protocol::StreamClass;
+use support::Agent;
+
+fn tempdir(name: &str) -> String {
+    let dir = std::env::temp_dir().join(format!("brig-agent-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.to_string_lossy().into_owned()
+}
+
+fn write(agent: &mut Agent, path: &str, bytes: &[u8], append: bool) -> support::Outcome {
+    let req = WriteRequest {
+        path: path.into(),
+        mode: Some(0o600),
+        append,
+    };
+    let id = agent.open(StreamClass::FILE_WRITE, &req);
+    agent.send_bytes(id, bytes);
+    agent.close(id);
+    agent.collect(id)
+}
+
+fn read(agent: &mut Agent, path: &str) -> support::Outcome {
+    let id = agent.open(StreamClass::FILE_READ, &ReadRequest { path: path.into() });
+    agent.close(id);
+    agent.collect(id)
+}
+
+#[test]
+fn binary_file_round_trips() {
+    let dir = tempdir("rw");
+    let path = format!("{dir}/blob.bin");
+    // 5 MiB that is not valid UTF-8.
+    let data: Vec<u8> = (0..5u32 << 20)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8 | 0x80)
+        .collect();
+    assert!(std::str::from_utf8(&data).is_err());
+    let out = write(&mut agent_new(), &path, &data, false);
+    assert_eq!(
+        out.events,
+        [Event::Written {
+            bytes: data.len() as u64
+        }]
+    );
+
+    let mut agent = Agent::start();
+    let out = read(&mut agent, &path);
+    assert_eq!(
+        out.events,
+        [Event::ReadStarted {
+            size: data.len() as u64
+        }]
+    );
+    assert!(out.stdout == data, "read back differs");
+
+    let out = write(&mut agent, &path, b"tail", true);
+    assert_eq!(out.events, [Event::Written { bytes: 4 }]);
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().len(),
+        data.len() as u64 + 4
+    );
+    let out = agent.call(&Call::Stat { path: path.clone() });
+    let Event::Stat { entry } = &out.events[0] else {
+        panic!("{out:?}")
+    };
+    assert_eq!(
+        (entry.kind, entry.mode, entry.name.as_str()),
+        (FileKind::File, 0o600, "blob.bin")
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+fn agent_new() -> Agent {
+    Agent::start()
+}
+
+#[test]
+fn directories_list_mkdir_rename_remove() {
+    let dir = tempdir("dirs");
+    let mut agent = Agent::start();
+    let out = agent.call(&Call::Mkdir {
+        path: format!("{dir}/a/b/c"),
+        parents: true,
+    });
+    assert_eq!(out.events, [Event::Done]);
+    let out = agent.call(&Call::Mkdir {
+        path: format!("{dir}/x/y"),
+        parents: false,
+    });
+    assert_eq!(out.error().unwrap().0, ErrorCode::NotFound);
+    write(&mut agent, &format!("{dir}/a/f.txt"), b"hello", false);
+
+    let names = |agent: &mut Agent, depth| {
+        let out = agent.call(&Call::List {
+            path: dir.clone(),
+            depth,
+        });
+        assert_eq!(out.events.last(), Some(&Event::Done));
+        out.events
+            .iter()
+            .flat_map(|e| match e {
+                Event::Entries { entries } => entries.clone(),
+                _ => vec![],
+            })
+            .map(|e| e.path.trim_start_matches(&dir).to_string())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(names(&mut agent, 1), ["/a"]);
+    assert_eq!(names(&mut agent, 2), ["/a", "/a/b", "/a/f.txt"]);
+    assert_eq!(names(&mut agent, 9), ["/a", "/a/b", "/a/b/c", "/a/f.txt"]);
+
+    let out = agent.call(&Call::Rename {
+        from: format!("{dir}/a"),
+        to: format!("{dir}/z"),
+    });
+    assert_eq!(out.events, [Event::Done]);
+    assert_eq!(names(&mut agent, 1), ["/z"]);
+
+    let out = agent.call(&Call::Remove {
+        path: format!("{dir}/z"),
+        recursive: false,
+    });
+    let (code, message) = out.error().unwrap();
+    assert_eq!(code, ErrorCode::DirectoryNotEmpty);
+    assert_eq!(message, format!("remove {dir}/z: directory not empty"));
+    let out = agent.call(&Call::Remove {
+        path: format!("{dir}/z"),
+        recursive: true,
+    });
+    assert_eq!(out.events, [Event::Done]);
+    assert!(names(&mut agent, 1).is_empty());
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn missing_paths_give_clear_errors() {
+    let mut agent = Agent::start();
+    let out = read(&mut agent, "/no/such/file");
+    assert_eq!(
+        out.error().unwrap(),
+        (
+            ErrorCode::NotFound,
+            "read /no/such/file: no such file or directory".into()
+        )
+    );
+    let out = agent.call(&Call::Stat {
+        path: "/no/such".into(),
+    });
+    assert_eq!(
+        out.error().unwrap(),
+        (
+            ErrorCode::NotFound,
+            "stat /no/such: no such file or directory".into()
+        )
+    );
+    let out = agent.call(&Call::List {
+        path: "/no/such".into(),
+        depth: 1,
+    });
+    assert_eq!(
+        out.error().unwrap().1,
+        "list /no/such: no such file or directory"
+    );
+    let out = agent.call(&Call::Rename {
+        from: "/no/a".into(),
+        to: "/no/b".into(),
+    });
+    assert_eq!(
+        out.error().unwrap().1,
+        "rename /no/a to /no/b: no such file or directory"
+    );
+    let out = write(&mut agent, "/no/such/dir/f", b"x", false);
+    assert_eq!(out.error().unwrap().0, ErrorCode::NotFound);
+    let out = read(&mut agent, "/");
+    assert_eq!(
+        out.error().unwrap(),
+        (ErrorCode::IsADirectory, "read /: is a directory".into())
+    );
+    let out = agent.call(&Call::Stat {
+        path: String::new(),
+    });
+    assert_eq!(
+        out.error().unwrap(),
+        (ErrorCode::InvalidRequest, "path is empty".into())
+    );
+    let out = agent.call(&Call::Stat {
+        path: "a\0b".into(),
+    });
+    assert_eq!(out.error().unwrap().0, ErrorCode::InvalidRequest);
+}
+
+#[test]
+fn watch_is_reported_unsupported() {
+    let mut agent = Agent::start();
+    let id = agent.open(
+        StreamClass::WATCH,
+        &WatchRequest {
+            path: "/tmp".into(),
+            recursive: false,
+        },
+    );
+    agent.close(id);
+    let out = agent.collect(id);
+    assert_eq!(out.error().unwrap().0, ErrorCode::Unsupported);
+}

@@ -1,0 +1,470 @@
+//! What frame payloads mean: the typed messages between brig and the agent.
+//!
+//! Two encodings, chosen per kind of content:
+//!
+//! - **Control messages are JSON** (serde_json): Open headers
+//!   ([`ExecRequest`], [`AttachRequest`], [`ReadRequest`], [`WriteRequest`],
+//!   [`WatchRequest`], [`Call`]), host-to-agent inputs ([`Input`]) and
+//!   agent-to-host events ([`Event`]). They are small, rare and worth being
+//!   readable in a hex dump.
+//! - **Bulk bytes are raw**: stdin, stdout, stderr and file contents travel
+//!   as Data payloads, never JSON-encoded.
+//!
+//! ## One stream per operation, a channel byte per Data frame
+//!
+//! Every operation is one stream, opened by the host with an odd id and a
+//! [`StreamClass`] naming the operation; the Open header is the request as
+//! JSON. Every Data payload on every stream, in both directions, starts with
+//! one channel byte ([`DataMsg`]):
+//!
+//! | channel | meaning |
+//! |--------:|---------|
+//! | [`CHANNEL_CONTROL`] `0` | one JSON message ([`Event`] from the agent, [`Input`] from the host) |
+//! | [`CHANNEL_STDOUT`] `1` | bytes: stdout (or PTY output), file contents, stdin |
+//! | [`CHANNEL_STDERR`] `2` | bytes: stderr of a process without a PTY |
+//!
+//! Why multiplex stdout, stderr and events on one stream instead of opening
+//! a stream per channel: the agent's events are then ordered with the
+//! output for free (`exited` always arrives after the process's last byte of
+//! output, with no cross-stream sequencing); one Open, one Close and one
+//! Reset cover the whole operation, so cancelling or losing a client cleans
+//! up one stream-table entry; and the agent never has to allocate even
+//! stream ids for replies. The cost is one byte per Data frame and a shared
+//! credit window for stdout and stderr: a host that stops reading stderr
+//! also stops stdout. The host drains both into the same place anyway, so
+//! that head-of-line coupling buys nothing to avoid.
+//!
+//! ## Streams per operation
+//!
+//! | class | header | host → agent | agent → host |
+//! |-------|--------|--------------|--------------|
+//! | `EXEC` 1 | [`ExecRequest`] | channel 1: stdin; Close: end of stdin; control: [`Input::Signal`], [`Input::Resize`] | `started`, then channel 1/2 output, then `exited`, Close. Background: `started`, Close |
+//! | `ATTACH` 6 | [`AttachRequest`] | as `EXEC` | `attached` (with bytes dropped from the buffer), buffered then live output, `exited`, Close |
+//! | `FILE_READ` 2 | [`ReadRequest`] | Close | `read_started{size}`, channel 1: contents, Close |
+//! | `FILE_WRITE` 3 | [`WriteRequest`] | channel 1: contents; Close: end of file | `written{bytes}` after the host's Close, Close |
+//! | `WATCH` 4 | [`WatchRequest`] | Close | `error{unsupported}` in this version |
+//! | `CALL` 5 | [`Call`] | Close | one typed reply (`entries`… `done`, `stat`, `processes`, `done`), Close |
+//!
+//! Any request can be answered by [`Event::Error`] (followed by Close)
+//! instead of its typed reply. A reset from the host cancels: it kills a
+//! foreground process, detaches from a background one, and abandons a read
+//! or write. An unknown class is refused with `Reset(REFUSED)`.
+//!
+//! A connection-level error (bad framing, no Hello first) cannot be
+//! answered on a host stream, so the agent opens its own stream (even id)
+//! of class [`StreamClass::NOTICE`] whose header is an [`ErrorBody`], then
+//! ends the connection.
+
+use std::collections::BTreeMap;
+
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+
+use crate::frame::{StreamClass, MAX_PAYLOAD};
+
+/// Stream classes beyond the four the framing layer names.
+impl StreamClass {
+    /// One-shot requests with a single typed reply: [`Call`].
+    pub const CALL: StreamClass = StreamClass(5);
+    /// Re-attach to a running or finished process by pid: [`AttachRequest`].
+    pub const ATTACH: StreamClass = StreamClass(6);
+    /// Opened by the agent to report a connection-level error
+    /// ([`ErrorBody`]) just before it ends the connection.
+    pub const NOTICE: StreamClass = StreamClass(0x100);
+}
+
+/// Channel byte of a JSON control message.
+pub const CHANNEL_CONTROL: u8 = 0;
+/// Channel byte of stdout, PTY output, stdin and file contents.
+pub const CHANNEL_STDOUT: u8 = 1;
+/// Channel byte of stderr.
+pub const CHANNEL_STDERR: u8 = 2;
+
+/// The most bulk bytes one Data frame can carry (one byte goes to the
+/// channel tag).
+pub const MAX_CHUNK: usize = MAX_PAYLOAD - 1;
+
+/// A payload that does not decode as a message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MessageError {
+    #[error("data frame has no channel byte")]
+    NoChannel,
+    #[error("unknown data channel {0}")]
+    UnknownChannel(u8),
+    #[error("invalid {what}: {reason}")]
+    Json { what: &'static str, reason: String },
+}
+
+/// A decoded Data payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DataMsg<'a> {
+    /// A JSON control message, not yet parsed.
+    Control(&'a [u8]),
+    /// Bulk bytes on [`CHANNEL_STDOUT`] or [`CHANNEL_STDERR`].
+    Bytes { channel: u8, bytes: &'a [u8] },
+}
+
+impl<'a> DataMsg<'a> {
+    /// Split a Data payload into its channel and content.
+    pub fn parse(payload: &'a [u8]) -> Result<Self, MessageError> {
+        let (&channel, rest) = payload.split_first().ok_or(MessageError::NoChannel)?;
+        match channel {
+            CHANNEL_CONTROL => Ok(DataMsg::Control(rest)),
+            CHANNEL_STDOUT | CHANNEL_STDERR => Ok(DataMsg::Bytes {
+                channel,
+                bytes: rest,
+            }),
+            other => Err(MessageError::UnknownChannel(other)),
+        }
+    }
+}
+
+/// A Data payload carrying one control message.
+pub fn control_payload<T: Serialize>(msg: &T) -> Vec<u8> {
+    let mut out = vec![CHANNEL_CONTROL];
+    // Serializing these plain structs to a Vec cannot fail: no maps with
+    // non-string keys, no I/O.
+    serde_json::to_writer(&mut out, msg).expect("message serializes");
+    out
+}
+
+/// A Data payload carrying bulk bytes (at most [`MAX_CHUNK`] of them).
+pub fn bytes_payload(channel: u8, bytes: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(bytes.len() + 1);
+    out.push(channel);
+    out.extend_from_slice(bytes);
+    out
+}
+
+/// An Open header: the request as JSON.
+pub fn encode_header<T: Serialize>(request: &T) -> Vec<u8> {
+    serde_json::to_vec(request).expect("request serializes")
+}
+
+/// Parse JSON (an Open header or a control message), naming `what` in the
+/// error.
+pub fn decode<T: DeserializeOwned>(what: &'static str, json: &[u8]) -> Result<T, MessageError> {
+    serde_json::from_slice(json).map_err(|e| MessageError::Json {
+        what,
+        reason: e.to_string(),
+    })
+}
+
+/// Terminal size of a PTY.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PtySize {
+    pub rows: u16,
+    pub cols: u16,
+}
+
+/// Start a process. Header of an `EXEC` stream.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExecRequest {
+    /// Program and arguments; `argv[0]` is looked up in `PATH`.
+    pub argv: Vec<String>,
+    /// Added to (and overriding) the agent's own environment.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+    /// A user name from the sandbox's /etc/passwd; sets uid, gid and HOME.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gid: Option<u32>,
+    /// Run on a new PTY of this size instead of pipes. stdout and stderr
+    /// then both arrive on channel 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pty: Option<PtySize>,
+    /// Keep running with no client attached; output goes to a bounded
+    /// buffer that `ATTACH` replays.
+    #[serde(default)]
+    pub background: bool,
+}
+
+/// Re-attach to a process by pid. Header of an `ATTACH` stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AttachRequest {
+    pub pid: i32,
+}
+
+/// Read a file. Header of a `FILE_READ` stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReadRequest {
+    pub path: String,
+}
+
+/// Write a file from the stream's channel-1 bytes. Header of a `FILE_WRITE`
+/// stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WriteRequest {
+    pub path: String,
+    /// Permission bits; a new file otherwise gets 0o644 (less the umask).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<u32>,
+    /// Append instead of truncating.
+    #[serde(default)]
+    pub append: bool,
+}
+
+/// Watch a path for changes. Header of a `WATCH` stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WatchRequest {
+    pub path: String,
+    #[serde(default)]
+    pub recursive: bool,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// A one-shot request. Header of a `CALL` stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Call {
+    /// Directory entries, `depth` levels down (1: direct children).
+    /// Replied with one or more `entries` and then `done`.
+    List {
+        path: String,
+        #[serde(default = "one")]
+        depth: u32,
+    },
+    /// Replied with `stat`. Symlinks are not followed.
+    Stat {
+        path: String,
+    },
+    Mkdir {
+        path: String,
+        #[serde(default)]
+        parents: bool,
+    },
+    Rename {
+        from: String,
+        to: String,
+    },
+    Remove {
+        path: String,
+        #[serde(default)]
+        recursive: bool,
+    },
+    /// Replied with `processes`.
+    ListProcesses,
+    /// Signal any process in the sandbox, attached or not.
+    Signal {
+        pid: i32,
+        sig: i32,
+    },
+}
+
+/// Host-to-agent control message on an `EXEC` or `ATTACH` stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Input {
+    Signal { sig: i32 },
+    Resize { rows: u16, cols: u16 },
+}
+
+/// What an entry is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FileKind {
+    File,
+    Dir,
+    Symlink,
+    Other,
+}
+
+/// One file, as `list` and `stat` describe it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Entry {
+    pub path: String,
+    pub name: String,
+    pub kind: FileKind,
+    pub size: u64,
+    /// Permission bits (`st_mode & 0o7777`).
+    pub mode: u32,
+    /// Modification time, seconds since the epoch.
+    pub mtime: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub symlink_target: Option<String>,
+}
+
+/// One process the agent manages.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcessInfo {
+    pub pid: i32,
+    pub argv: Vec<String>,
+    pub pty: bool,
+    pub background: bool,
+    pub running: bool,
+    pub attached: bool,
+}
+
+/// Machine-readable error class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    InvalidRequest,
+    NotFound,
+    PermissionDenied,
+    AlreadyExists,
+    NotADirectory,
+    IsADirectory,
+    DirectoryNotEmpty,
+    NoSuchProcess,
+    Busy,
+    Unsupported,
+    Protocol,
+    Io,
+}
+
+/// An error: a code for programs and a lowercase message for people.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+/// Agent-to-host control message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Event {
+    Started {
+        pid: i32,
+    },
+    /// Reply to `ATTACH`; `dropped` bytes of output fell out of the
+    /// bounded buffer before this client attached.
+    Attached {
+        pid: i32,
+        dropped: u64,
+    },
+    /// Exactly one of `code` and `signal` is set.
+    Exited {
+        code: Option<i32>,
+        signal: Option<i32>,
+    },
+    ReadStarted {
+        size: u64,
+    },
+    Written {
+        bytes: u64,
+    },
+    Entries {
+        entries: Vec<Entry>,
+    },
+    Stat {
+        entry: Entry,
+    },
+    Processes {
+        processes: Vec<ProcessInfo>,
+    },
+    /// The request succeeded (or a multi-part reply ended).
+    Done,
+    Error {
+        code: ErrorCode,
+        message: String,
+    },
+}
+
+impl Event {
+    pub fn error(code: ErrorCode, message: impl Into<String>) -> Event {
+        Event::Error {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn data_payloads_split_by_channel() {
+        let p = bytes_payload(CHANNEL_STDERR, b"oops");
+        assert_eq!(
+            DataMsg::parse(&p),
+            Ok(DataMsg::Bytes {
+                channel: CHANNEL_STDERR,
+                bytes: b"oops"
+            })
+        );
+        assert_eq!(DataMsg::parse(&[]), Err(MessageError::NoChannel));
+        assert_eq!(
+            DataMsg::parse(&[9, 1]).unwrap_err().to_string(),
+            "unknown data channel 9"
+        );
+        let c = control_payload(&Event::Started { pid: 7 });
+        assert_eq!(c[0], CHANNEL_CONTROL);
+        assert_eq!(&c[1..], br#"{"type":"started","pid":7}"#);
+    }
+
+    #[test]
+    fn requests_round_trip_and_use_defaults() {
+        let exec: ExecRequest = decode("exec request", br#"{"argv":["ls"]}"#).unwrap();
+        assert_eq!(exec.argv, ["ls"]);
+        assert!(!exec.background && exec.pty.is_none());
+        let full = ExecRequest {
+            argv: vec!["sh".into()],
+            env: [("A".to_string(), "b".to_string())].into(),
+            cwd: Some("/tmp".into()),
+            user: None,
+            uid: Some(1),
+            gid: Some(2),
+            pty: Some(PtySize { rows: 3, cols: 4 }),
+            background: true,
+        };
+        assert_eq!(
+            decode::<ExecRequest>("exec request", &encode_header(&full)).unwrap(),
+            full
+        );
+        let call: Call = decode("call", br#"{"op":"list","path":"/"}"#).unwrap();
+        assert_eq!(
+            call,
+            Call::List {
+                path: "/".into(),
+                depth: 1
+            }
+        );
+        let call: Call = decode("call", br#"{"op":"list_processes"}"#).unwrap();
+        assert_eq!(call, Call::ListProcesses);
+    }
+
+    #[test]
+    fn bad_json_names_what_was_wrong() {
+        let err = decode::<ExecRequest>("exec request", b"{}").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid exec request: missing field `argv` at line 1 column 2"
+        );
+        let err = decode::<ExecRequest>("exec request", br#"{"argv":[],"x":1}"#).unwrap_err();
+        assert!(err.to_string().contains("unknown field `x`"), "{err}");
+        assert!(decode::<Call>("call", br#"{"op":"format_disk"}"#).is_err());
+    }
+
+    #[test]
+    fn events_are_tagged_snake_case() {
+        let e = Event::error(ErrorCode::NotFound, "stat /x: no such file or directory");
+        let json = serde_json::to_string(&e).unwrap();
+        assert_eq!(
+            json,
+            r#"{"type":"error","code":"not_found","message":"stat /x: no such file or directory"}"#
+        );
+        let e = Event::Exited {
+            code: None,
+            signal: Some(15),
+        };
+        assert_eq!(
+            serde_json::to_string(&e).unwrap(),
+            r#"{"type":"exited","code":null,"signal":15}"#
+        );
+    }
+}

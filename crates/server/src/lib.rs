@@ -1,0 +1,29 @@
+//! brig-server: the daemon's durable state.
+//!
+//! Start with [`Store`]: one connection to `$BRIG_HOME/brig.db` (SQLite in
+//! WAL mode), opened with [`Store::open`], which also applies the schema
+//! migrations. The other modules add methods to it:
+//!
+//! - [`tenants`]: [`TenantId`], the owner of keys and sandboxes.
+//! - [`keys`]: API keys (`brig_<id>_<secret>`, stored only as a hash):
+//!   [`Store::create_key`], [`Store::authenticate`] (→ [`TenantId`] or
+//!   [`AuthError`]), and [`Store::ensure_initial_key`] for the first start.
+//! - [`sandboxes`]: [`SandboxRecord`]s and their [`SandboxState`] machine,
+//!   tenant-scoped reads ([`Scope`]), keyset pagination, the expiry query and
+//!   [`Store::reconcile`], which the daemon runs on start.
+//!
+//! There is no HTTP here yet; the daemon (`brig serve`) will be built on top.
+//! See `docs/state.md` for the schema and the rules around it.
+#![forbid(unsafe_code)]
+
+pub mod keys;
+pub mod sandboxes;
+pub mod store;
+pub mod tenants;
+
+pub use keys::{AuthError, KeyError, KeyId, KeyInfo};
+pub use sandboxes::{
+    Cursor, ListFilter, NewSandbox, Page, SandboxError, SandboxRecord, SandboxState, Scope,
+};
+pub use store::{Store, StoreError, UnixMillis, DB_FILE, SCHEMA_VERSION};
+pub use tenants::{Tenant, TenantId, DEFAULT_TENANT};
