@@ -231,10 +231,15 @@ pub fn run_init(plan: &Plan, sys: &dyn Syscalls, ch: Channels) -> Result<i32, Fa
     unsafe { libc::umask(0) };
     prepare_root(plan, sys, &fds[..n.1])?;
     marks.hit(Stage::PivotRoot as u32);
-    for fd in &fds[..n.1] {
-        // SAFETY: the received descriptors are ours; attached already.
+    let mounts = plan.mount_fds.min(n.1);
+    for fd in &fds[..mounts] {
+        // SAFETY: the received mount descriptors are ours; attached already.
         unsafe { libc::close(*fd) };
     }
+    // The rest are for the command: a program to run, a socket for stdio.
+    let received = |i: Option<usize>| i.filter(|i| *i < n.1).map(|i| fds[i]);
+    let program = received(plan.exec.program_fd);
+    let stdio = received(plan.exec.stdio_fd);
 
     // 4. The machine's identity: hostname = sandbox id (in our own uts
     //    namespace), and a working loopback in our own network namespace,
@@ -295,6 +300,8 @@ pub fn run_init(plan: &Plan, sys: &dyn Syscalls, ch: Channels) -> Result<i32, Fa
         exec: &plan.exec,
         stdin: plan.stdin,
         tty: slave,
+        stdio,
+        program,
         error: ch.error,
         sys,
     };
@@ -322,8 +329,8 @@ pub fn run_init(plan: &Plan, sys: &dyn Syscalls, ch: Channels) -> Result<i32, Fa
     // SAFETY: closing our own descriptors; prctl with integers.
     unsafe {
         libc::close(ch.error);
-        if let Some(s) = slave {
-            libc::close(s);
+        for fd in [slave, stdio, program].into_iter().flatten() {
+            libc::close(fd);
         }
         libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
         libc::prctl(libc::PR_SET_NAME, c"brig-init".as_ptr(), 0, 0, 0);
@@ -343,6 +350,8 @@ struct WorkloadArgs<'a> {
     exec: &'a ExecPlan,
     stdin: bool,
     tty: Option<RawFd>,
+    stdio: Option<RawFd>,
+    program: Option<RawFd>,
     error: RawFd,
     sys: &'a dyn Syscalls,
 }
@@ -351,7 +360,16 @@ extern "C" fn workload_entry(arg: *mut libc::c_void) -> libc::c_int {
     // SAFETY: `arg` points at the WorkloadArgs on the suspended init's
     // stack, alive until this process execs or exits.
     let a = unsafe { &*(arg as *const WorkloadArgs<'_>) };
-    let f = exec_workload(a.exec, a.stdin, a.tty, a.sys);
+    let f = exec_workload(
+        a.exec,
+        a.stdin,
+        Stdio {
+            tty: a.tty,
+            socket: a.stdio,
+        },
+        a.program,
+        a.sys,
+    );
     write_failure(a.error, f);
     // SAFETY: see init_main.
     unsafe { libc::_exit(crate::sandbox::SETUP_FAILED_EXIT) }
@@ -425,7 +443,8 @@ fn run_step(step: &Step, sys: &dyn Syscalls, fds: &[RawFd]) -> SysResult {
 pub fn exec_workload(
     exec: &ExecPlan,
     stdin: bool,
-    tty: Option<RawFd>,
+    stdio: Stdio,
+    program: Option<RawFd>,
     sys: &dyn Syscalls,
 ) -> Failure {
     // a. A new session: the command has no controlling terminal from the
@@ -442,7 +461,7 @@ pub fn exec_workload(
     unsafe { libc::umask(0o022) };
     // b. Standard streams: the pty slave, or the caller's streams with
     //    stdin replaced by /dev/null unless -i.
-    if let Err(e) = setup_stdio(stdin, tty) {
+    if let Err(e) = setup_stdio(stdin, stdio) {
         return Failure::at(Stage::Stdio)(e);
     }
     // c. Nothing of brig's reaches the command: every descriptor above
@@ -458,9 +477,10 @@ pub fn exec_workload(
         )
     };
 
-    match drop_privileges(exec, sys) {
-        Err(f) => f,
-        Ok(()) => exec_command(exec),
+    match (drop_privileges(exec, sys), program) {
+        (Err(f), _) => f,
+        (Ok(()), Some(fd)) => exec_program_fd(exec, fd),
+        (Ok(()), None) => exec_command(exec),
     }
 }
 
@@ -502,6 +522,29 @@ pub fn drop_privileges(exec: &ExecPlan, sys: &dyn Syscalls) -> Result<(), Failur
     // h. seccomp last, so the steps above may use what it denies.
     sys.install_seccomp(seccomp::sandbox_filter())
         .map_err(Failure::at(Stage::Seccomp))
+}
+
+/// Run the program the host sent as a descriptor. It need not exist in the
+/// sandbox's filesystem (this is how brig-agent gets into every sandbox).
+fn exec_program_fd(exec: &ExecPlan, fd: RawFd) -> Failure {
+    // SAFETY: fd is an open executable; the empty path with AT_EMPTY_PATH
+    // means "this descriptor"; argv and envp are NULL-terminated arrays
+    // owned by `exec`.
+    unsafe {
+        libc::syscall(
+            libc::SYS_execveat,
+            fd,
+            c"".as_ptr(),
+            exec.argv_ptr(),
+            exec.env_ptr(),
+            libc::AT_EMPTY_PATH,
+        )
+    };
+    Failure {
+        stage: Stage::Exec,
+        index: 0,
+        errno: Errno::last(),
+    }
 }
 
 /// execve each PATH candidate in turn, as execvp does: remember a
@@ -571,10 +614,19 @@ fn reset_signals() {
     }
 }
 
-fn setup_stdio(stdin: bool, tty: Option<RawFd>) -> SysResult {
+/// Where the command's standard streams come from.
+#[derive(Debug, Clone, Copy)]
+pub struct Stdio {
+    /// The pty slave (`-t`): all three streams, and the controlling tty.
+    pub tty: Option<RawFd>,
+    /// A socket from the host for stdin and stdout (stderr stays).
+    pub socket: Option<RawFd>,
+}
+
+fn setup_stdio(stdin: bool, stdio: Stdio) -> SysResult {
     // SAFETY: dup2/ioctl/open on descriptors we own and a constant path.
     unsafe {
-        if let Some(slave) = tty {
+        if let Some(slave) = stdio.tty {
             if libc::ioctl(slave, libc::TIOCSCTTY, 0) < 0 {
                 return Err(Errno::last());
             }
@@ -585,6 +637,12 @@ fn setup_stdio(stdin: bool, tty: Option<RawFd>) -> SysResult {
             }
             if slave > 2 {
                 libc::close(slave);
+            }
+        } else if let Some(sock) = stdio.socket {
+            for fd in 0..2 {
+                if libc::dup2(sock, fd) < 0 {
+                    return Err(Errno::last());
+                }
             }
         } else if !stdin {
             let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY);
@@ -671,6 +729,8 @@ mod tests {
             nofile_hard: 4096,
             proc_has: &|_| true,
             pooled_net: false,
+            program_fd: false,
+            stdio_fd: false,
         })
     }
 

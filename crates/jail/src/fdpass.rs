@@ -7,7 +7,7 @@ use std::os::fd::RawFd;
 use crate::sys::{Errno, SysResult};
 
 /// Most descriptors one message carries.
-pub const MAX_FDS: usize = 4;
+pub const MAX_FDS: usize = 6;
 
 /// Receive one message into `buf` and up to [`MAX_FDS`] descriptors (made
 /// close-on-exec). Returns (bytes, descriptors); 0 bytes means the peer

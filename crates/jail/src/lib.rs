@@ -37,4 +37,4 @@ pub mod trace;
 
 pub use error::JailError;
 pub use netpool::NetnsPool;
-pub use sandbox::{Exit, Sandbox, SpawnOptions};
+pub use sandbox::{Exit, Extras, Sandbox, SpawnOptions};

@@ -109,6 +109,12 @@ pub struct ExecPlan {
     pub gid: u32,
     pub groups: Vec<libc::gid_t>,
     pub caps: u64,
+    /// Run the program the host sent (index among the received
+    /// descriptors) with execveat, instead of looking argv[0] up on PATH.
+    pub program_fd: Option<usize>,
+    /// Connect stdin and stdout to the socket the host sent (index among
+    /// the received descriptors).
+    pub stdio_fd: Option<usize>,
     argv_ptrs: Vec<*const libc::c_char>,
     env_ptrs: Vec<*const libc::c_char>,
 }
@@ -137,6 +143,9 @@ pub struct Plan {
     pub rlimits: Vec<(libc::c_int, u64, u64)>,
     pub tty: bool,
     pub stdin: bool,
+    /// How many of the received descriptors are mounts (attached, then
+    /// closed before the command starts); the rest are for the command.
+    pub mount_fds: usize,
     /// Bring loopback up (not needed in a pooled namespace, where it is).
     pub loopback: bool,
     /// The host process's argv area (`arg_start..arg_end`), which the init
@@ -265,6 +274,10 @@ pub struct PlanInput<'a> {
     /// The sandbox joins a pooled network namespace and gets its sysfs as a
     /// detached mount (after the template's, if any).
     pub pooled_net: bool,
+    /// The host sends the program to run as a descriptor (after the mounts).
+    pub program_fd: bool,
+    /// The host sends a socket for the command's stdin and stdout (last).
+    pub stdio_fd: bool,
 }
 
 impl Plan {
@@ -449,8 +462,19 @@ impl Plan {
                 None,
             );
         }
+        if input.pooled_net {
+            next_fd += 1;
+        }
+        let mount_fds = next_fd;
+        let program_fd = input.program_fd.then(|| {
+            next_fd += 1;
+            next_fd - 1
+        });
+        let stdio_fd = input.stdio_fd.then_some(next_fd);
 
-        let exec = exec_plan(input);
+        let mut exec = exec_plan(input);
+        exec.program_fd = program_fd;
+        exec.stdio_fd = stdio_fd;
         Plan {
             staging: c(&staging),
             staging_opts: c(format!("mode=755,size={disk}")),
@@ -468,6 +492,7 @@ impl Plan {
             ],
             tty: spec.tty,
             stdin: spec.stdin,
+            mount_fds,
             loopback: !input.pooled_net,
             argv_area: argv_area(),
             trace: false,
@@ -549,6 +574,8 @@ fn exec_plan(input: &PlanInput<'_>) -> ExecPlan {
         gid: id.gid,
         groups: id.groups.clone(),
         caps: if id.uid == 0 { DEFAULT_CAPS } else { 0 },
+        program_fd: None,
+        stdio_fd: None,
         argv_ptrs,
         env_ptrs,
     }
@@ -613,6 +640,8 @@ mod tests {
             nofile_hard: 1 << 20,
             proc_has: &|f| f != "sched_debug",
             pooled_net: false,
+            program_fd: false,
+            stdio_fd: false,
         })
     }
 
@@ -744,6 +773,8 @@ mod tests {
             nofile_hard: 1024,
             proc_has: &|f| f == "sys",
             pooled_net: false,
+            program_fd: false,
+            stdio_fd: false,
         });
         let frozen: Vec<String> = plan
             .steps

@@ -92,6 +92,20 @@ impl SpawnOptions {
     }
 }
 
+/// What a long-lived host may hand a sandbox besides its spec.
+#[derive(Debug, Default)]
+pub struct Extras {
+    /// Run this open executable instead of looking `command[0]` up on the
+    /// sandbox's PATH (`command` is still its argv). It need not exist in
+    /// the sandbox's filesystem: this is how brig-agent enters every
+    /// sandbox. It must not be writable by the sandbox's users (a host
+    /// file owned by root, or a sealed memfd).
+    pub program: Option<OwnedFd>,
+    /// Connect the command's stdin and stdout to this socket (stderr stays
+    /// the caller's): the byte stream a host speaks the agent protocol on.
+    pub stdio: Option<OwnedFd>,
+}
+
 /// How a sandbox ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Exit {
@@ -128,6 +142,16 @@ impl Sandbox {
     /// Start `spec.command` in a new sandbox and return once it is
     /// executing.
     pub fn spawn(spec: &SandboxSpec, opts: &SpawnOptions) -> Result<Sandbox, JailError> {
+        Self::spawn_with(spec, opts, Extras::default())
+    }
+
+    /// [`Sandbox::spawn`], with a program and/or a stdio socket from the
+    /// host (see [`Extras`]).
+    pub fn spawn_with(
+        spec: &SandboxSpec,
+        opts: &SpawnOptions,
+        extras: Extras,
+    ) -> Result<Sandbox, JailError> {
         // 1. Everything the child needs, computed while allocating is safe.
         let mut trace = HostTrace::new();
         spec.validate()?;
@@ -148,6 +172,8 @@ impl Sandbox {
             nofile_hard: nofile_hard(),
             proc_has: &|f| Path::new("/proc").join(f).exists(),
             pooled_net: pooled.is_some(),
+            program_fd: extras.program.is_some(),
+            stdio_fd: extras.stdio.is_some(),
         });
         let mut plan = plan;
         plan.trace = trace.on;
@@ -250,6 +276,9 @@ impl Sandbox {
             drop(net.ns);
             template_fds.push(net.sysfs);
         }
+        // In the order the plan expects: mounts, then program, then stdio.
+        template_fds.extend(extras.program);
+        template_fds.extend(extras.stdio);
         trace.hit("maps written, template mounts made");
         let raw: Vec<RawFd> = template_fds.iter().map(|f| f.as_raw_fd()).collect();
         // A failed send means the init already died; its reason is on the

@@ -53,7 +53,9 @@ impl Outcome {
 
 #[derive(Debug)]
 pub struct Agent {
-    pub child: Child,
+    /// The agent process when the test started it on the host; `None`
+    /// when it runs in a sandbox the test holds.
+    pub child: Option<Child>,
     sock: UnixStream,
     decoder: Decoder,
     frames: HashMap<u32, VecDeque<Frame>>,
@@ -83,6 +85,19 @@ impl Agent {
             .stdout(Stdio::from(theirs))
             .spawn()
             .expect("start brig-agent");
+        Agent::over(ours, Some(child))
+    }
+
+    /// A client on `sock`, whose other end an agent speaks on (started by
+    /// the caller, e.g. in a sandbox). Exchanges Hellos.
+    pub fn connect(sock: UnixStream) -> Agent {
+        let mut agent = Agent::over(sock, None);
+        agent.send(Frame::hello(SUPPORTED.0, SUPPORTED.1));
+        agent.expect_hello();
+        agent
+    }
+
+    fn over(ours: UnixStream, child: Option<Child>) -> Agent {
         ours.set_read_timeout(Some(Duration::from_secs(30)))
             .unwrap();
         Agent {
@@ -110,7 +125,7 @@ impl Agent {
     }
 
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.child.as_ref().expect("agent started on the host").id()
     }
 
     pub fn send(&mut self, frame: Frame) {
@@ -288,7 +303,8 @@ impl Agent {
     /// Wait for the agent to exit, at most `secs` seconds.
     pub fn wait_exit(&mut self, secs: u64) -> std::process::ExitStatus {
         for _ in 0..secs * 20 {
-            if let Some(status) = self.child.try_wait().unwrap() {
+            let child = self.child.as_mut().expect("agent started on the host");
+            if let Some(status) = child.try_wait().unwrap() {
                 return status;
             }
             std::thread::sleep(Duration::from_millis(50));
@@ -299,8 +315,10 @@ impl Agent {
 
 impl Drop for Agent {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        if let Some(child) = self.child.as_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
     }
 }
 
