@@ -139,7 +139,13 @@ impl Agent {
     }
 
     /// Read one frame from the socket into the per-stream queues. Credit is
-    /// applied at once. Returns false at EOF.
+    /// applied at once, both ways: credit the agent grants us is added to
+    /// our send windows, and Data the agent sends is credited back as soon
+    /// as it is in our queue (the queue is the application's buffer). The
+    /// latter matters: a test that writes a lot of stdin before reading
+    /// stdout would otherwise deadlock exactly as a shell pipeline does.
+    /// Reading slowly still throttles the agent, through the socket.
+    /// Returns false at EOF.
     fn pull(&mut self) -> bool {
         loop {
             match self.decoder.next_frame().expect("agent sent a bad frame") {
@@ -149,6 +155,16 @@ impl Agent {
                             self.send.entry(id).or_default().replenish(*n).unwrap();
                         }
                         (_, 0) => self.conn.push_back(f),
+                        (Body::Data(bytes), id) => {
+                            let len = bytes.len();
+                            let w = self.recv.entry(id).or_default();
+                            w.receive(len).expect("agent exceeded our window");
+                            w.release(len).unwrap();
+                            if let Some(inc) = w.take_credit() {
+                                self.send(Frame::credit(StreamId(id), inc));
+                            }
+                            self.frames.entry(id).or_default().push_back(f);
+                        }
                         (_, id) => self.frames.entry(id).or_default().push_back(f),
                     }
                     return true;
@@ -208,19 +224,13 @@ impl Agent {
         id
     }
 
-    /// The next item on a stream; Data is consumed (and credited) now.
+    /// The next item on a stream (its Data was credited when it arrived).
     pub fn item(&mut self, id: StreamId) -> Item {
         let f = self
             .frame_on(id)
             .expect("connection closed before the stream ended");
         match f.body {
             Body::Data(bytes) => {
-                let w = self.recv.entry(id.0).or_default();
-                w.receive(bytes.len()).expect("agent exceeded our window");
-                w.release(bytes.len()).unwrap();
-                if let Some(inc) = w.take_credit() {
-                    self.send(Frame::credit(id, inc));
-                }
                 match DataMsg::parse(&bytes).expect("agent sent an untagged payload") {
                     DataMsg::Control(json) => Item::Event(message::decode("event", json).unwrap()),
                     DataMsg::Bytes {
