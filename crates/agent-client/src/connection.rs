@@ -1,0 +1,450 @@
+//! [`Connection`]: one agent, one socket, many concurrent streams.
+//!
+//! - **Handshake** in [`Connection::new`]: send Hello, read the agent's,
+//!   negotiate. Nothing else is sent before the agent's Hello arrives.
+//! - **One reader thread** owns the read half. It decodes frames and routes
+//!   them: Credit to the stream's send window, Data/Close/Reset into the
+//!   stream's buffer (`stream.rs`), Pong to [`Connection::ping`]. It never
+//!   waits for a consumer, so one stalled stream cannot stop the others.
+//!   When the socket ends or the agent breaks the framing, every stream is
+//!   woken with the reason.
+//! - **Writes** from any thread go through one mutex around the write half;
+//!   a frame is written whole under the lock.
+//! - **Stream ids** are odd and increasing, as the agent requires: an id is
+//!   allocated and its Open written under the same writer lock, so Opens
+//!   reach the wire in id order whichever thread opens them.
+
+use std::collections::{HashMap, HashSet};
+use std::io::{Read, Write};
+use std::net::Shutdown;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use brig_protocol::message::{self, Call, ErrorBody, ExecRequest};
+use brig_protocol::{negotiate, Body, Decoder, Frame, ResetCode, StreamClass, StreamId, SUPPORTED};
+
+use crate::files::FileReader;
+use crate::process::Process;
+use crate::stream::{Dead, Handle, Stream};
+use crate::{call, ClientError, Reply};
+
+/// How long [`Connection::new`] waits for the agent's Hello.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How much the reader asks the socket for at once.
+const READ_CHUNK: usize = 64 << 10;
+
+/// A connection to one `brig-agent`. `Sync`: share it (e.g. in an `Arc`)
+/// between threads; every method takes `&self`. Dropping it hangs up,
+/// which makes the agent kill its foreground processes and exit; handles
+/// still open then report [`ClientError::Closed`].
+#[derive(Debug)]
+pub struct Connection {
+    shared: Arc<Shared>,
+    reader: Option<JoinHandle<()>>,
+    version: u16,
+}
+
+/// What the reader thread and every handle share.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    writer: Mutex<Writer>,
+    /// Another handle on the socket, to shut it down without the writer's
+    /// lock.
+    hangup: UnixStream,
+    table: Mutex<Table>,
+    /// Signalled when a Pong arrives or the connection dies.
+    pongs_changed: Condvar,
+    next_nonce: AtomicU64,
+}
+
+#[derive(Debug)]
+struct Writer {
+    sock: UnixStream,
+    next_id: u32,
+    buf: Vec<u8>,
+}
+
+#[derive(Debug, Default)]
+struct Table {
+    streams: HashMap<u32, Arc<Stream>>,
+    pongs: HashSet<u64>,
+    dead: Option<Dead>,
+}
+
+impl Shared {
+    fn writer(&self) -> MutexGuard<'_, Writer> {
+        self.writer.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn table(&self) -> MutexGuard<'_, Table> {
+        self.table.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Write one frame, whole, from any thread.
+    pub(crate) fn send(&self, frame: &Frame) -> Result<(), ClientError> {
+        let mut w = self.writer();
+        w.write(frame)
+    }
+
+    /// Register a stream and send its Open.
+    fn open(self: &Arc<Self>, class: StreamClass, header: Vec<u8>) -> Result<Handle, ClientError> {
+        let mut w = self.writer();
+        let stream = {
+            let mut table = self.table();
+            if let Some(dead) = &table.dead {
+                return Err(dead.error());
+            }
+            let stream = Arc::new(Stream::new(StreamId(w.next_id)));
+            table.streams.insert(w.next_id, Arc::clone(&stream));
+            stream
+        };
+        let sent = match w.next_id.checked_add(2) {
+            Some(next) => {
+                w.next_id = next;
+                w.write(&Frame::open(stream.id, class, header))
+            }
+            None => Err(ClientError::protocol("stream ids exhausted")),
+        };
+        // The handle owns the table entry (dropping it on error removes it
+        // again), and its Drop writes: release the writer first.
+        drop(w);
+        let handle = Handle {
+            shared: Arc::clone(self),
+            stream,
+        };
+        sent.map(|()| handle)
+    }
+
+    /// Drop a stream from the table; later frames for it are ignored.
+    pub(crate) fn forget(&self, id: StreamId) {
+        self.table().streams.remove(&id.0);
+    }
+
+    fn stream(&self, id: u32) -> Option<Arc<Stream>> {
+        self.table().streams.get(&id).cloned()
+    }
+
+    /// The connection is over: wake everyone with the reason.
+    fn die(&self, dead: Dead) {
+        let streams: Vec<Arc<Stream>> = {
+            let mut table = self.table();
+            table.dead.get_or_insert(dead.clone());
+            table.streams.values().cloned().collect()
+        };
+        for s in streams {
+            s.on_dead(&dead);
+        }
+        self.pongs_changed.notify_all();
+        // Unblock writers stuck on a full socket, and tell the agent. Not
+        // through the writer's lock: a writer may be blocked holding it.
+        let _ = self.hangup.shutdown(Shutdown::Both);
+    }
+
+    /// Route one frame from the agent. An error ends the connection.
+    fn dispatch(&self, frame: Frame) -> Result<(), Dead> {
+        let id = frame.stream.0;
+        let reset = match frame.body {
+            Body::Ping(nonce) => {
+                // Best effort: if the write fails, the read side will see
+                // the end of the connection too.
+                let _ = self.send(&Frame::pong(nonce));
+                None
+            }
+            Body::Pong(nonce) => {
+                self.table().pongs.insert(nonce);
+                self.pongs_changed.notify_all();
+                None
+            }
+            Body::Hello { .. } => return Err(Dead::Protocol("a second hello".into())),
+            Body::Open { class, header } => {
+                if class == StreamClass::NOTICE {
+                    return Err(Dead::Protocol(notice(&header)));
+                }
+                // The host expects no other stream from the agent.
+                Some(ResetCode::REFUSED)
+            }
+            // Frames for streams no longer in the table are late frames of
+            // a stream this side already dropped.
+            Body::Data(payload) => self.stream(id).and_then(|s| s.on_data(payload)),
+            Body::Credit(increment) => self.stream(id).and_then(|s| s.on_credit(increment)),
+            Body::Close => {
+                if let Some(s) = self.stream(id) {
+                    s.on_close();
+                }
+                None
+            }
+            Body::Reset(code) => {
+                if let Some(s) = self.stream(id) {
+                    s.on_reset(code);
+                }
+                None
+            }
+        };
+        if let Some(code) = reset {
+            let _ = self.send(&Frame::reset(frame.stream, code));
+        }
+        Ok(())
+    }
+}
+
+impl Writer {
+    fn write(&mut self, frame: &Frame) -> Result<(), ClientError> {
+        self.buf.clear();
+        frame
+            .encode_into(&mut self.buf)
+            .map_err(|e| ClientError::protocol(format!("cannot encode a frame: {e}")))?;
+        self.sock.write_all(&self.buf).map_err(|e| match e.kind() {
+            std::io::ErrorKind::BrokenPipe
+            | std::io::ErrorKind::ConnectionReset
+            | std::io::ErrorKind::NotConnected => ClientError::Closed,
+            _ => ClientError::Io {
+                op: "write to the agent".into(),
+                source: e,
+            },
+        })
+    }
+}
+
+/// The reason in a NOTICE stream's header.
+fn notice(header: &[u8]) -> String {
+    match message::decode::<ErrorBody>("notice", header) {
+        Ok(body) => format!("agent reported: {}", body.message),
+        Err(e) => format!("agent sent a notice that does not decode: {e}"),
+    }
+}
+
+impl Connection {
+    /// Exchange Hellos with the agent on `sock` and start the reader
+    /// thread. Fails if the agent does not answer within
+    /// [`HANDSHAKE_TIMEOUT`], speaks no common version, or sends anything
+    /// but a Hello first.
+    pub fn new(sock: UnixStream) -> Result<Connection, ClientError> {
+        let mut read_half = sock
+            .try_clone()
+            .map_err(ClientError::io("clone the agent socket"))?;
+        let mut writer = Writer {
+            sock,
+            next_id: 1,
+            buf: Vec::new(),
+        };
+        writer.write(&Frame::hello(SUPPORTED.0, SUPPORTED.1))?;
+
+        let mut decoder = Decoder::new();
+        let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
+        let version = loop {
+            let frame = decoder
+                .next_frame()
+                .map_err(|e| ClientError::protocol(format!("bad frame in the handshake: {e}")))?;
+            match frame {
+                Some(Frame {
+                    body: Body::Hello { min, max },
+                    ..
+                }) => {
+                    break negotiate(SUPPORTED, (min, max))
+                        .map_err(|e| ClientError::protocol(e.to_string()))?;
+                }
+                Some(Frame {
+                    body: Body::Open { class, header },
+                    ..
+                }) if class == StreamClass::NOTICE => {
+                    return Err(ClientError::protocol(notice(&header)));
+                }
+                Some(other) => {
+                    return Err(ClientError::protocol(format!(
+                        "expected hello as the first frame, got {}",
+                        other.kind()
+                    )))
+                }
+                None => {}
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(ClientError::protocol("no hello from the agent within 10s"));
+            }
+            read_half
+                .set_read_timeout(Some(left))
+                .map_err(ClientError::io("set a read timeout on the agent socket"))?;
+            let mut buf = [0u8; 4096];
+            match read_half.read(&mut buf) {
+                Ok(0) => return Err(ClientError::Closed),
+                Ok(n) => decoder.push(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return Err(ClientError::protocol("no hello from the agent within 10s"))
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                    return Err(ClientError::Closed)
+                }
+                Err(e) => return Err(ClientError::io("read the agent's hello")(e)),
+            }
+        };
+        read_half.set_read_timeout(None).map_err(ClientError::io(
+            "clear the read timeout on the agent socket",
+        ))?;
+
+        let hangup = read_half
+            .try_clone()
+            .map_err(ClientError::io("clone the agent socket"))?;
+        let shared = Arc::new(Shared {
+            writer: Mutex::new(writer),
+            hangup,
+            table: Mutex::new(Table::default()),
+            pongs_changed: Condvar::new(),
+            next_nonce: AtomicU64::new(1),
+        });
+        let reader = {
+            let shared = Arc::clone(&shared);
+            std::thread::Builder::new()
+                .name("brig-agent-reader".into())
+                .spawn(move || read_loop(&shared, read_half, decoder))
+                .map_err(ClientError::io("start the agent reader thread"))?
+        };
+        Ok(Connection {
+            shared,
+            reader: Some(reader),
+            version,
+        })
+    }
+
+    /// The protocol version both sides agreed on.
+    pub fn version(&self) -> u16 {
+        self.version
+    }
+
+    /// Whether the connection has ended (the agent went away or broke the
+    /// protocol).
+    pub fn is_closed(&self) -> bool {
+        self.shared.table().dead.is_some()
+    }
+
+    /// Start a process. Returns once the agent has answered: `started`
+    /// (the pid is then [`Process::pid`]) or an error such as
+    /// `cannot start /no/such: no such file or directory`.
+    pub fn exec(&self, req: &ExecRequest) -> Result<Process, ClientError> {
+        let handle = self
+            .shared
+            .open(StreamClass::EXEC, message::encode_header(req))?;
+        Process::start(handle)
+    }
+
+    /// Re-attach to a process by pid (a background one, typically): its
+    /// buffered output, then live output and its exit.
+    pub fn attach(&self, pid: i32) -> Result<Process, ClientError> {
+        let handle = self.shared.open(
+            StreamClass::ATTACH,
+            message::encode_header(&message::AttachRequest { pid }),
+        )?;
+        Process::start(handle)
+    }
+
+    /// Run a one-shot request (list, stat, mkdir, rename, remove, list
+    /// processes, signal) and return its typed reply.
+    pub fn call(&self, req: &Call) -> Result<Reply, ClientError> {
+        let handle = self
+            .shared
+            .open(StreamClass::CALL, message::encode_header(req))?;
+        handle.stream.close(&handle.shared)?;
+        call::collect(&handle)
+    }
+
+    /// Open a file for streaming reads. Returns once the agent has opened
+    /// it ([`FileReader::size`]) or failed to.
+    pub fn read_file(&self, path: &str) -> Result<FileReader, ClientError> {
+        let handle = self.shared.open(
+            StreamClass::FILE_READ,
+            message::encode_header(&message::ReadRequest { path: path.into() }),
+        )?;
+        handle.stream.close(&handle.shared)?;
+        FileReader::start(handle)
+    }
+
+    /// Stream `contents` into a file in the sandbox, blocking while the
+    /// agent's window is full. `mode` applies to a new file (default 0o644
+    /// less the umask); `append` appends instead of truncating. Returns the
+    /// bytes written, as the agent counted them after syncing the file.
+    pub fn write_file(
+        &self,
+        path: &str,
+        contents: impl Read,
+        mode: Option<u32>,
+        append: bool,
+    ) -> Result<u64, ClientError> {
+        let handle = self.shared.open(
+            StreamClass::FILE_WRITE,
+            message::encode_header(&message::WriteRequest {
+                path: path.into(),
+                mode,
+                append,
+            }),
+        )?;
+        crate::files::write(&handle, path, contents)
+    }
+
+    /// Round trip to the agent and back; returns how long it took.
+    pub fn ping(&self) -> Result<Duration, ClientError> {
+        let nonce = self.shared.next_nonce.fetch_add(1, Ordering::Relaxed);
+        let start = Instant::now();
+        self.shared.send(&Frame::ping(nonce))?;
+        let mut table = self.shared.table();
+        loop {
+            if table.pongs.remove(&nonce) {
+                return Ok(start.elapsed());
+            }
+            if let Some(dead) = &table.dead {
+                return Err(dead.error());
+            }
+            table = self
+                .shared
+                .pongs_changed
+                .wait(table)
+                .unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        // Hang up: the reader sees EOF, marks every stream closed and
+        // exits; the agent sees EOF and cleans up.
+        let _ = self.shared.hangup.shutdown(Shutdown::Both);
+        if let Some(reader) = self.reader.take() {
+            let _ = reader.join();
+        }
+    }
+}
+
+/// The reader thread: decode, route, and on the way out tell everyone why.
+fn read_loop(shared: &Shared, mut sock: UnixStream, mut decoder: Decoder) {
+    let mut buf = vec![0u8; READ_CHUNK];
+    let dead = 'conn: loop {
+        loop {
+            match decoder.next_frame() {
+                Ok(Some(frame)) => {
+                    if let Err(dead) = shared.dispatch(frame) {
+                        break 'conn dead;
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => break 'conn Dead::Protocol(format!("agent sent a bad frame: {e}")),
+            }
+        }
+        match sock.read(&mut buf) {
+            Ok(0) => break Dead::Closed,
+            Ok(n) => decoder.push(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            // Any other read error (ECONNRESET, a shut-down socket) means
+            // the agent is gone as far as the streams are concerned.
+            Err(_) => break Dead::Closed,
+        }
+    };
+    shared.die(dead);
+}

@@ -1,0 +1,128 @@
+//! brig-agent-client: the host side of the brig agent protocol.
+//!
+//! The daemon talks to one `brig-agent` per sandbox over one byte stream
+//! (a unix socket) and serves many concurrent requests against it. This
+//! crate is that client: blocking, thread-safe, std only (no async runtime;
+//! the daemon wraps calls in `spawn_blocking` or gives each sandbox its own
+//! threads).
+//!
+//! - [`Connection`] (`connection.rs`): the handshake, the one reader thread
+//!   that owns the read half and routes frames to streams, the
+//!   mutex-guarded writer, stream ids. Start here.
+//! - [`Process`] (`process.rs`): one `EXEC` or `ATTACH` stream: [`Stdin`],
+//!   [`Output`] items, signals, PTY resize, [`ExitStatus`].
+//! - [`FileReader`] and [`Connection::write_file`] (`files.rs`): streaming
+//!   file contents in either direction.
+//! - [`Reply`] (`call.rs`): the typed answer to a one-shot [`Call`].
+//! - `stream.rs`: one stream's receive buffer and send credit, shared
+//!   between the reader thread and the handle that consumes it.
+//! - [`ClientError`]: everything that can go wrong, below.
+//!
+//! ## Flow control: credit as the consumer takes data
+//!
+//! The reader thread never blocks on a consumer. Data it receives goes into
+//! the stream's buffer, which cannot exceed the stream's receive window
+//! (256 KiB) because the agent may only send what it has credit for. Credit
+//! goes back to the agent only when the consumer takes bytes out of the
+//! buffer, so a consumer that stops reading one process's output throttles
+//! that stream alone (its process then blocks in write(2) inside the
+//! sandbox) while every other stream keeps moving. Memory per connection is
+//! bounded by open streams × 256 KiB plus one frame in the decoder.
+//!
+//! The cost of this choice is the shell-pipeline rule: a thread that writes
+//! a lot of stdin to a process which echoes it must read the output from
+//! another thread (or interleave), exactly as with `std::process`. The
+//! alternative, crediting on arrival into an unbounded queue, would move
+//! the agent's back-pressure into host memory.
+
+pub mod call;
+pub mod connection;
+pub mod files;
+pub mod process;
+mod stream;
+
+use brig_protocol::ResetCode;
+
+pub use brig_protocol::message::{
+    Call, Entry, ErrorCode, ExecRequest, FileKind, ProcessInfo, PtySize,
+};
+pub use call::Reply;
+pub use connection::Connection;
+pub use files::FileReader;
+pub use process::{ExitStatus, Output, Process, Stdin};
+
+/// Why an operation on the agent failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The agent refused or failed the request. The message names the
+    /// operation and path, e.g. `stat /no/such: no such file or directory`.
+    #[error("{message}")]
+    Agent { code: ErrorCode, message: String },
+    /// The agent broke the protocol. On a stream this resets the stream; in
+    /// the framing or the handshake it ends the connection.
+    #[error("agent broke the protocol: {reason}")]
+    Protocol { reason: String },
+    /// The agent reset the stream (it refused it, or the client broke a
+    /// stream rule).
+    #[error("agent reset stream {stream} ({code})")]
+    Reset { stream: u32, code: ResetCode },
+    /// The agent closed its side of the stream before the operation was
+    /// done, e.g. writing stdin to a process that has exited.
+    #[error("agent closed stream {stream}")]
+    StreamClosed { stream: u32 },
+    /// The connection to the agent is gone (the agent exited, the sandbox
+    /// died, or the [`Connection`] was dropped).
+    #[error("connection to the agent closed")]
+    Closed,
+    /// A local I/O operation failed: `op` says which.
+    #[error("{op}")]
+    Io {
+        op: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl ClientError {
+    fn io(op: impl Into<String>) -> impl FnOnce(std::io::Error) -> ClientError {
+        let op = op.into();
+        move |source| ClientError::Io { op, source }
+    }
+
+    fn protocol(reason: impl Into<String>) -> ClientError {
+        ClientError::Protocol {
+            reason: reason.into(),
+        }
+    }
+
+    /// The agent's error code, if the agent reported the error.
+    pub fn agent_code(&self) -> Option<ErrorCode> {
+        match self {
+            ClientError::Agent { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+}
+
+/// For [`std::io::Read`] and [`std::io::Write`] implementations: keeps the
+/// `ClientError` as the source and picks the closest `ErrorKind`.
+impl From<ClientError> for std::io::Error {
+    fn from(e: ClientError) -> Self {
+        use std::io::ErrorKind;
+        let kind = match &e {
+            ClientError::Io { source, .. } => source.kind(),
+            ClientError::Agent { code, .. } => match code {
+                ErrorCode::NotFound | ErrorCode::NoSuchProcess => ErrorKind::NotFound,
+                ErrorCode::PermissionDenied => ErrorKind::PermissionDenied,
+                ErrorCode::AlreadyExists => ErrorKind::AlreadyExists,
+                ErrorCode::InvalidRequest => ErrorKind::InvalidInput,
+                ErrorCode::Unsupported => ErrorKind::Unsupported,
+                _ => ErrorKind::Other,
+            },
+            ClientError::Closed | ClientError::StreamClosed { .. } => ErrorKind::BrokenPipe,
+            ClientError::Reset { .. } => ErrorKind::ConnectionReset,
+            ClientError::Protocol { .. } => ErrorKind::InvalidData,
+        };
+        std::io::Error::new(kind, e)
+    }
+}

@@ -1,0 +1,93 @@
+//! The client against the agent where it belongs: the command of a real
+//! brig sandbox, started from a descriptor and speaking over a socket the
+//! host holds (as crates/agent/tests/sandboxed.rs sets it up). Needs root;
+//! skips with a printed reason otherwise, and fails instead under
+//! BRIG_TEST_STRICT=1.
+
+mod support;
+
+use std::io::Read;
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream;
+
+use brig_agent_client::{Call, Connection, Reply};
+use brig_core::{SandboxSpec, TemplateRef};
+use brig_jail::{Extras, Sandbox, SpawnOptions};
+use support::{agent_bin, exec, pattern, within};
+
+fn root_or_skip() -> bool {
+    // SAFETY: geteuid cannot fail and touches no memory.
+    let root = unsafe { libc::geteuid() } == 0;
+    if !root {
+        if std::env::var("BRIG_TEST_STRICT").is_ok_and(|v| v == "1") {
+            panic!("BRIG_TEST_STRICT=1 and this test needs root");
+        }
+        eprintln!("skipping: sandboxes need root");
+    }
+    root
+}
+
+#[test]
+fn the_client_drives_an_agent_inside_a_sandbox() {
+    if !root_or_skip() {
+        return;
+    }
+    within(60, || {
+        let (ours, theirs) = UnixStream::pair().expect("socketpair");
+        let program = std::fs::File::open(agent_bin()).expect("open the agent binary");
+        let mut spec = SandboxSpec::new(vec!["brig-agent".into(), "--stdio".into()]);
+        spec.template = TemplateRef::Host;
+        let extras = Extras {
+            program: Some(OwnedFd::from(program)),
+            stdio: Some(OwnedFd::from(theirs)),
+        };
+        let opts = SpawnOptions::prepare().expect("prepare");
+        let sandbox =
+            Sandbox::spawn_with(&spec, &opts, extras).expect("spawn the agent in a sandbox");
+        let id = sandbox.id().to_string();
+        let conn = Connection::new(ours).expect("handshake with the agent in the sandbox");
+
+        // Concurrent work on one connection, inside the sandbox.
+        let data = pattern(1 << 20);
+        std::thread::scope(|s| {
+            let conn = &conn;
+            let data = &data;
+            let hostname = s.spawn(move || {
+                let p = conn.exec(&exec(&["hostname"])).unwrap();
+                p.wait_with_output().unwrap()
+            });
+            let file = s.spawn(move || {
+                conn.write_file("/tmp/blob", &data[..], None, false)
+                    .unwrap();
+                let mut back = Vec::new();
+                conn.read_file("/tmp/blob")
+                    .unwrap()
+                    .read_to_end(&mut back)
+                    .unwrap();
+                back
+            });
+            let (out, _, status) = hostname.join().unwrap();
+            assert!(status.success());
+            assert_eq!(
+                String::from_utf8_lossy(&out).trim(),
+                id,
+                "runs in the sandbox"
+            );
+            assert!(file.join().unwrap() == *data);
+        });
+        let Reply::Stat(entry) = conn
+            .call(&Call::Stat {
+                path: "/tmp/blob".into(),
+            })
+            .unwrap()
+        else {
+            panic!("stat answers with an entry")
+        };
+        assert_eq!(entry.size, data.len() as u64);
+
+        // Hanging up ends the agent, and with it the sandbox.
+        drop(conn);
+        let exit = sandbox.wait().expect("sandbox ends when the agent does");
+        assert_eq!(exit.code, 0, "the agent exits cleanly on hang-up");
+    });
+}
