@@ -1,5 +1,5 @@
-//! `brig`: one binary for the one-shot runner, the host check and (later)
-//! the daemon and its client. `main` parses arguments with clap, hands the
+//! `brig`: one binary for the one-shot runner, the host check, the daemon
+//! (`serve`) and its client (`create`, `exec`, `ls`, `kill`). `main` parses arguments with clap, hands the
 //! subcommand to its module under `commands/`, and maps any error to a
 //! message and an exit code in exactly one place ([`exit`]).
 

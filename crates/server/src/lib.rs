@@ -12,16 +12,25 @@
 //!   tenant-scoped reads ([`Scope`]), keyset pagination, the expiry query and
 //!   [`Store::reconcile`], which the daemon runs on start.
 //!
-//! There is no HTTP here yet; the daemon (`brig serve`) will be built on top.
-//! See `docs/state.md` for the schema and the rules around it.
+//! On top of the store, the daemon itself:
+//!
+//! - [`manager`]: [`SandboxManager`], the live sandboxes (each one running
+//!   `brig-agent`), their spawner thread, supervisors and expiry sweeper;
+//!   usable without HTTP.
+//! - [`http`]: the native API, [`http::app`] builds the axum router.
+//!
+//! See `docs/state.md` for the schema and `docs/server.md` for the daemon.
 #![forbid(unsafe_code)]
 
+pub mod http;
 pub mod keys;
+pub mod manager;
 pub mod sandboxes;
 pub mod store;
 pub mod tenants;
 
 pub use keys::{AuthError, KeyError, KeyId, KeyInfo};
+pub use manager::{CreateConfig, ManagerConfig, ManagerError, SandboxManager};
 pub use sandboxes::{
     Cursor, ListFilter, NewSandbox, Page, SandboxError, SandboxRecord, SandboxState, Scope,
 };

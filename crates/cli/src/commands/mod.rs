@@ -1,10 +1,17 @@
 //! One module per subcommand. Each parses its clap struct into a validated
 //! config before doing any work, then returns the process exit code.
+//! `client.rs` is what the daemon's client subcommands share.
 
 use clap::{Parser, Subcommand};
 
+pub mod client;
+pub mod create;
 pub mod doctor;
+pub mod exec;
+pub mod kill;
+pub mod ls;
 pub mod run;
+pub mod serve;
 
 /// brig runs untrusted code in fast, strongly isolated sandboxes.
 #[derive(Debug, Parser)]
@@ -20,11 +27,26 @@ pub enum Command {
     Run(Box<run::RunArgs>),
     /// Report which kernel features and isolation tiers this host offers.
     Doctor(doctor::DoctorArgs),
+    /// Run the daemon: the HTTP API for long-lived sandboxes.
+    Serve(serve::ServeArgs),
+    /// Create a sandbox on the daemon and print its id.
+    Create(create::CreateArgs),
+    /// Run a command in a sandbox on the daemon; exits with its status.
+    Exec(exec::ExecArgs),
+    /// List your sandboxes on the daemon.
+    Ls(ls::LsArgs),
+    /// End a sandbox on the daemon.
+    Kill(kill::KillArgs),
 }
 
 pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
         Command::Run(args) => run::run(*args),
         Command::Doctor(args) => doctor::run(args),
+        Command::Serve(args) => serve::run(args),
+        Command::Create(args) => create::run(args),
+        Command::Exec(args) => exec::run(args),
+        Command::Ls(args) => ls::run(args),
+        Command::Kill(args) => kill::run(args),
     }
 }

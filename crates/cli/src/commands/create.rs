@@ -1,0 +1,65 @@
+//! `brig create`: a new sandbox on the daemon; prints its id.
+
+use serde_json::{json, Value};
+
+use super::client::{pairs, Client};
+
+#[derive(Debug, clap::Args)]
+pub struct CreateArgs {
+    /// Root filesystem: `host` or `dir:PATH`.
+    #[arg(long, value_name = "NAME|dir:PATH")]
+    template: Option<String>,
+    /// How long the sandbox lives (default 5m), e.g. 30s, 10m, 1h.
+    #[arg(long, value_name = "DURATION")]
+    timeout: Option<String>,
+    /// Memory limit, e.g. 512M.
+    #[arg(long, value_name = "SIZE")]
+    memory: Option<String>,
+    /// CPU quota in cores.
+    #[arg(long, value_name = "N")]
+    cpus: Option<f64>,
+    /// Environment of every process in the sandbox (repeatable).
+    #[arg(long = "env", short = 'e', value_name = "KEY=VALUE")]
+    env: Vec<String>,
+    /// A label to find the sandbox by (repeatable).
+    #[arg(long = "label", short = 'l', value_name = "KEY=VALUE")]
+    label: Vec<String>,
+    /// Print the whole sandbox as JSON instead of its id.
+    #[arg(long)]
+    json: bool,
+}
+
+impl CreateArgs {
+    /// Stage two: the request body.
+    fn into_body(self) -> anyhow::Result<Value> {
+        let mut body = json!({
+            "env": pairs("env", &self.env)?,
+            "labels": pairs("label", &self.label)?,
+        });
+        let fields = [
+            ("template", self.template.map(Value::from)),
+            ("timeout", self.timeout.map(Value::from)),
+            ("memory", self.memory.map(Value::from)),
+            ("cpus", self.cpus.map(Value::from)),
+        ];
+        for (k, v) in fields {
+            if let Some(v) = v {
+                body[k] = v;
+            }
+        }
+        Ok(body)
+    }
+}
+
+pub fn run(args: CreateArgs) -> anyhow::Result<i32> {
+    let as_json = args.json;
+    let body = args.into_body()?;
+    let client = Client::from_env()?;
+    let sandbox = client.json("POST", "/v1/sandboxes", Some(&body))?;
+    if as_json {
+        println!("{sandbox}");
+    } else {
+        println!("{}", sandbox["id"].as_str().unwrap_or_default());
+    }
+    Ok(0)
+}

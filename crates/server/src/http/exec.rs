@@ -1,0 +1,133 @@
+//! `POST /v1/sandboxes/{id}/exec`: run a process, stream what it does.
+//!
+//! The answer is NDJSON (`application/x-ndjson`) over chunked HTTP, one
+//! event per line, written as the agent reports it:
+//!
+//! ```text
+//! {"type":"started","pid":7}
+//! {"type":"stdout","data":"aGkK"}          (base64: output may be any bytes)
+//! {"type":"stderr","data":"..."}
+//! {"type":"exited","code":0,"signal":null}
+//! {"type":"error","message":"..."}         (instead of exited, if the stream broke)
+//! ```
+//!
+//! NDJSON rather than SSE: every line is a complete JSON document, any HTTP
+//! client can read it line by line, and there is no event-stream framing or
+//! reconnection semantics to implement for a stream that cannot be resumed.
+//!
+//! Output is taken from the agent only as fast as the HTTP client reads it
+//! (a small channel between the two), so a slow client pauses the process
+//! inside the sandbox rather than filling the daemon's memory. A client
+//! that disconnects drops the process handle, which kills the process.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::io::Write;
+
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::{JsonRejection, PathRejection};
+use axum::extract::{Path, State};
+use axum::http::header::CONTENT_TYPE;
+use axum::response::Response;
+use axum::Json;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine;
+use brig_agent_client::{ExecRequest, Output, Process};
+use serde::Deserialize;
+use serde_json::json;
+use tokio::sync::mpsc;
+
+use super::{blocking, sandbox_id, ApiError, AppState, Auth};
+
+/// Lines in flight between the agent and the HTTP client.
+const LINES_IN_FLIGHT: usize = 16;
+
+/// The body of an exec request.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExecConfig {
+    /// Program and arguments; `argv[0]` is looked up on the sandbox's PATH.
+    pub argv: Vec<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    pub cwd: Option<String>,
+    /// Standard input, base64; stdin is closed after it (or at once).
+    pub stdin: Option<String>,
+}
+
+pub async fn exec(
+    State(state): State<AppState>,
+    Auth(tenant): Auth,
+    id: Result<Path<String>, PathRejection>,
+    body: Result<Json<ExecConfig>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let id = sandbox_id(&id?.0)?;
+    let config = body?.0;
+    if config.argv.first().is_none_or(|a| a.is_empty()) {
+        return Err(ApiError::bad_request(
+            "argv must name a program, for example [\"sh\", \"-c\", \"echo hi\"]",
+        ));
+    }
+    let stdin = config
+        .stdin
+        .as_deref()
+        .map(|s| BASE64.decode(s))
+        .transpose()
+        .map_err(|e| ApiError::bad_request(format!("stdin is not valid base64: {e}")))?;
+    let req = ExecRequest {
+        argv: config.argv,
+        env: config.env,
+        cwd: config.cwd,
+        ..ExecRequest::default()
+    };
+    let manager = state.manager.clone();
+    let process = blocking(move || manager.exec(&tenant, &id, &req)).await?;
+
+    let (tx, rx) = mpsc::channel::<Result<Bytes, Infallible>>(LINES_IN_FLIGHT);
+    // The pump blocks on the agent for as long as the process runs.
+    tokio::task::spawn_blocking(move || pump(process, stdin, tx));
+    let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
+    Response::builder()
+        .header(CONTENT_TYPE, "application/x-ndjson")
+        .body(body)
+        .map_err(|e| ApiError::internal(&e))
+}
+
+/// Feed stdin, then turn each output item into one NDJSON line until the
+/// process exits or the client goes away.
+fn pump(mut process: Process, stdin: Option<Vec<u8>>, tx: mpsc::Sender<Result<Bytes, Infallible>>) {
+    match stdin {
+        // From its own thread: output is only credited back as it is read,
+        // so writing a lot of stdin here could deadlock with an echoing
+        // process.
+        Some(data) => {
+            let mut w = process.stdin();
+            std::thread::spawn(move || {
+                let _ = w.write_all(&data);
+                let _ = w.close();
+            });
+        }
+        None => {
+            let _ = process.close_stdin();
+        }
+    }
+    for item in &mut process {
+        let event = match item {
+            Ok(Output::Started { pid }) | Ok(Output::Attached { pid, .. }) => {
+                json!({ "type": "started", "pid": pid })
+            }
+            Ok(Output::Stdout(b)) => json!({ "type": "stdout", "data": BASE64.encode(b) }),
+            Ok(Output::Stderr(b)) => json!({ "type": "stderr", "data": BASE64.encode(b) }),
+            Ok(Output::Exited { code, signal }) => {
+                json!({ "type": "exited", "code": code, "signal": signal })
+            }
+            Err(e) => json!({ "type": "error", "message": e.to_string() }),
+        };
+        let mut line = event.to_string();
+        line.push('\n');
+        if tx.blocking_send(Ok(Bytes::from(line))).is_err() {
+            // The client is gone; dropping `process` kills it.
+            return;
+        }
+    }
+}

@@ -1,0 +1,118 @@
+//! The native HTTP API (`/v1`), on axum.
+//!
+//! [`app`] builds the whole router from an [`AppState`]; tests drive it in
+//! process (`tower::ServiceExt::oneshot`), `brig serve` binds it to a
+//! socket. One file per resource: [`info`] (`/healthz`, `/v1/info`),
+//! [`sandboxes`] (create, list, get, delete, timeout), [`exec`] (processes,
+//! streamed as NDJSON) and [`files`] (raw download and upload). Handlers are
+//! thin: decode the request into a config, make one call on the
+//! [`SandboxManager`], encode the answer. Every error goes through
+//! [`ApiError`] (`error.rs`).
+//!
+//! Authentication is the [`Auth`] extractor: every handler but `/healthz`
+//! takes it first, so a request without a valid key is answered 401 before
+//! its body is even looked at.
+
+pub mod error;
+pub mod exec;
+pub mod files;
+pub mod info;
+pub mod sandboxes;
+
+use std::sync::{Arc, OnceLock};
+
+use axum::extract::FromRequestParts;
+use axum::http::header::AUTHORIZATION;
+use axum::http::request::Parts;
+use axum::routing::{get, post};
+use axum::Router;
+use brig_core::SandboxId;
+
+pub use error::ApiError;
+
+use crate::manager::{ManagerError, SandboxManager};
+use crate::TenantId;
+
+/// What every handler shares.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    pub manager: Arc<SandboxManager>,
+    /// The host's tiers, probed once on first use of `/v1/info`.
+    tiers: Arc<OnceLock<serde_json::Value>>,
+}
+
+impl AppState {
+    pub fn new(manager: Arc<SandboxManager>) -> AppState {
+        AppState {
+            manager,
+            tiers: Arc::new(OnceLock::new()),
+        }
+    }
+}
+
+/// The whole API.
+pub fn app(state: AppState) -> Router {
+    Router::new()
+        .route("/healthz", get(info::healthz))
+        .route("/v1/info", get(info::info))
+        .route(
+            "/v1/sandboxes",
+            post(sandboxes::create).get(sandboxes::list),
+        )
+        .route(
+            "/v1/sandboxes/{id}",
+            get(sandboxes::get).delete(sandboxes::delete),
+        )
+        .route("/v1/sandboxes/{id}/timeout", post(sandboxes::extend))
+        .route("/v1/sandboxes/{id}/exec", post(exec::exec))
+        .route(
+            "/v1/sandboxes/{id}/files",
+            get(files::download)
+                .put(files::upload)
+                // Uploads are streamed to the sandbox, never held here.
+                .layer(axum::extract::DefaultBodyLimit::disable()),
+        )
+        .fallback(|| async { ApiError::not_found("no such endpoint; see api/openapi.yaml") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                axum::http::StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "this endpoint does not take that method; see api/openapi.yaml",
+            )
+        })
+        .with_state(state)
+}
+
+/// The tenant a request acts for, from `Authorization: Bearer <key>`.
+#[derive(Debug, Clone)]
+pub struct Auth(pub TenantId);
+
+impl FromRequestParts<AppState> for Auth {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Auth, ApiError> {
+        let key = parts
+            .headers
+            .get(AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(|k| k.trim().to_string())
+            .ok_or_else(ApiError::unauthorized)?;
+        let manager = Arc::clone(&state.manager);
+        let tenant = tokio::task::spawn_blocking(move || manager.authenticate(&key)).await??;
+        Ok(Auth(tenant))
+    }
+}
+
+/// A sandbox id from a path. One that cannot exist is simply not found.
+pub(crate) fn sandbox_id(s: &str) -> Result<SandboxId, ApiError> {
+    SandboxId::parse(s).ok_or_else(|| ApiError::not_found(format!("no sandbox {s}")))
+}
+
+/// Run a blocking manager call (SQLite, the agent, the spawner) off the
+/// async workers.
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ManagerError> + Send + 'static,
+) -> Result<T, ApiError> {
+    Ok(tokio::task::spawn_blocking(f).await??)
+}

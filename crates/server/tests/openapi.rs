@@ -1,0 +1,42 @@
+//! api/openapi.yaml is the API's contract: it parses, and every route the
+//! router serves is in it with the right methods.
+
+use serde_yaml::Value;
+
+/// Every route `brig_server::http::app` serves.
+const ROUTES: &[(&str, &[&str])] = &[
+    ("/healthz", &["get"]),
+    ("/v1/info", &["get"]),
+    ("/v1/sandboxes", &["get", "post"]),
+    ("/v1/sandboxes/{id}", &["get", "delete"]),
+    ("/v1/sandboxes/{id}/timeout", &["post"]),
+    ("/v1/sandboxes/{id}/exec", &["post"]),
+    ("/v1/sandboxes/{id}/files", &["get", "put"]),
+];
+
+#[test]
+fn every_implemented_route_is_documented() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../api/openapi.yaml");
+    let text = std::fs::read_to_string(path).expect("read api/openapi.yaml");
+    let doc: Value = serde_yaml::from_str(&text).expect("api/openapi.yaml is valid YAML");
+    assert!(doc["openapi"].as_str().is_some_and(|v| v.starts_with("3.")));
+    let paths = doc["paths"].as_mapping().expect("paths");
+    for (route, methods) in ROUTES {
+        let item = &doc["paths"][*route];
+        assert!(
+            item.is_mapping(),
+            "{route} is missing from api/openapi.yaml"
+        );
+        for m in *methods {
+            assert!(
+                item[*m].is_mapping(),
+                "{m} {route} is missing from api/openapi.yaml"
+            );
+        }
+    }
+    assert_eq!(
+        paths.len(),
+        ROUTES.len(),
+        "api/openapi.yaml documents routes that do not exist"
+    );
+}
