@@ -35,7 +35,7 @@ use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
-use brig_agent_client::{ClientError, Connection, ExecRequest, FileReader, Process};
+use brig_agent_client::{Call, ClientError, Connection, ExecRequest, FileReader, Process, Reply};
 use brig_core::{EnvVar, Limits, SandboxId, SandboxSpec, SpecError, TemplateRef};
 use brig_jail::{Extras, JailError, Sandbox, SpawnOptions};
 
@@ -454,6 +454,30 @@ impl SandboxManager {
         conn.exec(req).map_err(agent_err(id))
     }
 
+    /// Re-attach to a process the agent manages (a background one, running
+    /// or finished): its buffered output, then live output until it exits.
+    pub fn attach(
+        &self,
+        tenant: &TenantId,
+        id: &SandboxId,
+        pid: i32,
+    ) -> Result<Process, ManagerError> {
+        let conn = self.connection(tenant, id)?;
+        conn.attach(pid).map_err(agent_err(id))
+    }
+
+    /// A one-shot request to the agent: list, stat, mkdir, rename, remove,
+    /// list processes, signal.
+    pub fn call(
+        &self,
+        tenant: &TenantId,
+        id: &SandboxId,
+        call: &Call,
+    ) -> Result<Reply, ManagerError> {
+        let conn = self.connection(tenant, id)?;
+        conn.call(call).map_err(agent_err(id))
+    }
+
     /// Open a file in the sandbox for a streaming read.
     pub fn read_file(
         &self,
@@ -517,8 +541,10 @@ impl SandboxManager {
         lock(&self.live).get(id).cloned()
     }
 
-    /// The agent connection of a running sandbox of `tenant`'s.
-    fn connection(
+    /// The agent connection of a running sandbox of `tenant`'s. The HTTP
+    /// layer holds it weakly to tell when state it keeps per sandbox (a
+    /// parked process attachment) has outlived the sandbox.
+    pub fn connection(
         &self,
         tenant: &TenantId,
         id: &SandboxId,

@@ -11,7 +11,16 @@ const ROUTES: &[(&str, &[&str])] = &[
     ("/v1/sandboxes/{id}", &["get", "delete"]),
     ("/v1/sandboxes/{id}/timeout", &["post"]),
     ("/v1/sandboxes/{id}/exec", &["post"]),
-    ("/v1/sandboxes/{id}/files", &["get", "put"]),
+    ("/v1/sandboxes/{id}/files", &["get", "put", "delete"]),
+    ("/v1/sandboxes/{id}/files/list", &["get"]),
+    ("/v1/sandboxes/{id}/files/stat", &["get"]),
+    ("/v1/sandboxes/{id}/files/mkdir", &["post"]),
+    ("/v1/sandboxes/{id}/files/rename", &["post"]),
+    ("/v1/sandboxes/{id}/files/upload", &["post"]),
+    ("/v1/sandboxes/{id}/processes", &["get", "post"]),
+    ("/v1/sandboxes/{id}/processes/{pid}/signal", &["post"]),
+    ("/v1/sandboxes/{id}/processes/{pid}/output", &["get"]),
+    ("/v1/sandboxes/{id}/processes/{pid}/stdin", &["post"]),
 ];
 
 #[test]

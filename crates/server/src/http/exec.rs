@@ -32,7 +32,7 @@ use axum::response::Response;
 use axum::Json;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
-use brig_agent_client::{ExecRequest, Output, Process};
+use brig_agent_client::{ClientError, ExecRequest, Output, Process};
 use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::mpsc;
@@ -112,22 +112,30 @@ fn pump(mut process: Process, stdin: Option<Vec<u8>>, tx: mpsc::Sender<Result<By
         }
     }
     for item in &mut process {
-        let event = match item {
-            Ok(Output::Started { pid }) | Ok(Output::Attached { pid, .. }) => {
-                json!({ "type": "started", "pid": pid })
-            }
-            Ok(Output::Stdout(b)) => json!({ "type": "stdout", "data": BASE64.encode(b) }),
-            Ok(Output::Stderr(b)) => json!({ "type": "stderr", "data": BASE64.encode(b) }),
-            Ok(Output::Exited { code, signal }) => {
-                json!({ "type": "exited", "code": code, "signal": signal })
-            }
-            Err(e) => json!({ "type": "error", "message": e.to_string() }),
-        };
-        let mut line = event.to_string();
-        line.push('\n');
-        if tx.blocking_send(Ok(Bytes::from(line))).is_err() {
+        let line = event_line(item);
+        if tx.blocking_send(Ok(line)).is_err() {
             // The client is gone; dropping `process` kills it.
             return;
         }
     }
+}
+
+/// One NDJSON line for one thing a process did. Shared with the re-attach
+/// stream of `processes.rs`, whose first line is `attached`.
+pub(crate) fn event_line(item: Result<Output, ClientError>) -> Bytes {
+    let event = match item {
+        Ok(Output::Started { pid }) => json!({ "type": "started", "pid": pid }),
+        Ok(Output::Attached { pid, dropped }) => {
+            json!({ "type": "attached", "pid": pid, "dropped": dropped })
+        }
+        Ok(Output::Stdout(b)) => json!({ "type": "stdout", "data": BASE64.encode(b) }),
+        Ok(Output::Stderr(b)) => json!({ "type": "stderr", "data": BASE64.encode(b) }),
+        Ok(Output::Exited { code, signal }) => {
+            json!({ "type": "exited", "code": code, "signal": signal })
+        }
+        Err(e) => json!({ "type": "error", "message": e.to_string() }),
+    };
+    let mut line = event.to_string();
+    line.push('\n');
+    Bytes::from(line)
 }

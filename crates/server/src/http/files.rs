@@ -1,5 +1,11 @@
-//! `/v1/sandboxes/{id}/files?path=/abs/path`: raw download (GET) and upload
-//! (PUT), both streamed: neither direction holds a file in the daemon.
+//! `/v1/sandboxes/{id}/files...`: raw download (GET `?path=`), upload (PUT
+//! `?path=`) and multipart upload (`POST /files/upload?dir=`), all streamed:
+//! no direction holds a file in the daemon; and the one-shot calls `list`,
+//! `stat`, `mkdir`, `rename` and remove (`DELETE ?path=&recursive=`).
+//!
+//! Every agent failure keeps the agent's message and gets its status from
+//! its code in `error.rs`: not found 404, already exists 409, invalid input
+//! 400.
 //!
 //! Paths are resolved by the agent inside the sandbox's own mount
 //! namespace, so `..` or a symlink can only lead elsewhere in the sandbox.
@@ -7,11 +13,13 @@
 use std::io::Read;
 
 use axum::body::{Body, Bytes};
-use axum::extract::rejection::{PathRejection, QueryRejection};
-use axum::extract::{Path, Query, State};
+use axum::extract::multipart::MultipartRejection;
+use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
+use axum::extract::{Multipart, Path, Query, State};
 use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use axum::response::Response;
 use axum::Json;
+use brig_agent_client::{Call, Entry, Reply};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
@@ -33,14 +41,19 @@ pub struct FileQuery {
 
 impl FileQuery {
     fn checked(self) -> Result<String, ApiError> {
-        if !self.path.starts_with('/') || self.path.contains('\0') {
-            return Err(ApiError::bad_request(format!(
-                "invalid path {:?}: use an absolute path inside the sandbox",
-                self.path
-            )));
-        }
-        Ok(self.path)
+        checked(self.path)
     }
+}
+
+/// A path the agent can be asked about: absolute, no NUL. The agent checks
+/// again; this gives the client one message for both mistakes.
+fn checked(path: String) -> Result<String, ApiError> {
+    if !path.starts_with('/') || path.contains('\0') {
+        return Err(ApiError::bad_request(format!(
+            "invalid path {path:?}: use an absolute path inside the sandbox"
+        )));
+    }
+    Ok(path)
 }
 
 pub async fn download(
@@ -100,4 +113,270 @@ pub async fn upload(
     let shown = path.clone();
     let size = blocking(move || manager.write_file(&tenant, &id, &path, reader)).await?;
     Ok(Json(json!({ "path": shown, "size": size })))
+}
+
+/// The deepest `list` the API takes (the agent's own limit).
+const MAX_DEPTH: u32 = 64;
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    pub path: String,
+    /// Levels below `path` (1: its direct children).
+    #[serde(default = "one")]
+    pub depth: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RemoveQuery {
+    pub path: String,
+    /// Remove a directory and everything in it.
+    #[serde(default)]
+    pub recursive: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MkdirConfig {
+    pub path: String,
+    /// Create missing parents, and succeed if the directory exists.
+    #[serde(default)]
+    pub parents: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RenameConfig {
+    pub from: String,
+    pub to: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UploadQuery {
+    /// The directory each part is written into, as `dir/<filename>`.
+    pub dir: String,
+}
+
+/// The API's shape of one file (the protocol's `kind` is `type` here).
+fn entry_json(e: Entry) -> Value {
+    let mut v = json!({
+        "name": e.name,
+        "path": e.path,
+        "type": e.kind,
+        "size": e.size,
+        "mode": e.mode,
+        "mtime": e.mtime,
+    });
+    if let Some(target) = e.symlink_target {
+        v["symlink_target"] = Value::String(target);
+    }
+    v
+}
+
+/// Make one call on the sandbox's agent.
+async fn call(
+    state: &AppState,
+    tenant: crate::TenantId,
+    id: &str,
+    call: Call,
+) -> Result<Reply, ApiError> {
+    let id = sandbox_id(id)?;
+    let manager = state.manager.clone();
+    blocking(move || manager.call(&tenant, &id, &call)).await
+}
+
+/// A reply of the wrong kind is the agent breaking the protocol.
+fn unexpected(reply: Reply) -> ApiError {
+    let err = std::io::Error::other(format!("the agent answered with {reply:?}"));
+    ApiError::internal(&err)
+}
+
+pub async fn list(
+    State(state): State<AppState>,
+    Auth(tenant): Auth,
+    id: Result<Path<String>, PathRejection>,
+    query: Result<Query<ListQuery>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let id = id?.0;
+    let q = query?.0;
+    if !(1..=MAX_DEPTH).contains(&q.depth) {
+        return Err(ApiError::bad_request(format!(
+            "depth must be between 1 and {MAX_DEPTH}"
+        )));
+    }
+    let path = checked(q.path)?;
+    match call(
+        &state,
+        tenant,
+        &id,
+        Call::List {
+            path,
+            depth: q.depth,
+        },
+    )
+    .await?
+    {
+        Reply::Entries(entries) => Ok(Json(json!({
+            "entries": entries.into_iter().map(entry_json).collect::<Vec<_>>()
+        }))),
+        // An empty directory: the agent sends `done` with no `entries`.
+        Reply::Done => Ok(Json(json!({ "entries": [] }))),
+        other => Err(unexpected(other)),
+    }
+}
+
+pub async fn stat(
+    State(state): State<AppState>,
+    Auth(tenant): Auth,
+    id: Result<Path<String>, PathRejection>,
+    query: Result<Query<FileQuery>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let id = id?.0;
+    let path = query?.0.checked()?;
+    match call(&state, tenant, &id, Call::Stat { path }).await? {
+        Reply::Stat(entry) => Ok(Json(entry_json(entry))),
+        other => Err(unexpected(other)),
+    }
+}
+
+pub async fn mkdir(
+    State(state): State<AppState>,
+    Auth(tenant): Auth,
+    id: Result<Path<String>, PathRejection>,
+    body: Result<Json<MkdirConfig>, JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let id = id?.0;
+    let config = body?.0;
+    let path = checked(config.path)?;
+    let shown = path.clone();
+    call(
+        &state,
+        tenant,
+        &id,
+        Call::Mkdir {
+            path,
+            parents: config.parents,
+        },
+    )
+    .await?;
+    Ok(Json(json!({ "path": shown })))
+}
+
+pub async fn rename(
+    State(state): State<AppState>,
+    Auth(tenant): Auth,
+    id: Result<Path<String>, PathRejection>,
+    body: Result<Json<RenameConfig>, JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let id = id?.0;
+    let config = body?.0;
+    let (from, to) = (checked(config.from)?, checked(config.to)?);
+    let shown = json!({ "from": from, "to": to });
+    call(&state, tenant, &id, Call::Rename { from, to }).await?;
+    Ok(Json(shown))
+}
+
+pub async fn remove(
+    State(state): State<AppState>,
+    Auth(tenant): Auth,
+    id: Result<Path<String>, PathRejection>,
+    query: Result<Query<RemoveQuery>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let id = id?.0;
+    let q = query?.0;
+    let path = checked(q.path)?;
+    let shown = path.clone();
+    call(
+        &state,
+        tenant,
+        &id,
+        Call::Remove {
+            path,
+            recursive: q.recursive,
+        },
+    )
+    .await?;
+    Ok(Json(json!({ "path": shown })))
+}
+
+/// A multipart part's file name as one path component: no `/`, no `..`,
+/// nothing empty. The agent would keep a bad one inside the sandbox
+/// anyway; refusing it keeps each part in the directory the client named.
+fn file_name(name: Option<&str>) -> Result<String, ApiError> {
+    match name {
+        Some(n) if !n.is_empty() && n != "." && !n.contains(['/', '\0']) && !n.contains("..") => {
+            Ok(n.to_string())
+        }
+        Some(n) => Err(ApiError::bad_request(format!(
+            "invalid file name {n:?} in the upload: use a plain name, without `/` or `..`"
+        ))),
+        None => Err(ApiError::bad_request(
+            "every part of the upload needs a filename (Content-Disposition: form-data; \
+             name=\"file\"; filename=\"...\")",
+        )),
+    }
+}
+
+/// `POST /files/upload?dir=`: each part of a `multipart/form-data` body is
+/// streamed to `dir/<its filename>`, one after the other. A part that
+/// fails stops the upload; the parts before it stay written.
+pub async fn upload_multipart(
+    State(state): State<AppState>,
+    Auth(tenant): Auth,
+    id: Result<Path<String>, PathRejection>,
+    query: Result<Query<UploadQuery>, QueryRejection>,
+    multipart: Result<Multipart, MultipartRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let id = sandbox_id(&id?.0)?;
+    let dir = checked(query?.0.dir)?;
+    let mut multipart = multipart.map_err(|r| ApiError::bad_request(r.body_text()))?;
+    let bad_part = |e: axum::extract::multipart::MultipartError| {
+        ApiError::bad_request(format!("malformed multipart body: {}", e.body_text()))
+    };
+    let mut written = Vec::new();
+    while let Some(mut field) = multipart.next_field().await.map_err(bad_part)? {
+        let name = file_name(field.file_name())?;
+        let path = format!("{}/{name}", dir.trim_end_matches('/'));
+
+        let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(CHUNKS_IN_FLIGHT);
+        let reader = SyncIoBridge::new(StreamReader::new(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        ));
+        let manager = state.manager.clone();
+        let (t, i, p) = (tenant.clone(), id.clone(), path.clone());
+        let writer = tokio::task::spawn_blocking(move || manager.write_file(&t, &i, &p, reader));
+        let mut failed = None;
+        loop {
+            match field.chunk().await {
+                Ok(Some(chunk)) => {
+                    // The writer stopped early: its own error says why.
+                    if tx.send(Ok(chunk)).await.is_err() {
+                        break;
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    // Cancels the write (the agent keeps what it has).
+                    let _ = tx
+                        .send(Err(std::io::Error::other("the multipart body broke off")))
+                        .await;
+                    failed = Some(bad_part(e));
+                    break;
+                }
+            }
+        }
+        drop(tx);
+        let size = writer.await??;
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        written.push(json!({ "path": path, "size": size }));
+    }
+    Ok(Json(json!({ "files": written })))
 }

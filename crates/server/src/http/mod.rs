@@ -3,8 +3,11 @@
 //! [`app`] builds the whole router from an [`AppState`]; tests drive it in
 //! process (`tower::ServiceExt::oneshot`), `brig serve` binds it to a
 //! socket. One file per resource: [`info`] (`/healthz`, `/v1/info`),
-//! [`sandboxes`] (create, list, get, delete, timeout), [`exec`] (processes,
-//! streamed as NDJSON) and [`files`] (raw download and upload). Handlers are
+//! [`sandboxes`] (create, list, get, delete, timeout), [`exec`] (one
+//! foreground command, streamed as NDJSON), [`processes`] (background
+//! processes: start, list, signal, stdin, re-attach to their output) and
+//! [`files`] (raw download and upload, multipart upload, list, stat, mkdir,
+//! rename, remove). Handlers are
 //! thin: decode the request into a config, make one call on the
 //! [`SandboxManager`], encode the answer. Every error goes through
 //! [`ApiError`] (`error.rs`).
@@ -17,6 +20,7 @@ pub mod error;
 pub mod exec;
 pub mod files;
 pub mod info;
+pub mod processes;
 pub mod sandboxes;
 
 use std::sync::{Arc, OnceLock};
@@ -69,9 +73,19 @@ pub fn app(state: AppState) -> Router {
             "/v1/sandboxes/{id}/files",
             get(files::download)
                 .put(files::upload)
+                .delete(files::remove)
                 // Uploads are streamed to the sandbox, never held here.
                 .layer(axum::extract::DefaultBodyLimit::disable()),
         )
+        .route(
+            "/v1/sandboxes/{id}/files/upload",
+            post(files::upload_multipart).layer(axum::extract::DefaultBodyLimit::disable()),
+        )
+        .route("/v1/sandboxes/{id}/files/list", get(files::list))
+        .route("/v1/sandboxes/{id}/files/stat", get(files::stat))
+        .route("/v1/sandboxes/{id}/files/mkdir", post(files::mkdir))
+        .route("/v1/sandboxes/{id}/files/rename", post(files::rename))
+        .merge(processes::routes())
         .fallback(|| async { ApiError::not_found("no such endpoint; see api/openapi.yaml") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(
