@@ -165,15 +165,8 @@ impl Cgroup {
     fn setup(&mut self, name: &str, limits: &Limits) -> Result<(), CgroupError> {
         let mem = limits.memory.bytes().to_string();
         match self.hierarchy.clone() {
-            Hierarchy::V1 { root, cpu, freezer } => {
-                for parent in self.hierarchy.parents() {
-                    if !parent.exists() {
-                        mkdir(&parent)?;
-                    }
-                }
-                let memory = root.join("memory").join(PARENT).join(name);
-                mkdir(&memory)?;
-                self.dirs.push(memory.clone());
+            Hierarchy::V1 { root, cpu, .. } => {
+                let memory = self.group(&root, "memory", name)?;
                 write(&memory.join("memory.limit_in_bytes"), &mem)?;
                 // Without swap accounting the limit covers RAM only; with it,
                 // RAM+swap gets the same bound so the sandbox cannot page out
@@ -184,28 +177,21 @@ impl Cgroup {
                 }
                 let _ = write(&memory.join("memory.swappiness"), "0");
 
-                let pids = root.join("pids").join(PARENT).join(name);
-                mkdir(&pids)?;
-                self.dirs.push(pids.clone());
+                let pids = self.group(&root, "pids", name)?;
                 write(&pids.join("pids.max"), &limits.pids.to_string())?;
 
                 // Only the controllers this sandbox uses: each one costs a
-                // mkdir, an attach and an rmdir on the spawn path.
-                if cpu && limits.cpus.is_some() {
-                    let dir = root.join("cpu").join(PARENT).join(name);
-                    mkdir(&dir)?;
-                    self.dirs.push(dir.clone());
-                    if let Some(cpus) = limits.cpus {
-                        write(&dir.join("cpu.cfs_period_us"), "100000")?;
-                        write(
-                            &dir.join("cpu.cfs_quota_us"),
-                            &((cpus * 100_000.0).round() as u64).max(1000).to_string(),
-                        )?;
-                    }
+                // mkdir, an attach and an rmdir on the spawn path. (The
+                // freezer is for pause/resume, which one-shot runs do not
+                // offer; it stays in `parents()` for reconcile.)
+                if let (true, Some(cpus)) = (cpu, limits.cpus) {
+                    let dir = self.group(&root, "cpu", name)?;
+                    write(&dir.join("cpu.cfs_period_us"), "100000")?;
+                    write(
+                        &dir.join("cpu.cfs_quota_us"),
+                        &((cpus * 100_000.0).round() as u64).max(1000).to_string(),
+                    )?;
                 }
-                // The freezer is for pause/resume, which one-shot runs do
-                // not offer; `freezer` stays in `parents()` for reconcile.
-                let _ = freezer;
             }
             Hierarchy::V2 { root } => {
                 let parent = root.join(PARENT);
@@ -253,6 +239,19 @@ impl Cgroup {
             }
         }
         Ok(())
+    }
+
+    /// Make `<root>/<controller>/brig/<name>` (and `brig` itself on first
+    /// use) and remember it for attach and destroy.
+    fn group(&mut self, root: &Path, controller: &str, name: &str) -> Result<PathBuf, CgroupError> {
+        let parent = root.join(controller).join(PARENT);
+        if !parent.exists() {
+            mkdir(&parent)?;
+        }
+        let dir = parent.join(name);
+        mkdir(&dir)?;
+        self.dirs.push(dir.clone());
+        Ok(dir)
     }
 
     pub fn dirs(&self) -> &[PathBuf] {
