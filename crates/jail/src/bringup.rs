@@ -728,6 +728,8 @@ mod tests {
             staging: Path::new("/st"),
             nofile_hard: 4096,
             proc_has: &|_| true,
+            locked_flags: &|_| 0,
+            argv_area: None,
             pooled_net: false,
             program_fd: false,
             stdio_fd: false,

@@ -47,7 +47,7 @@ pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bi
 /// hostile suite checks). /proc/sys is frozen anyway: part of it (the
 /// sandbox's own network namespace's sysctls) belongs to sandbox root, and
 /// nothing in there needs changing from inside.
-const READONLY_PROC: &[&str] = &["sys", "sysrq-trigger"];
+pub const READONLY_PROC: &[&str] = &["sys", "sysrq-trigger"];
 
 /// One mount-namespace operation before `pivot_root`.
 #[derive(Debug)]
@@ -271,6 +271,11 @@ pub struct PlanInput<'a> {
     pub nofile_hard: u64,
     /// Which optional /proc files exist on this kernel.
     pub proc_has: &'a dyn Fn(&str) -> bool,
+    /// The mount flags a user namespace may not clear on a bind of a host
+    /// path (see [`locked_flags`]).
+    pub locked_flags: &'a dyn Fn(&Path) -> libc::c_ulong,
+    /// The host process's argv area (see [`argv_area`]).
+    pub argv_area: Option<(usize, usize)>,
     /// The sandbox joins a pooled network namespace and gets its sysfs as a
     /// detached mount (after the template's, if any).
     pub pooled_net: bool,
@@ -307,7 +312,7 @@ impl Plan {
                                 "bind the host's directory read-only",
                                 &inside,
                                 &inside,
-                                locked_flags(p),
+                                (input.locked_flags)(p),
                             );
                         }
                         HostEntry::Symlink(link, target) => {
@@ -494,7 +499,7 @@ impl Plan {
             stdin: spec.stdin,
             mount_fds,
             loopback: !input.pooled_net,
-            argv_area: argv_area(),
+            argv_area: input.argv_area,
             trace: false,
             workload_stack: Stack::new(256 * 1024),
             exec,
@@ -609,7 +614,7 @@ impl std::fmt::Debug for Stack {
 
 /// `arg_start` and `arg_end` of this process, from /proc/self/stat (fields
 /// 48 and 49, counted after the parenthesised command name).
-fn argv_area() -> Option<(usize, usize)> {
+pub fn argv_area() -> Option<(usize, usize)> {
     let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
     let after = &stat[stat.rfind(')')? + 2..];
     let fields: Vec<&str> = after.split_whitespace().collect();
@@ -639,6 +644,8 @@ mod tests {
             staging: Path::new("/run/brig/mnt"),
             nofile_hard: 1 << 20,
             proc_has: &|f| f != "sched_debug",
+            locked_flags: &|_| 0,
+            argv_area: None,
             pooled_net: false,
             program_fd: false,
             stdio_fd: false,
@@ -772,6 +779,8 @@ mod tests {
             staging: Path::new("/st"),
             nofile_hard: 1024,
             proc_has: &|f| f == "sys",
+            locked_flags: &|_| 0,
+            argv_area: None,
             pooled_net: false,
             program_fd: false,
             stdio_fd: false,

@@ -31,17 +31,17 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use brig_core::{ByteSize, SandboxId, SandboxSpec};
+use brig_core::{ByteSize, SandboxId, SandboxSpec, TemplateRef};
 
 use crate::bringup::{self, Channels, Failure, Stage};
 use crate::cgroup::{Cgroup, Hierarchy};
 use crate::error::JailError;
 use crate::fdpass;
 use crate::netpool::{self, NetnsPool, PooledNet};
-use crate::plan::{Plan, PlanInput};
+use crate::plan::{self, Plan, PlanInput};
 use crate::slot::{self, Slot};
 use crate::sys::Errno;
-use crate::template::{self, Layout};
+use crate::template::{self, HostEntry, Layout};
 use crate::trace::{now_ns, Marks};
 use crate::{reconcile, seccomp};
 
@@ -62,6 +62,64 @@ pub struct SpawnOptions {
     /// Pre-made network namespaces (the warm path of a long-lived process);
     /// without one, each sandbox creates its own in `clone`.
     pub net_pool: Option<Arc<NetnsPool>>,
+    /// What spawning needs to know about this host and process, read once.
+    pub host: Arc<HostFacts>,
+}
+
+/// Facts about the host and this process that do not change while brig
+/// runs, read once by [`SpawnOptions::prepare`] instead of on every spawn.
+#[derive(Debug)]
+pub struct HostFacts {
+    /// The `host` template, resolved against `/`.
+    host_layout: Layout,
+    /// Mount flags locked on each host path the `host` template binds.
+    locked: Vec<(PathBuf, libc::c_ulong)>,
+    /// Which optional /proc paths this kernel has.
+    proc_paths: Vec<String>,
+    nofile_hard: u64,
+    argv_area: Option<(usize, usize)>,
+}
+
+impl HostFacts {
+    pub fn read() -> Self {
+        let host_layout = Layout::resolve(&TemplateRef::Host);
+        let locked = match &host_layout {
+            Layout::Host(entries) => entries
+                .iter()
+                .filter_map(|e| match e {
+                    HostEntry::Bind(p) => Some((p.clone(), plan::locked_flags(p))),
+                    HostEntry::Symlink(..) => None,
+                })
+                .collect(),
+            Layout::Overlay { .. } => Vec::new(),
+        };
+        let proc_paths = plan::READONLY_PROC
+            .iter()
+            .filter(|f| Path::new("/proc").join(f).exists())
+            .map(|f| f.to_string())
+            .collect();
+        HostFacts {
+            host_layout,
+            locked,
+            proc_paths,
+            nofile_hard: nofile_hard(),
+            argv_area: plan::argv_area(),
+        }
+    }
+
+    fn layout(&self, t: &TemplateRef) -> Layout {
+        match t {
+            TemplateRef::Host => self.host_layout.clone(),
+            other => Layout::resolve(other),
+        }
+    }
+
+    fn locked_flags(&self, p: &Path) -> libc::c_ulong {
+        self.locked
+            .iter()
+            .find(|(q, _)| q == p)
+            .map_or_else(|| plan::locked_flags(p), |(_, f)| *f)
+    }
 }
 
 impl SpawnOptions {
@@ -81,6 +139,7 @@ impl SpawnOptions {
         let hierarchy = Hierarchy::detect()?;
         reconcile::reap(&hierarchy, &run_dir);
         Ok(SpawnOptions {
+            host: Arc::new(HostFacts::read()),
             run_dir,
             hierarchy,
             net_pool: None,
@@ -160,7 +219,7 @@ impl Sandbox {
         }
         let id = SandboxId::from_random(rand::random());
         let pooled: Option<PooledNet> = opts.net_pool.as_ref().and_then(|p| p.take());
-        let layout = Layout::resolve(&spec.template);
+        let layout = opts.host.layout(&spec.template);
         let identity = template::resolve_user(layout.root_on_host(), spec.user.as_ref())?;
         let staging = opts.staging();
         let plan = Plan::build(&PlanInput {
@@ -169,8 +228,10 @@ impl Sandbox {
             layout: &layout,
             identity: &identity,
             staging: &staging,
-            nofile_hard: nofile_hard(),
-            proc_has: &|f| Path::new("/proc").join(f).exists(),
+            nofile_hard: opts.host.nofile_hard,
+            proc_has: &|f| opts.host.proc_paths.iter().any(|p| p == f),
+            locked_flags: &|p| opts.host.locked_flags(p),
+            argv_area: opts.host.argv_area,
             pooled_net: pooled.is_some(),
             program_fd: extras.program.is_some(),
             stdio_fd: extras.stdio.is_some(),
