@@ -102,6 +102,15 @@ fn the_cli_drives_sandboxes_on_a_real_daemon() {
     assert_eq!(out.status.code(), Some(3), "the command's status");
     assert_eq!(text(&out.stderr), "bye\n");
 
+    // A missing command is 127, as with `brig run`.
+    let out = daemon.brig(&["exec", &id, "--", "definitely-not-a-command"]);
+    assert_eq!(out.status.code(), Some(127), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("definitely-not-a-command"),
+        "{}",
+        text(&out.stderr)
+    );
+
     // The sandbox's processes are where its cgroups are.
     assert!(
         !processes_of(&id).is_empty(),

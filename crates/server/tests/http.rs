@@ -3,142 +3,14 @@
 //! root; they skip with a printed reason otherwise, and fail instead under
 //! BRIG_TEST_STRICT=1.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::sync::{Arc, OnceLock};
+mod support;
+
 use std::time::{Duration, Instant};
 
-use axum::body::Body;
-use axum::http::{header, Method, Request, StatusCode};
-use axum::Router;
+use axum::http::{Method, StatusCode};
 use base64::Engine;
-use brig_server::http::{app, AppState};
-use brig_server::manager::ManagerConfig;
-use brig_server::{SandboxManager, Store};
-use http_body_util::BodyExt;
 use serde_json::{json, Value};
-use tower::ServiceExt;
-
-fn root_or_skip() -> bool {
-    // SAFETY: geteuid cannot fail and touches no memory.
-    let root = unsafe { libc::geteuid() } == 0;
-    if !root {
-        if std::env::var("BRIG_TEST_STRICT").is_ok_and(|v| v == "1") {
-            panic!("BRIG_TEST_STRICT=1 and this test needs root (it starts sandboxes)");
-        }
-        eprintln!("skipping: the sandbox manager needs root");
-    }
-    root
-}
-
-/// target/debug/brig-agent, built if missing.
-fn agent_bin() -> &'static Path {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-        let target = match std::env::var_os("CARGO_TARGET_DIR") {
-            Some(t) if Path::new(&t).is_absolute() => PathBuf::from(t),
-            Some(t) => root.join(t),
-            None => root.join("target"),
-        };
-        let bin = target.join("debug/brig-agent");
-        if !bin.exists() {
-            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-            let status = Command::new(cargo)
-                .current_dir(&root)
-                .args(["build", "-p", "brig-agent"])
-                .env("CARGO_TARGET_DIR", &target)
-                .status()
-                .expect("spawn cargo to build brig-agent");
-            assert!(status.success(), "cargo build -p brig-agent failed");
-        }
-        bin
-    })
-}
-
-/// A manager on a fresh home, its router, and keys of two tenants.
-struct Fixture {
-    _home: tempfile::TempDir,
-    manager: Arc<SandboxManager>,
-    app: Router,
-    key: String,
-    other_key: String,
-}
-
-impl Drop for Fixture {
-    fn drop(&mut self) {
-        self.manager.shutdown();
-    }
-}
-
-fn fixture(tweak: impl FnOnce(&mut ManagerConfig)) -> Fixture {
-    let home = tempfile::tempdir().unwrap();
-    let store = Store::open_in(home.path()).unwrap();
-    let key = store.ensure_initial_key().unwrap().unwrap();
-    let other = store.create_tenant("other").unwrap();
-    let (_, other_key) = store.create_key(&other).unwrap();
-    let mut config = ManagerConfig::new(agent_bin().to_path_buf());
-    tweak(&mut config);
-    let manager = SandboxManager::start(store, config).unwrap();
-    let app = app(AppState::new(Arc::clone(&manager)));
-    Fixture {
-        _home: home,
-        manager,
-        app,
-        key,
-        other_key,
-    }
-}
-
-/// One request; the status and the body (JSON if it parses, else a string).
-async fn call(
-    app: &Router,
-    method: Method,
-    uri: &str,
-    key: Option<&str>,
-    body: Option<&str>,
-) -> (StatusCode, Value) {
-    let mut req = Request::builder().method(method).uri(uri);
-    if let Some(k) = key {
-        req = req.header(header::AUTHORIZATION, format!("Bearer {k}"));
-    }
-    if body.is_some() {
-        req = req.header(header::CONTENT_TYPE, "application/json");
-    }
-    let req = req
-        .body(body.map_or_else(Body::empty, |b| Body::from(b.to_string())))
-        .unwrap();
-    let resp = app.clone().oneshot(req).await.unwrap();
-    let status = resp.status();
-    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-    let value = serde_json::from_slice(&bytes)
-        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
-    (status, value)
-}
-
-/// The error shape every failure has.
-fn assert_error(status: StatusCode, body: &Value, want: StatusCode, code: &str) {
-    assert_eq!(status, want, "{body}");
-    assert_eq!(body["code"], code, "{body}");
-    assert!(
-        body["message"].as_str().is_some_and(|m| !m.is_empty()),
-        "a message for people: {body}"
-    );
-}
-
-async fn create(f: &Fixture, body: &str) -> String {
-    let (status, sb) = call(
-        &f.app,
-        Method::POST,
-        "/v1/sandboxes",
-        Some(&f.key),
-        Some(body),
-    )
-    .await;
-    assert_eq!(status, StatusCode::CREATED, "{sb}");
-    assert_eq!(sb["state"], "running", "{sb}");
-    sb["id"].as_str().unwrap().to_string()
-}
+use support::{assert_error, call, create, fixture, output, raw, root_or_skip, Fixture};
 
 /// Exec through the API; the NDJSON events, parsed.
 async fn exec(f: &Fixture, key: &str, id: &str, body: Value) -> (StatusCode, Vec<Value>) {
@@ -158,16 +30,6 @@ async fn exec(f: &Fixture, key: &str, id: &str, body: Value) -> (StatusCode, Vec
         other => vec![other],
     };
     (status, events)
-}
-
-fn output(events: &[Value], kind: &str) -> String {
-    let b64 = base64::engine::general_purpose::STANDARD;
-    let bytes: Vec<u8> = events
-        .iter()
-        .filter(|e| e["type"] == kind)
-        .flat_map(|e| b64.decode(e["data"].as_str().unwrap()).unwrap())
-        .collect();
-    String::from_utf8(bytes).unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -349,30 +211,23 @@ async fn exec_streams_output_and_exit_status_then_delete_ends_it() {
     assert_eq!(output(&events, "stdout"), "from stdin");
 
     let (status, err) = exec(&f, &f.key, &id, json!({"argv": ["/no/such"]})).await;
-    assert_error(status, &err[0], StatusCode::NOT_FOUND, "not_found");
+    assert_error(status, &err[0], StatusCode::NOT_FOUND, "command_not_found");
 
     // Files, both directions.
-    let upload = Request::builder()
-        .method(Method::PUT)
-        .uri(format!("/v1/sandboxes/{id}/files?path=/tmp/up"))
-        .header(header::AUTHORIZATION, format!("Bearer {}", f.key))
-        .body(Body::from(vec![0u8, 255, 1, 2]))
-        .unwrap();
-    let resp = f.app.clone().oneshot(upload).await.unwrap();
-    assert_eq!(resp.status(), StatusCode::OK);
-    let (status, back) = call(
+    let uri = format!("/v1/sandboxes/{id}/files?path=/tmp/up");
+    let (status, _, _) = raw(
         &f.app,
-        Method::GET,
-        &format!("/v1/sandboxes/{id}/files?path=/tmp/up"),
-        Some(&f.key),
+        Method::PUT,
+        &uri,
+        &f.key,
         None,
+        vec![0u8, 255, 1, 2],
     )
     .await;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!(
-        back,
-        Value::String(String::from_utf8_lossy(&[0, 255, 1, 2]).into_owned())
-    );
+    let (status, _, back) = raw(&f.app, Method::GET, &uri, &f.key, None, Vec::new()).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(back, [0u8, 255, 1, 2]);
     let (status, err) = call(
         &f.app,
         Method::GET,

@@ -8,7 +8,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
 use serde_json::{json, Value};
 
-use super::client::{pairs, Client};
+use super::client::{pairs, Client, RemoteError};
 use crate::exit;
 
 #[derive(Debug, clap::Args)]
@@ -34,10 +34,21 @@ pub fn run(args: ExecArgs) -> anyhow::Result<i32> {
         "cwd": args.workdir,
     });
     let client = Client::from_env()?;
-    let resp = client.send(
+    let sent = client.send(
         client.request("POST", &format!("/v1/sandboxes/{}/exec", args.id)),
         Some(&body),
-    )?;
+    );
+    let resp = match sent {
+        // As `brig run`: a command that does not exist is 127.
+        Err(e)
+            if e.downcast_ref::<RemoteError>()
+                .is_some_and(|r| r.code == "command_not_found") =>
+        {
+            eprintln!("brig: {e:#}");
+            return Ok(exit::NOT_FOUND);
+        }
+        other => other?,
+    };
     let (mut out, mut err) = (std::io::stdout().lock(), std::io::stderr().lock());
     for line in BufReader::new(resp.into_reader()).lines() {
         let line = line.context("the daemon's output stream broke")?;

@@ -102,6 +102,27 @@ impl From<ManagerError> for ApiError {
     }
 }
 
+impl ApiError {
+    /// A command could not be started (exec, background process). A
+    /// missing program gets its own code, `command_not_found`, so clients
+    /// can tell it from an unknown sandbox (both are 404) and exit 127 as
+    /// `brig run` does.
+    pub fn command_start(err: ManagerError) -> ApiError {
+        if let ManagerError::Agent {
+            source:
+                ClientError::Agent {
+                    code: ErrorCode::NotFound,
+                    ..
+                },
+            ..
+        } = &err
+        {
+            return ApiError::new(StatusCode::NOT_FOUND, "command_not_found", err.to_string());
+        }
+        err.into()
+    }
+}
+
 /// An operation in the sandbox failed: the agent's code picks the status.
 fn agent_error(err: &ManagerError, source: &ClientError) -> ApiError {
     use StatusCode as S;

@@ -37,7 +37,7 @@ use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::mpsc;
 
-use super::{blocking, sandbox_id, ApiError, AppState, Auth};
+use super::{sandbox_id, ApiError, AppState, Auth};
 
 /// Lines in flight between the agent and the HTTP client.
 const LINES_IN_FLIGHT: usize = 16;
@@ -81,7 +81,9 @@ pub async fn exec(
         ..ExecRequest::default()
     };
     let manager = state.manager.clone();
-    let process = blocking(move || manager.exec(&tenant, &id, &req)).await?;
+    let process = tokio::task::spawn_blocking(move || manager.exec(&tenant, &id, &req))
+        .await?
+        .map_err(ApiError::command_start)?;
 
     let (tx, rx) = mpsc::channel::<Result<Bytes, Infallible>>(LINES_IN_FLIGHT);
     // The pump blocks on the agent for as long as the process runs.

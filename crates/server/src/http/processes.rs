@@ -197,7 +197,9 @@ pub async fn start(
     let manager = state.manager.clone();
     // The agent closes a background exec's stream right after `started`;
     // dropping the handle leaves the process running.
-    let process = blocking(move || manager.exec(&tenant, &id, &req)).await?;
+    let process = tokio::task::spawn_blocking(move || manager.exec(&tenant, &id, &req))
+        .await?
+        .map_err(ApiError::command_start)?;
     let pid = process.pid();
     Ok((StatusCode::CREATED, Json(json!({ "pid": pid }))))
 }
