@@ -18,6 +18,7 @@ packages=(
     uidmap          # newuidmap/newgidmap for the unprivileged user-namespace tests
     iproute2        # `ip` to inspect network namespaces in tests
     ca-certificates # mmdebstrap over https mirrors
+    python3-venv    # the venv schemathesis runs in (tests/support/install-python-deps.sh)
     "$@"
 )
 

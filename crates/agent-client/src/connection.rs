@@ -29,6 +29,7 @@ use brig_protocol::{negotiate, Body, Decoder, Frame, ResetCode, StreamClass, Str
 use crate::files::FileReader;
 use crate::process::Process;
 use crate::stream::{Dead, Handle, Stream};
+use crate::watch::Watcher;
 use crate::{call, ClientError, Reply};
 
 /// How long [`Connection::new`] waits for the agent's Hello.
@@ -387,6 +388,21 @@ impl Connection {
             }),
         )?;
         crate::files::write(&handle, path, contents)
+    }
+
+    /// Watch a directory in the sandbox (with `recursive`, its whole
+    /// subtree). Returns once the agent's watches are in place, so every
+    /// change after this returns is reported; or the agent's error (e.g.
+    /// `watch /x: not a directory`). Dropping the [`Watcher`] ends it.
+    pub fn watch(&self, path: &str, recursive: bool) -> Result<Watcher, ClientError> {
+        let handle = self.shared.open(
+            StreamClass::WATCH,
+            message::encode_header(&message::WatchRequest {
+                path: path.into(),
+                recursive,
+            }),
+        )?;
+        Watcher::start(handle)
     }
 
     /// Round trip to the agent and back; returns how long it took.

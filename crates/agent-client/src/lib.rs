@@ -14,6 +14,7 @@
 //! - [`FileReader`] and [`Connection::write_file`] (`files.rs`): streaming
 //!   file contents in either direction.
 //! - [`Reply`] (`call.rs`): the typed answer to a one-shot [`Call`].
+//! - [`Watcher`] (`watch.rs`): a watched directory's [`WatchEvent`]s.
 //! - `stream.rs`: one stream's receive buffer and send credit, shared
 //!   between the reader thread and the handle that consumes it.
 //! - [`ClientError`]: everything that can go wrong, below.
@@ -40,16 +41,18 @@ pub mod connection;
 pub mod files;
 pub mod process;
 mod stream;
+pub mod watch;
 
 use brig_protocol::ResetCode;
 
 pub use brig_protocol::message::{
-    Call, Entry, ErrorCode, ExecRequest, FileKind, ProcessInfo, PtySize,
+    Call, ChangeKind, Entry, ErrorCode, ExecRequest, FileKind, ProcessInfo, PtySize,
 };
 pub use call::Reply;
 pub use connection::Connection;
 pub use files::FileReader;
 pub use process::{ExitStatus, Output, Process, Stdin};
+pub use watch::{WatchEvent, WatchStopper, Watcher};
 
 /// Why an operation on the agent failed.
 #[derive(Debug, thiserror::Error)]

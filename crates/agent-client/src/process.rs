@@ -189,6 +189,20 @@ impl Stdin {
     pub fn close(&self) -> Result<(), ClientError> {
         self.stream.close(&self.shared)
     }
+
+    /// As [`Process::signal`], from the writer's side: a caller that reads
+    /// output on one thread (iterating the `Process`) can still signal the
+    /// process from another, as an interactive session does.
+    pub fn signal(&self, sig: i32) -> Result<(), ClientError> {
+        self.stream
+            .send_control(&self.shared, &Input::Signal { sig })
+    }
+
+    /// As [`Process::resize`], from the writer's side.
+    pub fn resize(&self, rows: u16, cols: u16) -> Result<(), ClientError> {
+        self.stream
+            .send_control(&self.shared, &Input::Resize { rows, cols })
+    }
 }
 
 impl Write for Stdin {

@@ -40,6 +40,8 @@ fn the_client_drives_an_agent_inside_a_sandbox() {
         let extras = Extras {
             program: Some(OwnedFd::from(program)),
             stdio: Some(OwnedFd::from(theirs)),
+            // As the daemon runs it: the agent is the sandbox's pid 1.
+            as_init: true,
         };
         let opts = SpawnOptions::prepare().expect("prepare");
         let sandbox =

@@ -24,7 +24,16 @@ pub fn io_error(op: &str, path: &str, err: &io::Error) -> Event {
         Some(libc::ENOTDIR) => ErrorCode::NotADirectory,
         Some(libc::EISDIR) => ErrorCode::IsADirectory,
         Some(libc::ENOTEMPTY) => ErrorCode::DirectoryNotEmpty,
-        Some(libc::EINVAL) => ErrorCode::InvalidRequest,
+        Some(libc::EINVAL) | Some(libc::ENAMETOOLONG) | Some(libc::ELOOP) => {
+            ErrorCode::InvalidRequest
+        }
+        // A mount point (removing `/`, `/proc`): the caller's mistake, not
+        // a host failure.
+        Some(libc::EBUSY) => ErrorCode::Busy,
+        // The sandbox's own disk limit (or /dev/full): a state of the
+        // sandbox (409), not a host failure.
+        Some(libc::ENOSPC) | Some(libc::EDQUOT) | Some(libc::EFBIG) => ErrorCode::Busy,
+        Some(libc::EROFS) => ErrorCode::PermissionDenied,
         _ => ErrorCode::Io,
     };
     Event::error(code, format!("{op} {path}: {}", describe(err)))
@@ -95,11 +104,27 @@ pub fn stat(path: &str) -> Event {
     }
 }
 
+/// The most entries one `list` answers with. A deep list of a big tree (`/`
+/// of a `host` sandbox: the host's whole root) would otherwise be held
+/// whole here, in the daemon and in its HTTP answer (25 MB of JSON and
+/// 330 MB of daemon memory for one request).
+const MAX_LIST_ENTRIES: usize = 20_000;
+
 /// `entries` messages then `done`, or one `error`.
 pub fn list(path: &str, depth: u32) -> Vec<Event> {
     let depth = depth.clamp(1, MAX_DEPTH);
     let mut found = Vec::new();
-    if let Err(e) = walk(Path::new(path), depth, &mut found) {
+    let walked = walk(Path::new(path), depth, &mut found);
+    if found.len() > MAX_LIST_ENTRIES {
+        return vec![Event::error(
+            ErrorCode::InvalidRequest,
+            format!(
+                "list {path}: more than {MAX_LIST_ENTRIES} entries at depth {depth}: \
+                 list a subdirectory or a smaller depth"
+            ),
+        )];
+    }
+    if let Err(e) = walked {
         return vec![io_error("list", path, &e)];
     }
     let mut events: Vec<Event> = found
@@ -122,6 +147,9 @@ fn walk(dir: &Path, depth: u32, out: &mut Vec<Entry>) -> io::Result<()> {
             continue;
         };
         out.push(entry(&path, &meta));
+        if out.len() > MAX_LIST_ENTRIES {
+            return Ok(());
+        }
         // Never follow symlinks: a link to / would list the whole sandbox.
         if depth > 1 && meta.is_dir() {
             // A subdirectory we may not read is listed but not descended.

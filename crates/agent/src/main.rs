@@ -5,7 +5,8 @@
 //! virtio-serial later), or stdin/stdout with `--stdio`. Start reading at
 //! [`session::Session`], the single-threaded poll(2) loop that owns the
 //! stream table; `process.rs` starts children and bounds their output;
-//! `files.rs` implements file operations; `sys.rs` holds every raw syscall.
+//! `files.rs` implements file operations; `watch.rs` directory watches
+//! (inotify); `sys.rs` holds every raw syscall.
 //!
 //! Exit status: 0 when the host closed the connection, 2 when the host
 //! broke the protocol (after reporting it on a NOTICE stream), 1 on an I/O
@@ -15,6 +16,7 @@ mod files;
 mod process;
 mod session;
 mod sys;
+mod watch;
 
 use std::fs::File;
 use std::process::ExitCode;
@@ -22,6 +24,14 @@ use std::process::ExitCode;
 use session::{End, Session};
 
 fn main() -> ExitCode {
+    // As a sandbox's pid 1 (`brig serve` runs it so), die with the host
+    // even if the exec of this program dropped the init's setting; EOF on
+    // the connection is the second way the host's death ends the sandbox.
+    // SAFETY: getpid takes no arguments.
+    if unsafe { libc::getpid() } == 1 {
+        // SAFETY: prctl with integer arguments only.
+        unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
+    }
     let args: Vec<String> = std::env::args().skip(1).collect();
     let stdio = match args.as_slice() {
         [] => false,

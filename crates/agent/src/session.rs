@@ -28,6 +28,7 @@ use brig_protocol::{
 use crate::files;
 use crate::process::{Pipe, Proc, SpawnError};
 use crate::sys::{self, WaitStatus};
+use crate::watch::{Popped, Watches};
 
 /// Stop producing output once this much is waiting to be written.
 const OUT_HIGH: usize = 1 << 20;
@@ -64,6 +65,8 @@ enum Role {
         file: File,
         written: u64,
     },
+    /// Changes in a watched directory go here (`watch.rs`).
+    Watch,
     /// Nothing more to do but drain control messages and close.
     Idle,
 }
@@ -113,6 +116,7 @@ enum Token {
     Sigchld,
     Out(i32, Pipe),
     Stdin(i32),
+    Inotify,
 }
 
 #[derive(Debug)]
@@ -128,6 +132,7 @@ pub struct Session {
     procs: BTreeMap<i32, Proc>,
     exited_unattached: VecDeque<i32>,
     sigchld: File,
+    watches: Watches,
 }
 
 fn push_frame(out: &mut Vec<u8>, frame: Frame) {
@@ -154,6 +159,7 @@ impl Session {
             procs: BTreeMap::new(),
             exited_unattached: VecDeque::new(),
             sigchld: File::from(sys::sigchld_fd()?),
+            watches: Watches::default(),
         })
     }
 
@@ -198,6 +204,9 @@ impl Session {
             add(self.output.as_raw_fd(), libc::POLLOUT, Token::ConnOut);
         }
         add(self.sigchld.as_raw_fd(), libc::POLLIN, Token::Sigchld);
+        if let Some(fd) = self.watches.fd() {
+            add(fd, libc::POLLIN, Token::Inotify);
+        }
         for (pid, p) in &self.procs {
             if p.wants_output() {
                 if let Some(f) = &p.stdout {
@@ -228,6 +237,7 @@ impl Session {
                     }
                 }
                 Token::Stdin(pid) => self.write_stdin(pid),
+                Token::Inotify => self.watches.read(),
             }
         }
         Ok(())
@@ -409,6 +419,9 @@ impl Session {
         let Some(st) = self.streams.remove(&id) else {
             return;
         };
+        if let Role::Watch = st.role {
+            self.watches.stop(id);
+        }
         if let Role::Process { pid } = st.role {
             if let Some(p) = self.procs.get_mut(&pid) {
                 p.attached = None;
@@ -466,10 +479,13 @@ impl Session {
                 }
             }
             StreamClass::WATCH => match message::decode::<WatchRequest>("watch request", header) {
-                Ok(_) => st.reply(&Event::error(
-                    ErrorCode::Unsupported,
-                    "watch is not supported by this agent yet",
-                )),
+                Ok(req) => match self.watches.start(id, &req) {
+                    Ok(()) => {
+                        st.event(&Event::Watching);
+                        st.role = Role::Watch;
+                    }
+                    Err(e) => st.reply(&e),
+                },
                 Err(e) => st.reply(&Event::error(ErrorCode::InvalidRequest, e.to_string())),
             },
             StreamClass::CALL => match message::decode::<Call>("call", header) {
@@ -670,6 +686,12 @@ impl Session {
                 };
                 st.reply(&event);
             }
+            Role::Watch => {
+                // The host's Close ends the watch.
+                self.watches.stop(id);
+                st.role = Role::Idle;
+                st.finish = true;
+            }
             Role::Read { .. } | Role::Idle => {}
         }
         self.maybe_forget(id);
@@ -757,6 +779,18 @@ impl Session {
                             Err(e) => st.reply(&files::io_error("read", "file", &e)),
                         }
                     }
+                    Role::Watch => match self.watches.pop(id, st.send.available() as usize) {
+                        Popped::Payload(payload) => {
+                            // `pop` checked that it fits the window.
+                            let _ = st.send.consume(payload.len());
+                            push_frame(&mut self.out, Frame::data(sid, payload));
+                        }
+                        Popped::Ended(event) => {
+                            self.watches.stop(id);
+                            st.reply(&event);
+                        }
+                        Popped::Nothing => break,
+                    },
                     Role::Write { .. } | Role::Idle => break,
                 }
             }
@@ -812,11 +846,30 @@ fn signal(pid: i32, sig: i32) -> Event {
     }
 }
 
+/// The file API moves bytes of regular files; a device, FIFO or socket can
+/// block or never end, and belongs to a command.
+fn not_a_regular_file(op: &str, path: &str) -> Event {
+    Event::error(
+        ErrorCode::InvalidRequest,
+        format!(
+            "{op} {path}: not a regular file (a device, FIFO or socket); use a command for it, \
+             for example `cat {path}` through exec"
+        ),
+    )
+}
+
 fn open_read(st: &mut Stream, path: &str) {
     if let Err(e) = files::check_path(path) {
         return st.reply(&e);
     }
-    let file = match File::open(path) {
+    // Non-blocking and no controlling terminal: opening a FIFO with no
+    // writer, or a terminal, must not stall the agent's single loop (and
+    // every other request of the sandbox with it).
+    let file = match OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+    {
         Ok(f) => f,
         Err(e) => return st.reply(&files::io_error("read", path, &e)),
     };
@@ -825,6 +878,7 @@ fn open_read(st: &mut Stream, path: &str) {
             ErrorCode::IsADirectory,
             format!("read {path}: is a directory"),
         )),
+        Ok(m) if !m.is_file() => st.reply(&not_a_regular_file("read", path)),
         Ok(m) => {
             st.event(&Event::ReadStarted { size: m.len() });
             st.role = Role::Read { file };
@@ -840,11 +894,20 @@ fn open_write(st: &mut Stream, req: &WriteRequest) {
     let mut opts = OpenOptions::new();
     opts.write(true)
         .create(true)
+        // As in open_read: a FIFO or terminal must not block the loop.
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
         .mode(req.mode.unwrap_or(0o644));
     if req.append {
         opts.append(true);
     } else {
         opts.truncate(true);
+    }
+    // Truncation happens at open, so look first: a device or FIFO is
+    // refused before anything is done to it.
+    if let Ok(m) = std::fs::metadata(&req.path) {
+        if !m.is_file() && !m.is_dir() {
+            return st.reply(&not_a_regular_file("write", &req.path));
+        }
     }
     let file = match opts.open(&req.path) {
         Ok(f) => f,

@@ -156,3 +156,31 @@ pub fn set_winsize(fd: &impl AsRawFd, rows: u16, cols: u16) -> io::Result<()> {
     check(unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCSWINSZ, &ws) })?;
     Ok(())
 }
+
+/// A new inotify instance, non-blocking and close-on-exec.
+pub fn inotify_init() -> io::Result<OwnedFd> {
+    // SAFETY: inotify_init1 takes only flags.
+    let fd = check(unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) })?;
+    // SAFETY: inotify_init1 just returned this descriptor; nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Watch `path` on `inotify` for the events in `mask`; returns the watch
+/// descriptor (the same one again for an inode already watched).
+pub fn inotify_add_watch(
+    inotify: &impl AsRawFd,
+    path: &std::path::Path,
+    mask: u32,
+) -> io::Result<i32> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    // SAFETY: `path` is a NUL-terminated string that outlives the call.
+    check(unsafe { libc::inotify_add_watch(inotify.as_raw_fd(), path.as_ptr(), mask) })
+}
+
+/// Stop a watch. Failure (the kernel already dropped it) is fine.
+pub fn inotify_rm_watch(inotify: &impl AsRawFd, wd: i32) {
+    // SAFETY: inotify_rm_watch takes no pointers.
+    unsafe { libc::inotify_rm_watch(inotify.as_raw_fd(), wd) };
+}

@@ -3,7 +3,7 @@
 mod support;
 
 use brig_protocol::message::{
-    Call, ErrorCode, Event, FileKind, ReadRequest, WatchRequest, WriteRequest,
+    Call, ChangeKind, ErrorCode, Event, FileKind, ReadRequest, WatchRequest, WriteRequest,
 };
 use brig_protocol::StreamClass;
 use support::Agent;
@@ -197,16 +197,52 @@ fn missing_paths_give_clear_errors() {
 }
 
 #[test]
-fn watch_is_reported_unsupported() {
+fn watch_on_the_wire_watching_changes_then_close_on_close() {
+    let dir = tempdir("watch");
     let mut agent = Agent::start();
-    let id = agent.open(
-        StreamClass::WATCH,
-        &WatchRequest {
-            path: "/tmp".into(),
-            recursive: false,
-        },
+    let watch = |agent: &mut Agent, path: &str| {
+        agent.open(
+            StreamClass::WATCH,
+            &WatchRequest {
+                path: path.into(),
+                recursive: false,
+            },
+        )
+    };
+    let id = watch(&mut agent, &dir);
+    assert_eq!(agent.item(id), support::Item::Event(Event::Watching));
+    std::fs::write(format!("{dir}/new"), b"").unwrap();
+    assert_eq!(
+        agent.item(id),
+        support::Item::Event(Event::Change {
+            kind: ChangeKind::Create,
+            name: "new".into(),
+            file_type: Some(FileKind::File),
+        })
     );
+    // The host's Close ends the watch: the agent closes its side too, with
+    // nothing after it even when the directory changes again.
     agent.close(id);
+    std::fs::remove_file(format!("{dir}/new")).unwrap();
     let out = agent.collect(id);
-    assert_eq!(out.error().unwrap().0, ErrorCode::Unsupported);
+    assert!(out.events.is_empty() && out.reset.is_none(), "{out:?}");
+
+    // A file is not a directory; the error comes instead of `watching`.
+    std::fs::write(format!("{dir}/f"), b"").unwrap();
+    let id = watch(&mut agent, &format!("{dir}/f"));
+    let out = agent.collect(id);
+    assert_eq!(
+        out.error().unwrap(),
+        (
+            ErrorCode::NotADirectory,
+            format!("watch {dir}/f: not a directory")
+        )
+    );
+    // A malformed header is an invalid request.
+    let id = agent.open_raw(StreamClass::WATCH, br#"{"path":"/tmp","deep":true}"#);
+    assert_eq!(
+        agent.collect(id).error().unwrap().0,
+        ErrorCode::InvalidRequest
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -27,8 +27,9 @@ fn root_or_skip() -> bool {
     root
 }
 
-/// Start brig-agent as the command of a sandbox on `template` and connect.
-fn agent_in_sandbox(template: TemplateRef) -> (Sandbox, Agent) {
+/// Start brig-agent as the command of a sandbox on `template` and connect;
+/// `as_init`: as the sandbox's pid 1, as `brig serve` runs it.
+fn agent_in_sandbox(template: TemplateRef, as_init: bool) -> (Sandbox, Agent) {
     let (ours, theirs) = UnixStream::pair().expect("socketpair");
     let program =
         std::fs::File::open(env!("CARGO_BIN_EXE_brig-agent")).expect("open the agent binary");
@@ -37,6 +38,7 @@ fn agent_in_sandbox(template: TemplateRef) -> (Sandbox, Agent) {
     let extras = Extras {
         program: Some(OwnedFd::from(program)),
         stdio: Some(OwnedFd::from(theirs)),
+        as_init,
     };
     let opts = SpawnOptions::prepare().expect("prepare");
     let sandbox = Sandbox::spawn_with(&spec, &opts, extras).expect("spawn the agent in a sandbox");
@@ -60,8 +62,11 @@ fn the_agent_runs_commands_inside_the_sandbox() {
     if !root_or_skip() {
         return;
     }
-    for template in templates() {
-        let (sandbox, mut agent) = agent_in_sandbox(template.clone());
+    for (template, as_init) in templates()
+        .into_iter()
+        .flat_map(|t| [(t.clone(), false), (t, true)])
+    {
+        let (sandbox, mut agent) = agent_in_sandbox(template.clone(), as_init);
         let id = sandbox.id().to_string();
         let run = |agent: &mut Agent, argv: &[&str]| {
             let s = agent.open(StreamClass::EXEC, &exec(argv));
@@ -91,6 +96,34 @@ fn the_agent_runs_commands_inside_the_sandbox() {
             "{template}: small pid in its own namespace: {text}"
         );
         assert_eq!(out.exited(), Some((Some(0), None)), "{template}");
+
+        // As pid 1 the agent is the sandbox's init: it reaps what is
+        // orphaned to it (a zombie would otherwise hold a pid forever).
+        if as_init {
+            let out = run(
+                &mut agent,
+                &["sh", "-c", "cat /proc/1/comm; sleep 0.05 & exit 0"],
+            );
+            assert_eq!(
+                String::from_utf8_lossy(&out.stdout),
+                "brig-agent\n",
+                "{template}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            let out = run(
+                &mut agent,
+                &[
+                    "sh",
+                    "-c",
+                    "grep -l '^State:.*Z' /proc/[0-9]*/status || true",
+                ],
+            );
+            assert_eq!(
+                String::from_utf8_lossy(&out.stdout),
+                "",
+                "{template}: no zombie under the agent as init"
+            );
+        }
 
         // Files the agent writes live in the sandbox's writable layer.
         let listing = agent.call(&Call::Stat {

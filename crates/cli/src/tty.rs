@@ -1,4 +1,4 @@
-//! Terminal plumbing for `brig run`: a signalfd for signals to brig, raw
+//! Terminal plumbing for `brig run` and `brig exec -it`: a signalfd for signals to brig, raw
 //! mode for the caller's terminal, and a non-blocking forwarder between the
 //! caller's stdin/stdout and the sandbox's pty master.
 
@@ -211,6 +211,20 @@ impl Forwarder {
             }
         }
     }
+}
+
+/// The caller's window size as (rows, cols), from whichever of stdin,
+/// stdout and stderr is a terminal; `None` if none is.
+pub fn window_size() -> Option<(u16, u16)> {
+    // SAFETY: winsize is plain old data, filled by the ioctl.
+    let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
+    for fd in [0, 1, 2] {
+        // SAFETY: TIOCGWINSZ on a standard descriptor into our winsize.
+        if unsafe { libc::ioctl(fd, libc::TIOCGWINSZ, &mut ws) } == 0 && ws.ws_col > 0 {
+            return Some((ws.ws_row, ws.ws_col));
+        }
+    }
+    None
 }
 
 fn set_nonblocking(fd: RawFd) -> io::Result<()> {

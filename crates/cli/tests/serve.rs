@@ -5,7 +5,7 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
@@ -27,38 +27,43 @@ struct Daemon {
 impl Daemon {
     fn start() -> Daemon {
         let home = tempfile::tempdir().unwrap();
-        let mut child = Command::new(BRIG)
-            .args(["serve", "--listen", "127.0.0.1:0"])
-            .env("BRIG_HOME", home.path())
-            .env("BRIG_AGENT", agent())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start brig serve");
-        // The daemon prints the address it chose; read up to it.
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let url = loop {
-            let line = lines
-                .next()
-                .expect("brig serve exited before listening")
-                .unwrap();
-            if let Some(url) = line.strip_prefix("brig: listening on ") {
-                break url.to_string();
-            }
-        };
+        let (child, url, lines) = support::start_daemon(home.path(), &[]);
         // Keep draining stderr so the daemon never blocks on a full pipe.
         std::thread::spawn(move || for _ in lines {});
         Daemon { child, url, home }
     }
 
     fn brig(&self, args: &[&str]) -> Output {
-        Command::new(BRIG)
-            .args(args)
+        self.command(args).output().unwrap()
+    }
+
+    /// `brig ARGS` against this daemon, to be run by the caller.
+    fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(BRIG);
+        cmd.args(args)
             .env("BRIG_URL", &self.url)
             .env("BRIG_HOME", self.home.path())
-            .env_remove("BRIG_API_KEY")
-            .output()
-            .unwrap()
+            .env_remove("BRIG_API_KEY");
+        cmd
+    }
+
+    /// `brig ARGS` with `input` on its stdin.
+    fn brig_with_input(&self, args: &[&str], input: &[u8]) -> Output {
+        let mut child = self
+            .command(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        let input = input.to_vec();
+        let writer = std::thread::spawn(move || {
+            let _ = stdin.write_all(&input);
+        });
+        let out = child.wait_with_output().unwrap();
+        writer.join().unwrap();
+        out
     }
 }
 
@@ -185,4 +190,551 @@ fn client_commands_without_a_key_say_what_to_set() {
         "{}",
         text(&out.stderr)
     );
+}
+
+/// `brig` as `daemon.brig` runs it, with `key` instead of the local key.
+fn brig_with_key(daemon: &Daemon, key: &str, args: &[&str]) -> Output {
+    Command::new(BRIG)
+        .args(args)
+        .env("BRIG_URL", &daemon.url)
+        .env("BRIG_HOME", daemon.home.path())
+        .env("BRIG_API_KEY", key)
+        .output()
+        .unwrap()
+}
+
+/// `brig_with_key`, with `input` on its stdin.
+fn brig_with_stdin(daemon: &Daemon, key: &str, args: &[&str], input: &[u8]) -> Output {
+    use std::io::Write;
+    let mut child = Command::new(BRIG)
+        .args(args)
+        .env("BRIG_URL", &daemon.url)
+        .env("BRIG_HOME", daemon.home.path())
+        .env("BRIG_API_KEY", key)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(input).unwrap();
+    child.wait_with_output().unwrap()
+}
+
+/// A command that must succeed; its stdout.
+fn ok(out: Output, what: &str) -> String {
+    assert!(
+        out.status.success(),
+        "{what}: {:?}: {}",
+        out.status,
+        text(&out.stderr)
+    );
+    text(&out.stdout)
+}
+
+/// A command that must fail with a message containing `says`.
+fn fails(out: Output, what: &str, says: &str) {
+    assert!(
+        !out.status.success(),
+        "{what} succeeded: {}",
+        text(&out.stdout)
+    );
+    assert!(
+        text(&out.stderr).contains(says),
+        "{what}: expected {says:?} in: {}",
+        text(&out.stderr)
+    );
+}
+
+/// `sha256sum FILE`'s digest (the host's coreutils, as in the sandbox).
+fn sha256(path: &Path) -> String {
+    let out = Command::new("sha256sum").arg(path).output().unwrap();
+    text(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+#[test]
+fn keys_inspect_and_cp_on_a_real_daemon() {
+    require_root!();
+    assert!(
+        agent().exists(),
+        "{} is missing: build the workspace (cargo build) first",
+        agent().display()
+    );
+    let daemon = Daemon::start();
+
+    // keys: create (shown once), ls (never the secret), revoke.
+    let created = ok(
+        daemon.brig(&["keys", "create", "--name", "ci", "--json"]),
+        "keys create --json",
+    );
+    let created: serde_json::Value = serde_json::from_str(&created).unwrap();
+    let key_id = created["id"].as_str().unwrap().to_string();
+    let key = created["key"].as_str().unwrap().to_string();
+    assert!(key.starts_with(&format!("brig_{key_id}_")), "{created}");
+    let plain = ok(daemon.brig(&["keys", "create"]), "keys create");
+    let third = plain.trim().to_string();
+    assert!(third.starts_with("brig_") && third.len() == 61, "{plain:?}");
+
+    ok(brig_with_key(&daemon, &key, &["ls"]), "ls with the new key");
+    let listed = ok(daemon.brig(&["keys", "ls", "--json"]), "keys ls --json");
+    assert!(
+        !listed.contains(&key[18..]),
+        "no secret in the list: {listed}"
+    );
+    let listed: serde_json::Value = serde_json::from_str(&listed).unwrap();
+    assert_eq!(listed.as_array().unwrap().len(), 3, "{listed}");
+    let table = ok(daemon.brig(&["keys", "ls"]), "keys ls");
+    let row = table
+        .lines()
+        .find(|l| l.starts_with(&key_id))
+        .unwrap_or_else(|| panic!("{key_id} in {table}"));
+    assert!(row.contains("ci"), "{row}");
+
+    ok(daemon.brig(&["keys", "revoke", &key_id]), "keys revoke");
+    fails(
+        brig_with_key(&daemon, &key, &["ls"]),
+        "ls with a revoked key",
+        "invalid api key",
+    );
+    fails(
+        daemon.brig(&["keys", "revoke", &key_id]),
+        "revoking twice",
+        "no api key",
+    );
+    fails(
+        daemon.brig(&["keys", "revoke", "../sandboxes"]),
+        "revoke with a bad id",
+        "invalid key id",
+    );
+    // Revoke the local key with the third one; then the third is the last.
+    let local = std::fs::read_to_string(daemon.home.path().join("local.key")).unwrap();
+    let local_id = &local.trim()[5..17];
+    ok(
+        brig_with_key(&daemon, &third, &["keys", "revoke", local_id]),
+        "revoke the local key",
+    );
+    fails(
+        daemon.brig(&["ls"]),
+        "ls with the revoked local key",
+        "invalid api key",
+    );
+    fails(
+        brig_with_key(&daemon, &third, &["keys", "revoke", &third[5..17]]),
+        "revoking the last key",
+        "create another key first",
+    );
+    let as_third = |args: &[&str]| brig_with_key(&daemon, &third, args);
+
+    // inspect: a summary, and the API's JSON.
+    let id = ok(as_third(&["create", "--label", "k=v"]), "create");
+    let id = id.trim().to_string();
+    let summary = ok(as_third(&["inspect", &id]), "inspect");
+    assert!(summary.contains(&format!("ID:        {id}\n")), "{summary}");
+    assert!(summary.contains("State:     running\n"), "{summary}");
+    assert!(summary.contains("Labels:    k=v\n"), "{summary}");
+    assert!(summary.contains("Expires:   in "), "{summary}");
+    let json = ok(as_third(&["inspect", &id, "--json"]), "inspect --json");
+    let json: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(json["id"], id.as_str(), "{json}");
+    assert_eq!(json["state"], "running", "{json}");
+    assert_eq!(json["labels"]["k"], "v", "{json}");
+    fails(
+        as_third(&["inspect", "0123456789ab"]),
+        "inspect a missing sandbox",
+        "no sandbox",
+    );
+    fails(
+        as_third(&["inspect", "x/y"]),
+        "inspect a bad id",
+        "invalid sandbox id",
+    );
+
+    // cp: a few MB of binary both ways, byte for byte.
+    let local_dir = tempfile::tempdir().unwrap();
+    let blob = local_dir.path().join("blob.bin");
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let bytes: Vec<u8> = (0..3 * 1024 * 1024 + 123)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect();
+    std::fs::write(&blob, &bytes).unwrap();
+    let blob_s = blob.to_str().unwrap();
+    ok(
+        as_third(&["cp", blob_s, &format!("{id}:/tmp/blob.bin")]),
+        "cp up",
+    );
+    let inside = ok(
+        as_third(&["exec", &id, "--", "sha256sum", "/tmp/blob.bin"]),
+        "sha256sum in the sandbox",
+    );
+    assert_eq!(
+        inside.split_whitespace().next(),
+        Some(sha256(&blob).as_str()),
+        "the upload arrived whole"
+    );
+    let back = local_dir.path().join("back.bin");
+    ok(
+        as_third(&["cp", &format!("{id}:/tmp/blob.bin"), back.to_str().unwrap()]),
+        "cp down",
+    );
+    assert!(
+        std::fs::read(&back).unwrap() == bytes,
+        "the download differs"
+    );
+    // Into a directory, under the source's name, both ways.
+    let into = tempfile::tempdir().unwrap();
+    ok(
+        as_third(&[
+            "cp",
+            &format!("{id}:/tmp/blob.bin"),
+            into.path().to_str().unwrap(),
+        ]),
+        "cp down into a directory",
+    );
+    assert!(std::fs::read(into.path().join("blob.bin")).unwrap() == bytes);
+    ok(
+        as_third(&["cp", blob_s, &format!("{id}:/var/tmp/")]),
+        "cp up into a directory",
+    );
+    let size = ok(
+        as_third(&["exec", &id, "--", "stat", "-c", "%s", "/var/tmp/blob.bin"]),
+        "stat",
+    );
+    assert_eq!(size.trim(), bytes.len().to_string());
+    // stdin and stdout.
+    let odd = b"\x00\xffbinary\nline\r\n";
+    ok(
+        brig_with_stdin(
+            &daemon,
+            &third,
+            &["cp", "-", &format!("{id}:/tmp/odd")],
+            odd,
+        ),
+        "cp - ID:/tmp/odd",
+    );
+    let out = as_third(&["cp", &format!("{id}:/tmp/odd"), "-"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(out.stdout, odd);
+
+    // cp errors: a clear message and a non-zero exit, no file left behind.
+    let out = local_dir.path().join("out");
+    let out = out.to_str().unwrap();
+    fails(
+        as_third(&["cp", blob_s, "0123456789ab:/tmp/x"]),
+        "cp to a missing sandbox",
+        "no sandbox 0123456789ab",
+    );
+    fails(
+        as_third(&["cp", "0123456789ab:/tmp/x", out]),
+        "cp from a missing sandbox",
+        "no sandbox 0123456789ab",
+    );
+    let nope = local_dir.path().join("nope");
+    fails(
+        as_third(&["cp", &format!("{id}:/tmp/nope"), nope.to_str().unwrap()]),
+        "cp of a missing file",
+        "no file /tmp/nope",
+    );
+    assert!(!nope.exists());
+    fails(
+        as_third(&["cp", nope.to_str().unwrap(), &format!("{id}:/tmp/x")]),
+        "cp of a missing local file",
+        "cannot read local file",
+    );
+    fails(
+        as_third(&["cp", blob_s, &format!("{id}:/no/such/dir/x")]),
+        "cp into a missing directory",
+        "no directory /no/such/dir",
+    );
+    fails(
+        as_third(&[
+            "cp",
+            local_dir.path().to_str().unwrap(),
+            &format!("{id}:/tmp/"),
+        ]),
+        "cp of a local directory",
+        "is a directory",
+    );
+    fails(
+        as_third(&["cp", &format!("{id}:/tmp"), out]),
+        "cp of a sandbox directory",
+        "is a directory",
+    );
+    fails(
+        as_third(&["cp", "a", "b"]),
+        "cp with no sandbox side",
+        "ID:/path",
+    );
+
+    ok(as_third(&["kill", &id]), "kill");
+    fails(
+        as_third(&["cp", blob_s, &format!("{id}:/tmp/y")]),
+        "cp to an ended sandbox",
+        "stopped",
+    );
+    let left: Vec<_> = local_dir
+        .path()
+        .read_dir()
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left.len(), 2, "only blob.bin and back.bin: {left:?}");
+}
+
+/// Written against `POST /v1/sandboxes/{id}/pause` and `/resume` (with an
+/// optional `{"timeout"}`).
+#[test]
+fn pause_and_resume_from_the_cli() {
+    require_root!();
+    let daemon = Daemon::start();
+    let id = ok(daemon.brig(&["create", "--timeout", "1m"]), "create");
+    let id = id.trim().to_string();
+    let state = |d: &Daemon| -> serde_json::Value {
+        let out = ok(d.brig(&["inspect", &id, "--json"]), "inspect");
+        serde_json::from_str(&out).unwrap()
+    };
+
+    ok(daemon.brig(&["pause", &id]), "pause");
+    assert_eq!(state(&daemon)["state"], "paused");
+    let summary = ok(daemon.brig(&["inspect", &id]), "inspect");
+    assert!(summary.contains("State:     paused\n"), "{summary}");
+
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    ok(
+        daemon.brig(&["resume", &id, "--timeout", "10m"]),
+        "resume --timeout",
+    );
+    let s = state(&daemon);
+    assert_eq!(s["state"], "running", "{s}");
+    let expires = s["expires_at"].as_i64().unwrap();
+    assert!(
+        expires >= before + 9 * 60_000 && expires <= before + 11 * 60_000,
+        "resume --timeout 10m sets the time to live from now: {s}"
+    );
+    let out = ok(daemon.brig(&["exec", &id, "--", "echo", "thawed"]), "exec");
+    assert_eq!(out, "thawed\n");
+
+    // Without --timeout, and on sandboxes that cannot.
+    ok(daemon.brig(&["pause", &id]), "pause again");
+    ok(daemon.brig(&["resume", &id]), "resume");
+    assert_eq!(state(&daemon)["state"], "running");
+    fails(
+        daemon.brig(&["pause", "0123456789ab"]),
+        "pause a missing sandbox",
+        "no sandbox",
+    );
+    fails(
+        daemon.brig(&["resume", "0123456789ab"]),
+        "resume a missing sandbox",
+        "no sandbox",
+    );
+    ok(daemon.brig(&["kill", &id]), "kill");
+    let out = daemon.brig(&["pause", &id]);
+    assert!(!out.status.success(), "pausing an ended sandbox fails");
+}
+
+/// Run `brig ARGS` on a terminal: util-linux `script` gives it one (its
+/// stdin is a pty whose other side `script` feeds from ours). `input` is
+/// written after `delay`, once brig has had time to set its terminal up.
+fn on_a_terminal(daemon: &Daemon, args: &[&str], delay: Duration, input: &[u8]) -> Option<Output> {
+    if Command::new("script").arg("--version").output().is_err() {
+        support::skip("util-linux `script` is not installed; brig exec -t needs a terminal");
+        return None;
+    }
+    let line = std::iter::once(BRIG)
+        .chain(args.iter().copied())
+        .map(|a| format!("'{}'", a.replace('\'', r"'\''")))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let mut child = Command::new("script")
+        .args(["-qefc", &line, "/dev/null"])
+        .env("BRIG_URL", &daemon.url)
+        .env("BRIG_HOME", daemon.home.path())
+        .env_remove("BRIG_API_KEY")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let input = input.to_vec();
+    let writer = std::thread::spawn(move || {
+        std::thread::sleep(delay);
+        let _ = stdin.write_all(&input);
+        // Keep stdin open: its end would reach the terminal as ^D.
+        std::thread::sleep(Duration::from_secs(30));
+    });
+    let out = child.wait_with_output().unwrap();
+    drop(writer);
+    Some(out)
+}
+
+#[test]
+fn exec_takes_stdin_a_terminal_a_user_and_the_background() {
+    require_root!();
+    let rootfs = require_rootfs!();
+    let daemon = Daemon::start();
+    let template = format!("dir:{}", rootfs.display());
+    let out = daemon.brig(&["create", "--template", &template]);
+    assert!(out.status.success(), "create: {}", text(&out.stderr));
+    let id = text(&out.stdout).trim().to_string();
+
+    // -i: stdin streamed to the command, its end delivered.
+    let out = daemon.brig_with_input(&["exec", "-i", &id, "--", "cat"], b"hi\n");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "hi\n");
+    // Every byte value, more than the daemon's and the agent's windows.
+    let big: Vec<u8> = (0..=255u8).cycle().take(1 << 20).collect();
+    let out = daemon.brig_with_input(&["exec", "-i", &id, "--", "cat"], &big);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        out.stdout == big,
+        "cat gave back {} bytes",
+        out.stdout.len()
+    );
+    // stdout and stderr stay apart; the status comes back.
+    let out = daemon.brig_with_input(
+        &[
+            "exec",
+            "-i",
+            &id,
+            "--",
+            "sh",
+            "-c",
+            "read x; echo out:$x; echo err >&2; exit 5",
+        ],
+        b"line\n",
+    );
+    assert_eq!(out.status.code(), Some(5), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "out:line\n");
+    assert_eq!(text(&out.stderr), "err\n");
+    // A signal to brig reaches the command, even after the end of stdin.
+    let child = daemon
+        .command(&["exec", "-i", &id, "--", "sleep", "100"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1000));
+    support::signal(child.id(), libc::SIGINT);
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(130), "{}", text(&out.stderr));
+    let out = daemon.brig_with_input(&["exec", "-i", &id, "--", "no-such-command"], b"");
+    assert_eq!(out.status.code(), Some(127), "{}", text(&out.stderr));
+
+    // --user, on every path.
+    for flags in [&["--user", "nobody"][..], &["-i", "--user", "nobody"]] {
+        let args: Vec<&str> = ["exec", &id]
+            .into_iter()
+            .chain(flags.iter().copied())
+            .chain(["--", "id", "-u"])
+            .collect();
+        let out = daemon.brig_with_input(&args, b"");
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{flags:?}: {}",
+            text(&out.stderr)
+        );
+        assert_eq!(text(&out.stdout), "65534\n", "{flags:?}");
+    }
+    let out = daemon.brig(&["exec", &id, "--user", "no-such-user", "--", "true"]);
+    assert_eq!(out.status.code(), Some(125), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("no-such-user"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // --background: the pid is printed and the process runs on, as nobody.
+    let out = daemon.brig(&[
+        "exec",
+        &id,
+        "--background",
+        "--user",
+        "nobody",
+        "--",
+        "sleep",
+        "1000",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let pid: i32 = text(&out.stdout).trim().parse().expect("a pid");
+    let check = format!("kill -0 {pid} 2>&1; ps -o user= -p {pid} 2>/dev/null || cat /proc/{pid}/status | grep ^Uid");
+    let out = daemon.brig(&["exec", &id, "--", "sh", "-c", &check]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "pid {pid} runs: {}",
+        text(&out.stdout)
+    );
+    assert!(
+        text(&out.stdout).contains("65534") || text(&out.stdout).contains("nobody"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = daemon.brig(&["exec", &id, "-d", "-i", "--", "true"]);
+    assert_eq!(out.status.code(), Some(2), "--background and -i conflict");
+
+    // -t: a terminal in the sandbox.
+    let Some(out) = on_a_terminal(
+        &daemon,
+        &["exec", "-t", &id, "--", "tty"],
+        Duration::ZERO,
+        b"",
+    ) else {
+        return;
+    };
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stdout).contains("/dev/pts/"),
+        "{}",
+        text(&out.stdout)
+    );
+    // -it: our terminal's size, typed input, and the status.
+    let script = "stty size; read x; echo got:$x; exit 42";
+    let out = on_a_terminal(
+        &daemon,
+        &["exec", "-it", &id, "--", "sh", "-c", script],
+        Duration::from_millis(1500),
+        b"typed\r",
+    )
+    .unwrap();
+    assert_eq!(out.status.code(), Some(42), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stdout).contains("got:typed"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert!(
+        text(&out.stdout)
+            .lines()
+            .any(|l| l.trim().split(' ').count() == 2
+                && l.trim()
+                    .split(' ')
+                    .all(|n| n.parse::<u16>().is_ok_and(|n| n > 0))),
+        "stty size prints rows and cols: {}",
+        text(&out.stdout)
+    );
+    // ^C typed reaches the remote terminal: sleep dies of SIGINT.
+    let started = std::time::Instant::now();
+    let out = on_a_terminal(
+        &daemon,
+        &["exec", "-it", &id, "--", "sleep", "100"],
+        Duration::from_millis(1500),
+        b"\x03",
+    )
+    .unwrap();
+    assert_eq!(out.status.code(), Some(130), "{}", text(&out.stdout));
+    assert!(started.elapsed() < Duration::from_secs(60));
 }

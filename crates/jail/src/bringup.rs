@@ -168,8 +168,11 @@ pub fn init_main(plan: &Plan, ch: Channels) -> ! {
 pub fn run_init(plan: &Plan, sys: &dyn Syscalls, ch: Channels) -> Result<i32, Failure> {
     // 0. Forget brig's command line: /proc/1/cmdline is read from this
     //    process's own memory, which still holds the host's argv (brig's
-    //    path, the template's host path, every flag).
-    if let Some((start, end)) = plan.argv_area {
+    //    path, the template's host path, every flag). Not for an init
+    //    that execs its command in place: it shares the host's memory until
+    //    then (so this would rewrite the host's own command line), and the
+    //    exec replaces the argv area anyway.
+    if let (false, Some((start, end))) = (plan.as_init, plan.argv_area) {
         // SAFETY: [start, end) is this process's argv area as the kernel
         // reports it (copied by fork); it is writable stack memory that
         // nothing reads after this point (std's args() is not used here).
@@ -289,6 +292,25 @@ pub fn run_init(plan: &Plan, sys: &dyn Syscalls, ch: Channels) -> Result<i32, Fa
         fdpass::send(ch.sync, &ready[..len], &[]).map_err(Failure::at(Stage::WaitForHost))?;
         None
     };
+
+    // 8'. A host that runs a reaper of its own as the command (brig-agent
+    //     under `brig serve`) has it replace this process: nothing of the
+    //     host's memory stays behind in the sandbox (see Extras::as_init).
+    //     exec closes the channels (close-on-exec): EOF on the error pipe
+    //     says it started, and the host reads the end from the pidfd.
+    if plan.as_init {
+        let f = exec_workload(
+            &plan.exec,
+            plan.stdin,
+            Stdio {
+                tty: slave,
+                socket: stdio,
+            },
+            program,
+            sys,
+        );
+        return Err(f);
+    }
 
     // 8. The command runs in a child: init stays behind as pid 1 to reap
     //    orphans (zombies would otherwise fill the pid limit), and its exit

@@ -30,6 +30,10 @@ pub enum CgroupError {
         controller: &'static str,
         root: PathBuf,
     },
+    #[error("this sandbox has no {controller} cgroup: on cgroup v1 it needs the {controller} controller mounted under /sys/fs/cgroup and a pausable sandbox (the daemon's)")]
+    NoGroup { controller: &'static str },
+    #[error("the sandbox's tasks did not all stop within {waited:?} ({path} still not frozen); it was thawed again")]
+    FreezeTimeout { path: PathBuf, waited: Duration },
     #[error("cgroup {op} {path}")]
     Io {
         op: &'static str,
@@ -55,6 +59,8 @@ pub enum Hierarchy {
     V1 {
         root: PathBuf,
         cpu: bool,
+        /// `cpuacct`, for a sandbox's CPU usage (pausable sandboxes only).
+        cpuacct: bool,
         freezer: bool,
     },
     /// The unified hierarchy mounted at `root`.
@@ -74,6 +80,7 @@ impl Hierarchy {
             return Ok(Hierarchy::V1 {
                 root: root.to_path_buf(),
                 cpu: root.join("cpu/cpu.cfs_quota_us").exists(),
+                cpuacct: root.join("cpuacct/cpuacct.usage").exists(),
                 freezer: root.join("freezer").is_dir(),
             });
         }
@@ -90,13 +97,21 @@ impl Hierarchy {
     /// The directories that hold brig's groups (one per controller on v1).
     pub fn parents(&self) -> Vec<PathBuf> {
         match self {
-            Hierarchy::V1 { root, cpu, freezer } => {
+            Hierarchy::V1 {
+                root,
+                cpu,
+                cpuacct,
+                freezer,
+            } => {
                 let mut v = vec![
                     root.join("memory").join(PARENT),
                     root.join("pids").join(PARENT),
                 ];
                 if *cpu {
                     v.push(root.join("cpu").join(PARENT));
+                }
+                if *cpuacct {
+                    v.push(root.join("cpuacct").join(PARENT));
                 }
                 if *freezer {
                     v.push(root.join("freezer").join(PARENT));
@@ -147,13 +162,22 @@ fn mkdir(path: &Path) -> Result<(), CgroupError> {
 impl Cgroup {
     /// Create the sandbox's group(s) and write the limits. On failure,
     /// whatever was created is removed again.
-    pub fn create(hierarchy: &Hierarchy, name: &str, limits: &Limits) -> Result<Self, CgroupError> {
+    ///
+    /// `pausable` also makes the groups [`CgroupControls`] needs on v1 (the
+    /// freezer, cpuacct, and cpu even without a CPU limit, so one can be set
+    /// later); v2 needs nothing extra.
+    pub fn create(
+        hierarchy: &Hierarchy,
+        name: &str,
+        limits: &Limits,
+        pausable: bool,
+    ) -> Result<Self, CgroupError> {
         let mut cg = Cgroup {
             hierarchy: hierarchy.clone(),
             dirs: Vec::new(),
             memory_limit: limits.memory.bytes(),
         };
-        match cg.setup(name, limits) {
+        match cg.setup(name, limits, pausable) {
             Ok(()) => Ok(cg),
             Err(e) => {
                 let _ = cg.remove_dirs();
@@ -162,10 +186,15 @@ impl Cgroup {
         }
     }
 
-    fn setup(&mut self, name: &str, limits: &Limits) -> Result<(), CgroupError> {
+    fn setup(&mut self, name: &str, limits: &Limits, pausable: bool) -> Result<(), CgroupError> {
         let mem = limits.memory.bytes().to_string();
         match self.hierarchy.clone() {
-            Hierarchy::V1 { root, cpu, .. } => {
+            Hierarchy::V1 {
+                root,
+                cpu,
+                cpuacct,
+                freezer,
+            } => {
                 let memory = self.group(&root, "memory", name)?;
                 write(&memory.join("memory.limit_in_bytes"), &mem)?;
                 // Without swap accounting the limit covers RAM only; with it,
@@ -182,15 +211,23 @@ impl Cgroup {
 
                 // Only the controllers this sandbox uses: each one costs a
                 // mkdir, an attach and an rmdir on the spawn path. (The
-                // freezer is for pause/resume, which one-shot runs do not
-                // offer; it stays in `parents()` for reconcile.)
-                if let (true, Some(cpus)) = (cpu, limits.cpus) {
+                // freezer and cpuacct are for pause/resume and metrics,
+                // which one-shot runs do not offer.)
+                if cpu && (limits.cpus.is_some() || pausable) {
                     let dir = self.group(&root, "cpu", name)?;
                     write(&dir.join("cpu.cfs_period_us"), "100000")?;
-                    write(
-                        &dir.join("cpu.cfs_quota_us"),
-                        &((cpus * 100_000.0).round() as u64).max(1000).to_string(),
-                    )?;
+                    write(&dir.join("cpu.cfs_quota_us"), &v1_quota(limits.cpus))?;
+                }
+                // cpu and cpuacct are often co-mounted (`cpu,cpuacct`, both
+                // names symlinks to it): then the cpu group is the one.
+                let comounted = cpu
+                    && fs::canonicalize(root.join("cpu")).ok()
+                        == fs::canonicalize(root.join("cpuacct")).ok();
+                if pausable && cpuacct && !comounted {
+                    self.group(&root, "cpuacct", name)?;
+                }
+                if pausable && freezer {
+                    self.group(&root, "freezer", name)?;
                 }
             }
             Hierarchy::V2 { root } => {
@@ -231,10 +268,7 @@ impl Cgroup {
                 write(&dir.join("memory.oom.group"), "1")?;
                 write(&dir.join("pids.max"), &limits.pids.to_string())?;
                 if let Some(cpus) = limits.cpus {
-                    write(
-                        &dir.join("cpu.max"),
-                        &format!("{} 100000", ((cpus * 100_000.0).round() as u64).max(1000)),
-                    )?;
+                    write(&dir.join("cpu.max"), &v2_cpu_max(Some(cpus)))?;
                 }
             }
         }
@@ -254,6 +288,16 @@ impl Cgroup {
         Ok(dir)
     }
 
+    /// A handle to this sandbox's groups that outlives borrows of the
+    /// [`Cgroup`] (see [`CgroupControls`]).
+    pub fn controls(&self, init_pid: libc::pid_t) -> CgroupControls {
+        CgroupControls {
+            hierarchy: self.hierarchy.clone(),
+            dirs: self.dirs.clone().into(),
+            init_pid,
+        }
+    }
+
     pub fn dirs(&self) -> &[PathBuf] {
         &self.dirs
     }
@@ -270,6 +314,16 @@ impl Cgroup {
 
     pub fn memory_limit(&self) -> u64 {
         self.memory_limit
+    }
+
+    /// The memory limit in force now, read from the group (it may have
+    /// been changed through [`CgroupControls::set_limits`]).
+    pub fn memory_limit_now(&self) -> Option<u64> {
+        let file = match self.hierarchy {
+            Hierarchy::V1 { .. } => "memory.limit_in_bytes",
+            Hierarchy::V2 { .. } => "memory.max",
+        };
+        read_u64(&self.memory_dir().join(file)).ok()
     }
 
     fn memory_dir(&self) -> &Path {
@@ -334,6 +388,12 @@ impl Cgroup {
         kill_procs(&self.dirs);
     }
 
+    /// Thaw the group if it is frozen (or freezing), so that a pending
+    /// SIGKILL is acted on. Harmless on a group that is not frozen.
+    pub fn thaw(&self) {
+        thaw_dirs(&self.dirs);
+    }
+
     /// Remove the group(s). Processes are killed first; the kernel may need
     /// a moment to release a group after its last task exits, so busy
     /// groups are retried briefly.
@@ -353,7 +413,8 @@ impl Drop for Cgroup {
     }
 }
 
-/// Kill every process listed in the groups' `cgroup.procs`.
+/// Kill every process listed in the groups' `cgroup.procs`, then thaw the
+/// groups: a frozen task acts on its SIGKILL only once thawed.
 pub(crate) fn kill_procs(dirs: &[PathBuf]) {
     for dir in dirs {
         if let Ok(procs) = fs::read_to_string(dir.join("cgroup.procs")) {
@@ -366,6 +427,300 @@ pub(crate) fn kill_procs(dirs: &[PathBuf]) {
                 unsafe { libc::kill(pid, libc::SIGKILL) };
             }
         }
+    }
+    thaw_dirs(dirs);
+}
+
+/// Thaw whichever of `dirs` can be frozen: a v1 freezer group, or a v2
+/// group. Only writes where the group is not already thawed.
+fn thaw_dirs(dirs: &[PathBuf]) {
+    for dir in dirs {
+        let v1 = dir.join("freezer.state");
+        if let Ok(state) = fs::read_to_string(&v1) {
+            if state.trim() != "THAWED" {
+                let _ = write_existing(&v1, "THAWED");
+            }
+            continue;
+        }
+        let v2 = dir.join("cgroup.freeze");
+        if fs::read_to_string(&v2).is_ok_and(|s| s.trim() != "0") {
+            let _ = write_existing(&v2, "0");
+        }
+    }
+}
+
+/// Write a control file that must already exist (never creates one).
+fn write_existing(path: &Path, value: &str) -> Result<(), CgroupError> {
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .truncate(true)
+        .open(path)
+        .map_err(io_err("open", path))?;
+    f.write_all(value.as_bytes()).map_err(io_err("write", path))
+}
+
+fn read_u64(path: &Path) -> Result<u64, CgroupError> {
+    let text = fs::read_to_string(path).map_err(io_err("read", path))?;
+    let t = text.trim();
+    if t == "max" {
+        return Ok(u64::MAX);
+    }
+    t.parse().map_err(|_| CgroupError::Io {
+        op: "parse",
+        path: path.to_path_buf(),
+        source: io::Error::new(io::ErrorKind::InvalidData, format!("not a number: {t:?}")),
+    })
+}
+
+/// `cpu.cfs_quota_us` for a CPU limit in cores (`-1`: none).
+fn v1_quota(cpus: Option<f64>) -> String {
+    match cpus {
+        Some(c) => ((c * 100_000.0).round() as u64).max(1000).to_string(),
+        None => "-1".into(),
+    }
+}
+
+/// `cpu.max` for a CPU limit in cores.
+fn v2_cpu_max(cpus: Option<f64>) -> String {
+    match cpus {
+        Some(c) => format!("{} 100000", ((c * 100_000.0).round() as u64).max(1000)),
+        None => "max 100000".into(),
+    }
+}
+
+/// How long [`CgroupControls::freeze`] waits for every task to stop.
+const FREEZE_WAIT: Duration = Duration::from_secs(5);
+
+/// What a sandbox's cgroups report at one moment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CgroupStats {
+    /// CPU time used by every task of the sandbox, ever (`None` without a
+    /// CPU accounting group: a v1 sandbox that is not pausable).
+    pub cpu_usage_ns: Option<u64>,
+    /// Memory charged to the sandbox now (including its page cache and
+    /// tmpfs files).
+    pub memory_bytes: u64,
+    pub memory_peak_bytes: Option<u64>,
+    /// The memory limit in force.
+    pub memory_limit: u64,
+    /// Tasks (processes and threads) alive.
+    pub pids: u64,
+}
+
+/// Disk use of a sandbox's writable root, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DiskStats {
+    pub used_bytes: u64,
+    pub total_bytes: u64,
+}
+
+/// A cheap, clonable handle to one sandbox's cgroups: freeze, thaw,
+/// statistics and new limits, usable from any thread while another one
+/// owns the [`crate::Sandbox`]. It does not own the groups: once the
+/// sandbox is torn down, every call fails (the files are gone).
+#[derive(Debug, Clone)]
+pub struct CgroupControls {
+    hierarchy: Hierarchy,
+    dirs: std::sync::Arc<[PathBuf]>,
+    init_pid: libc::pid_t,
+}
+
+impl CgroupControls {
+    /// The group of one v1 controller (the only group on v2).
+    fn dir(&self, controller: &'static str) -> Result<&Path, CgroupError> {
+        match self.hierarchy {
+            Hierarchy::V2 { .. } => self.dirs.first().map(PathBuf::as_path),
+            Hierarchy::V1 { ref root, .. } => {
+                let parent = root.join(controller).join(PARENT);
+                let canonical = fs::canonicalize(&parent).ok();
+                self.dirs
+                    .iter()
+                    .find(|d| {
+                        d.parent().is_some_and(|p| {
+                            p == parent
+                                || (canonical.is_some() && fs::canonicalize(p).ok() == canonical)
+                        })
+                    })
+                    .map(PathBuf::as_path)
+            }
+        }
+        .ok_or(CgroupError::NoGroup { controller })
+    }
+
+    /// Stop every task of the sandbox, and return once all are stopped.
+    pub fn freeze(&self) -> Result<(), CgroupError> {
+        let (file, value, events) = match self.hierarchy {
+            Hierarchy::V1 { .. } => (self.dir("freezer")?.join("freezer.state"), "FROZEN", None),
+            Hierarchy::V2 { .. } => {
+                let dir = self.dir("freezer")?;
+                (
+                    dir.join("cgroup.freeze"),
+                    "1",
+                    Some(dir.join("cgroup.events")),
+                )
+            }
+        };
+        write_existing(&file, value)?;
+        // v1 reads FREEZING until every task has stopped; v2 says
+        // `frozen 1` in cgroup.events.
+        let deadline = Instant::now() + FREEZE_WAIT;
+        loop {
+            if self.is_frozen_via(&file, events.as_deref())? {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                let _ = self.thaw();
+                return Err(CgroupError::FreezeTimeout {
+                    path: file,
+                    waited: FREEZE_WAIT,
+                });
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Let the sandbox's tasks run again.
+    pub fn thaw(&self) -> Result<(), CgroupError> {
+        match self.hierarchy {
+            Hierarchy::V1 { .. } => {
+                write_existing(&self.dir("freezer")?.join("freezer.state"), "THAWED")
+            }
+            Hierarchy::V2 { .. } => {
+                write_existing(&self.dir("freezer")?.join("cgroup.freeze"), "0")
+            }
+        }
+    }
+
+    /// Whether every task of the sandbox is stopped.
+    pub fn is_frozen(&self) -> Result<bool, CgroupError> {
+        match self.hierarchy {
+            Hierarchy::V1 { .. } => {
+                self.is_frozen_via(&self.dir("freezer")?.join("freezer.state"), None)
+            }
+            Hierarchy::V2 { .. } => {
+                let dir = self.dir("freezer")?;
+                self.is_frozen_via(&dir.join("cgroup.freeze"), Some(&dir.join("cgroup.events")))
+            }
+        }
+    }
+
+    fn is_frozen_via(&self, file: &Path, events: Option<&Path>) -> Result<bool, CgroupError> {
+        match events {
+            None => Ok(fs::read_to_string(file)
+                .map_err(io_err("read", file))?
+                .trim()
+                == "FROZEN"),
+            Some(events) => {
+                let text = fs::read_to_string(events).map_err(io_err("read", events))?;
+                Ok(parse_flat_keyed(&text, "frozen") == Some(1))
+            }
+        }
+    }
+
+    /// CPU, memory and task counts now.
+    pub fn stats(&self) -> Result<CgroupStats, CgroupError> {
+        match self.hierarchy {
+            Hierarchy::V1 { .. } => {
+                let memory = self.dir("memory")?;
+                let cpu_usage_ns = match self.dir("cpuacct") {
+                    Ok(d) => Some(read_u64(&d.join("cpuacct.usage"))?),
+                    Err(_) => None,
+                };
+                Ok(CgroupStats {
+                    cpu_usage_ns,
+                    memory_bytes: read_u64(&memory.join("memory.usage_in_bytes"))?,
+                    memory_peak_bytes: read_u64(&memory.join("memory.max_usage_in_bytes")).ok(),
+                    memory_limit: read_u64(&memory.join("memory.limit_in_bytes"))?,
+                    pids: read_u64(&self.dir("pids")?.join("pids.current"))?,
+                })
+            }
+            Hierarchy::V2 { .. } => {
+                let dir = self.dir("memory")?;
+                let stat_path = dir.join("cpu.stat");
+                let stat = fs::read_to_string(&stat_path).map_err(io_err("read", &stat_path))?;
+                Ok(CgroupStats {
+                    cpu_usage_ns: parse_flat_keyed(&stat, "usage_usec").map(|u| u * 1000),
+                    memory_bytes: read_u64(&dir.join("memory.current"))?,
+                    memory_peak_bytes: read_u64(&dir.join("memory.peak")).ok(),
+                    memory_limit: read_u64(&dir.join("memory.max"))?,
+                    pids: read_u64(&dir.join("pids.current"))?,
+                })
+            }
+        }
+    }
+
+    /// Apply new memory, task and CPU limits to the live sandbox
+    /// (`limits.disk` and `limits.timeout` are not cgroup limits and are
+    /// ignored). Lowering memory below what the sandbox uses makes the
+    /// kernel reclaim, and where it cannot, refuse (v1, `EBUSY`) or OOM-kill
+    /// (v2).
+    pub fn set_limits(&self, limits: &Limits) -> Result<(), CgroupError> {
+        let mem = limits.memory.bytes();
+        match self.hierarchy {
+            Hierarchy::V1 { .. } => {
+                let memory = self.dir("memory")?;
+                let limit = memory.join("memory.limit_in_bytes");
+                let memsw = memory.join("memory.memsw.limit_in_bytes");
+                // RAM+swap may never be below RAM alone: raise it first, or
+                // lower it last.
+                let has_memsw = memsw.exists();
+                let current = read_u64(&limit)?;
+                if has_memsw && mem > current {
+                    write_existing(&memsw, &mem.to_string())?;
+                }
+                write_existing(&limit, &mem.to_string())?;
+                if has_memsw && mem <= current {
+                    write_existing(&memsw, &mem.to_string())?;
+                }
+                write_existing(
+                    &self.dir("pids")?.join("pids.max"),
+                    &limits.pids.to_string(),
+                )?;
+                match self.dir("cpu") {
+                    Ok(cpu) => {
+                        write_existing(&cpu.join("cpu.cfs_quota_us"), &v1_quota(limits.cpus))?
+                    }
+                    Err(e) if limits.cpus.is_some() => return Err(e),
+                    Err(_) => {}
+                }
+            }
+            Hierarchy::V2 { .. } => {
+                let dir = self.dir("memory")?;
+                write_existing(&dir.join("memory.max"), &mem.to_string())?;
+                write_existing(&dir.join("pids.max"), &limits.pids.to_string())?;
+                let cpu_max = dir.join("cpu.max");
+                if limits.cpus.is_some() || cpu_max.exists() {
+                    write_existing(&cpu_max, &v2_cpu_max(limits.cpus))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Space used on the sandbox's root filesystem (its writable layer: the
+    /// scratch tmpfs, or the overlay whose upper directory is on it), as
+    /// the host sees it through `/proc/<init>/root`.
+    pub fn disk(&self) -> Result<DiskStats, CgroupError> {
+        let root = PathBuf::from(format!("/proc/{}/root", self.init_pid));
+        let c = std::ffi::CString::new(root.as_os_str().as_encoded_bytes()).map_err(|e| {
+            io_err("statvfs", &root)(io::Error::new(io::ErrorKind::InvalidInput, e))
+        })?;
+        // SAFETY: statvfs with a NUL-terminated path and a zeroed out-struct.
+        let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+        // SAFETY: as above; the result is checked.
+        if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+            return Err(io_err("statvfs", &root)(io::Error::last_os_error()));
+        }
+        let frsize = st.f_frsize as u64;
+        Ok(DiskStats {
+            total_bytes: st.f_blocks as u64 * frsize,
+            used_bytes: (st.f_blocks as u64).saturating_sub(st.f_bfree as u64) * frsize,
+        })
+    }
+
+    /// The group directories, one per controller on v1.
+    pub fn dirs(&self) -> &[PathBuf] {
+        &self.dirs
     }
 }
 
@@ -451,7 +806,7 @@ mod tests {
             cpus: Some(0.5),
             ..Limits::default()
         };
-        let cg = Cgroup::create(&h, "abc", &limits).unwrap();
+        let cg = Cgroup::create(&h, "abc", &limits, false).unwrap();
         let read = |p: &str| fs::read_to_string(t.path().join(p)).unwrap();
         assert_eq!(
             read("memory/brig/abc/memory.limit_in_bytes"),
@@ -464,6 +819,71 @@ mod tests {
         // non-empty directory fails, which proves destroy tries to remove
         // exactly the sandbox's groups.
         assert!(cg.destroy().is_err());
+    }
+
+    #[test]
+    fn v1_pausable_adds_freezer_cpuacct_and_an_unlimited_cpu_group() {
+        let t = tempfile::tempdir().unwrap();
+        fake_v1(t.path(), true);
+        for c in ["freezer", "cpuacct"] {
+            fs::create_dir_all(t.path().join(c)).unwrap();
+        }
+        fs::write(t.path().join("cpuacct/cpuacct.usage"), "").unwrap();
+        let h = Hierarchy::detect_at(t.path()).unwrap();
+        let cg = Cgroup::create(&h, "p", &Limits::default(), true).unwrap();
+        let read = |p: &str| fs::read_to_string(t.path().join(p)).unwrap();
+        assert_eq!(read("cpu/brig/p/cpu.cfs_quota_us"), "-1");
+        let names: Vec<_> = cg
+            .dirs()
+            .iter()
+            .map(|d| d.strip_prefix(t.path()).unwrap().to_path_buf())
+            .collect();
+        for want in ["memory", "pids", "cpu", "cpuacct", "freezer"] {
+            assert!(
+                names.contains(&Path::new(want).join("brig/p")),
+                "{want} missing from {names:?}"
+            );
+        }
+        // The controls find each controller's group, and new limits land
+        // in the right files.
+        let controls = cg.controls(1);
+        fs::write(t.path().join("memory/brig/p/memory.limit_in_bytes"), "0").unwrap();
+        controls
+            .set_limits(&Limits {
+                memory: ByteSize::mib(32),
+                pids: 7,
+                cpus: Some(1.5),
+                ..Limits::default()
+            })
+            .unwrap();
+        assert_eq!(
+            read("memory/brig/p/memory.limit_in_bytes"),
+            (32u64 << 20).to_string()
+        );
+        assert_eq!(read("pids/brig/p/pids.max"), "7");
+        assert_eq!(read("cpu/brig/p/cpu.cfs_quota_us"), "150000");
+        std::mem::forget(cg);
+    }
+
+    #[test]
+    fn v1_without_pausable_has_no_freezer_to_use() {
+        let t = tempfile::tempdir().unwrap();
+        fake_v1(t.path(), false);
+        fs::create_dir_all(t.path().join("freezer")).unwrap();
+        let h = Hierarchy::detect_at(t.path()).unwrap();
+        let cg = Cgroup::create(&h, "q", &Limits::default(), false).unwrap();
+        assert_eq!(cg.dirs().len(), 2);
+        let err = cg.controls(1).freeze().unwrap_err();
+        assert!(
+            matches!(
+                err,
+                CgroupError::NoGroup {
+                    controller: "freezer"
+                }
+            ),
+            "{err}"
+        );
+        std::mem::forget(cg);
     }
 
     #[test]
@@ -481,7 +901,7 @@ mod tests {
             cpus: Some(2.0),
             ..Limits::default()
         };
-        let cg = Cgroup::create(&h, "x1", &limits).unwrap();
+        let cg = Cgroup::create(&h, "x1", &limits, false).unwrap();
         let read = |p: &str| fs::read_to_string(t.path().join(p)).unwrap();
         assert_eq!(read("brig/cgroup.subtree_control"), "+cpu +memory +pids");
         assert_eq!(read("brig/x1/memory.max"), (128u64 << 20).to_string());
@@ -492,11 +912,60 @@ mod tests {
     }
 
     #[test]
+    fn v2_controls_freeze_thaw_and_read_stats() {
+        let t = tempfile::tempdir().unwrap();
+        fs::write(t.path().join("cgroup.controllers"), "cpu memory pids").unwrap();
+        let h = Hierarchy::detect_at(t.path()).unwrap();
+        let cg = Cgroup::create(&h, "v", &Limits::default(), true).unwrap();
+        let dir = t.path().join("brig/v");
+        let put = |f: &str, v: &str| fs::write(dir.join(f), v).unwrap();
+        put("cgroup.freeze", "0");
+        put("cgroup.events", "populated 1\nfrozen 1\n");
+        put(
+            "cpu.stat",
+            "usage_usec 1500\nuser_usec 1000\nsystem_usec 500\n",
+        );
+        put("memory.current", "4096\n");
+        put("memory.peak", "8192\n");
+        put("pids.current", "3\n");
+        put("cpu.max", "max 100000\n");
+        let c = cg.controls(1);
+        c.freeze().unwrap();
+        assert_eq!(fs::read_to_string(dir.join("cgroup.freeze")).unwrap(), "1");
+        assert!(c.is_frozen().unwrap());
+        c.thaw().unwrap();
+        assert_eq!(fs::read_to_string(dir.join("cgroup.freeze")).unwrap(), "0");
+        let s = c.stats().unwrap();
+        assert_eq!(
+            s,
+            CgroupStats {
+                cpu_usage_ns: Some(1_500_000),
+                memory_bytes: 4096,
+                memory_peak_bytes: Some(8192),
+                memory_limit: Limits::default().memory.bytes(),
+                pids: 3,
+            }
+        );
+        put("memory.max", "max\n");
+        assert_eq!(c.stats().unwrap().memory_limit, u64::MAX);
+        c.set_limits(&Limits {
+            cpus: Some(0.25),
+            ..Limits::default()
+        })
+        .unwrap();
+        assert_eq!(
+            fs::read_to_string(dir.join("cpu.max")).unwrap(),
+            "25000 100000"
+        );
+        std::mem::forget(cg);
+    }
+
+    #[test]
     fn v2_without_memory_controller_is_a_clear_error() {
         let t = tempfile::tempdir().unwrap();
         fs::write(t.path().join("cgroup.controllers"), "cpu pids").unwrap();
         let h = Hierarchy::detect_at(t.path()).unwrap();
-        let err = Cgroup::create(&h, "x", &Limits::default()).unwrap_err();
+        let err = Cgroup::create(&h, "x", &Limits::default(), false).unwrap_err();
         assert!(err.to_string().contains("\"memory\""), "{err}");
     }
 

@@ -35,6 +35,7 @@ pub mod sys;
 pub mod template;
 pub mod trace;
 
+pub use cgroup::{CgroupControls, CgroupStats, DiskStats};
 pub use error::JailError;
 pub use netpool::NetnsPool;
-pub use sandbox::{Exit, Extras, Sandbox, SpawnOptions};
+pub use sandbox::{raise_fd_limit, Exit, Extras, Sandbox, SpawnOptions};

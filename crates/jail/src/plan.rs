@@ -154,6 +154,10 @@ pub struct Plan {
     /// Record step timestamps and send them with "ready"
     /// (`BRIG_TRACE_SPAWN=1`).
     pub trace: bool,
+    /// Exec the command in place of the init instead of in a child: the
+    /// command becomes the sandbox's pid 1 and must reap orphans itself
+    /// (see [`crate::Extras::as_init`]).
+    pub as_init: bool,
     /// Stack for the command's process between clone and execve.
     pub workload_stack: Stack,
     pub exec: ExecPlan,
@@ -501,6 +505,7 @@ impl Plan {
             loopback: !input.pooled_net,
             argv_area: input.argv_area,
             trace: false,
+            as_init: false,
             workload_stack: Stack::new(256 * 1024),
             exec,
         }

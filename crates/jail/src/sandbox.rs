@@ -34,7 +34,7 @@ use std::sync::Arc;
 use brig_core::{ByteSize, SandboxId, SandboxSpec, TemplateRef};
 
 use crate::bringup::{self, Channels, Failure, Stage};
-use crate::cgroup::{Cgroup, Hierarchy};
+use crate::cgroup::{Cgroup, CgroupControls, Hierarchy};
 use crate::error::JailError;
 use crate::fdpass;
 use crate::netpool::{self, NetnsPool, PooledNet};
@@ -62,6 +62,11 @@ pub struct SpawnOptions {
     /// Pre-made network namespaces (the warm path of a long-lived process);
     /// without one, each sandbox creates its own in `clone`.
     pub net_pool: Option<Arc<NetnsPool>>,
+    /// Give every sandbox the cgroups that pause/resume and CPU accounting
+    /// need ([`Sandbox::controls`]): on cgroup v1 the freezer, cpuacct and
+    /// cpu groups (a few more mkdirs per spawn). The daemon sets it; a
+    /// one-shot `brig run` does not.
+    pub pausable: bool,
     /// What spawning needs to know about this host and process, read once.
     pub host: Arc<HostFacts>,
 }
@@ -143,6 +148,7 @@ impl SpawnOptions {
             run_dir,
             hierarchy,
             net_pool: None,
+            pausable: false,
         })
     }
 
@@ -163,6 +169,16 @@ pub struct Extras {
     /// Connect the command's stdin and stdout to this socket (stderr stays
     /// the caller's): the byte stream a host speaks the agent protocol on.
     pub stdio: Option<OwnedFd>,
+    /// Run the command *as* the sandbox's init (pid 1) instead of in a
+    /// child of brig's init. The command must reap orphans (brig-agent
+    /// does). What it saves is the init: a clone of a long-lived,
+    /// multi-threaded host keeps a copy-on-write image of the host's
+    /// memory (page tables and every page the host writes afterwards) for
+    /// as long as it lives, about 3 MiB per sandbox measured under
+    /// `brig serve`; exec drops it. The command's exit still ends the
+    /// sandbox (the kernel kills the rest of its pid namespace), and its
+    /// status is the init's.
+    pub as_init: bool,
 }
 
 /// How a sandbox ended.
@@ -187,6 +203,9 @@ pub struct Sandbox {
     slot: Option<Slot>,
     memory_limit: ByteSize,
     reaped: bool,
+    /// [`Sandbox::kill`] was called: reaping keeps thawing the cgroup, in
+    /// case another thread froze it after the kill's thaw.
+    killed: std::sync::atomic::AtomicBool,
     /// The channel to the init, which reports the command's status on it
     /// before its own (slower) exit.
     status: Option<OwnedFd>,
@@ -238,6 +257,7 @@ impl Sandbox {
         });
         let mut plan = plan;
         plan.trace = trace.on;
+        plan.as_init = extras.as_init;
         seccomp::init();
         trace.hit("plan built");
 
@@ -266,18 +286,58 @@ impl Sandbox {
             flags |= libc::CLONE_NEWNET;
         }
         let mut pidfd: libc::c_int = -1;
-        // SAFETY: clone without CLONE_VM and with a NULL stack is fork with
-        // extra namespaces. The child touches only the pre-built plan and
-        // makes system calls (bringup::init_main), then _exits or execs.
-        let pid = unsafe {
-            libc::syscall(
-                libc::SYS_clone,
-                (flags | libc::SIGCHLD) as libc::c_ulong,
-                0usize,
-                &mut pidfd as *mut libc::c_int,
-                0usize,
-                0usize,
-            )
+        let channels = Channels {
+            sync: child_sock.as_raw_fd(),
+            error: err_write.as_raw_fd(),
+        };
+        // Declared before `sandbox` below, so any early return drops (kills
+        // and reaps) the sandbox before the stack its init may still run on.
+        let init_stack = extras.as_init.then(|| plan::Stack::new(INIT_STACK));
+        // Read by that child at its start, concurrently with us: it must
+        // live as long as the stack does, not just for the clone call.
+        let init_args = InitArgs {
+            plan: &plan,
+            channels,
+        };
+        let pid = match &init_stack {
+            // An init that will exec its command in place shares our memory
+            // until then (CLONE_VM, on a stack of its own), as posix_spawn's
+            // child does: a fork would copy the page tables of every mapping
+            // of a long-lived host (20 ms with a thousand sandboxes' threads
+            // in `brig serve`) only for exec to throw the copy away.
+            Some(stack) => {
+                // SAFETY: init_entry runs on `stack` (alive until the child
+                // has exec'd or been reaped, see above) and, like the fork
+                // case, only reads the plan and makes system calls: nothing
+                // between here and its execve allocates, takes a lock or
+                // writes memory it shares with us beyond its own stack. It
+                // shares our thread's TLS, whose only use there is errno.
+                // CLONE_PIDFD stores the pidfd through the parent-tid
+                // argument.
+                unsafe {
+                    libc::clone(
+                        init_entry,
+                        stack.top(),
+                        flags | libc::CLONE_VM | libc::SIGCHLD,
+                        &init_args as *const InitArgs<'_> as *mut libc::c_void,
+                        &mut pidfd as *mut libc::c_int,
+                    ) as libc::c_long
+                }
+            }
+            // SAFETY: clone without CLONE_VM and with a NULL stack is fork
+            // with extra namespaces. The child touches only the pre-built
+            // plan and makes system calls (bringup::init_main), then _exits
+            // or execs.
+            None => unsafe {
+                libc::syscall(
+                    libc::SYS_clone,
+                    (flags | libc::SIGCHLD) as libc::c_ulong,
+                    0usize,
+                    &mut pidfd as *mut libc::c_int,
+                    0usize,
+                    0usize,
+                )
+            },
         };
         if pid != 0 {
             if let (Some(_), Some(pool)) = (&pooled, &opts.net_pool) {
@@ -294,13 +354,7 @@ impl Sandbox {
         if pid == 0 {
             drop(host_sock);
             drop(err_read);
-            bringup::init_main(
-                &plan,
-                Channels {
-                    sync: child_sock.as_raw_fd(),
-                    error: err_write.as_raw_fd(),
-                },
-            );
+            bringup::init_main(&plan, channels);
         }
         let pid = pid as libc::pid_t;
         trace.hit("cloned");
@@ -318,6 +372,7 @@ impl Sandbox {
             cgroup: None,
             slot: Some(slot),
             reaped: false,
+            killed: std::sync::atomic::AtomicBool::new(false),
             status: None,
             command_exit: None,
         };
@@ -351,7 +406,12 @@ impl Sandbox {
         //     the cgroups (a memory cgroup costs the kernel 0.1-0.7 ms
         //     here) and move the init in. It waits for "joined" before it
         //     forks anything or runs a byte of the command.
-        let cgroup = Cgroup::create(&opts.hierarchy, sandbox.id.as_str(), &spec.limits)?;
+        let cgroup = Cgroup::create(
+            &opts.hierarchy,
+            sandbox.id.as_str(),
+            &spec.limits,
+            opts.pausable,
+        )?;
         sandbox.oom = cgroup.oom_eventfd()?;
         cgroup.attach(pid)?;
         sandbox.cgroup = Some(cgroup);
@@ -413,9 +473,35 @@ impl Sandbox {
         self.cgroup.as_ref().map_or(&[], |c| c.dirs())
     }
 
+    /// A handle to the sandbox's cgroups (freeze, thaw, statistics, new
+    /// limits) for another thread to keep while this one owns the sandbox.
+    /// Pause/resume and CPU usage need [`SpawnOptions::pausable`] on cgroup
+    /// v1.
+    pub fn controls(&self) -> Option<CgroupControls> {
+        self.cgroup.as_ref().map(|c| c.controls(self.pid))
+    }
+
+    /// The memory limit in force now (it may have been changed through
+    /// [`Sandbox::controls`]).
+    fn current_memory_limit(&self) -> ByteSize {
+        self.cgroup
+            .as_ref()
+            .and_then(Cgroup::memory_limit_now)
+            .map_or(self.memory_limit, ByteSize)
+    }
+
     /// Kill everything in the sandbox. Its init dies, and the kernel kills
-    /// the rest of its pid namespace with it.
+    /// the rest of its pid namespace with it. A frozen (paused) sandbox is
+    /// thawed so that it acts on the signal.
     pub fn kill(&self) {
+        self.killed.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.signal_kill();
+        if let Some(cg) = &self.cgroup {
+            cg.thaw();
+        }
+    }
+
+    fn signal_kill(&self) {
         // SAFETY: signalling through our own pidfd.
         unsafe {
             libc::syscall(
@@ -457,7 +543,7 @@ impl Sandbox {
             Exit {
                 code: libc::WEXITSTATUS(status),
                 oom,
-                memory_limit: self.memory_limit,
+                memory_limit: self.current_memory_limit(),
             }
         } else {
             // The init died without reporting (killed): its own status is
@@ -479,7 +565,7 @@ impl Sandbox {
         Exit {
             code,
             oom,
-            memory_limit: self.memory_limit,
+            memory_limit: self.current_memory_limit(),
         }
     }
 
@@ -502,6 +588,9 @@ impl Sandbox {
     }
 
     fn reap(&mut self) -> Result<i32, JailError> {
+        if self.killed.load(std::sync::atomic::Ordering::SeqCst) {
+            self.await_death_thawing();
+        }
         let mut status = 0;
         loop {
             // SAFETY: waitpid on our own child with a valid out-pointer.
@@ -513,6 +602,27 @@ impl Sandbox {
             if r < 0 && Errno::last() != Errno(libc::EINTR) {
                 self.reaped = true;
                 return Err(os_err("wait for the sandbox")(Errno::last()));
+            }
+        }
+    }
+
+    /// Wait until the killed init has exited, thawing its cgroup every
+    /// 50 ms meanwhile: a task frozen (by a pause racing the kill) acts on
+    /// its SIGKILL only when thawed.
+    fn await_death_thawing(&self) {
+        loop {
+            let mut pfd = libc::pollfd {
+                fd: self.pidfd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: poll on one valid pollfd we own.
+            let r = unsafe { libc::poll(&mut pfd, 1, 50) };
+            if r > 0 || (r < 0 && Errno::last() != Errno(libc::EINTR)) {
+                return;
+            }
+            if let Some(cg) = &self.cgroup {
+                cg.thaw();
             }
         }
     }
@@ -540,6 +650,47 @@ impl Drop for Sandbox {
         }
         let _ = self.teardown();
     }
+}
+
+/// Raise this process's soft limit on open files to its hard limit, as
+/// long-lived servers do (a daemon holds several descriptors per sandbox).
+/// Sandboxes are unaffected: they get their own limit from the plan.
+/// Returns the limit now in force.
+pub fn raise_fd_limit() -> std::io::Result<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit with a valid pointer to a local.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if lim.rlim_cur < lim.rlim_max {
+        lim.rlim_cur = lim.rlim_max;
+        // SAFETY: setrlimit with a valid pointer to a local.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(lim.rlim_cur)
+}
+
+/// The stack of an init cloned with `CLONE_VM` (see [`Extras::as_init`]):
+/// bring-up needs a few KiB; pages never touched cost nothing.
+const INIT_STACK: usize = 256 * 1024;
+
+/// What an init cloned with `CLONE_VM` needs; passed by pointer.
+struct InitArgs<'a> {
+    plan: &'a Plan,
+    channels: Channels,
+}
+
+extern "C" fn init_entry(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` points at the InitArgs in spawn_with's frame, which
+    // outlives this child's use of shared memory (it execs or is reaped
+    // before spawn_with returns).
+    let a = unsafe { &*(arg as *const InitArgs<'_>) };
+    bringup::init_main(a.plan, a.channels)
 }
 
 /// The host's half of `BRIG_TRACE_SPAWN=1` (see [`crate::trace`]).

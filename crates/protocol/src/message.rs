@@ -42,8 +42,34 @@
 //! | `ATTACH` 6 | [`AttachRequest`] | as `EXEC` | `attached` (with bytes dropped from the buffer), buffered then live output, `exited`, Close |
 //! | `FILE_READ` 2 | [`ReadRequest`] | Close | `read_started{size}`, channel 1: contents, Close |
 //! | `FILE_WRITE` 3 | [`WriteRequest`] | channel 1: contents; Close: end of file | `written{bytes}` after the host's Close, Close |
-//! | `WATCH` 4 | [`WatchRequest`] | Close | `error{unsupported}` in this version |
+//! | `WATCH` 4 | [`WatchRequest`] | Close: stop watching | `watching`, then one [`Event::Change`] or [`Event::Overflow`] per Data frame (control channel) until the host's Close or Reset, then Close |
 //! | `CALL` 5 | [`Call`] | Close | one typed reply (`entries`… `done`, `stat`, `processes`, `done`), Close |
+//!
+//! ## Watch events
+//!
+//! A `WATCH` stream reports changes in one directory (with `recursive`, in
+//! its whole subtree, including directories created later). The first
+//! message, [`Event::Watching`], says the kernel watches are in place:
+//! every change after it is reported (or covered by an `overflow`). Then
+//! each change is one control message:
+//!
+//! ```text
+//! {"type":"change","kind":"create","name":"sub/a.txt","file_type":"file"}
+//! {"type":"overflow"}
+//! ```
+//!
+//! `kind` ([`ChangeKind`]) is one of `create`, `write`, `remove`, `rename`,
+//! `chmod`: E2B's filesystem `EventType` one for one. As there (fsnotify),
+//! a rename is two events: `rename` for the old name, `create` for the new.
+//! `name` is relative to the watched directory. `file_type` (`file`, `dir`,
+//! `symlink`, `other`) is the entry's type when the agent knew it (absent,
+//! e.g., for a removed file); it is not called `type` because `type` tags
+//! the message. Identical consecutive changes are coalesced (a big write is
+//! one `write`). `overflow` means changes were lost: the kernel's queue
+//! overflowed, or the host read too slowly and the agent's bounded queue
+//! for the stream filled. The watch then goes on. If the watched directory
+//! itself is removed or moved away the agent sends `error{not_found}` and
+//! closes.
 //!
 //! Any request can be answered by [`Event::Error`] (followed by Close)
 //! instead of its typed reply. A reset from the host cancels: it kills a
@@ -213,13 +239,32 @@ pub struct WriteRequest {
     pub append: bool,
 }
 
-/// Watch a path for changes. Header of a `WATCH` stream.
+/// Watch a directory for changes. Header of a `WATCH` stream.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WatchRequest {
+    /// A directory; anything else is refused (`not_a_directory`).
     pub path: String,
+    /// Also watch every directory below it, present and future.
     #[serde(default)]
     pub recursive: bool,
+}
+
+/// What happened to an entry in a watched directory. One for one with
+/// E2B's filesystem `EventType` (`CREATE`, `WRITE`, `REMOVE`, `RENAME`,
+/// `CHMOD`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChangeKind {
+    /// Created, or moved in (the new name of a rename).
+    Create,
+    /// Contents modified.
+    Write,
+    Remove,
+    /// Moved away (the old name of a rename).
+    Rename,
+    /// Metadata changed: mode, owner, timestamps, links.
+    Chmod,
 }
 
 fn one() -> u32 {
@@ -368,6 +413,19 @@ pub enum Event {
     },
     /// The request succeeded (or a multi-part reply ended).
     Done,
+    /// Reply to `WATCH`: the watches are in place; changes from here on are
+    /// reported.
+    Watching,
+    /// A change in a watched directory; `name` is relative to it.
+    Change {
+        kind: ChangeKind,
+        name: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        file_type: Option<FileKind>,
+    },
+    /// Changes on a `WATCH` stream were lost (kernel queue overflow, or the
+    /// host reading too slowly); the watch goes on.
+    Overflow,
     Error {
         code: ErrorCode,
         message: String,
@@ -434,6 +492,8 @@ mod tests {
                 depth: 1
             }
         );
+        let watch: WatchRequest = decode("watch request", br#"{"path":"/tmp"}"#).unwrap();
+        assert!(!watch.recursive);
         let call: Call = decode("call", br#"{"op":"list_processes"}"#).unwrap();
         assert_eq!(call, Call::ListProcesses);
     }
@@ -465,6 +525,38 @@ mod tests {
         assert_eq!(
             serde_json::to_string(&e).unwrap(),
             r#"{"type":"exited","code":null,"signal":15}"#
+        );
+    }
+
+    #[test]
+    fn watch_events_have_a_flat_shape() {
+        let e = Event::Change {
+            kind: ChangeKind::Create,
+            name: "sub/a.txt".into(),
+            file_type: Some(FileKind::File),
+        };
+        let json = serde_json::to_string(&e).unwrap();
+        assert_eq!(
+            json,
+            r#"{"type":"change","kind":"create","name":"sub/a.txt","file_type":"file"}"#
+        );
+        assert_eq!(decode::<Event>("event", json.as_bytes()).unwrap(), e);
+        let e = Event::Change {
+            kind: ChangeKind::Remove,
+            name: "a".into(),
+            file_type: None,
+        };
+        assert_eq!(
+            serde_json::to_string(&e).unwrap(),
+            r#"{"type":"change","kind":"remove","name":"a"}"#
+        );
+        assert_eq!(
+            serde_json::to_string(&Event::Watching).unwrap(),
+            r#"{"type":"watching"}"#
+        );
+        assert_eq!(
+            serde_json::to_string(&Event::Overflow).unwrap(),
+            r#"{"type":"overflow"}"#
         );
     }
 }

@@ -27,6 +27,12 @@ const SECRET_LEN: usize = 43;
 /// Characters of the secret kept in the display prefix so a person can match
 /// a key they hold to a listing; 4 of 43 leaves ≈ 232 bits unknown.
 const SECRET_SHOWN: usize = 4;
+/// The longest name a key may have, in characters.
+pub const MAX_NAME_CHARS: usize = 64;
+/// `last_used_at` is written when it is older than this. Writing it on every
+/// request would put a database write on every API call's path; a minute is
+/// precise enough to tell a key in use from a forgotten one.
+const LAST_USED_GRANULARITY_MS: UnixMillis = 60_000;
 
 /// An API key's public id (12 lowercase hex digits).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -58,7 +64,11 @@ pub struct KeyInfo {
     pub tenant: TenantId,
     /// `brig_<id>_<first 4 characters of the secret>`.
     pub prefix: String,
+    /// What its creator called it, if anything.
+    pub name: Option<String>,
     pub created_at: UnixMillis,
+    /// When it last authenticated a request, to the minute; `None` if never.
+    pub last_used_at: Option<UnixMillis>,
     pub revoked_at: Option<UnixMillis>,
 }
 
@@ -67,6 +77,15 @@ pub struct KeyInfo {
 pub enum KeyError {
     #[error("no api key {id} for this tenant")]
     NotFound { id: KeyId },
+    #[error(
+        "api key {id} is this tenant's last active key: revoking it would lock the tenant out; \
+         create another key first (`brig keys create`), then revoke this one"
+    )]
+    LastKey { id: KeyId },
+    #[error(
+        "invalid key name {name:?}: use at most {MAX_NAME_CHARS} characters and no control characters"
+    )]
+    BadName { name: String },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -105,24 +124,64 @@ impl Store {
     /// Create a key for `tenant`. The plaintext is returned once and never
     /// again: only its hash is stored.
     pub fn create_key(&self, tenant: &TenantId) -> Result<(KeyId, String), StoreError> {
+        let (info, plaintext) = self.insert_key(tenant, None)?;
+        Ok((info.id, plaintext))
+    }
+
+    /// Create a key for `tenant` with an optional name (checked: at most
+    /// [`MAX_NAME_CHARS`] characters, no control characters; an empty name
+    /// is no name). Returns what listing will show and, this once, the
+    /// plaintext.
+    pub fn create_named_key(
+        &self,
+        tenant: &TenantId,
+        name: Option<&str>,
+    ) -> Result<(KeyInfo, String), KeyError> {
+        let name = name.filter(|n| !n.is_empty());
+        if let Some(n) = name {
+            if n.chars().count() > MAX_NAME_CHARS || n.chars().any(char::is_control) {
+                return Err(KeyError::BadName {
+                    name: n.to_string(),
+                });
+            }
+        }
+        Ok(self.insert_key(tenant, name)?)
+    }
+
+    fn insert_key(
+        &self,
+        tenant: &TenantId,
+        name: Option<&str>,
+    ) -> Result<(KeyInfo, String), StoreError> {
         let id = KeyId(random_hex_id());
         let secret = random_secret();
         let plaintext = format!("{KEY_PREFIX}{id}_{secret}");
         let prefix = format!("{KEY_PREFIX}{id}_{}", &secret[..SECRET_SHOWN]);
+        let now = self.now();
         self.conn
             .execute(
-                "INSERT INTO api_keys (id, tenant_id, key_hash, prefix, created_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5)",
+                "INSERT INTO api_keys (id, tenant_id, key_hash, prefix, name, created_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
                 (
                     &id.0,
                     tenant.as_str(),
                     hash_secret(&secret).as_slice(),
                     &prefix,
-                    self.now(),
+                    name,
+                    now,
                 ),
             )
             .map_err(StoreError::query("create api key"))?;
-        Ok((id, plaintext))
+        let info = KeyInfo {
+            id,
+            tenant: tenant.clone(),
+            prefix,
+            name: name.map(str::to_string),
+            created_at: now,
+            last_used_at: None,
+            revoked_at: None,
+        };
+        Ok((info, plaintext))
     }
 
     /// A tenant's keys, oldest first, revoked ones included.
@@ -131,8 +190,8 @@ impl Store {
         let mut stmt = self
             .conn
             .prepare_cached(
-                "SELECT id, tenant_id, prefix, created_at, revoked_at FROM api_keys
-                 WHERE tenant_id = ?1 ORDER BY created_at, id",
+                "SELECT id, tenant_id, prefix, name, created_at, last_used_at, revoked_at
+                 FROM api_keys WHERE tenant_id = ?1 ORDER BY created_at, id",
             )
             .map_err(StoreError::query(op))?;
         let rows = stmt
@@ -141,8 +200,10 @@ impl Store {
                     id: KeyId(r.get(0)?),
                     tenant: TenantId(r.get(1)?),
                     prefix: r.get(2)?,
-                    created_at: r.get(3)?,
-                    revoked_at: r.get(4)?,
+                    name: r.get(3)?,
+                    created_at: r.get(4)?,
+                    last_used_at: r.get(5)?,
+                    revoked_at: r.get(6)?,
                 })
             })
             .map_err(StoreError::query(op))?;
@@ -167,19 +228,60 @@ impl Store {
         Ok(())
     }
 
-    /// Check a presented key and say which tenant it belongs to.
+    /// Revoke one of `tenant`'s active keys, unless it is the tenant's last
+    /// active one ([`KeyError::LastKey`]): a tenant with no key could never
+    /// make another. What the API's `DELETE /v1/keys/{id}` does.
+    ///
+    /// A key that is already revoked, another tenant's key and a missing one
+    /// are all [`KeyError::NotFound`]. The count and the revocation run in
+    /// one IMMEDIATE transaction, so two concurrent revocations of a
+    /// tenant's last two keys cannot both succeed.
+    pub fn revoke_key_unless_last(&self, tenant: &TenantId, id: &KeyId) -> Result<(), KeyError> {
+        self.immediate("revoke api key", |s| {
+            let active: Vec<String> = {
+                let mut stmt = s
+                    .conn
+                    .prepare_cached(
+                        "SELECT id FROM api_keys WHERE tenant_id = ?1 AND revoked_at IS NULL",
+                    )
+                    .map_err(StoreError::query("list active api keys"))?;
+                let rows = stmt
+                    .query_map([tenant.as_str()], |r| r.get(0))
+                    .map_err(StoreError::query("list active api keys"))?;
+                rows.collect::<Result<_, _>>()
+                    .map_err(StoreError::query("list active api keys"))?
+            };
+            if !active.iter().any(|k| k == id.as_str()) {
+                return Err(KeyError::NotFound { id: id.clone() });
+            }
+            if active.len() == 1 {
+                return Err(KeyError::LastKey { id: id.clone() });
+            }
+            s.conn
+                .execute(
+                    "UPDATE api_keys SET revoked_at = ?2 WHERE id = ?1",
+                    (id.as_str(), s.now()),
+                )
+                .map_err(StoreError::query("revoke api key"))?;
+            Ok(())
+        })
+    }
+
+    /// Check a presented key and say which tenant it belongs to. Records
+    /// when the key was last used, at most once a minute.
     pub fn authenticate(&self, plaintext: &str) -> Result<TenantId, AuthError> {
         let (id, secret) = parse_key(plaintext)?;
-        let row: Option<(String, Vec<u8>, Option<UnixMillis>)> = self
+        type Row = (String, Vec<u8>, Option<UnixMillis>, Option<UnixMillis>);
+        let row: Option<Row> = self
             .conn
             .query_row(
-                "SELECT tenant_id, key_hash, revoked_at FROM api_keys WHERE id = ?1",
+                "SELECT tenant_id, key_hash, revoked_at, last_used_at FROM api_keys WHERE id = ?1",
                 [id],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
             )
             .optional()
             .map_err(StoreError::query("look up api key"))?;
-        let Some((tenant, stored, revoked_at)) = row else {
+        let Some((tenant, stored, revoked_at, last_used_at)) = row else {
             return Err(AuthError::Unknown { id: id.to_string() });
         };
         if !constant_time_eq(&hash_secret(secret), &stored) {
@@ -190,6 +292,15 @@ impl Store {
         // (and only in the logs).
         if revoked_at.is_some() {
             return Err(AuthError::Revoked { id: id.to_string() });
+        }
+        let now = self.now();
+        if last_used_at.is_none_or(|t| now - t >= LAST_USED_GRANULARITY_MS) {
+            self.conn
+                .execute(
+                    "UPDATE api_keys SET last_used_at = ?2 WHERE id = ?1",
+                    (id, now),
+                )
+                .map_err(StoreError::query("record api key use"))?;
         }
         Ok(TenantId(tenant))
     }

@@ -17,6 +17,8 @@
 //! - [`manager`]: [`SandboxManager`], the live sandboxes (each one running
 //!   `brig-agent`), their spawner thread, supervisors and expiry sweeper;
 //!   usable without HTTP.
+//!   Pause, resume and per-sandbox metrics are in `lifecycle.rs`.
+//! - [`metrics`]: the daemon's Prometheus metrics (`GET /metrics`).
 //! - [`http`]: the native API, [`http::app`] builds the axum router.
 //!
 //! See `docs/state.md` for the schema and `docs/server.md` for the daemon.
@@ -24,13 +26,18 @@
 
 pub mod http;
 pub mod keys;
+mod lifecycle;
 pub mod manager;
+pub mod metrics;
+pub mod pool;
 pub mod sandboxes;
 pub mod store;
 pub mod tenants;
 
 pub use keys::{AuthError, KeyError, KeyId, KeyInfo};
+pub use lifecycle::{LiveCounts, SandboxMetrics};
 pub use manager::{CreateConfig, ManagerConfig, ManagerError, SandboxManager};
+pub use pool::PoolTarget;
 pub use sandboxes::{
     Cursor, ListFilter, NewSandbox, Page, SandboxError, SandboxRecord, SandboxState, Scope,
 };

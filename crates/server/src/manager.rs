@@ -30,7 +30,7 @@ use std::fs::File;
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
@@ -39,8 +39,12 @@ use brig_agent_client::{Call, ClientError, Connection, ExecRequest, FileReader, 
 use brig_core::{EnvVar, Limits, SandboxId, SandboxSpec, SpecError, TemplateRef};
 use brig_jail::{Extras, JailError, Sandbox, SpawnOptions};
 
+use crate::pool::{Pool, PoolTarget, Warm};
 use crate::sandboxes::{Cursor, ListFilter, NewSandbox, Page, SandboxError, SandboxState, Scope};
 use crate::{AuthError, SandboxRecord, Store, StoreError, TenantId};
+
+/// Pre-made sandboxes kept for the `host` template unless configured.
+pub const DEFAULT_POOL: usize = 4;
 
 /// A sandbox's time to live when the create request names none.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5 * 60);
@@ -49,6 +53,20 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5 * 60);
 pub const DEFAULT_MAX_TIMEOUT: Duration = Duration::from_secs(24 * 60 * 60);
 /// How long `delete` and `shutdown` wait for one sandbox's teardown.
 const TEARDOWN_WAIT: Duration = Duration::from_secs(30);
+
+/// A supervisor only waits, kills and cleans up: a small stack keeps a
+/// thousand of them cheap.
+const SUPERVISOR_STACK: usize = 128 * 1024;
+
+/// The sandbox every agent runs in: the agent as its command, no time
+/// limit of its own (the manager ends it).
+fn agent_spec(template: TemplateRef, limits: Limits) -> SandboxSpec {
+    let mut spec = SandboxSpec::new(vec!["brig-agent".into(), "--stdio".into()]);
+    spec.template = template;
+    spec.limits = limits;
+    spec.limits.timeout = None;
+    spec
+}
 
 /// The environment variable that overrides where the agent binary is.
 pub const AGENT_ENV: &str = "BRIG_AGENT";
@@ -63,6 +81,12 @@ pub struct ManagerConfig {
     pub max_timeout: Duration,
     /// How often the sweeper looks for expired sandboxes and dead agents.
     pub sweep_interval: Duration,
+    /// Pre-made sandboxes to keep ready, per template (see `pool.rs`).
+    pub pool: Vec<PoolTarget>,
+    /// The directories whose subdirectories a client may name as a
+    /// `dir:` template. Any other path is refused: a key holder must not be
+    /// able to mount an arbitrary host directory (`dir:/`) into a sandbox.
+    pub template_roots: Vec<PathBuf>,
 }
 
 impl ManagerConfig {
@@ -72,6 +96,11 @@ impl ManagerConfig {
             default_timeout: DEFAULT_TIMEOUT,
             max_timeout: DEFAULT_MAX_TIMEOUT,
             sweep_interval: Duration::from_secs(1),
+            pool: vec![PoolTarget {
+                template: TemplateRef::Host,
+                size: DEFAULT_POOL,
+            }],
+            template_roots: Vec::new(),
         }
     }
 }
@@ -160,6 +189,25 @@ pub enum ManagerError {
     },
     #[error("the daemon is shutting down")]
     ShuttingDown,
+    #[error(
+        "template {template} is not allowed on this daemon: a dir: template must be a \
+         directory inside one of [{roots}] (start brig serve with --template-root DIR to allow \
+         another)"
+    )]
+    TemplateNotAllowed { template: String, roots: String },
+    #[error("sandbox {id} is paused; resume it first (POST /v1/sandboxes/{id}/resume)")]
+    Paused { id: SandboxId },
+    #[error("sandbox {id} is already paused; resume it with POST /v1/sandboxes/{id}/resume")]
+    AlreadyPaused { id: SandboxId },
+    #[error("sandbox {id} is {state}, not paused; only a paused sandbox can be resumed")]
+    NotPaused { id: SandboxId, state: SandboxState },
+    #[error("sandbox {id}: cannot {op}")]
+    Cgroup {
+        id: SandboxId,
+        op: &'static str,
+        #[source]
+        source: brig_jail::cgroup::CgroupError,
+    },
     #[error("the spawner thread is gone")]
     SpawnerGone,
 }
@@ -173,10 +221,18 @@ struct Ending {
 }
 
 /// A sandbox this daemon started and that has not ended yet.
-struct Live {
-    tenant: TenantId,
-    conn: Arc<Connection>,
+pub(crate) struct Live {
+    pub(crate) tenant: TenantId,
+    pub(crate) conn: Arc<Connection>,
     end: Mutex<mpsc::Sender<Ending>>,
+    /// Create-time environment variables, given to every process it
+    /// starts (under the request's own).
+    env: BTreeMap<String, String>,
+    /// Its cgroups (freeze, thaw, statistics), usable while the supervisor
+    /// owns the [`Sandbox`].
+    pub(crate) controls: brig_jail::CgroupControls,
+    /// Paused or not, and the last metrics sample (see `lifecycle.rs`).
+    pub(crate) lifecycle: Mutex<crate::lifecycle::Lifecycle>,
 }
 
 type LiveMap = Arc<Mutex<HashMap<SandboxId, Arc<Live>>>>;
@@ -194,10 +250,14 @@ pub struct SandboxManager {
     store: Mutex<Store>,
     /// Shared with the supervisors, which remove their own entry once the
     /// end is recorded.
-    live: LiveMap,
+    pub(crate) live: LiveMap,
     spawner: Mutex<Option<mpsc::Sender<SpawnJob>>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     closing: AtomicBool,
+    /// Pre-made sandboxes, filled by the `brig-pool` thread.
+    pool: Arc<Pool>,
+    /// Creates waiting on a spawn of their own (the pool was empty).
+    waiting: AtomicUsize,
     /// Dropped by `shutdown` to wake the sweeper at once.
     sweeper_stop: Mutex<Option<mpsc::Sender<()>>>,
 }
@@ -218,8 +278,17 @@ impl SandboxManager {
     /// every record still live is marked dead, and
     /// [`SpawnOptions::prepare`] removes their leftover cgroups.
     pub fn start(store: Store, config: ManagerConfig) -> Result<Arc<SandboxManager>, ManagerError> {
-        let opts = SpawnOptions::prepare().map_err(ManagerError::Spawn)?;
+        let mut opts = SpawnOptions::prepare().map_err(ManagerError::Spawn)?;
+        // Every daemon sandbox can be paused and reports its CPU use.
+        opts.pausable = true;
         store.reconcile(|_, _| false)?;
+        let pool_targets = config.pool.clone();
+        // Every sandbox holds a handful of descriptors here (pidfd, agent
+        // socket, slot and liveness locks, OOM eventfd): a thousand need
+        // more than the usual soft limit of 1024.
+        if let Err(e) = brig_jail::raise_fd_limit() {
+            tracing::warn!("cannot raise the open-file limit: {e}");
+        }
 
         let (spawn_tx, spawn_rx) = mpsc::channel::<SpawnJob>();
         let spawner = thread::Builder::new()
@@ -246,6 +315,8 @@ impl SandboxManager {
             threads: Mutex::new(vec![spawner]),
             closing: AtomicBool::new(false),
             sweeper_stop: Mutex::new(Some(stop_tx)),
+            pool: Arc::new(Pool::new(pool_targets)),
+            waiting: AtomicUsize::new(0),
         });
         // The sweeper holds only a weak reference, so dropping the manager
         // without `shutdown` still lets it go.
@@ -266,6 +337,27 @@ impl SandboxManager {
                 source,
             })?;
         lock(&manager.threads).push(sweeper);
+
+        // The filler, like the sweeper, holds the manager weakly; it waits
+        // on the pool itself, which it holds strongly.
+        let weak = Arc::downgrade(&manager);
+        let pool = Arc::clone(&manager.pool);
+        let filler = thread::Builder::new()
+            .name("brig-pool".into())
+            .spawn(move || loop {
+                let pause = match weak.upgrade() {
+                    Some(m) if !m.closing.load(Ordering::SeqCst) => m.fill_once(),
+                    _ => return,
+                };
+                if let Some(pause) = pause {
+                    pool.wait(pause);
+                }
+            })
+            .map_err(|source| ManagerError::Io {
+                op: "start the pool filler thread",
+                source,
+            })?;
+        lock(&manager.threads).push(filler);
         Ok(manager)
     }
 
@@ -294,13 +386,88 @@ impl SandboxManager {
             return Err(ManagerError::ShuttingDown);
         }
         let timeout = self.cap_timeout(req.timeout.unwrap_or(self.config.default_timeout))?;
-        let mut spec = SandboxSpec::new(vec!["brig-agent".into(), "--stdio".into()]);
-        spec.template = req.template;
-        spec.limits = req.limits;
-        spec.limits.timeout = None;
+        // The record keeps what was asked for. The agent itself runs with
+        // the template's environment: create-time variables are given to
+        // each process it starts (see `exec`), so a pre-made sandbox and a
+        // new one behave alike.
+        let template = self.allowed_template(req.template)?;
+        let mut spec = agent_spec(template, req.limits);
         spec.env = req.env;
         spec.validate()?;
 
+        let warm = match self.claim(&spec)? {
+            Some(warm) => warm,
+            None => {
+                let mut fresh = spec.clone();
+                fresh.env.clear();
+                // The filler steps aside while a client waits on a spawn.
+                self.waiting.fetch_add(1, Ordering::SeqCst);
+                let made = self.spawn_agent(&fresh);
+                self.waiting.fetch_sub(1, Ordering::SeqCst);
+                made?
+            }
+        };
+        self.adopt(tenant, warm, &spec, req.labels, timeout)
+    }
+
+    /// `template` if this daemon lets clients use it: `host` always, a
+    /// `dir:` template only inside one of [`ManagerConfig::template_roots`]
+    /// (after resolving symlinks and `..`; the resolved path is what is
+    /// used).
+    fn allowed_template(&self, template: TemplateRef) -> Result<TemplateRef, ManagerError> {
+        let TemplateRef::Dir(path) = &template else {
+            return Ok(template);
+        };
+        let real = path.canonicalize().map_err(|e| ManagerError::BadRequest {
+            reason: format!("template {template}: {e}"),
+        })?;
+        let inside = self.config.template_roots.iter().any(|root| {
+            root.canonicalize()
+                .is_ok_and(|root| real.starts_with(&root) && real != root)
+        });
+        if !inside {
+            return Err(ManagerError::TemplateNotAllowed {
+                template: template.to_string(),
+                roots: self
+                    .config
+                    .template_roots
+                    .iter()
+                    .map(|r| r.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            });
+        }
+        Ok(TemplateRef::Dir(real))
+    }
+
+    /// A pre-made sandbox that can serve `spec`, with `spec`'s limits
+    /// written to its cgroups; `None` when there is none.
+    fn claim(&self, spec: &SandboxSpec) -> Result<Option<Warm>, ManagerError> {
+        if !self.pool.serves(&spec.template, &spec.limits) {
+            return Ok(None);
+        }
+        let Some(warm) = self.pool.take(&spec.template) else {
+            return Ok(None);
+        };
+        let made = Pool::limits();
+        if spec.limits.memory != made.memory || spec.limits.pids != made.pids {
+            if let Some(controls) = warm.sandbox.controls() {
+                controls
+                    .set_limits(&spec.limits)
+                    .map_err(|source| ManagerError::Cgroup {
+                        id: warm.sandbox.id().clone(),
+                        op: "set the limits of a pre-made sandbox",
+                        source,
+                    })?;
+            }
+        }
+        Ok(Some(warm))
+    }
+
+    /// Start the agent in a new sandbox (on the spawner thread) and wait
+    /// for its handshake. Nothing is recorded: an error drops the sandbox,
+    /// which kills and reaps it.
+    fn spawn_agent(&self, spec: &SandboxSpec) -> Result<Warm, ManagerError> {
         let program = File::open(&self.config.agent).map_err(|source| {
             if source.kind() == std::io::ErrorKind::NotFound {
                 ManagerError::NoAgent {
@@ -323,6 +490,9 @@ impl SandboxManager {
             extras: Extras {
                 program: Some(OwnedFd::from(program)),
                 stdio: Some(OwnedFd::from(theirs)),
+                // The agent reaps orphans itself; as pid 1 it leaves no
+                // copy of the daemon's memory in the sandbox.
+                as_init: true,
             },
             reply: reply_tx,
         };
@@ -335,35 +505,50 @@ impl SandboxManager {
             .recv()
             .map_err(|_| ManagerError::SpawnerGone)?
             .map_err(ManagerError::Spawn)?;
+        let conn = Connection::new(ours).map_err(|source| ManagerError::Handshake {
+            id: sandbox.id().clone(),
+            source,
+        })?;
+        Ok(Warm { sandbox, conn })
+    }
+
+    /// Make a running sandbox `tenant`'s: its record, its place among the
+    /// live ones, its supervisor.
+    fn adopt(
+        &self,
+        tenant: &TenantId,
+        warm: Warm,
+        spec: &SandboxSpec,
+        labels: BTreeMap<String, String>,
+        timeout: Duration,
+    ) -> Result<SandboxRecord, ManagerError> {
+        let Warm { sandbox, conn } = warm;
         let id = sandbox.id().clone();
+        let Some(controls) = sandbox.controls() else {
+            return Err(ManagerError::Io {
+                op: "find the new sandbox's cgroups",
+                source: std::io::Error::other("the sandbox has no cgroups"),
+            });
+        };
 
         // From here on, an error return drops `sandbox`, which kills and
-        // reaps it; its record is then marked dead.
-        let spec_json = serde_json::to_value(&spec).unwrap_or(serde_json::Value::Null);
+        // reaps it; a record already written is then marked dead.
+        let spec_json = serde_json::to_value(spec).unwrap_or(serde_json::Value::Null);
         self.store().insert_sandbox(&NewSandbox {
             id: id.clone(),
             tenant: tenant.clone(),
             template: spec.template.to_string(),
             isolation: "process".into(),
             spec: spec_json,
-            labels: req.labels,
+            labels,
             timeout,
         })?;
-        let started = Connection::new(ours)
-            .map_err(|source| ManagerError::Handshake {
-                id: id.clone(),
-                source,
-            })
-            .and_then(|conn| {
-                let record = self.store().set_running(&id, sandbox.pid() as u32)?;
-                Ok((conn, record))
-            });
-        let (conn, record) = match started {
-            Ok(v) => v,
+        let record = match self.store().set_running(&id, sandbox.pid() as u32) {
+            Ok(record) => record,
             Err(e) => {
                 drop(sandbox);
                 let _ = self.store().mark_dead(&id, None);
-                return Err(e);
+                return Err(e.into());
             }
         };
 
@@ -372,6 +557,13 @@ impl SandboxManager {
             tenant: tenant.clone(),
             conn: Arc::new(conn),
             end: Mutex::new(end_tx),
+            env: spec
+                .env
+                .iter()
+                .map(|e| (e.key.clone(), e.value.clone()))
+                .collect(),
+            controls,
+            lifecycle: Mutex::default(),
         });
         lock(&self.live).insert(id.clone(), live);
         let supervisor = {
@@ -380,6 +572,7 @@ impl SandboxManager {
             let live = Arc::clone(&self.live);
             thread::Builder::new()
                 .name(format!("brig-sb-{id}"))
+                .stack_size(SUPERVISOR_STACK)
                 .spawn(move || supervise(sandbox, end_rx, &store_path, &live))
         };
         if let Err(source) = supervisor {
@@ -392,6 +585,32 @@ impl SandboxManager {
             });
         }
         Ok(record)
+    }
+
+    /// One step of keeping the pool full: make a sandbox for the first
+    /// template short of its target. Returns how long to wait before the
+    /// next step (`None`: go on at once). Runs on the filler thread.
+    fn fill_once(&self) -> Option<Duration> {
+        if self.waiting.load(Ordering::SeqCst) > 0 {
+            return Some(Duration::from_millis(10));
+        }
+        let Some(template) = self.pool.short() else {
+            return Some(Duration::from_secs(1));
+        };
+        match self.spawn_agent(&agent_spec(template.clone(), Pool::limits())) {
+            Ok(warm) => {
+                self.pool.put(&template, warm);
+                None
+            }
+            // Shutting down: the filler stops at its next look at the flag.
+            Err(_) if self.closing.load(Ordering::SeqCst) => None,
+            Err(e) => {
+                // A template that cannot start must not spin: try again
+                // later, and say why.
+                tracing::warn!("pre-made sandbox pool for {template}: {e}");
+                Some(Duration::from_secs(5))
+            }
+        }
     }
 
     /// One of `tenant`'s sandboxes.
@@ -419,6 +638,10 @@ impl SandboxManager {
         timeout: Duration,
     ) -> Result<SandboxRecord, ManagerError> {
         let timeout = self.cap_timeout(timeout)?;
+        // A paused sandbox keeps the new time to live for its resume.
+        if let Some(record) = self.extend_paused(tenant, id, timeout)? {
+            return Ok(record);
+        }
         Ok(self
             .store()
             .extend_timeout(Scope::Tenant(tenant), id, timeout)?)
@@ -451,7 +674,19 @@ impl SandboxManager {
         req: &ExecRequest,
     ) -> Result<Process, ManagerError> {
         let conn = self.connection(tenant, id)?;
-        conn.exec(req).map_err(agent_err(id))
+        // The sandbox's create-time environment, under the request's own.
+        let env = self
+            .live_sandbox(id)
+            .map(|l| l.env.clone())
+            .unwrap_or_default();
+        if env.is_empty() {
+            return conn.exec(req).map_err(agent_err(id));
+        }
+        let mut req = req.clone();
+        for (k, v) in env {
+            req.env.entry(k).or_insert(v);
+        }
+        conn.exec(&req).map_err(agent_err(id))
     }
 
     /// Re-attach to a process the agent manages (a background one, running
@@ -508,6 +743,7 @@ impl SandboxManager {
     pub fn shutdown(&self) {
         self.closing.store(true, Ordering::SeqCst);
         lock(&self.sweeper_stop).take();
+        self.pool.wake();
         let live: Vec<Arc<Live>> = lock(&self.live).values().cloned().collect();
         let waits: Vec<_> = live
             .iter()
@@ -521,6 +757,18 @@ impl SandboxManager {
         for t in threads {
             let _ = t.join();
         }
+        // Dropping a pre-made sandbox kills it and waits for its teardown.
+        drop(self.pool.drain());
+    }
+
+    /// Pre-made sandboxes per template: (template, idle now, target).
+    pub fn pool_sizes(&self) -> Vec<(String, usize, usize)> {
+        self.pool.sizes()
+    }
+
+    /// Creates served from the pool since the start.
+    pub fn pool_claims(&self) -> u64 {
+        self.pool.served()
     }
 
     /// The number of sandboxes this daemon is running.
@@ -528,7 +776,7 @@ impl SandboxManager {
         lock(&self.live).len()
     }
 
-    fn cap_timeout(&self, timeout: Duration) -> Result<Duration, ManagerError> {
+    pub(crate) fn cap_timeout(&self, timeout: Duration) -> Result<Duration, ManagerError> {
         if timeout.is_zero() {
             return Err(ManagerError::BadRequest {
                 reason: "timeout must be positive, for example 30s or 10m".into(),
@@ -537,7 +785,7 @@ impl SandboxManager {
         Ok(timeout.min(self.config.max_timeout))
     }
 
-    fn live_sandbox(&self, id: &SandboxId) -> Option<Arc<Live>> {
+    pub(crate) fn live_sandbox(&self, id: &SandboxId) -> Option<Arc<Live>> {
         lock(&self.live).get(id).cloned()
     }
 
@@ -550,6 +798,10 @@ impl SandboxManager {
         id: &SandboxId,
     ) -> Result<Arc<Connection>, ManagerError> {
         match self.live_sandbox(id) {
+            // A frozen agent would never answer: say so instead of hanging.
+            Some(live) if &live.tenant == tenant && live.is_paused() => {
+                Err(ManagerError::Paused { id: id.clone() })
+            }
             Some(live) if &live.tenant == tenant => Ok(Arc::clone(&live.conn)),
             // Another tenant's is reported exactly like a missing one.
             Some(_) => Err(SandboxError::NotFound { id: id.clone() }.into()),
@@ -656,6 +908,6 @@ fn agent_err(id: &SandboxId) -> impl FnOnce(ClientError) -> ManagerError + '_ {
 
 /// Lock a mutex; a panic elsewhere while holding it does not make the
 /// daemon's state unusable (every critical section leaves it consistent).
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }

@@ -78,6 +78,12 @@ const MIGRATIONS: &[&str] = &[
     CREATE INDEX sandboxes_live ON sandboxes(state, expires_at)
         WHERE state IN ('creating', 'running', 'paused');
     ",
+    // 2: a name for each API key (optional, shown by `brig keys ls`) and
+    // when it was last used (updated at most once a minute per key).
+    "
+    ALTER TABLE api_keys ADD COLUMN name TEXT;
+    ALTER TABLE api_keys ADD COLUMN last_used_at INTEGER;
+    ",
 ];
 
 /// The schema version this code writes and understands.

@@ -329,6 +329,7 @@ async fn the_new_file_and_process_routes_need_a_valid_key() {
         (Method::POST, format!("{sb}/files/mkdir")),
         (Method::POST, format!("{sb}/files/rename")),
         (Method::POST, format!("{sb}/files/upload?dir=/tmp")),
+        (Method::GET, format!("{sb}/files/watch?path=/tmp")),
         (Method::GET, format!("{sb}/processes")),
         (Method::POST, format!("{sb}/processes")),
         (Method::POST, format!("{sb}/processes/1/signal")),
@@ -347,4 +348,227 @@ async fn the_new_file_and_process_routes_need_a_valid_key() {
             "{method} {uri}: {status} {body}"
         );
     }
+}
+
+/// An open `GET /files/watch` response, read line by line as it streams.
+struct WatchLines {
+    body: axum::body::Body,
+    buf: Vec<u8>,
+}
+
+impl WatchLines {
+    /// The next NDJSON line, failing the test after 10 s.
+    async fn next(&mut self) -> Value {
+        use http_body_util::BodyExt;
+        loop {
+            if let Some(i) = self.buf.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = self.buf.drain(..=i).collect();
+                return serde_json::from_slice(&line).expect("each line is JSON");
+            }
+            let frame = tokio::time::timeout(std::time::Duration::from_secs(10), self.body.frame())
+                .await
+                .expect("a watch line within 10s")
+                .expect("the watch stream went on")
+                .unwrap();
+            if let Ok(data) = frame.into_data() {
+                self.buf.extend_from_slice(&data);
+            }
+        }
+    }
+
+    /// (kind, name) of each event until `kind name` arrives.
+    async fn until(&mut self, kind: &str, name: &str) -> Vec<(String, String)> {
+        let mut seen = Vec::new();
+        loop {
+            let line = self.next().await;
+            assert_eq!(line["type"], "event", "{line} after {seen:?}");
+            let got = (
+                line["kind"].as_str().unwrap().to_string(),
+                line["name"].as_str().unwrap().to_string(),
+            );
+            let done = got.0 == kind && got.1 == name;
+            seen.push(got);
+            if done {
+                return seen;
+            }
+        }
+    }
+}
+
+/// Start a watch; fails the test unless the stream opens with `started`.
+async fn watch(f: &Fixture, id: &str, query: &str) -> WatchLines {
+    use tower::ServiceExt;
+    let req = axum::http::Request::builder()
+        .uri(format!("/v1/sandboxes/{id}/files/watch?{query}"))
+        .header("authorization", format!("Bearer {}", f.key))
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let resp = f.app.clone().oneshot(req).await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(resp.headers()["content-type"], "application/x-ndjson");
+    let mut lines = WatchLines {
+        body: resp.into_body(),
+        buf: Vec::new(),
+    };
+    assert_eq!(lines.next().await, json!({"type": "started"}));
+    lines
+}
+
+/// inotify watches held by processes in the sandbox (the agent's).
+async fn inotify_watches(f: &Fixture, id: &str) -> usize {
+    sh(
+        f,
+        id,
+        "cat /proc/[0-9]*/fdinfo/* 2>/dev/null | grep '^inotify wd' | wc -l",
+    )
+    .await
+    .trim()
+    .parse()
+    .unwrap()
+}
+
+fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
+    list.iter()
+        .map(|(k, n)| (k.to_string(), n.to_string()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn watch_streams_changes_in_order_until_the_client_leaves() {
+    if !root_or_skip() {
+        return;
+    }
+    let f = fixture(|_| {});
+    let id = create(&f, "{}").await;
+    let base = format!("/v1/sandboxes/{id}/files");
+    sh(&f, &id, "mkdir /tmp/w").await;
+    let mut lines = watch(&f, &id, "path=/tmp/w").await;
+
+    // Through exec, then through the file API.
+    sh(
+        &f,
+        &id,
+        "echo hi > /tmp/w/a && chmod 600 /tmp/w/a && mv /tmp/w/a /tmp/w/b && rm /tmp/w/b",
+    )
+    .await;
+    let seen = lines.until("remove", "b").await;
+    assert_eq!(
+        seen,
+        pairs(&[
+            ("create", "a"),
+            ("write", "a"),
+            ("chmod", "a"),
+            ("rename", "a"),
+            ("create", "b"),
+            ("remove", "b"),
+        ])
+    );
+    put(&f, &id, "/tmp/w/c", b"data").await;
+    let (status, body) = post(
+        &f,
+        &format!("{base}/rename"),
+        json!({"from": "/tmp/w/c", "to": "/tmp/w/d"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, body) = delete(&f, &format!("{base}?path=/tmp/w/d")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let first = lines.next().await;
+    assert_eq!(
+        first,
+        json!({"type": "event", "kind": "create", "name": "c", "file_type": "file"})
+    );
+    let seen = lines.until("remove", "d").await;
+    assert_eq!(
+        seen,
+        pairs(&[
+            ("write", "c"),
+            ("rename", "c"),
+            ("create", "d"),
+            ("remove", "d")
+        ])
+    );
+
+    // The agent holds the watch while the client is there, and lets go of
+    // it when the client disconnects (even with no change to report).
+    assert_eq!(inotify_watches(&f, &id).await, 1);
+    drop(lines);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while inotify_watches(&f, &id).await != 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the watch outlived its client"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn recursive_watch_sees_files_in_new_subdirectories() {
+    if !root_or_skip() {
+        return;
+    }
+    let f = fixture(|_| {});
+    let id = create(&f, "{}").await;
+    sh(&f, &id, "mkdir -p /tmp/r/old").await;
+    let mut lines = watch(&f, &id, "path=/tmp/r&recursive=true").await;
+
+    sh(&f, &id, "echo 1 > /tmp/r/old/x").await;
+    assert_eq!(
+        lines.until("write", "old/x").await,
+        pairs(&[("create", "old/x"), ("write", "old/x")])
+    );
+    // A new subdirectory, filled at once: what the watch could not see yet
+    // is reported from a listing.
+    sh(
+        &f,
+        &id,
+        "mkdir -p /tmp/r/sub/deep && echo 2 > /tmp/r/sub/deep/f",
+    )
+    .await;
+    let seen = lines.until("create", "sub/deep/f").await;
+    assert_eq!(seen[0], pairs(&[("create", "sub")])[0], "{seen:?}");
+    sh(&f, &id, "echo 3 > /tmp/r/sub/deep/g").await;
+    lines.until("create", "sub/deep/g").await;
+
+    // Removing the watched directory ends the stream with an error line.
+    sh(&f, &id, "rm -r /tmp/r").await;
+    loop {
+        let line = lines.next().await;
+        if line["type"] == "error" {
+            let msg = line["message"].as_str().unwrap();
+            assert!(
+                msg.contains("watch /tmp/r: the watched directory was removed"),
+                "{msg}"
+            );
+            break;
+        }
+        assert_eq!(line["type"], "event", "{line}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn watch_refuses_what_it_cannot_watch() {
+    if !root_or_skip() {
+        return;
+    }
+    let f = fixture(|_| {});
+    let id = create(&f, "{}").await;
+    sh(&f, &id, "touch /tmp/file").await;
+    let base = format!("/v1/sandboxes/{id}/files/watch");
+    let (status, body) = get(&f, &format!("{base}?path=tmp")).await;
+    assert_error(status, &body, StatusCode::BAD_REQUEST, "bad_request");
+    let (status, body) = get(&f, &format!("{base}?path=/tmp/nope")).await;
+    assert_error(status, &body, StatusCode::NOT_FOUND, "not_found");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("watch /tmp/nope: no such file or directory"),
+        "{body}"
+    );
+    let (status, body) = get(&f, &format!("{base}?path=/tmp/file")).await;
+    assert_error(status, &body, StatusCode::CONFLICT, "conflict");
+    let (status, body) = get(&f, &format!("{base}?path=/tmp&recursive=maybe")).await;
+    assert_error(status, &body, StatusCode::BAD_REQUEST, "bad_request");
 }

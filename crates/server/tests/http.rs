@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use axum::http::{Method, StatusCode};
 use base64::Engine;
 use serde_json::{json, Value};
-use support::{assert_error, call, create, fixture, output, raw, root_or_skip, Fixture};
+use support::{assert_error, call, create, fixture, output, raw, root_or_skip, sh, Fixture};
 
 /// Exec through the API; the NDJSON events, parsed.
 async fn exec(f: &Fixture, key: &str, id: &str, body: Value) -> (StatusCode, Vec<Value>) {
@@ -306,4 +306,126 @@ async fn an_expired_sandbox_is_killed_with_no_client_connected() {
     )
     .await;
     assert_eq!(sb["state"], "running", "the extended one lives on: {sb}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn dir_templates_are_allowed_only_under_a_template_root() {
+    if !root_or_skip() {
+        return;
+    }
+    let roots = tempfile::tempdir().unwrap();
+    let allowed = roots.path().join("t");
+    std::fs::create_dir_all(allowed.join("bin")).unwrap();
+    let f = fixture(|c| c.template_roots = vec![roots.path().to_path_buf()]);
+    // The host's root, a path that climbs out of the root, the root itself:
+    // each is refused with 403 and a message naming the fix.
+    for template in [
+        "dir:/".to_string(),
+        format!("dir:{}/t/../../..", roots.path().display()),
+        format!("dir:{}", roots.path().display()),
+    ] {
+        let body = json!({ "template": template }).to_string();
+        let (status, err) = call(
+            &f.app,
+            Method::POST,
+            "/v1/sandboxes",
+            Some(&f.key),
+            Some(&body),
+        )
+        .await;
+        assert_error(status, &err, StatusCode::FORBIDDEN, "forbidden");
+        assert!(
+            err["message"].as_str().unwrap().contains("--template-root"),
+            "{template}: {err}"
+        );
+    }
+    // A missing directory is the client's mistake, not a server error.
+    let body = json!({ "template": format!("dir:{}/nope", roots.path().display()) }).to_string();
+    let (status, err) = call(
+        &f.app,
+        Method::POST,
+        "/v1/sandboxes",
+        Some(&f.key),
+        Some(&body),
+    )
+    .await;
+    assert_error(status, &err, StatusCode::BAD_REQUEST, "bad_request");
+    // One inside a root gets past the check (this one is not a usable
+    // rootfs, so the jail refuses it, again as the client's mistake).
+    let body = json!({ "template": format!("dir:{}", allowed.display()) }).to_string();
+    let (status, err) = call(
+        &f.app,
+        Method::POST,
+        "/v1/sandboxes",
+        Some(&f.key),
+        Some(&body),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{err}");
+    assert!(
+        !err["message"].as_str().unwrap().contains("--template-root"),
+        "{err}"
+    );
+    assert_eq!(f.manager.live_count(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sandboxes_from_the_pool_get_the_limits_and_env_asked_for() {
+    if !root_or_skip() {
+        return;
+    }
+    let f = fixture(|c| {
+        c.pool = vec![brig_server::PoolTarget {
+            template: brig_core::TemplateRef::Host,
+            size: 2,
+        }]
+    });
+    // Wait for the filler to make both.
+    for _ in 0..200 {
+        if f.manager.pool_sizes()[0].1 == 2 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    assert_eq!(f.manager.pool_sizes()[0].1, 2, "the pool filled up");
+    let id = create(
+        &f,
+        r#"{"memory": "64M", "pids": 40, "env": {"GREETING": "hi"}}"#,
+    )
+    .await;
+    assert_eq!(f.manager.pool_claims(), 1, "served from the pool");
+    assert_eq!(sh(&f, &id, "echo $GREETING").await, "hi\n");
+    // The limits asked for, on the pooled sandbox's live cgroups.
+    let (status, m) = call(
+        &f.app,
+        Method::GET,
+        &format!("/v1/sandboxes/{id}/metrics"),
+        Some(&f.key),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{m}");
+    assert_eq!(m["memory_limit_bytes"], 64u64 << 20, "{m}");
+    let pids_max = ["/sys/fs/cgroup/pids/brig", "/sys/fs/cgroup/brig"]
+        .iter()
+        .find_map(|d| std::fs::read_to_string(format!("{d}/{id}/pids.max")).ok())
+        .expect("the sandbox's pids cgroup");
+    assert_eq!(pids_max.trim(), "40");
+    // A request's own variable wins over the sandbox's.
+    let (_, events) = exec(
+        &f,
+        &f.key,
+        &id,
+        json!({"argv": ["sh", "-c", "echo $GREETING"], "env": {"GREETING": "yo"}}),
+    )
+    .await;
+    assert_eq!(output(&events, "stdout"), "yo\n");
+    // And the pool comes back to its size.
+    for _ in 0..200 {
+        if f.manager.pool_sizes()[0].1 == 2 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    assert_eq!(f.manager.pool_sizes()[0].1, 2, "the pool refilled");
 }

@@ -7,9 +7,15 @@ use serde_yaml::Value;
 const ROUTES: &[(&str, &[&str])] = &[
     ("/healthz", &["get"]),
     ("/v1/info", &["get"]),
+    ("/v1/keys", &["get", "post"]),
+    ("/v1/keys/{id}", &["delete"]),
     ("/v1/sandboxes", &["get", "post"]),
     ("/v1/sandboxes/{id}", &["get", "delete"]),
     ("/v1/sandboxes/{id}/timeout", &["post"]),
+    ("/v1/sandboxes/{id}/pause", &["post"]),
+    ("/v1/sandboxes/{id}/resume", &["post"]),
+    ("/v1/sandboxes/{id}/metrics", &["get"]),
+    ("/metrics", &["get"]),
     ("/v1/sandboxes/{id}/exec", &["post"]),
     ("/v1/sandboxes/{id}/files", &["get", "put", "delete"]),
     ("/v1/sandboxes/{id}/files/list", &["get"]),
@@ -17,10 +23,12 @@ const ROUTES: &[(&str, &[&str])] = &[
     ("/v1/sandboxes/{id}/files/mkdir", &["post"]),
     ("/v1/sandboxes/{id}/files/rename", &["post"]),
     ("/v1/sandboxes/{id}/files/upload", &["post"]),
+    ("/v1/sandboxes/{id}/files/watch", &["get"]),
     ("/v1/sandboxes/{id}/processes", &["get", "post"]),
     ("/v1/sandboxes/{id}/processes/{pid}/signal", &["post"]),
     ("/v1/sandboxes/{id}/processes/{pid}/output", &["get"]),
     ("/v1/sandboxes/{id}/processes/{pid}/stdin", &["post"]),
+    ("/v1/sandboxes/{id}/pty", &["get"]),
 ];
 
 #[test]

@@ -3,6 +3,7 @@
 //! local daemon wrote to `$BRIG_HOME/local.key`), and turning an error
 //! answer (`{"code","message"}`) into an error carrying its message.
 
+use std::net::TcpStream;
 use std::path::PathBuf;
 
 use anyhow::Context;
@@ -83,6 +84,24 @@ impl Client {
             Some(b) => req.send_json(b),
             None => req.call(),
         };
+        self.answer(result)
+    }
+
+    /// Send `body` as it is read (chunked, never held whole), with the
+    /// same error handling as [`Client::send`].
+    pub fn send_reader(
+        &self,
+        req: ureq::Request,
+        body: impl std::io::Read,
+    ) -> anyhow::Result<ureq::Response> {
+        self.answer(req.send(body))
+    }
+
+    /// A 2xx answer, or the daemon's error (or the transport's) as an error.
+    fn answer(
+        &self,
+        result: Result<ureq::Response, ureq::Error>,
+    ) -> anyhow::Result<ureq::Response> {
         match result {
             Ok(resp) => Ok(resp),
             Err(ureq::Error::Status(status, resp)) => {
@@ -117,6 +136,55 @@ impl Client {
     }
 }
 
+/// The daemon's WebSocket endpoints (`GET /v1/sandboxes/{id}/pty`).
+pub type WebSocket = tungstenite::WebSocket<tungstenite::stream::MaybeTlsStream<TcpStream>>;
+
+impl Client {
+    /// Open a WebSocket to `path` on the daemon, with the key in the
+    /// `Authorization` header. An error answer to the upgrade (401, 404,
+    /// 409) becomes a [`RemoteError`], like any other.
+    pub fn websocket(&self, path: &str) -> anyhow::Result<WebSocket> {
+        use tungstenite::client::IntoClientRequest;
+        let url = match self.base.split_once("://") {
+            Some(("http", rest)) => format!("ws://{rest}{path}"),
+            Some(("https", rest)) => format!("wss://{rest}{path}"),
+            _ => anyhow::bail!(
+                "BRIG_URL {} is not an http:// URL, e.g. http://127.0.0.1:7777",
+                self.base
+            ),
+        };
+        let mut req = url
+            .as_str()
+            .into_client_request()
+            .with_context(|| format!("invalid daemon URL {url}"))?;
+        req.headers_mut().insert(
+            "authorization",
+            format!("Bearer {}", self.key)
+                .parse()
+                .context("the api key is not a valid header value")?,
+        );
+        match tungstenite::connect(req) {
+            Ok((ws, _)) => Ok(ws),
+            Err(tungstenite::Error::Http(resp)) => {
+                let body: serde_json::Value = resp
+                    .body()
+                    .as_deref()
+                    .and_then(|b| serde_json::from_slice(b).ok())
+                    .unwrap_or_default();
+                let text = |k: &str| body[k].as_str().unwrap_or("").to_string();
+                Err(RemoteError {
+                    status: resp.status().as_u16(),
+                    code: text("code"),
+                    message: text("message"),
+                }
+                .into())
+            }
+            Err(e) => Err(anyhow::Error::new(e)
+                .context(format!("cannot reach the brig daemon at {}", self.base))),
+        }
+    }
+}
+
 /// `KEY=VALUE` pairs from repeated flags.
 pub fn pairs(
     flag: &str,
@@ -130,4 +198,63 @@ pub fn pairs(
         map.insert(k.to_string(), v.into());
     }
     Ok(map)
+}
+
+/// A sandbox id from the command line, checked before it goes into a URL
+/// (where a `/` or `?` would address something else).
+pub fn sandbox_id(id: &str) -> anyhow::Result<&str> {
+    match brig_core::SandboxId::parse(id) {
+        Some(_) => Ok(id),
+        None => {
+            anyhow::bail!("invalid sandbox id {id:?}: ids are 12 hex digits, as `brig ls` shows")
+        }
+    }
+}
+
+/// Milliseconds since the Unix epoch (the daemon's timestamps).
+pub fn now_millis() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// A span of milliseconds the way people read it: `45s`, `3m20s`, `2h5m`,
+/// `3d4h` (two units at most).
+pub fn span(ms: i64) -> String {
+    let s = ms.max(0) / 1000;
+    match (s / 86_400, s % 86_400 / 3600, s % 3600 / 60, s % 60) {
+        (0, 0, 0, s) => format!("{s}s"),
+        (0, 0, m, s) => format!("{m}m{s}s"),
+        (0, h, m, _) => format!("{h}h{m}m"),
+        (d, h, _, _) => format!("{d}d{h}h"),
+    }
+}
+
+/// `3m20s ago` for a timestamp in milliseconds since the epoch.
+pub fn ago(at: i64) -> String {
+    format!("{} ago", span(now_millis() - at))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spans_read_like_durations() {
+        assert_eq!(span(0), "0s");
+        assert_eq!(span(-5), "0s");
+        assert_eq!(span(45_999), "45s");
+        assert_eq!(span(200_000), "3m20s");
+        assert_eq!(span(2 * 3_600_000 + 5 * 60_000 + 7_000), "2h5m");
+        assert_eq!(span(3 * 86_400_000 + 4 * 3_600_000), "3d4h");
+    }
+
+    #[test]
+    fn only_sandbox_ids_go_into_urls() {
+        assert!(sandbox_id("0123456789ab").is_ok());
+        for bad in ["", "x", "../keys", "0123456789ab/files", "0123456789ab?x"] {
+            let err = sandbox_id(bad).unwrap_err().to_string();
+            assert!(err.contains("brig ls"), "{err}");
+        }
+    }
 }

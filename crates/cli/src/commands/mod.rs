@@ -5,11 +5,16 @@
 use clap::{Parser, Subcommand};
 
 pub mod client;
+pub mod cp;
 pub mod create;
 pub mod doctor;
 pub mod exec;
+pub mod inspect;
+pub mod keys;
 pub mod kill;
 pub mod ls;
+pub mod pause;
+pub mod resume;
 pub mod run;
 pub mod serve;
 
@@ -37,6 +42,16 @@ pub enum Command {
     Ls(ls::LsArgs),
     /// End a sandbox on the daemon.
     Kill(kill::KillArgs),
+    /// Show one sandbox on the daemon.
+    Inspect(inspect::InspectArgs),
+    /// Freeze every process of a sandbox on the daemon.
+    Pause(pause::PauseArgs),
+    /// Thaw a paused sandbox on the daemon.
+    Resume(resume::ResumeArgs),
+    /// Copy a file between this host and a sandbox (either side ID:/path).
+    Cp(cp::CpArgs),
+    /// Create, list and revoke API keys for the daemon.
+    Keys(keys::KeysArgs),
 }
 
 pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
@@ -48,5 +63,10 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Exec(args) => exec::run(args),
         Command::Ls(args) => ls::run(args),
         Command::Kill(args) => kill::run(args),
+        Command::Inspect(args) => inspect::run(args),
+        Command::Pause(args) => pause::run(args),
+        Command::Resume(args) => resume::run(args),
+        Command::Cp(args) => cp::run(args),
+        Command::Keys(args) => keys::run(args),
     }
 }

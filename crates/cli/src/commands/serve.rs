@@ -15,6 +15,7 @@ use anyhow::Context;
 use brig_core::parse_duration;
 use brig_server::http::{app, AppState};
 use brig_server::manager::{find_agent, ManagerConfig, DEFAULT_MAX_TIMEOUT};
+use brig_server::PoolTarget;
 use brig_server::{SandboxManager, Store};
 
 use super::client::{home_dir, LOCAL_KEY_FILE};
@@ -33,6 +34,21 @@ pub struct ServeArgs {
     /// The longest timeout a sandbox may be given.
     #[arg(long, value_name = "DURATION")]
     max_timeout: Option<String>,
+    /// Serve the Prometheus metrics at GET /metrics without an API key
+    /// (for a scraper on a trusted network).
+    #[arg(long)]
+    metrics_public: bool,
+    /// Keep N sandboxes of TEMPLATE made in advance, so creating one does
+    /// not wait for namespaces, mounts and cgroups (repeatable; `host=0`
+    /// turns the default off) [default: host=4].
+    #[arg(long = "pool", value_name = "TEMPLATE=N", value_parser = PoolTarget::parse)]
+    pool: Vec<PoolTarget>,
+    /// Let clients use the directories inside DIR as `dir:` templates
+    /// (repeatable; `$BRIG_HOME/templates` always is). Any other `dir:`
+    /// path is refused, so a key holder cannot mount an arbitrary host
+    /// directory into a sandbox.
+    #[arg(long = "template-root", value_name = "DIR")]
+    template_roots: Vec<PathBuf>,
 }
 
 /// What serving needs, checked before anything starts.
@@ -41,6 +57,7 @@ struct ServeConfig {
     listen: SocketAddr,
     home: PathBuf,
     manager: ManagerConfig,
+    metrics_public: bool,
 }
 
 impl ServeArgs {
@@ -51,10 +68,21 @@ impl ServeArgs {
             None => DEFAULT_MAX_TIMEOUT,
         };
         manager.default_timeout = manager.default_timeout.min(manager.max_timeout);
+        for target in self.pool {
+            // A later flag for the same template replaces an earlier one
+            // (and the default).
+            manager.pool.retain(|t| t.template != target.template);
+            manager.pool.push(target);
+        }
+        let home = self.home.unwrap_or_else(home_dir);
+        manager.template_roots = std::iter::once(home.join("templates"))
+            .chain(self.template_roots)
+            .collect();
         Ok(ServeConfig {
             listen: self.listen,
-            home: self.home.unwrap_or_else(home_dir),
+            home,
             manager,
+            metrics_public: self.metrics_public,
         })
     }
 }
@@ -79,7 +107,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<i32> {
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    let served = runtime.block_on(serve(config.listen, Arc::clone(&manager)));
+    let state = AppState::new(Arc::clone(&manager)).with_public_metrics(config.metrics_public);
+    let served = runtime.block_on(serve(config.listen, state));
     // Sandboxes end before the runtime goes: their teardown is blocking
     // work that must finish before brig exits.
     manager.shutdown();
@@ -88,7 +117,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-async fn serve(listen: SocketAddr, manager: Arc<SandboxManager>) -> anyhow::Result<()> {
+async fn serve(listen: SocketAddr, state: AppState) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
@@ -96,7 +125,13 @@ async fn serve(listen: SocketAddr, manager: Arc<SandboxManager>) -> anyhow::Resu
         .local_addr()
         .context("cannot read the listening address")?;
     eprintln!("brig: listening on http://{addr}");
-    axum::serve(listener, app(AppState::new(manager)))
+    // No Nagle: a streamed answer's last small line (`exited`) would wait
+    // for the client's delayed ACK, 40 ms, on every exec of a kept-alive
+    // connection.
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    axum::serve(listener, app(state))
         .with_graceful_shutdown(shutdown_signal())
         .await
         .context("the HTTP server failed")?;

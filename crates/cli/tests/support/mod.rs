@@ -156,3 +156,43 @@ pub fn host_mounts_matching(needle: &str) -> Vec<String> {
         .map(str::to_string)
         .collect()
 }
+
+/// The rest of a daemon's stderr after its "listening" line.
+pub type DaemonLog = std::io::Lines<std::io::BufReader<std::process::ChildStderr>>;
+
+/// `brig serve` on a free loopback port with `home` as its home, the agent
+/// cargo built next to brig, and the test rootfs's parent allowed as a
+/// `--template-root` (when BRIG_TEST_ROOTFS is set). Returns the daemon,
+/// its URL and the rest of its stderr, which the caller must keep reading
+/// (or drop to a thread that does) so the daemon never blocks on a full
+/// pipe.
+pub fn start_daemon(
+    home: &std::path::Path,
+    extra: &[&str],
+) -> (std::process::Child, String, DaemonLog) {
+    use std::io::BufRead;
+    use std::path::Path;
+    let mut cmd = Command::new(BRIG);
+    cmd.args(["serve", "--listen", "127.0.0.1:0"]).args(extra);
+    if let Some(parent) = rootfs().and_then(|r| r.parent().map(Path::to_path_buf)) {
+        cmd.arg("--template-root").arg(parent);
+    }
+    let mut child = cmd
+        .env("BRIG_HOME", home)
+        .env("BRIG_AGENT", Path::new(BRIG).with_file_name("brig-agent"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start brig serve");
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let url = loop {
+        let line = lines
+            .next()
+            .expect("brig serve exited before listening")
+            .unwrap();
+        if let Some(url) = line.strip_prefix("brig: listening on ") {
+            break url.to_string();
+        }
+    };
+    (child, url, lines)
+}

@@ -10,6 +10,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use brig_agent_client::{ClientError, ErrorCode};
+use brig_jail::JailError;
 
 use crate::manager::ManagerError;
 use crate::sandboxes::SandboxError;
@@ -68,8 +69,13 @@ fn chain(err: &(dyn std::error::Error + 'static)) -> String {
     let mut out = err.to_string();
     let mut next = err.source();
     while let Some(e) = next {
-        out.push_str(": ");
-        out.push_str(&e.to_string());
+        let message = e.to_string();
+        // Some errors show their source in their own message (`sandbox
+        // {id}: {source}`): it is not repeated.
+        if !out.ends_with(&message) {
+            out.push_str(": ");
+            out.push_str(&message);
+        }
         next = e.source();
     }
     out
@@ -94,6 +100,21 @@ impl From<ManagerError> for ApiError {
                 _ => ApiError::internal(&err),
             },
             ManagerError::Agent { source, .. } => agent_error(&err, source),
+            ManagerError::Paused { .. }
+            | ManagerError::AlreadyPaused { .. }
+            | ManagerError::NotPaused { .. } => {
+                ApiError::new(S::CONFLICT, "conflict", err.to_string())
+            }
+            ManagerError::Cgroup {
+                source: brig_jail::cgroup::CgroupError::NoGroup { .. },
+                ..
+            } => ApiError::new(S::NOT_IMPLEMENTED, "unsupported", chain(&err)),
+            ManagerError::TemplateNotAllowed { .. } => {
+                ApiError::new(S::FORBIDDEN, "forbidden", err.to_string())
+            }
+            ManagerError::Spawn(
+                JailError::Spec(_) | JailError::Template(_) | JailError::NoCpuController,
+            ) => ApiError::bad_request(chain(&err)),
             ManagerError::ShuttingDown => {
                 ApiError::new(S::SERVICE_UNAVAILABLE, "unavailable", err.to_string())
             }

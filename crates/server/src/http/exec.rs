@@ -23,6 +23,8 @@
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::{JsonRejection, PathRejection};
@@ -32,7 +34,7 @@ use axum::response::Response;
 use axum::Json;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
-use brig_agent_client::{ClientError, ExecRequest, Output, Process};
+use brig_agent_client::{Call, ClientError, ExecRequest, Output, Process};
 use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::mpsc;
@@ -51,6 +53,8 @@ pub struct ExecConfig {
     #[serde(default)]
     pub env: BTreeMap<String, String>,
     pub cwd: Option<String>,
+    /// A user from the sandbox's /etc/passwd (sets uid, gid and HOME).
+    pub user: Option<String>,
     /// Standard input, base64; stdin is closed after it (or at once).
     pub stdin: Option<String>,
 }
@@ -68,6 +72,7 @@ pub async fn exec(
             "argv must name a program, for example [\"sh\", \"-c\", \"echo hi\"]",
         ));
     }
+    no_nul(&config.argv, &config.env, config.cwd.as_deref())?;
     let stdin = config
         .stdin
         .as_deref()
@@ -78,16 +83,42 @@ pub async fn exec(
         argv: config.argv,
         env: config.env,
         cwd: config.cwd,
+        user: config.user,
         ..ExecRequest::default()
     };
     let manager = state.manager.clone();
-    let process = tokio::task::spawn_blocking(move || manager.exec(&tenant, &id, &req))
+    let (t, i) = (tenant.clone(), id.clone());
+    let process = tokio::task::spawn_blocking(move || manager.exec(&t, &i, &req))
         .await?
         .map_err(ApiError::command_start)?;
+    let pid = process.pid();
 
     let (tx, rx) = mpsc::channel::<Result<Bytes, Infallible>>(LINES_IN_FLIGHT);
+    let exited = Arc::new(AtomicBool::new(false));
+    let (client, pump_exited) = (tx.clone(), Arc::clone(&exited));
     // The pump blocks on the agent for as long as the process runs.
-    tokio::task::spawn_blocking(move || pump(process, stdin, tx));
+    let pumping = tokio::task::spawn_blocking(move || pump(process, stdin, tx, &pump_exited));
+    // The pump notices a departed client only when it has a line to send,
+    // so a process that prints nothing (`sleep`) would outlive its client.
+    // hyper drops the response body (the receiver) as soon as it reads EOF
+    // from the client; then this kills the process, unless it has exited.
+    // By pid: its stream cannot carry a signal once stdin is closed. The
+    // flag is set as soon as `exited` arrives; a pid reused in the moment
+    // between the agent reaping the process and that would take a full
+    // turn of the sandbox's pid space.
+    let manager = state.manager.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = client.closed() => {
+                if let Some(pid) = pid.filter(|_| !exited.load(Ordering::SeqCst)) {
+                    let kill = Call::Signal { pid, sig: libc::SIGKILL };
+                    let _ = tokio::task::spawn_blocking(move || manager.call(&tenant, &id, &kill))
+                        .await;
+                }
+            }
+            _ = pumping => {}
+        }
+    });
     let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
     Response::builder()
         .header(CONTENT_TYPE, "application/x-ndjson")
@@ -95,9 +126,38 @@ pub async fn exec(
         .map_err(|e| ApiError::internal(&e))
 }
 
+/// argv, env and cwd reach execve as C strings, which cannot hold a NUL
+/// byte: refuse one here (400) rather than let the spawn fail.
+pub(crate) fn no_nul(
+    argv: &[String],
+    env: &BTreeMap<String, String>,
+    cwd: Option<&str>,
+) -> Result<(), ApiError> {
+    let strings = argv
+        .iter()
+        .map(|a| ("argv", a))
+        .chain(env.iter().flat_map(|(k, v)| [("env", k), ("env", v)]));
+    for (field, s) in strings
+        .map(|(f, s)| (f, s.as_str()))
+        .chain(cwd.map(|c| ("cwd", c)))
+    {
+        if s.contains('\0') {
+            return Err(ApiError::bad_request(format!(
+                "{field} contains a NUL byte ({s:?}), which a process cannot be given"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Feed stdin, then turn each output item into one NDJSON line until the
 /// process exits or the client goes away.
-fn pump(mut process: Process, stdin: Option<Vec<u8>>, tx: mpsc::Sender<Result<Bytes, Infallible>>) {
+fn pump(
+    mut process: Process,
+    stdin: Option<Vec<u8>>,
+    tx: mpsc::Sender<Result<Bytes, Infallible>>,
+    exited: &AtomicBool,
+) {
     match stdin {
         // From its own thread: output is only credited back as it is read,
         // so writing a lot of stdin here could deadlock with an echoing
@@ -114,6 +174,9 @@ fn pump(mut process: Process, stdin: Option<Vec<u8>>, tx: mpsc::Sender<Result<By
         }
     }
     for item in &mut process {
+        if matches!(item, Ok(Output::Exited { .. }) | Err(_)) {
+            exited.store(true, Ordering::SeqCst);
+        }
         let line = event_line(item);
         if tx.blocking_send(Ok(line)).is_err() {
             // The client is gone; dropping `process` kills it.

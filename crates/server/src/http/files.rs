@@ -1,7 +1,9 @@
 //! `/v1/sandboxes/{id}/files...`: raw download (GET `?path=`), upload (PUT
 //! `?path=`) and multipart upload (`POST /files/upload?dir=`), all streamed:
 //! no direction holds a file in the daemon; and the one-shot calls `list`,
-//! `stat`, `mkdir`, `rename` and remove (`DELETE ?path=&recursive=`).
+//! `stat`, `mkdir`, `rename` and remove (`DELETE ?path=&recursive=`); and
+//! `GET /files/watch?path=&recursive=`, a directory's changes streamed as
+//! NDJSON (see [`watch`]).
 //!
 //! Every agent failure keeps the agent's message and gets its status from
 //! its code in `error.rs`: not found 404, already exists 409, invalid input
@@ -10,6 +12,7 @@
 //! Paths are resolved by the agent inside the sandbox's own mount
 //! namespace, so `..` or a symlink can only lead elsewhere in the sandbox.
 
+use std::convert::Infallible;
 use std::io::Read;
 
 use axum::body::{Body, Bytes};
@@ -19,7 +22,7 @@ use axum::extract::{Multipart, Path, Query, State};
 use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use axum::response::Response;
 use axum::Json;
-use brig_agent_client::{Call, Entry, Reply};
+use brig_agent_client::{Call, ClientError, Entry, Reply, WatchEvent, Watcher};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
@@ -27,6 +30,7 @@ use tokio_stream::StreamExt;
 use tokio_util::io::{StreamReader, SyncIoBridge};
 
 use super::{blocking, sandbox_id, ApiError, AppState, Auth};
+use crate::manager::ManagerError;
 
 /// Chunks in flight between the agent and the HTTP client.
 const CHUNKS_IN_FLIGHT: usize = 4;
@@ -379,4 +383,119 @@ pub async fn upload_multipart(
         written.push(json!({ "path": path, "size": size }));
     }
     Ok(Json(json!({ "files": written })))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WatchQuery {
+    /// The directory to watch.
+    pub path: String,
+    /// Also every directory below it, present and future.
+    #[serde(default)]
+    pub recursive: bool,
+}
+
+/// Lines in flight between the agent and the HTTP client. The agent's own
+/// bounded queue and the stream window are behind it: a client reading too
+/// slowly gets an `overflow` line, not a growing daemon.
+const WATCH_LINES_IN_FLIGHT: usize = 16;
+
+/// `GET /files/watch?path=&recursive=`: a directory's changes as NDJSON,
+/// one JSON document per line, as the exec stream:
+///
+/// ```text
+/// {"type":"started"}                                  (the watch is in place)
+/// {"type":"event","kind":"create","name":"sub/a.txt","file_type":"file"}
+/// {"type":"overflow"}                                 (changes were lost here)
+/// {"type":"error","message":"..."}                    (the watch ended abnormally)
+/// ```
+///
+/// `kind` is `create`, `write`, `remove`, `rename` (the old name; the new
+/// one follows as `create`) or `chmod`; `name` is relative to `path`;
+/// `file_type` is there when the agent knew it. The stream lasts until the
+/// client disconnects (which ends the watch in the agent), the watched
+/// directory goes away, or the sandbox ends. Errors before the first line
+/// (no such directory: 404, not a directory: 409) are ordinary API errors.
+pub async fn watch(
+    State(state): State<AppState>,
+    Auth(tenant): Auth,
+    id: Result<Path<String>, PathRejection>,
+    query: Result<Query<WatchQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let id = sandbox_id(&id?.0)?;
+    let q = query?.0;
+    let path = checked(q.path)?;
+    let manager = state.manager.clone();
+    let watcher = blocking(move || {
+        let conn = manager.connection(&tenant, &id)?;
+        conn.watch(&path, q.recursive)
+            .map_err(|source| ManagerError::Agent { id, source })
+    })
+    .await?;
+
+    let (tx, rx) = mpsc::channel::<Result<Bytes, Infallible>>(WATCH_LINES_IN_FLIGHT);
+    // The pump blocks on the agent between changes, possibly for hours, so
+    // it cannot notice on its own that the client left; this task does,
+    // and stops the watch, which ends the pump.
+    let stopper = watcher.stopper();
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+    let closer = tx.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = closer.closed() => {
+                let _ = tokio::task::spawn_blocking(move || stopper.stop()).await;
+            }
+            _ = done_rx => {}
+        }
+    });
+    tokio::task::spawn_blocking(move || {
+        watch_pump(watcher, &tx);
+        drop(done_tx);
+    });
+    Response::builder()
+        .header(CONTENT_TYPE, "application/x-ndjson")
+        .body(Body::from_stream(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        ))
+        .map_err(|e| ApiError::internal(&e))
+}
+
+/// `started`, then one line per watch event until the watch ends or the
+/// client goes away (dropping the watcher then ends the watch).
+fn watch_pump(watcher: Watcher, tx: &mpsc::Sender<Result<Bytes, Infallible>>) {
+    if tx
+        .blocking_send(Ok(line(json!({ "type": "started" }))))
+        .is_err()
+    {
+        return;
+    }
+    for item in watcher {
+        if tx.blocking_send(Ok(watch_line(item))).is_err() {
+            return;
+        }
+    }
+}
+
+fn watch_line(item: Result<WatchEvent, ClientError>) -> Bytes {
+    line(match item {
+        Ok(WatchEvent::Change {
+            kind,
+            name,
+            file_type,
+        }) => {
+            let mut v = json!({ "type": "event", "kind": kind, "name": name });
+            if let Some(t) = file_type {
+                v["file_type"] = json!(t);
+            }
+            v
+        }
+        Ok(WatchEvent::Overflow) => json!({ "type": "overflow" }),
+        Err(e) => json!({ "type": "error", "message": e.to_string() }),
+    })
+}
+
+fn line(v: Value) -> Bytes {
+    let mut s = v.to_string();
+    s.push('\n');
+    Bytes::from(s)
 }

@@ -31,5 +31,8 @@ pub async fn info(State(state): State<AppState>, _auth: Auth) -> Result<Json<Val
             "default_timeout_secs": config.default_timeout.as_secs(),
             "max_timeout_secs": config.max_timeout.as_secs(),
         },
+        "pool": state.manager.pool_sizes().into_iter().map(|(template, idle, target)| {
+            json!({ "template": template, "idle": idle, "target": target })
+        }).collect::<Vec<_>>(),
     })))
 }

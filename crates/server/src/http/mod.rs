@@ -3,24 +3,30 @@
 //! [`app`] builds the whole router from an [`AppState`]; tests drive it in
 //! process (`tower::ServiceExt::oneshot`), `brig serve` binds it to a
 //! socket. One file per resource: [`info`] (`/healthz`, `/v1/info`),
-//! [`sandboxes`] (create, list, get, delete, timeout), [`exec`] (one
+//! [`sandboxes`] (create, list, get, delete, timeout, pause, resume,
+//! metrics), [`exec`] (one
 //! foreground command, streamed as NDJSON), [`processes`] (background
-//! processes: start, list, signal, stdin, re-attach to their output) and
+//! processes: start, list, signal, stdin, re-attach to their output),
+//! [`pty`] (an interactive session over a WebSocket) and
 //! [`files`] (raw download and upload, multipart upload, list, stat, mkdir,
-//! rename, remove). Handlers are
+//! rename, remove) and [`keys`] (the tenant's API keys). Handlers are
 //! thin: decode the request into a config, make one call on the
 //! [`SandboxManager`], encode the answer. Every error goes through
 //! [`ApiError`] (`error.rs`).
 //!
 //! Authentication is the [`Auth`] extractor: every handler but `/healthz`
 //! takes it first, so a request without a valid key is answered 401 before
-//! its body is even looked at.
+//! its body is even looked at. `GET /metrics` (Prometheus, in
+//! [`crate::metrics`]) asks for a key too, unless the server was started
+//! with `--metrics-public`.
 
 pub mod error;
 pub mod exec;
 pub mod files;
 pub mod info;
+pub mod keys;
 pub mod processes;
+pub mod pty;
 pub mod sandboxes;
 
 use std::sync::{Arc, OnceLock};
@@ -43,6 +49,10 @@ pub struct AppState {
     pub manager: Arc<SandboxManager>,
     /// The host's tiers, probed once on first use of `/v1/info`.
     tiers: Arc<OnceLock<serde_json::Value>>,
+    /// Prometheus metrics (`GET /metrics`), kept by a middleware.
+    pub metrics: Arc<crate::metrics::Metrics>,
+    /// `GET /metrics` without an API key (`brig serve --metrics-public`).
+    pub metrics_public: bool,
 }
 
 impl AppState {
@@ -50,7 +60,15 @@ impl AppState {
         AppState {
             manager,
             tiers: Arc::new(OnceLock::new()),
+            metrics: Arc::new(crate::metrics::Metrics::new()),
+            metrics_public: false,
         }
+    }
+
+    /// Serve `GET /metrics` without an API key.
+    pub fn with_public_metrics(mut self, public: bool) -> AppState {
+        self.metrics_public = public;
+        self
     }
 }
 
@@ -59,6 +77,8 @@ pub fn app(state: AppState) -> Router {
     Router::new()
         .route("/healthz", get(info::healthz))
         .route("/v1/info", get(info::info))
+        .route("/v1/keys", post(keys::create).get(keys::list))
+        .route("/v1/keys/{id}", axum::routing::delete(keys::revoke))
         .route(
             "/v1/sandboxes",
             post(sandboxes::create).get(sandboxes::list),
@@ -68,6 +88,10 @@ pub fn app(state: AppState) -> Router {
             get(sandboxes::get).delete(sandboxes::delete),
         )
         .route("/v1/sandboxes/{id}/timeout", post(sandboxes::extend))
+        .route("/v1/sandboxes/{id}/pause", post(sandboxes::pause))
+        .route("/v1/sandboxes/{id}/resume", post(sandboxes::resume))
+        .route("/v1/sandboxes/{id}/metrics", get(sandboxes::metrics))
+        .route("/metrics", get(crate::metrics::serve))
         .route("/v1/sandboxes/{id}/exec", post(exec::exec))
         .route(
             "/v1/sandboxes/{id}/files",
@@ -85,7 +109,9 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/files/stat", get(files::stat))
         .route("/v1/sandboxes/{id}/files/mkdir", post(files::mkdir))
         .route("/v1/sandboxes/{id}/files/rename", post(files::rename))
+        .route("/v1/sandboxes/{id}/files/watch", get(files::watch))
         .merge(processes::routes())
+        .route("/v1/sandboxes/{id}/pty", get(pty::pty))
         .fallback(|| async { ApiError::not_found("no such endpoint; see api/openapi.yaml") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(
@@ -94,6 +120,10 @@ pub fn app(state: AppState) -> Router {
                 "this endpoint does not take that method; see api/openapi.yaml",
             )
         })
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::metrics::track,
+        ))
         .with_state(state)
 }
 
@@ -112,6 +142,14 @@ impl FromRequestParts<AppState> for Auth {
             .and_then(|v| v.strip_prefix("Bearer "))
             .map(|k| k.trim().to_string())
             .ok_or_else(ApiError::unauthorized)?;
+        Auth::with_key(state, key).await
+    }
+}
+
+impl Auth {
+    /// Check a key however it arrived (the PTY route also takes one from
+    /// `Sec-WebSocket-Protocol`, see `pty.rs`).
+    pub(crate) async fn with_key(state: &AppState, key: String) -> Result<Auth, ApiError> {
         let manager = Arc::clone(&state.manager);
         let tenant = tokio::task::spawn_blocking(move || manager.authenticate(&key)).await??;
         Ok(Auth(tenant))

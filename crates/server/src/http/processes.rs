@@ -1,7 +1,7 @@
 //! `/v1/sandboxes/{id}/processes...`: background processes that outlive
 //! their request.
 //!
-//! - `POST /processes` `{argv, env, cwd}` starts one and answers `201
+//! - `POST /processes` `{argv, env, cwd, user}` starts one and answers `201
 //!   {pid}`; it keeps running with no client (its output goes to the
 //!   agent's 1 MiB ring, which drops the oldest bytes).
 //! - `GET /processes` lists what the agent manages.
@@ -74,6 +74,8 @@ pub struct ProcessConfig {
     #[serde(default)]
     pub env: BTreeMap<String, String>,
     pub cwd: Option<String>,
+    /// A user from the sandbox's /etc/passwd (sets uid, gid and HOME).
+    pub user: Option<String>,
     /// Must be true (the default): a foreground process is `POST /exec`.
     #[serde(default = "yes")]
     pub background: bool,
@@ -144,7 +146,7 @@ const SIGNALS: &[(&str, i32)] = &[
 const MAX_SIGNAL: i64 = 64;
 
 impl SignalSpec {
-    fn number(&self) -> Result<i32, ApiError> {
+    pub(crate) fn number(&self) -> Result<i32, ApiError> {
         match self {
             SignalSpec::Number(n) if (1..=MAX_SIGNAL).contains(n) => Ok(*n as i32),
             SignalSpec::Number(n) => Err(ApiError::bad_request(format!(
@@ -181,6 +183,7 @@ pub async fn start(
             "argv must name a program, for example [\"sleep\", \"60\"]",
         ));
     }
+    super::exec::no_nul(&config.argv, &config.env, config.cwd.as_deref())?;
     if !config.background {
         return Err(ApiError::bad_request(
             "processes started here run in the background; for a foreground process whose \
@@ -191,6 +194,7 @@ pub async fn start(
         argv: config.argv,
         env: config.env,
         cwd: config.cwd,
+        user: config.user,
         background: true,
         ..ExecRequest::default()
     };

@@ -1,4 +1,5 @@
-//! `/v1/sandboxes`: create, list, get, delete, extend the timeout.
+//! `/v1/sandboxes`: create, list, get, delete, extend the timeout, pause,
+//! resume, metrics.
 
 use std::collections::BTreeMap;
 
@@ -12,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use super::{blocking, sandbox_id, ApiError, AppState, Auth};
 use crate::manager::CreateConfig;
 use crate::sandboxes::{Cursor, ListFilter, SandboxState};
-use crate::{SandboxRecord, UnixMillis};
+use crate::{SandboxMetrics, SandboxRecord, UnixMillis};
 
 /// Page size when the client names none, and the most it may ask for.
 const DEFAULT_PAGE: usize = 100;
@@ -229,4 +230,61 @@ pub async fn extend(
     let manager = state.manager.clone();
     let record = blocking(move || manager.extend(&tenant, &id, timeout)).await?;
     Ok(Json(record.into()))
+}
+
+/// The optional body of `POST /v1/sandboxes/{id}/resume`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResumeConfig {
+    /// Time to live from the resume, e.g. `10m`; by default the time the
+    /// sandbox had left when it was paused.
+    pub timeout: Option<String>,
+}
+
+/// Freeze every process of the sandbox and suspend its timeout.
+pub async fn pause(
+    State(state): State<AppState>,
+    Auth(tenant): Auth,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Json<SandboxView>, ApiError> {
+    let id = sandbox_id(&id?.0)?;
+    let manager = state.manager.clone();
+    let record = blocking(move || manager.pause(&tenant, &id)).await?;
+    Ok(Json(record.into()))
+}
+
+/// Thaw a paused sandbox. The body is optional.
+pub async fn resume(
+    State(state): State<AppState>,
+    Auth(tenant): Auth,
+    id: Result<Path<String>, PathRejection>,
+    body: axum::body::Bytes,
+) -> Result<Json<SandboxView>, ApiError> {
+    let id = sandbox_id(&id?.0)?;
+    let config: ResumeConfig = if body.iter().all(u8::is_ascii_whitespace) {
+        ResumeConfig::default()
+    } else {
+        serde_json::from_slice(&body)
+            .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))?
+    };
+    let timeout = config
+        .timeout
+        .as_deref()
+        .map(parse_duration)
+        .transpose()
+        .map_err(|e| ApiError::bad_request(format!("invalid timeout: {e}")))?;
+    let manager = state.manager.clone();
+    let record = blocking(move || manager.resume(&tenant, &id, timeout)).await?;
+    Ok(Json(record.into()))
+}
+
+/// A sample of the sandbox's CPU, memory, disk and task use.
+pub async fn metrics(
+    State(state): State<AppState>,
+    Auth(tenant): Auth,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Json<SandboxMetrics>, ApiError> {
+    let id = sandbox_id(&id?.0)?;
+    let manager = state.manager.clone();
+    Ok(Json(blocking(move || manager.metrics(&tenant, &id)).await?))
 }

@@ -1,0 +1,20 @@
+//! `brig pause ID`: freeze every process of a sandbox on the daemon. Its
+//! memory and files stay; its timeout keeps running.
+
+use super::client::{sandbox_id, Client};
+
+#[derive(Debug, clap::Args)]
+pub struct PauseArgs {
+    /// The sandbox's id.
+    id: String,
+}
+
+pub fn run(args: PauseArgs) -> anyhow::Result<i32> {
+    let id = sandbox_id(&args.id)?;
+    let client = Client::from_env()?;
+    client.send(
+        client.request("POST", &format!("/v1/sandboxes/{id}/pause")),
+        None,
+    )?;
+    Ok(0)
+}

@@ -1,0 +1,31 @@
+//! `brig resume ID [--timeout D]`: thaw a paused sandbox on the daemon,
+//! optionally giving it a new time to live from now.
+
+use serde_json::json;
+
+use super::client::{sandbox_id, Client};
+
+#[derive(Debug, clap::Args)]
+pub struct ResumeArgs {
+    /// The sandbox's id.
+    id: String,
+    /// A new time to live from now, e.g. 30s, 10m, 1h.
+    #[arg(long, value_name = "DURATION")]
+    timeout: Option<String>,
+}
+
+pub fn run(args: ResumeArgs) -> anyhow::Result<i32> {
+    let id = sandbox_id(&args.id)?;
+    // Always a JSON object (perhaps empty), so the daemon sees one body
+    // shape whether or not a timeout was given.
+    let body = match args.timeout {
+        Some(t) => json!({ "timeout": t }),
+        None => json!({}),
+    };
+    let client = Client::from_env()?;
+    client.send(
+        client.request("POST", &format!("/v1/sandboxes/{id}/resume")),
+        Some(&body),
+    )?;
+    Ok(0)
+}
