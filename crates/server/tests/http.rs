@@ -429,3 +429,39 @@ async fn sandboxes_from_the_pool_get_the_limits_and_env_asked_for() {
     }
     assert_eq!(f.manager.pool_sizes()[0].1, 2, "the pool refilled");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_isolation_tier_is_checked() {
+    if !root_or_skip() {
+        return;
+    }
+    let f = fixture(|_| {});
+    for (tier, want, code) in [
+        ("vm", StatusCode::NOT_IMPLEMENTED, "unsupported"),
+        ("gvisor", StatusCode::NOT_IMPLEMENTED, "unsupported"),
+        ("firecracker", StatusCode::BAD_REQUEST, "bad_request"),
+    ] {
+        let body = json!({ "isolation": tier }).to_string();
+        let (status, err) = call(
+            &f.app,
+            Method::POST,
+            "/v1/sandboxes",
+            Some(&f.key),
+            Some(&body),
+        )
+        .await;
+        assert_error(status, &err, want, code);
+        assert!(err["message"].as_str().unwrap().contains(tier), "{err}");
+    }
+    let id = create(&f, r#"{"isolation": "process"}"#).await;
+    let (status, sb) = call(
+        &f.app,
+        Method::GET,
+        &format!("/v1/sandboxes/{id}"),
+        Some(&f.key),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(sb["isolation"], "process", "{sb}");
+}

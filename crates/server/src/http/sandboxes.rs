@@ -25,6 +25,9 @@ const MAX_PAGE: usize = 1000;
 pub struct CreateSandboxConfig {
     /// `host` or `dir:/path/to/rootfs`.
     pub template: Option<String>,
+    /// The isolation tier: `process` (the default, and today the only one
+    /// this daemon runs; `GET /v1/info` lists what the host could offer).
+    pub isolation: Option<String>,
     /// A size such as `512M` or `1G`.
     pub memory: Option<String>,
     pub cpus: Option<f64>,
@@ -44,6 +47,25 @@ impl CreateSandboxConfig {
         let bad = |field: &str, e: &dyn std::fmt::Display| {
             ApiError::bad_request(format!("invalid {field}: {e}"))
         };
+        match self.isolation.as_deref() {
+            None | Some("process") => {}
+            Some(tier @ ("gvisor" | "vm")) => {
+                return Err(ApiError::new(
+                    axum::http::StatusCode::NOT_IMPLEMENTED,
+                    "unsupported",
+                    format!(
+                        "the {tier} isolation tier is not available from this daemon yet; \
+                         use \"process\" (GET /v1/info lists the tiers this host could offer)"
+                    ),
+                ))
+            }
+            Some(other) => {
+                return Err(bad(
+                    "isolation",
+                    &format!("{other:?}: expected \"process\", \"gvisor\" or \"vm\""),
+                ))
+            }
+        }
         let mut limits = Limits::default();
         if let Some(m) = &self.memory {
             limits.memory = parse_size(m).map_err(|e| bad("memory", &e))?;
