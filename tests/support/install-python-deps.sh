@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Install the Python tools the tests use, in an isolated venv, and nothing
+# Install the Python tools the tests use, in isolated venvs, and nothing
 # else: schemathesis, which fuzzes a live `brig serve` against
-# api/openapi.yaml (tests/api/schemathesis.sh, crates/cli/tests/schemathesis.rs).
+# api/openapi.yaml (tests/api/schemathesis.sh, crates/cli/tests/schemathesis.rs),
+# and the official E2B clients (e2b-venv: e2b + e2b-code-interpreter, current;
+# e2b-venv-2.48: e2b 2.48, the v1 create path) for the E2B tests.
 #
 #   tests/support/install-python-deps.sh
 #
-# The venv is ${BRIG_TEST_CACHE:-~/.cache/brig-test}/venv. Fast when the
-# pinned version is already there: one `st --version` and no network.
+# The venvs are under ${BRIG_TEST_CACHE:-~/.cache/brig-test}. Fast when the
+# pinned versions are already there: `st --version`, `pip freeze`, no network.
 #
 # Python: the newest 3.12+ found (python3.13, python3.12, or a pyenv
 # install), else python3 (Debian 12: 3.11, with the venv module from
@@ -18,6 +20,10 @@ set -euo pipefail
 
 # Pinned: a new schemathesis adds checks and changes flags.
 SCHEMATHESIS_VERSION=4.32.5
+# Pinned: the E2B compatibility tests check brig against these clients.
+E2B_VERSION=2.63.0
+E2B_CODE_INTERPRETER_VERSION=2.11.5
+E2B_OLD_VERSION=2.48.0
 
 cache=${BRIG_TEST_CACHE:-$HOME/.cache/brig-test}
 venv=$cache/venv
@@ -43,15 +49,46 @@ pick_python() {
 python=$(pick_python)
 want=$("$python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
 
-if [ -x "$venv/bin/st" ] &&
-    [ "$("$venv/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')" = "$want" ] &&
-    "$venv/bin/st" --version 2>/dev/null | grep -qx "st, version $SCHEMATHESIS_VERSION"; then
-    echo "install-python-deps: schemathesis $SCHEMATHESIS_VERSION present in $venv (python $want)"
-    exit 0
-fi
+install_schemathesis() {
+    if [ -x "$venv/bin/st" ] &&
+        [ "$("$venv/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')" = "$want" ] &&
+        "$venv/bin/st" --version 2>/dev/null | grep -qx "st, version $SCHEMATHESIS_VERSION"; then
+        echo "install-python-deps: schemathesis $SCHEMATHESIS_VERSION present in $venv (python $want)"
+        return
+    fi
+    mkdir -p "$cache"
+    rm -rf "$venv"
+    "$python" -m venv "$venv"
+    "$venv/bin/python" -m pip install --quiet "schemathesis==$SCHEMATHESIS_VERSION"
+    echo "install-python-deps: installed schemathesis $SCHEMATHESIS_VERSION in $venv (python $want)"
+}
 
-mkdir -p "$cache"
-rm -rf "$venv"
-"$python" -m venv "$venv"
-"$venv/bin/python" -m pip install --quiet "schemathesis==$SCHEMATHESIS_VERSION"
-echo "install-python-deps: installed schemathesis $SCHEMATHESIS_VERSION in $venv (python $want)"
+# The official E2B clients, for the E2B compatibility tests
+# (crates/server/tests/e2b_control.rs, tests/e2b/): one venv per client
+# generation, each exactly the pinned packages.
+#   install_venv DIR PACKAGE==VERSION...
+install_venv() {
+    local dir=$cache/$1
+    shift
+    local frozen
+    frozen=$("$dir/bin/python" -m pip freeze 2>/dev/null || true)
+    local pkg missing=0
+    for pkg in "$@"; do
+        grep -qix "$pkg" <<<"$frozen" || missing=1
+    done
+    if [ "$missing" = 0 ]; then
+        echo "install-python-deps: $* present in $dir"
+        return
+    fi
+    mkdir -p "$cache"
+    rm -rf "$dir"
+    "$python" -m venv "$dir"
+    "$dir/bin/python" -m pip install --quiet "$@"
+    echo "install-python-deps: installed $* in $dir"
+}
+
+install_schemathesis
+# The current generation: POST /v2/sandboxes, and run_code.
+install_venv e2b-venv "e2b==$E2B_VERSION" "e2b-code-interpreter==$E2B_CODE_INTERPRETER_VERSION"
+# An older generation (Python 2.10-2.50): POST /sandboxes.
+install_venv e2b-venv-2.48 "e2b==$E2B_OLD_VERSION"

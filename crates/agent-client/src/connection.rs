@@ -27,6 +27,7 @@ use brig_protocol::message::{self, Call, ErrorBody, ExecRequest};
 use brig_protocol::{negotiate, Body, Decoder, Frame, ResetCode, StreamClass, StreamId, SUPPORTED};
 
 use crate::files::FileReader;
+use crate::port::PortStream;
 use crate::process::Process;
 use crate::stream::{Dead, Handle, Stream};
 use crate::watch::Watcher;
@@ -403,6 +404,19 @@ impl Connection {
             }),
         )?;
         Watcher::start(handle)
+    }
+
+    /// Connect to TCP port `port` on the sandbox's loopback (127.0.0.1),
+    /// from inside its network namespace. Returns once the connection is
+    /// made, or the agent's error: code
+    /// [`ConnectionRefused`](crate::ErrorCode::ConnectionRefused) when
+    /// nothing listens there.
+    pub fn connect_port(&self, port: u16) -> Result<PortStream, ClientError> {
+        let handle = self.shared.open(
+            StreamClass::CONNECT,
+            message::encode_header(&message::ConnectRequest { port, host: None }),
+        )?;
+        PortStream::start(handle, port)
     }
 
     /// Round trip to the agent and back; returns how long it took.

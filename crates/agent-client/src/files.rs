@@ -7,6 +7,7 @@ use std::io::Read;
 
 use brig_protocol::message::{Event, CHANNEL_STDOUT};
 
+use crate::inbound::Inbound;
 use crate::stream::{Handle, Item};
 use crate::ClientError;
 
@@ -20,9 +21,7 @@ const WRITE_CHUNK: usize = 256 << 10;
 pub struct FileReader {
     handle: Handle,
     size: u64,
-    chunk: Vec<u8>,
-    pos: usize,
-    done: bool,
+    inbound: Inbound,
 }
 
 impl FileReader {
@@ -43,9 +42,7 @@ impl FileReader {
         Ok(FileReader {
             handle,
             size,
-            chunk: Vec::new(),
-            pos: 0,
-            done: false,
+            inbound: Inbound::default(),
         })
     }
 
@@ -53,44 +50,11 @@ impl FileReader {
     pub fn size(&self) -> u64 {
         self.size
     }
-
-    /// Refill `chunk`; false at the end of the file.
-    fn fill(&mut self) -> Result<bool, ClientError> {
-        while !self.done {
-            match self.handle.next()? {
-                None => self.done = true,
-                Some(Item::Bytes { bytes, .. }) if !bytes.is_empty() => {
-                    self.chunk = bytes;
-                    self.pos = 0;
-                    return Ok(true);
-                }
-                Some(Item::Bytes { .. }) => {}
-                Some(Item::Event(Event::Error { code, message })) => {
-                    self.done = true;
-                    return Err(ClientError::Agent { code, message });
-                }
-                Some(Item::Event(other)) => {
-                    self.done = true;
-                    return Err(ClientError::protocol(format!(
-                        "stream {}: unexpected {other:?} in a file read",
-                        self.handle.id()
-                    )));
-                }
-            }
-        }
-        Ok(false)
-    }
 }
 
 impl Read for FileReader {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        if self.pos == self.chunk.len() && !self.fill()? {
-            return Ok(0);
-        }
-        let n = buf.len().min(self.chunk.len() - self.pos);
-        buf[..n].copy_from_slice(&self.chunk[self.pos..self.pos + n]);
-        self.pos += n;
-        Ok(n)
+        self.inbound.read(&self.handle, "a file read", buf)
     }
 }
 

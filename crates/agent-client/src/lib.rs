@@ -15,6 +15,8 @@
 //!   file contents in either direction.
 //! - [`Reply`] (`call.rs`): the typed answer to a one-shot [`Call`].
 //! - [`Watcher`] (`watch.rs`): a watched directory's [`WatchEvent`]s.
+//! - [`PortStream`] (`port.rs`): a TCP connection to a port inside the
+//!   sandbox, as blocking `Read + Write` with half-close and abort.
 //! - `stream.rs`: one stream's receive buffer and send credit, shared
 //!   between the reader thread and the handle that consumes it.
 //! - [`ClientError`]: everything that can go wrong, below.
@@ -39,6 +41,8 @@
 pub mod call;
 pub mod connection;
 pub mod files;
+mod inbound;
+pub mod port;
 pub mod process;
 mod stream;
 pub mod watch;
@@ -51,6 +55,7 @@ pub use brig_protocol::message::{
 pub use call::Reply;
 pub use connection::Connection;
 pub use files::FileReader;
+pub use port::PortStream;
 pub use process::{ExitStatus, Output, Process, Stdin};
 pub use watch::{WatchEvent, WatchStopper, Watcher};
 

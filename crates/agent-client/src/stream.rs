@@ -57,6 +57,11 @@ pub(crate) struct State {
     failure: Option<String>,
     /// The connection ended.
     dead: Option<Dead>,
+    /// Each direction closes on its own (a `CONNECT` stream): the agent's
+    /// Close ends what arrives, not what may be sent.
+    half_close: bool,
+    /// This side reset the stream ([`Stream::cancel`]).
+    cancelled: bool,
 }
 
 #[derive(Debug)]
@@ -152,6 +157,9 @@ impl Stream {
 
     /// Why nothing more will arrive, if so: `Ok(())` for a clean Close.
     fn ended(&self, st: &State) -> Option<Result<(), ClientError>> {
+        if st.cancelled {
+            return Some(Err(ClientError::StreamClosed { stream: self.id.0 }));
+        }
         if let Some(reason) = &st.failure {
             return Some(Err(ClientError::protocol(reason.clone())));
         }
@@ -229,6 +237,10 @@ impl Stream {
                 self.id
             )));
         }
+        if st.half_close && !st.cancelled && st.failure.is_none() && st.remote_reset.is_none() {
+            // The agent's Close ended only its direction.
+            return st.dead.as_ref().map(Dead::error);
+        }
         let end = self.ended(st)?;
         let agent_error = st.queue.iter().find_map(|(item, _)| match item {
             Item::Event(Event::Error { code, message }) => Some(ClientError::Agent {
@@ -304,13 +316,38 @@ impl Stream {
         shared.send(&Frame::close(self.id))
     }
 
+    /// Let each direction close on its own (a `CONNECT` stream).
+    pub(crate) fn set_half_close(&self) {
+        self.lock().half_close = true;
+    }
+
+    /// Reset the stream from this side: the agent aborts the operation,
+    /// and every blocked reader and writer here wakes with
+    /// [`ClientError::StreamClosed`].
+    pub(crate) fn cancel(&self, shared: &Shared) {
+        let send = {
+            let mut st = self.lock();
+            let over = st.cancelled
+                || st.dead.is_some()
+                || st.remote_reset.is_some()
+                || st.failure.is_some()
+                || (st.remote_closed && st.local_closed);
+            st.cancelled = true;
+            !over
+        };
+        self.changed.notify_all();
+        if send {
+            let _ = shared.send(&Frame::reset(self.id, ResetCode::CANCEL));
+        }
+    }
+
     /// What to tell the agent when the handle is dropped: nothing if the
     /// stream is over, Close if only this side is still open (the agent is
     /// done, e.g. the process exited), Reset(CANCEL) if the agent is still
     /// working (a foreground process is killed).
     pub(crate) fn farewell(&self) -> Option<Frame> {
         let st = self.lock();
-        if st.dead.is_some() || st.remote_reset.is_some() {
+        if st.dead.is_some() || st.remote_reset.is_some() || st.cancelled {
             return None;
         }
         if st.failure.is_some() {

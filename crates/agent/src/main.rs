@@ -13,6 +13,7 @@
 //! error or bad arguments.
 
 mod files;
+mod forward;
 mod process;
 mod session;
 mod sys;

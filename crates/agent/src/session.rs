@@ -17,8 +17,8 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 
 use brig_protocol::message::{
-    self, AttachRequest, Call, DataMsg, ErrorBody, ErrorCode, Event, ExecRequest, Input,
-    ProcessInfo, ReadRequest, WatchRequest, WriteRequest, CHANNEL_STDOUT, MAX_CHUNK,
+    self, AttachRequest, Call, ConnectRequest, DataMsg, ErrorBody, ErrorCode, Event, ExecRequest,
+    Input, ProcessInfo, ReadRequest, WatchRequest, WriteRequest, CHANNEL_STDOUT, MAX_CHUNK,
 };
 use brig_protocol::{
     negotiate, Body, Decoder, Frame, RecvWindow, ResetCode, SendWindow, StreamClass, StreamId,
@@ -26,6 +26,7 @@ use brig_protocol::{
 };
 
 use crate::files;
+use crate::forward::{self, Forwards, Pulled};
 use crate::process::{Pipe, Proc, SpawnError};
 use crate::sys::{self, WaitStatus};
 use crate::watch::{Popped, Watches};
@@ -67,6 +68,8 @@ enum Role {
     },
     /// Changes in a watched directory go here (`watch.rs`).
     Watch,
+    /// A TCP connection inside the sandbox (`forward.rs`).
+    Forward,
     /// Nothing more to do but drain control messages and close.
     Idle,
 }
@@ -117,6 +120,7 @@ enum Token {
     Out(i32, Pipe),
     Stdin(i32),
     Inotify,
+    Forward(u32),
 }
 
 #[derive(Debug)]
@@ -133,6 +137,7 @@ pub struct Session {
     exited_unattached: VecDeque<i32>,
     sigchld: File,
     watches: Watches,
+    forwards: Forwards,
 }
 
 fn push_frame(out: &mut Vec<u8>, frame: Frame) {
@@ -160,6 +165,7 @@ impl Session {
             exited_unattached: VecDeque::new(),
             sigchld: File::from(sys::sigchld_fd()?),
             watches: Watches::default(),
+            forwards: Forwards::default(),
         })
     }
 
@@ -207,6 +213,13 @@ impl Session {
         if let Some(fd) = self.watches.fd() {
             add(fd, libc::POLLIN, Token::Inotify);
         }
+        for (id, st) in &self.streams {
+            if let Role::Forward = st.role {
+                if let Some((fd, events)) = self.forwards.interest(*id, st.send.available() > 1) {
+                    add(fd, events, Token::Forward(*id));
+                }
+            }
+        }
         for (pid, p) in &self.procs {
             if p.wants_output() {
                 if let Some(f) = &p.stdout {
@@ -222,7 +235,7 @@ impl Session {
                 }
             }
         }
-        sys::poll(&mut fds, -1).map_err(End::Io)?;
+        sys::poll(&mut fds, self.forwards.poll_timeout()).map_err(End::Io)?;
         for (pfd, token) in fds.iter().zip(tokens) {
             if pfd.revents == 0 {
                 continue;
@@ -238,7 +251,14 @@ impl Session {
                 }
                 Token::Stdin(pid) => self.write_stdin(pid),
                 Token::Inotify => self.watches.read(),
+                Token::Forward(id) => {
+                    let ready = self.forwards.ready(id, pfd.revents);
+                    self.forward_ready(id, ready);
+                }
             }
+        }
+        for (id, event) in self.forwards.expired() {
+            self.forward_ready(id, forward::Ready::Failed(event));
         }
         Ok(())
     }
@@ -422,6 +442,9 @@ impl Session {
         if let Role::Watch = st.role {
             self.watches.stop(id);
         }
+        if let Role::Forward = st.role {
+            self.forwards.abort(id);
+        }
         if let Role::Process { pid } = st.role {
             if let Some(p) = self.procs.get_mut(&pid) {
                 p.attached = None;
@@ -488,6 +511,20 @@ impl Session {
                 },
                 Err(e) => st.reply(&Event::error(ErrorCode::InvalidRequest, e.to_string())),
             },
+            StreamClass::CONNECT => {
+                match message::decode::<ConnectRequest>("connect request", header) {
+                    Ok(req) => match self.forwards.start(id, &req) {
+                        Ok(connected) => {
+                            if connected {
+                                st.event(&Event::Connected);
+                            }
+                            st.role = Role::Forward;
+                        }
+                        Err(e) => st.reply(&e),
+                    },
+                    Err(e) => st.reply(&Event::error(ErrorCode::InvalidRequest, e.to_string())),
+                }
+            }
             StreamClass::CALL => match message::decode::<Call>("call", header) {
                 Ok(call) => {
                     for event in self.call(call) {
@@ -647,12 +684,20 @@ impl Session {
                     Err(e) => st.reply(&files::io_error("write", "file", &e)),
                 }
             }
+            (DataMsg::Bytes { channel, .. }, Role::Forward) if channel == CHANNEL_STDOUT => {
+                // Credit comes back as the socket takes them.
+                held = bytes.len() - 1;
+            }
             // Bytes for a finished operation, or stderr-channel bytes from
             // the host, are dropped (but still credited).
             (DataMsg::Bytes { .. }, _) => {}
         }
         let len = bytes.len() - held;
         self.release(id, len);
+        if held > 0 && matches!(self.streams.get(&id), Some(s) if matches!(s.role, Role::Forward)) {
+            let ready = self.forwards.push(id, &bytes[1..]);
+            return self.forward_ready(id, ready);
+        }
         if held > 0 {
             if let Some(pid) = self.streams.get(&id).and_then(|s| match s.role {
                 Role::Process { pid } => Some(pid),
@@ -692,6 +737,10 @@ impl Session {
                 st.role = Role::Idle;
                 st.finish = true;
             }
+            Role::Forward => {
+                let ready = self.forwards.shut_write(id);
+                return self.forward_ready(id, ready);
+            }
             Role::Read { .. } | Role::Idle => {}
         }
         self.maybe_forget(id);
@@ -699,7 +748,33 @@ impl Session {
 
     fn maybe_forget(&mut self, id: u32) {
         if matches!(self.streams.get(&id), Some(s) if s.local_closed && s.remote_closed) {
+            // A connection is done once the host's last bytes reached it.
+            if !self.forwards.drained(id) {
+                return;
+            }
             self.streams.remove(&id);
+            self.forwards.finish(id);
+        }
+    }
+
+    /// Act on what a `CONNECT` stream's socket did (`forward.rs`).
+    fn forward_ready(&mut self, id: u32, ready: forward::Ready) {
+        match ready {
+            forward::Ready::Written(n) => {
+                self.release(id, n);
+                self.maybe_forget(id);
+            }
+            forward::Ready::Connected => {
+                if let Some(st) = self.streams.get_mut(&id) {
+                    st.event(&Event::Connected);
+                }
+            }
+            forward::Ready::Failed(event) => {
+                if let Some(st) = self.streams.get_mut(&id) {
+                    st.reply(&event);
+                }
+            }
+            forward::Ready::Broken => self.reset(id, ResetCode::CANCEL),
         }
     }
 
@@ -715,6 +790,7 @@ impl Session {
                 continue;
             };
             let sid = StreamId(id);
+            let mut broken = false;
             loop {
                 // Control messages first: they were queued before anything
                 // the role produces below.
@@ -791,8 +867,32 @@ impl Session {
                         }
                         Popped::Nothing => break,
                     },
+                    Role::Forward => {
+                        if st.finish {
+                            // The socket's EOF is already on its way.
+                            break;
+                        }
+                        match self.forwards.pull(id, st.send.available() as usize) {
+                            Pulled::Payload(payload) => {
+                                // `pull` kept within the window.
+                                let _ = st.send.consume(payload.len());
+                                push_frame(&mut self.out, Frame::data(sid, payload));
+                            }
+                            // Close this side; the host may still write.
+                            Pulled::Eof => st.finish = true,
+                            Pulled::Broken => {
+                                broken = true;
+                                break;
+                            }
+                            Pulled::Nothing => break,
+                        }
+                    }
                     Role::Write { .. } | Role::Idle => break,
                 }
+            }
+            if broken {
+                self.reset(id, ResetCode::CANCEL);
+                continue;
             }
             if st.finish && st.ctl.is_empty() && !st.local_closed {
                 st.local_closed = true;

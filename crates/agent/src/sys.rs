@@ -184,3 +184,88 @@ pub fn inotify_rm_watch(inotify: &impl AsRawFd, wd: i32) {
     // SAFETY: inotify_rm_watch takes no pointers.
     unsafe { libc::inotify_rm_watch(inotify.as_raw_fd(), wd) };
 }
+
+/// Start a non-blocking TCP connection to `addr`. Returns the socket and
+/// whether it is already connected; otherwise it becomes writable when the
+/// connection is made or fails (then `TcpStream::take_error` says why).
+pub fn tcp_connect(addr: &std::net::SocketAddr) -> io::Result<(std::net::TcpStream, bool)> {
+    let (family, storage, len) = match addr {
+        std::net::SocketAddr::V4(a) => {
+            // SAFETY: sockaddr_in is plain old data; all-zero is valid.
+            let mut sin: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+            sin.sin_family = libc::AF_INET as libc::sa_family_t;
+            sin.sin_port = a.port().to_be();
+            sin.sin_addr.s_addr = u32::from_ne_bytes(a.ip().octets());
+            // SAFETY: sockaddr_storage is plain old data; all-zero is valid.
+            let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+            // SAFETY: sockaddr_storage is larger than sockaddr_in and
+            // suitably aligned for it.
+            unsafe { std::ptr::write(std::ptr::addr_of_mut!(ss).cast(), sin) };
+            (libc::AF_INET, ss, std::mem::size_of::<libc::sockaddr_in>())
+        }
+        std::net::SocketAddr::V6(a) => {
+            // SAFETY: sockaddr_in6 is plain old data; all-zero is valid.
+            let mut sin6: libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
+            sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            sin6.sin6_port = a.port().to_be();
+            sin6.sin6_addr.s6_addr = a.ip().octets();
+            // SAFETY: as above.
+            let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+            // SAFETY: sockaddr_storage is larger than sockaddr_in6 and
+            // suitably aligned for it.
+            unsafe { std::ptr::write(std::ptr::addr_of_mut!(ss).cast(), sin6) };
+            (
+                libc::AF_INET6,
+                ss,
+                std::mem::size_of::<libc::sockaddr_in6>(),
+            )
+        }
+    };
+    let fd = check(
+        // SAFETY: socket takes no pointers.
+        unsafe {
+            libc::socket(
+                family,
+                libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                0,
+            )
+        },
+    )?;
+    // SAFETY: socket just returned this fd; nothing else owns it.
+    let sock = unsafe { std::net::TcpStream::from_raw_fd(fd) };
+    // SAFETY: `storage` holds a valid address of `len` bytes for the call.
+    let rc = unsafe {
+        libc::connect(
+            fd,
+            std::ptr::addr_of!(storage).cast(),
+            len as libc::socklen_t,
+        )
+    };
+    if rc == 0 {
+        return Ok((sock, true));
+    }
+    let err = io::Error::last_os_error();
+    if err.raw_os_error() == Some(libc::EINPROGRESS) {
+        return Ok((sock, false));
+    }
+    Err(err)
+}
+
+/// Make the next close of `sock` send RST instead of FIN (an abort).
+pub fn set_linger_zero(sock: &impl AsRawFd) {
+    let linger = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: `linger` is a valid struct of the size passed, read during
+    // the call only. Failure leaves a graceful close, which is fine.
+    unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            std::ptr::addr_of!(linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
+}

@@ -115,7 +115,7 @@ fn bad_input_gets_one_line_a_person_can_act_on() {
     let cases: &[(&[&str], &str)] = &[
         (
             &["--template", "ubuntu"],
-            "unknown template \"ubuntu\": use `host` or `dir:/path/to/rootfs`",
+            "unknown template \"ubuntu\": the named templates are base, code-interpreter-v1 (or use `host` or `dir:/path/to/rootfs`)",
         ),
         (
             &["--template", "dir:/no/such/rootfs"],

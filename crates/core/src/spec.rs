@@ -14,8 +14,10 @@ use crate::units::ByteSize;
 /// Why a spec was rejected.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum SpecError {
-    #[error("unknown template {name:?}: use `host` or `dir:/path/to/rootfs`")]
+    #[error("unknown template {name:?}: use `host`, `dir:/path/to/rootfs` or a template name (lowercase letters, digits, `.`, `_`, `-`, such as `base`)")]
     UnknownTemplate { name: String },
+    #[error("template {name:?} is a named template: resolve it to its rootfs (`dir:`) first (brig run and brig serve do)")]
+    UnresolvedTemplate { name: String },
     #[error("template directory {path:?} is not usable: {reason}")]
     TemplateDir { path: PathBuf, reason: String },
     #[error("--{field} {value} is out of range: {hint}")]
@@ -83,21 +85,38 @@ pub enum TemplateRef {
     /// Any unpacked root filesystem on the host (e.g. mmdebstrap output),
     /// used read-only as the lower layer of an overlay.
     Dir(PathBuf),
+    /// A named template (`base`, `code-interpreter-v1`) that brig builds
+    /// from a recipe (crate brig-template). The jail refuses it: the CLI
+    /// and the daemon resolve it to its built rootfs, a [`TemplateRef::Dir`].
+    Named(String),
 }
 
 impl TemplateRef {
-    /// Parse `host` or `dir:PATH`. Whether the directory is usable is checked
-    /// by [`SandboxSpec::validate`], which touches the filesystem.
+    /// Parse `host`, `dir:PATH` or a template name (`[a-z0-9][a-z0-9._-]*`,
+    /// at most 64 bytes). Whether the directory is usable is checked by
+    /// [`SandboxSpec::validate`], which touches the filesystem; whether a
+    /// name is known, by whoever resolves it.
     pub fn parse(s: &str) -> Result<Self, SpecError> {
         match s {
             "host" => Ok(TemplateRef::Host),
             _ => match s.strip_prefix("dir:") {
                 Some(p) if !p.is_empty() => Ok(TemplateRef::Dir(PathBuf::from(p))),
+                None if Self::valid_name(s) => Ok(TemplateRef::Named(s.to_string())),
                 _ => Err(SpecError::UnknownTemplate {
                     name: s.to_string(),
                 }),
             },
         }
+    }
+
+    /// Whether `s` has the shape of a template name.
+    pub fn valid_name(s: &str) -> bool {
+        let b = s.as_bytes();
+        !b.is_empty()
+            && b.len() <= 64
+            && (b[0].is_ascii_lowercase() || b[0].is_ascii_digit())
+            && b.iter()
+                .all(|&c| c.is_ascii_lowercase() || c.is_ascii_digit() || b"._-".contains(&c))
     }
 }
 
@@ -106,6 +125,7 @@ impl fmt::Display for TemplateRef {
         match self {
             TemplateRef::Host => f.write_str("host"),
             TemplateRef::Dir(p) => write!(f, "dir:{}", p.display()),
+            TemplateRef::Named(n) => f.write_str(n),
         }
     }
 }
@@ -217,6 +237,12 @@ pub struct SandboxSpec {
     pub tty: bool,
     /// Pass the caller's stdin through (otherwise /dev/null).
     pub stdin: bool,
+    /// Let setuid/setgid binaries of the template work (e.g. `sudo` for a
+    /// non-root user): no_new_privs is not set and the template's overlay
+    /// is not nosuid. They can only become the sandbox's own root, which is
+    /// no one on the host (see docs/threat-model.md). Off by default.
+    #[serde(default)]
+    pub allow_setuid: bool,
 }
 
 impl SandboxSpec {
@@ -230,6 +256,7 @@ impl SandboxSpec {
             command,
             tty: false,
             stdin: false,
+            allow_setuid: false,
         }
     }
 
@@ -286,6 +313,9 @@ impl SandboxSpec {
                 return Err(SpecError::Workdir { path: w.clone() });
             }
         }
+        if let TemplateRef::Named(name) = &self.template {
+            return Err(SpecError::UnresolvedTemplate { name: name.clone() });
+        }
         if let TemplateRef::Dir(p) = &self.template {
             let reason = match std::fs::metadata(p) {
                 Err(e) => Some(format!("{e}")),
@@ -318,11 +348,28 @@ mod tests {
             TemplateRef::parse("dir:/x").unwrap(),
             TemplateRef::Dir("/x".into())
         );
+        assert_eq!(
+            TemplateRef::parse("code-interpreter-v1").unwrap(),
+            TemplateRef::Named("code-interpreter-v1".into())
+        );
+        assert_eq!(TemplateRef::parse("base").unwrap().to_string(), "base");
+        for bad in ["Ubuntu", "-x", ".x", "a/b", "a b", "", "dir:", "x:y"] {
+            assert!(
+                matches!(
+                    TemplateRef::parse(bad),
+                    Err(SpecError::UnknownTemplate { .. })
+                ),
+                "{bad:?}"
+            );
+        }
+        assert!(TemplateRef::parse(&"a".repeat(65)).is_err());
+        // The jail never sees a name: it must be resolved to `dir:` first.
+        let mut spec = SandboxSpec::new(vec!["true".into()]);
+        spec.template = TemplateRef::Named("base".into());
         assert!(matches!(
-            TemplateRef::parse("ubuntu"),
-            Err(SpecError::UnknownTemplate { .. })
+            spec.validate(),
+            Err(SpecError::UnresolvedTemplate { .. })
         ));
-        assert!(TemplateRef::parse("dir:").is_err());
     }
 
     #[test]

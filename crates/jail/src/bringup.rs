@@ -524,8 +524,20 @@ pub fn drop_privileges(exec: &ExecPlan, sys: &dyn Syscalls) -> Result<(), Failur
     //    then set what the command keeps: a container root's set for uid 0,
     //    nothing for anyone else. All of them are capabilities of the
     //    sandbox's user namespace only.
-    sys.drop_bounding_set(exec.caps)
+    sys.drop_bounding_set(exec.bounding)
         .map_err(Failure::at(Stage::BoundingSet))?;
+
+    // With allow_setuid there is no no_new_privs, and installing a filter
+    // without it takes CAP_SYS_ADMIN (in the sandbox's user namespace),
+    // which we hold only until the user switch below. So the filter goes
+    // in now; what remains (setgroups, setres[ug]id, capset, chdir, and
+    // the descriptor moves and exec after this function) is all allowed
+    // by it (checked by `the_filter_allows_what_follows_it`).
+    if exec.allow_setuid {
+        sys.install_seccomp(seccomp::sandbox_filter())
+            .map_err(Failure::at(Stage::Seccomp))?;
+    }
+
     sys.set_ids(exec.uid, exec.gid, &exec.groups)
         .map_err(Failure::at(Stage::Identity))?;
     sys.set_capabilities(exec.caps)
@@ -535,6 +547,9 @@ pub fn drop_privileges(exec: &ExecPlan, sys: &dyn Syscalls) -> Result<(), Failur
     //    not enter is an error, not a silent privilege.
     sys.chdir(&exec.workdir)
         .map_err(Failure::at(Stage::Workdir))?;
+    if exec.allow_setuid {
+        return Ok(());
+    }
 
     // g. no_new_privs: setuid bits and file capabilities grant nothing,
     //    and it is the precondition for an unprivileged seccomp filter.
@@ -870,6 +885,62 @@ mod tests {
                     },
                 ]
             );
+        }
+    }
+
+    #[test]
+    fn with_allow_setuid_seccomp_goes_in_before_the_user_switch_and_nnp_is_skipped() {
+        let identity = Identity {
+            uid: 1000,
+            gid: 1000,
+            groups: vec![1000],
+            home: "/home/u".into(),
+            name: Some("u".into()),
+        };
+        let mut p = plan(&Layout::Host(vec![]), &identity);
+        p.exec.allow_setuid = true;
+        p.exec.bounding = DEFAULT_CAPS;
+        let sys = Recording::default();
+        drop_privileges(&p.exec, &sys).unwrap();
+        assert_eq!(
+            sys.calls(),
+            vec![
+                Call::DropBoundingSet { keep: DEFAULT_CAPS },
+                Call::Seccomp {
+                    len: seccomp::sandbox_filter().len()
+                },
+                Call::SetIds {
+                    uid: 1000,
+                    gid: 1000,
+                    groups: vec![1000]
+                },
+                Call::SetCapabilities(0),
+                Call::Chdir("/".into()),
+            ]
+        );
+    }
+
+    #[test]
+    fn the_filter_allows_what_follows_it() {
+        // What drop_privileges and the exec path call after the filter is
+        // in when allow_setuid reorders it.
+        let denied = seccomp::DENIED;
+        for name in [
+            "setgroups",
+            "setresgid",
+            "setresuid",
+            "capset",
+            "chdir",
+            "prctl",
+            "dup2",
+            "dup3",
+            "close_range",
+            "execve",
+            "execveat",
+            "write",
+            "exit_group",
+        ] {
+            assert!(!denied.contains(&name), "the filter denies {name}");
         }
     }
 

@@ -109,6 +109,12 @@ pub struct ExecPlan {
     pub gid: u32,
     pub groups: Vec<libc::gid_t>,
     pub caps: u64,
+    /// The bounding set: `caps`, or with `allow_setuid` a container root's
+    /// set for everyone, so a setuid-root program (sudo) run by a user gets
+    /// root's capabilities in the sandbox's user namespace, no more.
+    pub bounding: u64,
+    /// Skip no_new_privs (see [`brig_core::SandboxSpec::allow_setuid`]).
+    pub allow_setuid: bool,
     /// Run the program the host sent (index among the received
     /// descriptors) with execveat, instead of looking argv[0] up on PATH.
     pub program_fd: Option<usize>,
@@ -347,12 +353,19 @@ impl Plan {
                     "lowerdir={s}/lower,upperdir={s}/upper,workdir={s}/work,userxattr",
                     s = staging
                 );
+                // nosuid unless the spec lets setuid binaries work (then
+                // no_new_privs is off too; see bringup::drop_privileges).
+                let overlay_flags = if spec.allow_setuid {
+                    libc::MS_NODEV
+                } else {
+                    nosuid_nodev
+                };
                 b.mount(
                     "mount the overlay (template below, writable layer above)",
                     Some("overlay"),
                     "/root",
                     Some("overlay"),
-                    nosuid_nodev,
+                    overlay_flags,
                     Some(opts),
                 );
                 let root = format!("{staging}/root");
@@ -584,6 +597,12 @@ fn exec_plan(input: &PlanInput<'_>) -> ExecPlan {
         gid: id.gid,
         groups: id.groups.clone(),
         caps: if id.uid == 0 { DEFAULT_CAPS } else { 0 },
+        bounding: if id.uid == 0 || spec.allow_setuid {
+            DEFAULT_CAPS
+        } else {
+            0
+        },
+        allow_setuid: spec.allow_setuid,
         program_fd: None,
         stdio_fd: None,
         argv_ptrs,

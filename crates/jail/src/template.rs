@@ -54,6 +54,11 @@ impl Layout {
         match t {
             TemplateRef::Host => Layout::Host(host_entries(Path::new("/"))),
             TemplateRef::Dir(p) => Layout::Overlay { lower: p.clone() },
+            // Refused by `SandboxSpec::validate` before anything is
+            // resolved; an overlay on a path that cannot exist fails too.
+            TemplateRef::Named(_) => Layout::Overlay {
+                lower: PathBuf::new(),
+            },
         }
     }
 

@@ -44,6 +44,21 @@
 //! | `FILE_WRITE` 3 | [`WriteRequest`] | channel 1: contents; Close: end of file | `written{bytes}` after the host's Close, Close |
 //! | `WATCH` 4 | [`WatchRequest`] | Close: stop watching | `watching`, then one [`Event::Change`] or [`Event::Overflow`] per Data frame (control channel) until the host's Close or Reset, then Close |
 //! | `CALL` 5 | [`Call`] | Close | one typed reply (`entries`… `done`, `stat`, `processes`, `done`), Close |
+//! | `CONNECT` 7 | [`ConnectRequest`] | channel 1: bytes to the socket; Close: half-close (`shutdown(SHUT_WR)` once the bytes are written); Reset: abort (RST) | `connected`, then channel 1: bytes from the socket; Close at its EOF; Reset if the connection breaks. Refused: `error{connection_refused}`, Close |
+//!
+//! ## Port forwarding
+//!
+//! A `CONNECT` stream is a TCP connection the agent makes inside the
+//! sandbox's network namespace (loopback only), so the host can reach a
+//! server listening there without a side channel: the same stream serves
+//! the vm tier over virtio-serial. After [`Event::Connected`] the stream is
+//! a byte pipe in both directions, each direction closed on its own: the
+//! agent's Close is the socket's EOF, the host may go on writing after it
+//! (and the agent reading after the host's Close), until both sides closed.
+//! Flow control is the stream's credit: the agent reads from the socket
+//! only what the host's window allows, and returns credit for host bytes
+//! only once the socket took them. Nothing listening on the port is
+//! [`ErrorCode::ConnectionRefused`].
 //!
 //! ## Watch events
 //!
@@ -93,6 +108,8 @@ impl StreamClass {
     pub const CALL: StreamClass = StreamClass(5);
     /// Re-attach to a running or finished process by pid: [`AttachRequest`].
     pub const ATTACH: StreamClass = StreamClass(6);
+    /// A TCP connection to a port inside the sandbox: [`ConnectRequest`].
+    pub const CONNECT: StreamClass = StreamClass(7);
     /// Opened by the agent to report a connection-level error
     /// ([`ErrorBody`]) just before it ends the connection.
     pub const NOTICE: StreamClass = StreamClass(0x100);
@@ -317,6 +334,17 @@ pub enum Input {
     Resize { rows: u16, cols: u16 },
 }
 
+/// Connect to a TCP port inside the sandbox. Header of a `CONNECT` stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConnectRequest {
+    pub port: u16,
+    /// `127.0.0.1` (the default) or `::1`; nothing else is reachable from
+    /// a sandbox's loopback-only network, so nothing else is accepted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+}
+
 /// What an entry is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -369,6 +397,8 @@ pub enum ErrorCode {
     Unsupported,
     Protocol,
     Io,
+    /// `CONNECT`: nothing listens on the port (`ECONNREFUSED`).
+    ConnectionRefused,
 }
 
 /// An error: a code for programs and a lowercase message for people.
@@ -423,6 +453,8 @@ pub enum Event {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         file_type: Option<FileKind>,
     },
+    /// Reply to `CONNECT`: the TCP connection is established.
+    Connected,
     /// Changes on a `WATCH` stream were lost (kernel queue overflow, or the
     /// host reading too slowly); the watch goes on.
     Overflow,
@@ -496,6 +528,13 @@ mod tests {
         assert!(!watch.recursive);
         let call: Call = decode("call", br#"{"op":"list_processes"}"#).unwrap();
         assert_eq!(call, Call::ListProcesses);
+        let c: ConnectRequest = decode("connect request", br#"{"port":8000}"#).unwrap();
+        assert_eq!((c.port, c.host), (8000, None));
+        assert!(decode::<ConnectRequest>("connect request", br#"{"port":70000}"#).is_err());
+        assert_eq!(
+            serde_json::to_string(&Event::error(ErrorCode::ConnectionRefused, "x")).unwrap(),
+            r#"{"type":"error","code":"connection_refused","message":"x"}"#
+        );
     }
 
     #[test]

@@ -24,6 +24,7 @@
 //! See `docs/state.md` for the schema and `docs/server.md` for the daemon.
 #![forbid(unsafe_code)]
 
+pub mod e2b;
 pub mod http;
 pub mod keys;
 mod lifecycle;

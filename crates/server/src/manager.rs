@@ -43,6 +43,11 @@ use crate::pool::{Pool, PoolTarget, Warm};
 use crate::sandboxes::{Cursor, ListFilter, NewSandbox, Page, SandboxError, SandboxState, Scope};
 use crate::{AuthError, SandboxRecord, Store, StoreError, TenantId};
 
+/// Threads that clone sandboxes (see `SandboxManager::start`).
+const SPAWNERS: usize = 4;
+/// Threads that keep the pool full, each one spawn at a time.
+const FILLERS: usize = 2;
+
 /// Pre-made sandboxes kept for the `host` template unless configured.
 pub const DEFAULT_POOL: usize = 4;
 
@@ -87,6 +92,10 @@ pub struct ManagerConfig {
     /// `dir:` template. Any other path is refused: a key holder must not be
     /// able to mount an arbitrary host directory (`dir:/`) into a sandbox.
     pub template_roots: Vec<PathBuf>,
+    /// `$BRIG_HOME`: named templates (`base`, `code-interpreter-v1`) are
+    /// built and cached under its `templates/` (brig-template). `None`
+    /// refuses named templates.
+    pub home: Option<PathBuf>,
 }
 
 impl ManagerConfig {
@@ -101,6 +110,7 @@ impl ManagerConfig {
                 size: DEFAULT_POOL,
             }],
             template_roots: Vec::new(),
+            home: None,
         }
     }
 }
@@ -133,6 +143,10 @@ pub struct CreateConfig {
     pub labels: BTreeMap<String, String>,
     /// `None`: [`ManagerConfig::default_timeout`].
     pub timeout: Option<Duration>,
+    /// Let setuid binaries (`sudo`) work inside the sandbox
+    /// ([`SandboxSpec::allow_setuid`]). For E2B sandboxes, whose user
+    /// `user` has passwordless sudo; off otherwise.
+    pub allow_setuid: bool,
 }
 
 impl Default for CreateConfig {
@@ -143,6 +157,7 @@ impl Default for CreateConfig {
             env: Vec::new(),
             labels: BTreeMap::new(),
             timeout: None,
+            allow_setuid: false,
         }
     }
 }
@@ -210,6 +225,12 @@ pub enum ManagerError {
     },
     #[error("the spawner thread is gone")]
     SpawnerGone,
+    #[error("template {name} is not available")]
+    Template {
+        name: String,
+        #[source]
+        source: Box<brig_template::TemplateError>,
+    },
 }
 
 /// How a supervisor is told to end its sandbox.
@@ -290,21 +311,33 @@ impl SandboxManager {
             tracing::warn!("cannot raise the open-file limit: {e}");
         }
 
+        // Several spawners: most of a spawn's time is spent waiting, not
+        // computing (moving the init into its first cgroup waits for an RCU
+        // grace period, 3-15 ms on this VM, on cgroup v1), and concurrent
+        // spawns share those waits.
         let (spawn_tx, spawn_rx) = mpsc::channel::<SpawnJob>();
-        let spawner = thread::Builder::new()
-            .name("brig-spawner".into())
-            .spawn(move || {
-                // A job whose requester went away drops its Sandbox here,
-                // which kills and reaps it.
-                for job in spawn_rx {
+        let (opts, jobs) = (Arc::new(opts), Arc::new(Mutex::new(spawn_rx)));
+        let mut spawners = Vec::new();
+        for n in 0..SPAWNERS {
+            let (opts, jobs) = (Arc::clone(&opts), Arc::clone(&jobs));
+            let spawner = thread::Builder::new()
+                .name(format!("brig-spawner-{n}"))
+                .spawn(move || loop {
+                    let job = match lock(&jobs).recv() {
+                        Ok(job) => job,
+                        Err(_) => return,
+                    };
+                    // A job whose requester went away drops its Sandbox
+                    // here, which kills and reaps it.
                     let result = Sandbox::spawn_with(&job.spec, &opts, job.extras);
                     let _ = job.reply.send(result);
-                }
-            })
-            .map_err(|source| ManagerError::Io {
-                op: "start the spawner thread",
-                source,
-            })?;
+                })
+                .map_err(|source| ManagerError::Io {
+                    op: "start a spawner thread",
+                    source,
+                })?;
+            spawners.push(spawner);
+        }
 
         let (stop_tx, stop_rx) = mpsc::channel::<()>();
         let manager = Arc::new(SandboxManager {
@@ -312,7 +345,7 @@ impl SandboxManager {
             store: Mutex::new(store),
             live: Arc::new(Mutex::new(HashMap::new())),
             spawner: Mutex::new(Some(spawn_tx)),
-            threads: Mutex::new(vec![spawner]),
+            threads: Mutex::new(spawners),
             closing: AtomicBool::new(false),
             sweeper_stop: Mutex::new(Some(stop_tx)),
             pool: Arc::new(Pool::new(pool_targets)),
@@ -338,26 +371,29 @@ impl SandboxManager {
             })?;
         lock(&manager.threads).push(sweeper);
 
-        // The filler, like the sweeper, holds the manager weakly; it waits
-        // on the pool itself, which it holds strongly.
-        let weak = Arc::downgrade(&manager);
-        let pool = Arc::clone(&manager.pool);
-        let filler = thread::Builder::new()
-            .name("brig-pool".into())
-            .spawn(move || loop {
-                let pause = match weak.upgrade() {
-                    Some(m) if !m.closing.load(Ordering::SeqCst) => m.fill_once(),
-                    _ => return,
-                };
-                if let Some(pause) = pause {
-                    pool.wait(pause);
-                }
-            })
-            .map_err(|source| ManagerError::Io {
-                op: "start the pool filler thread",
-                source,
-            })?;
-        lock(&manager.threads).push(filler);
+        // The fillers, like the sweeper, hold the manager weakly; they wait
+        // on the pool itself, which they hold strongly. Two, so that their
+        // spawns overlap (see SPAWNERS).
+        for n in 0..FILLERS {
+            let weak = Arc::downgrade(&manager);
+            let pool = Arc::clone(&manager.pool);
+            let filler = thread::Builder::new()
+                .name(format!("brig-pool-{n}"))
+                .spawn(move || loop {
+                    let pause = match weak.upgrade() {
+                        Some(m) if !m.closing.load(Ordering::SeqCst) => m.fill_once(),
+                        _ => return,
+                    };
+                    if let Some(pause) = pause {
+                        pool.wait(pause);
+                    }
+                })
+                .map_err(|source| ManagerError::Io {
+                    op: "start a pool filler thread",
+                    source,
+                })?;
+            lock(&manager.threads).push(filler);
+        }
         Ok(manager)
     }
 
@@ -393,6 +429,7 @@ impl SandboxManager {
         let template = self.allowed_template(req.template)?;
         let mut spec = agent_spec(template, req.limits);
         spec.env = req.env;
+        spec.allow_setuid = req.allow_setuid;
         spec.validate()?;
 
         let warm = match self.claim(&spec)? {
@@ -414,7 +451,33 @@ impl SandboxManager {
     /// `dir:` template only inside one of [`ManagerConfig::template_roots`]
     /// (after resolving symlinks and `..`; the resolved path is what is
     /// used).
+    ///
+    /// A named template is resolved to its built rootfs under
+    /// `$BRIG_HOME/templates`, building it first if it is missing or its
+    /// recipe changed (minutes, once). No manager lock is held meanwhile;
+    /// concurrent creates of the same template wait for the same build
+    /// (brig-template's flock).
     fn allowed_template(&self, template: TemplateRef) -> Result<TemplateRef, ManagerError> {
+        if let TemplateRef::Named(name) = &template {
+            // An unknown name is the client's mistake: a 400 listing the
+            // known ones, before anything touches the disk.
+            brig_template::recipe(name).map_err(|e| ManagerError::BadRequest {
+                reason: e.to_string(),
+            })?;
+            let Some(home) = &self.config.home else {
+                return Err(ManagerError::BadRequest {
+                    reason: format!(
+                        "named templates such as {name:?} are not enabled on this daemon"
+                    ),
+                });
+            };
+            let rootfs = brig_template::ensure(home, name, brig_template::Progress::Lines)
+                .map_err(|source| ManagerError::Template {
+                    name: name.clone(),
+                    source: Box::new(source),
+                })?;
+            return Ok(TemplateRef::Dir(rootfs));
+        }
         let TemplateRef::Dir(path) = &template else {
             return Ok(template);
         };
@@ -443,7 +506,9 @@ impl SandboxManager {
     /// A pre-made sandbox that can serve `spec`, with `spec`'s limits
     /// written to its cgroups; `None` when there is none.
     fn claim(&self, spec: &SandboxSpec) -> Result<Option<Warm>, ManagerError> {
-        if !self.pool.serves(&spec.template, &spec.limits) {
+        // Pre-made sandboxes have no_new_privs; one that must let setuid
+        // binaries work is made fresh.
+        if spec.allow_setuid || !self.pool.serves(&spec.template, &spec.limits) {
             return Ok(None);
         }
         let Some(warm) = self.pool.take(&spec.template) else {
@@ -594,17 +659,24 @@ impl SandboxManager {
         if self.waiting.load(Ordering::SeqCst) > 0 {
             return Some(Duration::from_millis(10));
         }
-        let Some(template) = self.pool.short() else {
+        let Some(template) = self.pool.reserve() else {
             return Some(Duration::from_secs(1));
         };
-        match self.spawn_agent(&agent_spec(template.clone(), Pool::limits())) {
+        let made = self.spawn_agent(&agent_spec(template.clone(), Pool::limits()));
+        match made {
             Ok(warm) => {
+                // Put before unreserving: no other filler sees a gap.
                 self.pool.put(&template, warm);
+                self.pool.unreserve(&template);
                 None
             }
             // Shutting down: the filler stops at its next look at the flag.
-            Err(_) if self.closing.load(Ordering::SeqCst) => None,
+            Err(_) if self.closing.load(Ordering::SeqCst) => {
+                self.pool.unreserve(&template);
+                None
+            }
             Err(e) => {
+                self.pool.unreserve(&template);
                 // A template that cannot start must not spin: try again
                 // later, and say why.
                 tracing::warn!("pre-made sandbox pool for {template}: {e}");

@@ -75,6 +75,8 @@ pub(crate) struct Pool {
     claimed: Condvar,
     /// Creates served from the pool since the start.
     served: AtomicU64,
+    /// Sandboxes being made for the pool, per template (see `reserve`).
+    making: Mutex<HashMap<String, usize>>,
 }
 
 impl Pool {
@@ -84,6 +86,7 @@ impl Pool {
             idle: Mutex::new(HashMap::new()),
             claimed: Condvar::new(),
             served: AtomicU64::new(0),
+            making: Mutex::new(HashMap::new()),
         }
     }
 
@@ -129,13 +132,27 @@ impl Pool {
             .push_back(warm);
     }
 
-    /// The first template with fewer idle sandboxes than its target.
-    pub fn short(&self) -> Option<TemplateRef> {
+    /// The first template with fewer sandboxes (idle, or being made by a
+    /// filler) than its target, counting one more for the template returned: the caller
+    /// makes it, then calls [`Pool::unreserve`] (and `put` on success).
+    pub fn reserve(&self) -> Option<TemplateRef> {
         let idle = self.lock();
-        self.targets
-            .iter()
-            .find(|t| idle.get(&t.template.to_string()).map_or(0, VecDeque::len) < t.size)
-            .map(|t| t.template.clone())
+        let mut making = self.making.lock().unwrap_or_else(|e| e.into_inner());
+        let t = self.targets.iter().find(|t| {
+            let name = t.template.to_string();
+            let have = idle.get(&name).map_or(0, VecDeque::len);
+            have + making.get(&name).copied().unwrap_or(0) < t.size
+        })?;
+        *making.entry(t.template.to_string()).or_default() += 1;
+        Some(t.template.clone())
+    }
+
+    /// The end of a [`Pool::reserve`].
+    pub fn unreserve(&self, template: &TemplateRef) {
+        let mut making = self.making.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = making.get_mut(&template.to_string()) {
+            *n = n.saturating_sub(1);
+        }
     }
 
     /// Block until a claim or `timeout`.
@@ -202,7 +219,7 @@ mod tests {
             "host=-1",
             "host=x",
             "host=100000",
-            "nope=1",
+            "dir:=1",
         ] {
             let e = PoolTarget::parse(bad).unwrap_err();
             assert!(e.contains("--pool"), "{bad}: {e}");
@@ -225,7 +242,11 @@ mod tests {
             ..Limits::default()
         };
         assert!(!pool.serves(&TemplateRef::Host, &limits));
-        assert_eq!(pool.short(), Some(TemplateRef::Host));
+        assert_eq!(pool.reserve(), Some(TemplateRef::Host));
+        assert_eq!(pool.reserve(), Some(TemplateRef::Host));
+        assert_eq!(pool.reserve(), None, "two being made fill a pool of two");
+        pool.unreserve(&TemplateRef::Host);
+        assert_eq!(pool.reserve(), Some(TemplateRef::Host));
         assert!(pool.take(&TemplateRef::Host).is_none());
     }
 }

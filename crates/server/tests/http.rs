@@ -437,8 +437,8 @@ async fn the_isolation_tier_is_checked() {
     }
     let f = fixture(|_| {});
     for (tier, want, code) in [
-        ("vm", StatusCode::NOT_IMPLEMENTED, "unsupported"),
-        ("gvisor", StatusCode::NOT_IMPLEMENTED, "unsupported"),
+        ("vm", StatusCode::BAD_REQUEST, "unsupported"),
+        ("gvisor", StatusCode::BAD_REQUEST, "unsupported"),
         ("firecracker", StatusCode::BAD_REQUEST, "bad_request"),
     ] {
         let body = json!({ "isolation": tier }).to_string();

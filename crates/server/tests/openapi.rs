@@ -29,6 +29,10 @@ const ROUTES: &[(&str, &[&str])] = &[
     ("/v1/sandboxes/{id}/processes/{pid}/output", &["get"]),
     ("/v1/sandboxes/{id}/processes/{pid}/stdin", &["post"]),
     ("/v1/sandboxes/{id}/pty", &["get"]),
+    (
+        "/v1/sandboxes/{id}/ports/{port}/{path}",
+        &["get", "post", "put", "patch", "delete"],
+    ),
 ];
 
 #[test]

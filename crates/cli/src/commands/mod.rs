@@ -17,6 +17,7 @@ pub mod pause;
 pub mod resume;
 pub mod run;
 pub mod serve;
+pub mod template;
 
 /// brig runs untrusted code in fast, strongly isolated sandboxes.
 #[derive(Debug, Parser)]
@@ -52,6 +53,8 @@ pub enum Command {
     Cp(cp::CpArgs),
     /// Create, list and revoke API keys for the daemon.
     Keys(keys::KeysArgs),
+    /// Build and list the named templates (`base`, `code-interpreter-v1`).
+    Template(template::TemplateArgs),
 }
 
 pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
@@ -68,5 +71,6 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Resume(args) => resume::run(args),
         Command::Cp(args) => cp::run(args),
         Command::Keys(args) => keys::run(args),
+        Command::Template(args) => template::run(args),
     }
 }

@@ -14,6 +14,7 @@ use anyhow::Context;
 use brig_core::{parse_duration, parse_size, EnvVar, SandboxSpec, TemplateRef, UserSpec};
 use brig_jail::{probe, JailError, Sandbox, SpawnOptions};
 
+use super::client::home_dir;
 use crate::exit::{self, Outcome};
 use crate::tty::{self, RawTerminal};
 
@@ -21,7 +22,9 @@ use crate::tty::{self, RawTerminal};
 #[command(trailing_var_arg = true)]
 pub struct RunArgs {
     /// Root filesystem: `host` (read-only view of the host's /usr, /etc,
-    /// /bin, /sbin, /lib*) or `dir:PATH` (any unpacked root filesystem).
+    /// /bin, /sbin, /lib*), a named template (`base`, `code-interpreter-v1`:
+    /// built on first use, see `brig template`) or `dir:PATH` (any unpacked
+    /// root filesystem).
     #[arg(long, default_value = "host", value_name = "NAME|dir:PATH")]
     template: String,
     /// Memory limit; going over it kills the sandbox (exit 137).
@@ -65,7 +68,19 @@ impl RunArgs {
     /// Stage two: every flag parsed and checked, or one clear error.
     fn into_spec(self) -> anyhow::Result<SandboxSpec> {
         let mut spec = SandboxSpec::new(self.command);
-        spec.template = TemplateRef::parse(&self.template)?;
+        spec.template = match TemplateRef::parse(&self.template)? {
+            // Built (minutes, once) under $BRIG_HOME/templates if missing
+            // or stale; the jail gets its rootfs.
+            TemplateRef::Named(name) => {
+                brig_template::recipe(&name)?;
+                TemplateRef::Dir(brig_template::ensure(
+                    &home_dir(),
+                    &name,
+                    brig_template::Progress::Auto,
+                )?)
+            }
+            other => other,
+        };
         spec.limits.memory = parse_size(&self.memory).context("--memory")?;
         spec.limits.disk = parse_size(&self.disk).context("--disk")?;
         spec.limits.pids = self.pids;

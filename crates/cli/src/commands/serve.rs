@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use brig_core::parse_duration;
+use brig_core::{parse_duration, TemplateRef};
 use brig_server::http::{app, AppState};
 use brig_server::manager::{find_agent, ManagerConfig, DEFAULT_MAX_TIMEOUT};
 use brig_server::PoolTarget;
@@ -49,6 +49,18 @@ pub struct ServeArgs {
     /// directory into a sandbox.
     #[arg(long = "template-root", value_name = "DIR")]
     template_roots: Vec<PathBuf>,
+    /// Also serve E2B's API, so the official E2B SDKs work against brig
+    /// (docs/e2b.md): the control plane on --e2b-api, the sandboxes' data
+    /// plane on --e2b-sandbox.
+    #[arg(long)]
+    e2b: bool,
+    /// Where --e2b serves E2B's control plane (E2B_API_URL).
+    #[arg(long, default_value = "127.0.0.1:3000", value_name = "ADDR:PORT")]
+    e2b_api: SocketAddr,
+    /// Where --e2b serves the sandboxes' data plane, envd and the code
+    /// interpreter (E2B_SANDBOX_URL).
+    #[arg(long, default_value = "127.0.0.1:49983", value_name = "ADDR:PORT")]
+    e2b_sandbox: SocketAddr,
 }
 
 /// What serving needs, checked before anything starts.
@@ -58,6 +70,8 @@ struct ServeConfig {
     home: PathBuf,
     manager: ManagerConfig,
     metrics_public: bool,
+    /// (control plane, data plane) when --e2b is given.
+    e2b: Option<(SocketAddr, SocketAddr)>,
 }
 
 impl ServeArgs {
@@ -78,11 +92,22 @@ impl ServeArgs {
         manager.template_roots = std::iter::once(home.join("templates"))
             .chain(self.template_roots)
             .collect();
+        manager.home = Some(home.clone());
+        // A pool of a named template: build it now (once) and pre-make
+        // sandboxes from its rootfs, which is what creates resolve it to.
+        for target in &mut manager.pool {
+            if let TemplateRef::Named(name) = &target.template {
+                let rootfs = brig_template::ensure(&home, name, brig_template::Progress::Auto)
+                    .with_context(|| format!("--pool {name}"))?;
+                target.template = TemplateRef::Dir(rootfs);
+            }
+        }
         Ok(ServeConfig {
             listen: self.listen,
             home,
             manager,
             metrics_public: self.metrics_public,
+            e2b: self.e2b.then_some((self.e2b_api, self.e2b_sandbox)),
         })
     }
 }
@@ -108,7 +133,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<i32> {
         .build()
         .context("cannot start the async runtime")?;
     let state = AppState::new(Arc::clone(&manager)).with_public_metrics(config.metrics_public);
-    let served = runtime.block_on(serve(config.listen, state));
+    let served = runtime.block_on(serve(config.listen, state, config.e2b));
     // Sandboxes end before the runtime goes: their teardown is blocking
     // work that must finish before brig exits.
     manager.shutdown();
@@ -117,26 +142,97 @@ pub fn run(args: ServeArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-async fn serve(listen: SocketAddr, state: AppState) -> anyhow::Result<()> {
+async fn serve(
+    listen: SocketAddr,
+    state: AppState,
+    e2b: Option<(SocketAddr, SocketAddr)>,
+) -> anyhow::Result<()> {
+    // Every listener is bound before any address is printed, so a wrapper
+    // that waits for the last line finds all of them ready.
+    let (main, addr) = bind(listen).await?;
+    let e2b = match e2b {
+        Some((api, sandbox)) => Some((bind(api).await?, bind(sandbox).await?)),
+        None => None,
+    };
+    eprintln!("brig: listening on http://{addr}");
+    // One signal ends every listener.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|stop| *stop).await;
+        }
+    };
+    let mut servers = tokio::task::JoinSet::new();
+    if let Some(((api, api_addr), (data, data_addr))) = e2b {
+        let e2b_state = brig_server::e2b::E2bState::new(state.clone());
+        eprintln!("brig: e2b api on http://{api_addr}");
+        eprintln!("brig: e2b sandboxes on http://{data_addr}");
+        let control = brig_server::e2b::control_router(e2b_state.clone());
+        let data_plane = brig_server::e2b::data_router(e2b_state);
+        let stop = stopped.clone();
+        servers.spawn(async move {
+            axum::serve(api, control)
+                .with_graceful_shutdown(stop())
+                .await
+                .context("the E2B API server failed")
+        });
+        let stop = stopped.clone();
+        servers.spawn(async move {
+            axum::serve(data, data_plane)
+                .with_graceful_shutdown(stop())
+                .await
+                .context("the E2B sandbox server failed")
+        });
+    }
+    let stop = stopped.clone();
+    servers.spawn(async move {
+        axum::serve(main, app(state))
+            .with_graceful_shutdown(stop())
+            .await
+            .context("the HTTP server failed")
+    });
+    let stop_tx = std::sync::Arc::new(stop_tx);
+    {
+        let stop_tx = std::sync::Arc::clone(&stop_tx);
+        tokio::spawn(async move {
+            shutdown_signal().await;
+            let _ = stop_tx.send(true);
+        });
+    }
+    // A server that fails stops the others (gracefully); all are awaited.
+    let mut result = Ok(());
+    while let Some(done) = servers.join_next().await {
+        let done = done.context("an HTTP server task panicked").and_then(|r| r);
+        if done.is_err() {
+            let _ = stop_tx.send(true);
+            if result.is_ok() {
+                result = done;
+            }
+        }
+    }
+    eprintln!("brig: shutting down; ending sandboxes");
+    result
+}
+
+type Listener = axum::serve::TapIo<tokio::net::TcpListener, fn(&mut tokio::net::TcpStream)>;
+
+/// Bind one listener (port 0 picks a free one) with TCP_NODELAY on every
+/// connection: a streamed answer's last small line (`exited`) would
+/// otherwise wait for the client's delayed ACK, 40 ms, on every exec of a
+/// kept-alive connection.
+async fn bind(listen: SocketAddr) -> anyhow::Result<(Listener, SocketAddr)> {
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;
     let addr = listener
         .local_addr()
         .context("cannot read the listening address")?;
-    eprintln!("brig: listening on http://{addr}");
-    // No Nagle: a streamed answer's last small line (`exited`) would wait
-    // for the client's delayed ACK, 40 ms, on every exec of a kept-alive
-    // connection.
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+    fn nodelay(tcp: &mut tokio::net::TcpStream) {
         let _ = tcp.set_nodelay(true);
-    });
-    axum::serve(listener, app(state))
-        .with_graceful_shutdown(shutdown_signal())
-        .await
-        .context("the HTTP server failed")?;
-    eprintln!("brig: shutting down; ending sandboxes");
-    Ok(())
+    }
+    let listener = axum::serve::ListenerExt::tap_io(listener, nodelay as fn(&mut _));
+    Ok((listener, addr))
 }
 
 async fn shutdown_signal() {

@@ -115,6 +115,9 @@ impl From<ManagerError> for ApiError {
             ManagerError::Spawn(
                 JailError::Spec(_) | JailError::Template(_) | JailError::NoCpuController,
             ) => ApiError::bad_request(chain(&err)),
+            ManagerError::Template { .. } => {
+                ApiError::new(S::SERVICE_UNAVAILABLE, "unavailable", chain(&err))
+            }
             ManagerError::ShuttingDown => {
                 ApiError::new(S::SERVICE_UNAVAILABLE, "unavailable", err.to_string())
             }

@@ -9,7 +9,8 @@
 //! processes: start, list, signal, stdin, re-attach to their output),
 //! [`pty`] (an interactive session over a WebSocket) and
 //! [`files`] (raw download and upload, multipart upload, list, stat, mkdir,
-//! rename, remove) and [`keys`] (the tenant's API keys). Handlers are
+//! rename, remove), [`ports`] (HTTP and WebSocket to a port inside the
+//! sandbox) and [`keys`] (the tenant's API keys). Handlers are
 //! thin: decode the request into a config, make one call on the
 //! [`SandboxManager`], encode the answer. Every error goes through
 //! [`ApiError`] (`error.rs`).
@@ -25,6 +26,7 @@ pub mod exec;
 pub mod files;
 pub mod info;
 pub mod keys;
+pub mod ports;
 pub mod processes;
 pub mod pty;
 pub mod sandboxes;
@@ -111,6 +113,7 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/files/rename", post(files::rename))
         .route("/v1/sandboxes/{id}/files/watch", get(files::watch))
         .merge(processes::routes())
+        .merge(ports::routes())
         .route("/v1/sandboxes/{id}/pty", get(pty::pty))
         .fallback(|| async { ApiError::not_found("no such endpoint; see api/openapi.yaml") })
         .method_not_allowed_fallback(|| async {

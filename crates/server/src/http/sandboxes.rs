@@ -50,14 +50,16 @@ impl CreateSandboxConfig {
         match self.isolation.as_deref() {
             None | Some("process") => {}
             Some(tier @ ("gvisor" | "vm")) => {
+                // A 4xx: the request asks for what this host cannot give,
+                // the server is not failing.
                 return Err(ApiError::new(
-                    axum::http::StatusCode::NOT_IMPLEMENTED,
+                    axum::http::StatusCode::BAD_REQUEST,
                     "unsupported",
                     format!(
                         "the {tier} isolation tier is not available from this daemon yet; \
                          use \"process\" (GET /v1/info lists the tiers this host could offer)"
                     ),
-                ))
+                ));
             }
             Some(other) => {
                 return Err(bad(
@@ -99,6 +101,7 @@ impl CreateSandboxConfig {
             env,
             labels: self.labels,
             timeout,
+            ..CreateConfig::default()
         })
     }
 }

@@ -1,0 +1,648 @@
+//! The E2B control plane (`E2B_API_URL`): E2B's REST API on the manager.
+//!
+//! Every route of the `Sandbox` lifecycle the official clients call
+//! (reference §1.3), v1 and v2: create, connect (resumes a paused
+//! sandbox), the legacy resume, kill, timeout, get, list (v2 with metadata
+//! and state filters and `X-Next-Token` paging; the legacy running-only
+//! list), metrics and pause. Status codes and field names are E2B's
+//! exactly (`wire.rs`); every error is `{"code": <int>, "message"}`.
+//!
+//! `X-API-KEY` is a brig API key, checked like the native API's bearer
+//! key, and scopes every call to its tenant: another tenant's sandbox is
+//! not found. Only sandboxes created through this plane exist here (they
+//! are in the [`Registry`](super::Registry)); an entry whose sandbox has
+//! ended (kill, expiry, death) is dropped by `sweep` within a second (a task
+//! the router starts when it is built inside a tokio runtime),
+//! and at once by any call that finds it ended.
+
+mod interpreter;
+mod time;
+mod wire;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use axum::extract::{FromRequestParts, Path, RawQuery, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use brig_core::{EnvVar, SandboxId, TemplateRef};
+use rand::distributions::{Alphanumeric, DistString};
+
+pub use interpreter::InterpreterError;
+pub use time::{parse_rfc3339, rfc3339};
+pub use wire::E2bError;
+use wire::{Detail, Metric};
+
+use super::{E2bSandbox, E2bState, Registry};
+use crate::http::{blocking, Auth};
+use crate::manager::{CreateConfig, SandboxManager};
+use crate::{SandboxRecord, SandboxState, TenantId};
+
+/// A sandbox's time to live when create names none (E2B's default).
+pub const DEFAULT_TIMEOUT_SECS: i64 = 300;
+/// Page size of `GET /v2/sandboxes` when the client names none, and the
+/// most it may ask for.
+const MAX_PAGE: usize = 100;
+/// How often ended sandboxes are dropped from the registry.
+const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Every control-plane route.
+pub fn router(state: E2bState) -> Router {
+    if let Ok(rt) = tokio::runtime::Handle::try_current() {
+        rt.spawn(sweep(
+            Arc::downgrade(&state.sandboxes),
+            Arc::downgrade(&state.app.manager),
+        ));
+    }
+    Router::new()
+        .route("/sandboxes", post(create).get(list_legacy))
+        .route("/v2/sandboxes", post(create).get(list))
+        .route("/sandboxes/{id}", get(info).delete(kill))
+        .route("/sandboxes/{id}/connect", post(connect))
+        .route("/v2/sandboxes/{id}/connect", post(connect))
+        .route("/sandboxes/{id}/resume", post(resume))
+        .route("/sandboxes/{id}/timeout", post(set_timeout))
+        .route("/sandboxes/{id}/pause", post(pause))
+        .route("/sandboxes/{id}/metrics", get(metrics))
+        .fallback(|| async {
+            E2bError::new(
+                StatusCode::NOT_FOUND,
+                "no such endpoint: brig serves E2B's sandbox lifecycle API (docs/e2b.md)",
+            )
+        })
+        .method_not_allowed_fallback(|| async {
+            E2bError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "this endpoint does not take that method",
+            )
+        })
+        .with_state(state)
+}
+
+/// Drop the registry entries of sandboxes that have ended, until the
+/// registry or the manager is gone.
+async fn sweep(registry: Weak<Registry>, manager: Weak<SandboxManager>) {
+    loop {
+        tokio::time::sleep(SWEEP_INTERVAL).await;
+        let (Some(registry), Some(manager)) = (registry.upgrade(), manager.upgrade()) else {
+            return;
+        };
+        registry.retain(|sb| manager.live_sandbox(&sb.id).is_some());
+    }
+}
+
+/// The tenant of a control-plane request, from `X-API-KEY` (a brig key).
+#[derive(Debug, Clone)]
+pub struct ApiKey(pub TenantId);
+
+impl FromRequestParts<E2bState> for ApiKey {
+    type Rejection = E2bError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &E2bState) -> Result<ApiKey, E2bError> {
+        let key = parts
+            .headers
+            .get("x-api-key")
+            .and_then(|v| v.to_str().ok())
+            .map(|k| k.trim().to_string())
+            .filter(|k| !k.is_empty())
+            .ok_or_else(|| {
+                E2bError::new(
+                    StatusCode::UNAUTHORIZED,
+                    "missing X-API-KEY: set E2B_API_KEY to a brig API key",
+                )
+            })?;
+        match Auth::with_key(&state.app, key).await {
+            Ok(Auth(tenant)) => Ok(ApiKey(tenant)),
+            Err(e) if e.status == StatusCode::UNAUTHORIZED => Err(E2bError::new(
+                StatusCode::UNAUTHORIZED,
+                "invalid X-API-KEY: set E2B_API_KEY to a brig API key (brig keys create)",
+            )),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+/// One of `tenant`'s E2B sandboxes that is still live; 404 otherwise (and
+/// an ended one leaves the registry).
+fn lookup(state: &E2bState, tenant: &TenantId, id: &str) -> Result<Arc<E2bSandbox>, E2bError> {
+    let sb = state
+        .sandboxes
+        .get(id)
+        .filter(|sb| &sb.tenant == tenant)
+        .ok_or_else(|| E2bError::not_found(id))?;
+    if state.app.manager.live_sandbox(&sb.id).is_none() {
+        state.sandboxes.remove(id);
+        return Err(E2bError::not_found(id));
+    }
+    Ok(sb)
+}
+
+/// A timeout in seconds from a request: positive, or a 400.
+fn seconds(t: i64) -> Result<Duration, E2bError> {
+    if t <= 0 {
+        return Err(E2bError::bad_request(format!(
+            "invalid timeout {t}: give a positive number of seconds"
+        )));
+    }
+    Ok(Duration::from_secs(t as u64))
+}
+
+/// envd's access token: 32 random alphanumerics from the OS.
+fn access_token() -> String {
+    Alphanumeric.sample_string(&mut rand::rngs::OsRng, 32)
+}
+
+/// `POST /v2/sandboxes` and `POST /sandboxes`: 201 + `Sandbox`.
+async fn create(
+    State(state): State<E2bState>,
+    ApiKey(tenant): ApiKey,
+    body: axum::body::Bytes,
+) -> Result<Response, E2bError> {
+    let req: wire::NewSandbox = wire::body(&body)?;
+    let template_id = req
+        .template_id
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| E2bError::bad_request("templateID is required (e.g. \"base\")"))?;
+    if req.auto_pause == Some(true) {
+        return Err(E2bError::bad_request(
+            "autoPause is not supported by brig: a sandbox whose timeout passes is killed",
+        ));
+    }
+    let template = TemplateRef::parse(&template_id)
+        .map_err(|e| E2bError::bad_request(format!("templateID {template_id:?}: {e}")))?;
+    let timeout = seconds(req.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS))?;
+    let env: BTreeMap<String, String> = req.env_vars.unwrap_or_default();
+    let env_vars = env
+        .iter()
+        .map(|(k, v)| EnvVar::parse(&format!("{k}={v}")))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| E2bError::bad_request(format!("envVars: {e}")))?;
+    let metadata = req.metadata.unwrap_or_default();
+    let config = CreateConfig {
+        template,
+        env: env_vars,
+        labels: metadata.clone(),
+        timeout: Some(timeout),
+        // E2B's `user` has passwordless sudo, which needs setuid binaries
+        // to work (they can only become the sandbox's own root).
+        allow_setuid: true,
+        ..CreateConfig::default()
+    };
+
+    // All of it on one blocking task, which runs to its end even if the
+    // client goes away meanwhile: the sandbox is then registered (and
+    // listed, killable, ended by its timeout) rather than unreachable.
+    let manager = Arc::clone(&state.app.manager);
+    let registry = Arc::clone(&state.sandboxes);
+    let sb = tokio::task::spawn_blocking(move || -> Result<Arc<E2bSandbox>, E2bError> {
+        let record = manager.create(&tenant, config)?;
+        let (default_user, home) = default_user(&manager, &tenant, &record.id);
+        let sb = registry.insert(E2bSandbox {
+            id: record.id,
+            tenant,
+            template: template_id,
+            access_token: access_token(),
+            default_user,
+            env,
+            metadata,
+        });
+        if interpreter::wanted(&sb.template) {
+            if let Err(e) = interpreter::start(&manager, &sb, &home) {
+                tracing::warn!("{e}");
+                registry.remove(sb.id.as_str());
+                let _ = manager.delete(&sb.tenant, &sb.id);
+                return Err(E2bError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    error_chain(&e),
+                ));
+            }
+        }
+        Ok(sb)
+    })
+    .await
+    .map_err(|e| E2bError::from(crate::http::ApiError::from(e)))??;
+    Ok((StatusCode::CREATED, Json(wire::Sandbox::new(&sb))).into_response())
+}
+
+/// `err: its source`, for a message that says what went wrong inside.
+fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = err.to_string();
+    let mut next = err.source();
+    while let Some(e) = next {
+        out.push_str(": ");
+        out.push_str(&e.to_string());
+        next = e.source();
+    }
+    out
+}
+
+/// The user commands run as by default, and its home: `user` if the
+/// template's /etc/passwd has it (E2B's templates do), else `root`. Read
+/// inside the new sandbox, which sees exactly its template's files
+/// whatever kind of template it is.
+fn default_user(manager: &SandboxManager, tenant: &TenantId, id: &SandboxId) -> (String, String) {
+    let mut passwd = String::new();
+    if let Ok(mut f) = manager.read_file(tenant, id, "/etc/passwd") {
+        let _ = std::io::Read::read_to_string(&mut f, &mut passwd);
+    }
+    passwd
+        .lines()
+        .map(|l| l.split(':').collect::<Vec<_>>())
+        .find(|f| f.len() >= 7 && f[0] == "user")
+        .map(|f| ("user".to_string(), f[5].to_string()))
+        .unwrap_or_else(|| ("root".to_string(), "/root".to_string()))
+}
+
+/// `POST /v2/sandboxes/{id}/connect` and `POST /sandboxes/{id}/connect`:
+/// a running sandbox answers 200 and its time to live is only ever
+/// extended; a paused one is resumed (201).
+async fn connect(
+    State(state): State<E2bState>,
+    ApiKey(tenant): ApiKey,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<Response, E2bError> {
+    let req: wire::Connect = wire::body(&body)?;
+    let timeout = seconds(req.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS))?;
+    let sb = lookup(&state, &tenant, &id)?;
+    let manager = Arc::clone(&state.app.manager);
+    let sid = sb.id.clone();
+    let resumed = blocking(move || {
+        let record = manager.get(&tenant, &sid)?;
+        if record.state == SandboxState::Paused {
+            manager.resume(&tenant, &sid, Some(timeout))?;
+            return Ok(true);
+        }
+        let wanted = now_millis() + timeout.as_millis() as i64;
+        if wanted > record.expires_at {
+            manager.extend(&tenant, &sid, timeout)?;
+        }
+        Ok(false)
+    })
+    .await
+    .map_err(|e| ended_is_not_found(&state, &id, e.into()))?;
+    let status = if resumed {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(wire::Sandbox::new(&sb))).into_response())
+}
+
+/// `POST /sandboxes/{id}/resume` (Python 2.0–2.3): 201, or 409 if it is
+/// not paused.
+async fn resume(
+    State(state): State<E2bState>,
+    ApiKey(tenant): ApiKey,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<Response, E2bError> {
+    let req: wire::Connect = wire::body(&body)?;
+    let timeout = seconds(req.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS))?;
+    let sb = lookup(&state, &tenant, &id)?;
+    let (manager, sid) = (Arc::clone(&state.app.manager), sb.id.clone());
+    blocking(move || manager.resume(&tenant, &sid, Some(timeout)))
+        .await
+        .map_err(|e| ended_is_not_found(&state, &id, e.into()))?;
+    Ok((StatusCode::CREATED, Json(wire::Sandbox::new(&sb))).into_response())
+}
+
+/// A sandbox that ended during the call is not found, as it will be from
+/// now on.
+fn ended_is_not_found(state: &E2bState, id: &str, e: E2bError) -> E2bError {
+    let gone = state
+        .sandboxes
+        .get(id)
+        .is_none_or(|sb| state.app.manager.live_sandbox(&sb.id).is_none());
+    if gone {
+        state.sandboxes.remove(id);
+        E2bError::not_found(id)
+    } else {
+        e
+    }
+}
+
+/// `DELETE /sandboxes/{id}`: 204 once it is torn down.
+async fn kill(
+    State(state): State<E2bState>,
+    ApiKey(tenant): ApiKey,
+    Path(id): Path<String>,
+) -> Result<StatusCode, E2bError> {
+    let sb = lookup(&state, &tenant, &id)?;
+    let (manager, sid) = (Arc::clone(&state.app.manager), sb.id.clone());
+    blocking(move || manager.delete(&tenant, &sid)).await?;
+    state.sandboxes.remove(&id);
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `POST /sandboxes/{id}/timeout`: the sandbox ends `timeout` seconds from
+/// now (this may shorten its life). 204.
+async fn set_timeout(
+    State(state): State<E2bState>,
+    ApiKey(tenant): ApiKey,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<StatusCode, E2bError> {
+    let req: wire::SetTimeout = wire::body(&body)?;
+    let timeout = seconds(
+        req.timeout
+            .ok_or_else(|| E2bError::bad_request("timeout (seconds) is required"))?,
+    )?;
+    let sb = lookup(&state, &tenant, &id)?;
+    let (manager, sid) = (Arc::clone(&state.app.manager), sb.id.clone());
+    blocking(move || manager.extend(&tenant, &sid, timeout))
+        .await
+        .map_err(|e| ended_is_not_found(&state, &id, e.into()))?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `POST /sandboxes/{id}/pause`: 204; 409 if already paused (the SDK then
+/// returns `False`).
+async fn pause(
+    State(state): State<E2bState>,
+    ApiKey(tenant): ApiKey,
+    Path(id): Path<String>,
+) -> Result<StatusCode, E2bError> {
+    let sb = lookup(&state, &tenant, &id)?;
+    let (manager, sid) = (Arc::clone(&state.app.manager), sb.id.clone());
+    blocking(move || manager.pause(&tenant, &sid))
+        .await
+        .map_err(|e| ended_is_not_found(&state, &id, e.into()))?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `GET /sandboxes/{id}`: `SandboxDetail`.
+async fn info(
+    State(state): State<E2bState>,
+    ApiKey(tenant): ApiKey,
+    Path(id): Path<String>,
+) -> Result<Json<Detail>, E2bError> {
+    let sb = lookup(&state, &tenant, &id)?;
+    let (manager, sid) = (Arc::clone(&state.app.manager), sb.id.clone());
+    let record = blocking(move || manager.get(&tenant, &sid)).await?;
+    Ok(Json(Detail::new(&sb, &record, true)))
+}
+
+/// `GET /sandboxes/{id}/metrics`: one `SandboxMetric`, taken now (`start`
+/// and `end` are accepted and ignored: brig keeps no history).
+async fn metrics(
+    State(state): State<E2bState>,
+    ApiKey(tenant): ApiKey,
+    Path(id): Path<String>,
+) -> Result<Json<Vec<Metric>>, E2bError> {
+    let sb = lookup(&state, &tenant, &id)?;
+    let (manager, sid) = (Arc::clone(&state.app.manager), sb.id.clone());
+    let (sample, record) = blocking(move || {
+        let sample = manager.metrics(&tenant, &sid)?;
+        Ok((sample, manager.get(&tenant, &sid)?))
+    })
+    .await
+    .map_err(|e| ended_is_not_found(&state, &id, e.into()))?;
+    let cpus = Detail::new(&sb, &record, false).cpu_count;
+    Ok(Json(vec![Metric::new(&sample, cpus)]))
+}
+
+/// What a listing selects.
+#[derive(Debug)]
+struct ListQuery {
+    metadata: BTreeMap<String, String>,
+    running: bool,
+    paused: bool,
+    template: Option<String>,
+    started_after: Option<i64>,
+    limit: usize,
+    /// `(startedAt ms, id)` of the last item of the previous page.
+    after: Option<(i64, String)>,
+    descending: bool,
+}
+
+impl ListQuery {
+    /// Parse `GET /v2/sandboxes`' query (reference §1.4, "List query
+    /// details"). Unknown parameters are ignored, as upstream does.
+    fn parse(query: Option<&str>) -> Result<ListQuery, E2bError> {
+        let pairs: Vec<(String, String)> = serde_urlencoded::from_str(query.unwrap_or(""))
+            .map_err(|e| E2bError::bad_request(format!("invalid query string: {e}")))?;
+        let mut q = ListQuery {
+            metadata: BTreeMap::new(),
+            running: false,
+            paused: false,
+            template: None,
+            started_after: None,
+            limit: MAX_PAGE,
+            after: None,
+            descending: true,
+        };
+        let mut any_state = false;
+        for (k, v) in pairs {
+            match k.as_str() {
+                // `k=v&k2=v2`, keys and values percent-encoded, sent as one
+                // value: decoded by the query parser, then as a form, then
+                // each key and value once more (as upstream does).
+                "metadata" => {
+                    let inner: Vec<(String, String)> =
+                        serde_urlencoded::from_str(&v).map_err(|e| {
+                            E2bError::bad_request(format!("invalid metadata filter {v:?}: {e}"))
+                        })?;
+                    for (mk, mv) in inner {
+                        match (unescape(&mk), unescape(&mv)) {
+                            (Some(mk), Some(mv)) => q.metadata.insert(mk, mv),
+                            _ => {
+                                return Err(E2bError::bad_request(format!(
+                                    "invalid metadata filter {v:?}: bad percent-encoding"
+                                )))
+                            }
+                        };
+                    }
+                }
+                "state" => {
+                    for s in v.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+                        any_state = true;
+                        match s {
+                            "running" => q.running = true,
+                            "paused" => q.paused = true,
+                            _ => {
+                                return Err(E2bError::bad_request(format!(
+                                    "invalid state {s:?}: use running, paused or both \
+                                     (state=running,paused)"
+                                )));
+                            }
+                        }
+                    }
+                }
+                "template" => q.template = Some(v),
+                "startedAfter" => {
+                    q.started_after = Some(parse_rfc3339(&v).ok_or_else(|| {
+                        E2bError::bad_request(format!(
+                            "invalid startedAfter {v:?}: use RFC 3339, e.g. 2026-01-01T00:00:00Z"
+                        ))
+                    })?)
+                }
+                "limit" => {
+                    q.limit = v
+                        .parse::<usize>()
+                        .ok()
+                        .filter(|n| (1..=MAX_PAGE).contains(n))
+                        .ok_or_else(|| {
+                            E2bError::bad_request(format!(
+                                "invalid limit {v:?}: use a number from 1 to {MAX_PAGE}"
+                            ))
+                        })?
+                }
+                "nextToken" if !v.is_empty() => {
+                    let bad = || {
+                        E2bError::bad_request(format!(
+                            "invalid nextToken {v:?}: pass back the X-Next-Token of the previous \
+                             page unchanged"
+                        ))
+                    };
+                    let (at, id) = v.split_once('.').ok_or_else(bad)?;
+                    q.after = Some((at.parse().map_err(|_| bad())?, id.to_string()));
+                }
+                "order" => {
+                    q.descending = match v.as_str() {
+                        "desc" => true,
+                        "asc" => false,
+                        _ => {
+                            return Err(E2bError::bad_request(format!(
+                                "invalid order {v:?}: use asc or desc"
+                            )));
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        if !any_state {
+            (q.running, q.paused) = (true, true);
+        }
+        Ok(q)
+    }
+
+    fn selects(&self, sb: &E2bSandbox, record: &SandboxRecord) -> bool {
+        let state_ok = match record.state {
+            SandboxState::Running => self.running,
+            SandboxState::Paused => self.paused,
+            _ => false,
+        };
+        state_ok
+            && self
+                .metadata
+                .iter()
+                .all(|(k, v)| sb.metadata.get(k) == Some(v))
+            && self.template.as_ref().is_none_or(|t| t == &sb.template)
+            && self.started_after.is_none_or(|t| record.created_at >= t)
+    }
+}
+
+/// The tenant's sandboxes the query selects, in its order, one page: the
+/// items and the next page's token.
+async fn select(
+    state: &E2bState,
+    tenant: TenantId,
+    q: ListQuery,
+) -> Result<(Vec<Detail>, Option<String>), E2bError> {
+    let mine: Vec<Arc<E2bSandbox>> = state.sandboxes.of_tenant(&tenant);
+    let manager = Arc::clone(&state.app.manager);
+    blocking(move || {
+        let mut rows: Vec<(Arc<E2bSandbox>, SandboxRecord)> = Vec::new();
+        for sb in mine {
+            // Ended meanwhile: skipped, the sweep drops it.
+            let Ok(record) = manager.get(&tenant, &sb.id) else {
+                continue;
+            };
+            if q.selects(&sb, &record) {
+                rows.push((sb, record));
+            }
+        }
+        let key = |r: &SandboxRecord| (r.created_at, r.id.as_str().to_string());
+        rows.sort_by_key(|(_, r)| key(r));
+        if q.descending {
+            rows.reverse();
+        }
+        if let Some(after) = &q.after {
+            rows.retain(|(_, r)| {
+                if q.descending {
+                    key(r) < *after
+                } else {
+                    key(r) > *after
+                }
+            });
+        }
+        let next = (rows.len() > q.limit).then(|| {
+            let (_, r) = &rows[q.limit - 1];
+            format!("{}.{}", r.created_at, r.id)
+        });
+        rows.truncate(q.limit);
+        let items = rows
+            .iter()
+            .map(|(sb, r)| Detail::new(sb, r, false))
+            .collect();
+        Ok((items, next))
+    })
+    .await
+    .map_err(E2bError::from)
+}
+
+/// `GET /v2/sandboxes`: `ListedSandbox[]`, the next page's token in
+/// `X-Next-Token` (absent on the last page).
+async fn list(
+    State(state): State<E2bState>,
+    ApiKey(tenant): ApiKey,
+    RawQuery(query): RawQuery,
+) -> Result<Response, E2bError> {
+    let q = ListQuery::parse(query.as_deref())?;
+    let (items, next) = select(&state, tenant, q).await?;
+    let mut headers = HeaderMap::new();
+    if let Some(next) = next.and_then(|n| HeaderValue::from_str(&n).ok()) {
+        headers.insert("x-next-token", next);
+    }
+    Ok((headers, Json(items)).into_response())
+}
+
+/// `GET /sandboxes` (deprecated; Python 1.x): every running sandbox,
+/// optionally filtered by `metadata`, in one answer.
+async fn list_legacy(
+    State(state): State<E2bState>,
+    ApiKey(tenant): ApiKey,
+    RawQuery(query): RawQuery,
+) -> Result<Json<Vec<Detail>>, E2bError> {
+    let mut q = ListQuery::parse(query.as_deref())?;
+    (q.running, q.paused, q.limit, q.after) = (true, false, usize::MAX - 1, None);
+    Ok(Json(select(&state, tenant, q).await?.0))
+}
+
+/// Undo percent-encoding (`+` is a space, as in a query string); `None`
+/// if an escape is malformed or the result is not UTF-8.
+fn unescape(s: &str) -> Option<String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' => {
+                let hex = s.get(i + 1..i + 3)?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            c => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+fn now_millis() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}

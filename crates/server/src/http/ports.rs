@@ -1,0 +1,492 @@
+//! `ANY /v1/sandboxes/{id}/ports/{port}/{*path}`: HTTP and WebSocket to a
+//! server listening on a port inside a sandbox, and [`proxy`], the same
+//! proxy for other front ends (the E2B data plane uses it for every port
+//! that is not envd's or the code interpreter's).
+//!
+//! A sandbox's network is loopback only, so the daemon cannot connect to
+//! its servers; the agent does, and relays the bytes over a `CONNECT`
+//! stream ([`PortStream`]). Each proxied request gets its own connection
+//! inside the sandbox, and hyper's HTTP/1.1 client speaks over it:
+//!
+//! - Bodies are streamed both ways, never held whole: the request body
+//!   goes up as the client sends it, the response body comes down as the
+//!   server writes it, paced by the stream's credit (a slow client slows
+//!   the server inside the sandbox, not the daemon's memory).
+//! - `Upgrade` (WebSocket and anything else): the request goes up with its
+//!   `Upgrade`/`Connection` headers; on `101 Switching Protocols` both
+//!   connections are spliced byte for byte until either side closes
+//!   (each direction's EOF is passed on as a half-close).
+//! - Headers: `Authorization` (the brig key) and hop-by-hop headers are not
+//!   forwarded; `Host` becomes `127.0.0.1:PORT`, as the server would see
+//!   from a local client.
+//! - Nothing listening on the port: `502 {"code":"port_closed",
+//!   "message":"sandbox ID: nothing listens on port P"}`. The server
+//!   closing without an answer: `502 bad_gateway`.
+//!
+//! The bridge between the blocking [`PortStream`] and hyper's async IO
+//! ([`PortIo`]) is two threads per connection, one per direction, joined
+//! to the async side by small bounded channels: at most a few chunks are
+//! in flight in each direction, on top of the stream's window.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+
+use axum::body::Body;
+use axum::extract::{Path, Request, State};
+use axum::http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use axum::http::{StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::any;
+use axum::Router;
+use brig_agent_client::{ClientError, ErrorCode, PortStream};
+use brig_core::SandboxId;
+use bytes::Bytes;
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::mpsc;
+use tokio_util::sync::PollSender;
+
+use super::{sandbox_id, ApiError, AppState, Auth};
+use crate::manager::{ManagerError, SandboxManager};
+use crate::TenantId;
+
+/// Bytes per chunk between a connection's threads and hyper.
+const CHUNK: usize = 64 << 10;
+/// Chunks in flight per direction.
+const IN_FLIGHT: usize = 4;
+
+/// The routes: the port's root and every path below it, any method.
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/v1/sandboxes/{id}/ports/{port}/", any(route))
+        .route("/v1/sandboxes/{id}/ports/{port}/{*path}", any(route))
+        // Uploads stream through to the sandbox, never held here.
+        .layer(axum::extract::DefaultBodyLimit::disable())
+}
+
+/// The native route: check the key and the port, strip the route's prefix
+/// from the path, and [`proxy`].
+async fn route(
+    State(state): State<AppState>,
+    Auth(tenant): Auth,
+    Path(params): Path<HashMap<String, String>>,
+    mut req: Request,
+) -> Response {
+    let id = match sandbox_id(params.get("id").map_or("", String::as_str)) {
+        Ok(id) => id,
+        Err(e) => return e.into_response(),
+    };
+    let port = match params.get("port").and_then(|p| p.parse::<u16>().ok()) {
+        Some(p) if p > 0 => p,
+        _ => {
+            return ApiError::bad_request("the port must be a number from 1 to 65535")
+                .into_response()
+        }
+    };
+    // The raw path, not axum's decoded `{*path}`: percent-escapes reach the
+    // server as the client sent them.
+    let rest = req
+        .uri()
+        .path()
+        .splitn(7, '/')
+        .nth(6)
+        .unwrap_or_default()
+        .to_string();
+    let target = match req.uri().query() {
+        Some(q) => format!("/{rest}?{q}"),
+        None => format!("/{rest}"),
+    };
+    match target.parse::<Uri>() {
+        Ok(uri) => *req.uri_mut() = uri,
+        Err(e) => return ApiError::bad_request(format!("bad path {target}: {e}")).into_response(),
+    }
+    proxy(Arc::clone(&state.manager), tenant, id, port, req).await
+}
+
+/// Why a request could not be proxied.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    /// Nothing listens on the port inside the sandbox.
+    #[error("sandbox {id}: nothing listens on port {port}")]
+    PortClosed { id: SandboxId, port: u16 },
+    /// The server inside the sandbox broke the exchange (closed without an
+    /// answer, sent something that is not HTTP).
+    #[error("sandbox {id}: port {port}: {reason}")]
+    BadGateway {
+        id: SandboxId,
+        port: u16,
+        reason: String,
+    },
+    /// The sandbox is unknown (or another tenant's), not running, paused,
+    /// or its agent failed.
+    #[error(transparent)]
+    Manager(#[from] ManagerError),
+}
+
+impl From<ProxyError> for ApiError {
+    fn from(e: ProxyError) -> ApiError {
+        match e {
+            ProxyError::PortClosed { .. } => {
+                ApiError::new(StatusCode::BAD_GATEWAY, "port_closed", e.to_string())
+            }
+            ProxyError::BadGateway { .. } => {
+                ApiError::new(StatusCode::BAD_GATEWAY, "bad_gateway", e.to_string())
+            }
+            ProxyError::Manager(m) => m.into(),
+        }
+    }
+}
+
+/// Forward `req` to `port` on the loopback of sandbox `id` (which must be
+/// `tenant`'s and running) and stream the answer back; WebSocket and other
+/// upgrades included. `req`'s URI is sent as its path and query (the
+/// caller strips any prefix of its own); `Authorization` is not forwarded,
+/// `Host` becomes `127.0.0.1:PORT`. Errors are the native API's JSON
+/// ([`ApiError`]); use [`try_proxy`] to answer them in another shape.
+pub async fn proxy(
+    manager: Arc<SandboxManager>,
+    tenant: TenantId,
+    id: SandboxId,
+    port: u16,
+    req: Request,
+) -> Response {
+    match try_proxy(manager, tenant, id, port, req).await {
+        Ok(resp) => resp,
+        Err(e) => ApiError::from(e).into_response(),
+    }
+}
+
+/// [`proxy`], with the failure as a [`ProxyError`] for callers with their
+/// own error bodies (E2B's `port is not open`).
+pub async fn try_proxy(
+    manager: Arc<SandboxManager>,
+    tenant: TenantId,
+    id: SandboxId,
+    port: u16,
+    mut req: Request,
+) -> Result<Response, ProxyError> {
+    let stream = {
+        let sandbox = id.clone();
+        tokio::task::spawn_blocking(move || -> Result<PortStream, ProxyError> {
+            let id = sandbox;
+            let conn = manager.connection(&tenant, &id)?;
+            conn.connect_port(port).map_err(|source| {
+                if source.agent_code() == Some(ErrorCode::ConnectionRefused) {
+                    ProxyError::PortClosed {
+                        id: id.clone(),
+                        port,
+                    }
+                } else if let ClientError::Agent { message, .. } = &source {
+                    // The agent could not connect (a connect timeout):
+                    // the server's fault, not the daemon's.
+                    bad_gateway(&id, port, message.clone())
+                } else {
+                    ManagerError::Agent {
+                        id: id.clone(),
+                        source,
+                    }
+                    .into()
+                }
+            })
+        })
+        .await
+        .map_err(|e| bad_gateway(&id, port, format!("connect task failed: {e}")))??
+    };
+    let io = PortIo::new(stream);
+    let (mut sender, conn) = hyper::client::conn::http1::handshake::<_, Body>(TokioIo::new(io))
+        .await
+        .map_err(|e| bad_gateway(&id, port, e.to_string()))?;
+    tokio::spawn(async move {
+        // Ends when the exchange is over (or the upgraded IO is taken).
+        let _ = conn.with_upgrades().await;
+    });
+
+    let upgrade = req.headers().contains_key(header::UPGRADE);
+    let client_side = upgrade.then(|| hyper::upgrade::on(&mut req));
+    let (mut parts, body) = req.into_parts();
+    let upgrade_to = parts.headers.get(header::UPGRADE).cloned();
+    strip_hop_by_hop(&mut parts.headers);
+    parts.headers.remove(header::AUTHORIZATION);
+    if let Some(proto) = upgrade_to {
+        parts.headers.insert(header::UPGRADE, proto);
+        parts
+            .headers
+            .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    }
+    parts.headers.insert(
+        header::HOST,
+        HeaderValue::from_str(&format!("127.0.0.1:{port}")).expect("a valid header value"),
+    );
+    parts.uri = parts
+        .uri
+        .path_and_query()
+        .map_or_else(|| Uri::from_static("/"), |pq| Uri::from(pq.clone()));
+    parts.version = axum::http::Version::HTTP_11;
+    let out = Request::from_parts(parts, body);
+
+    let mut resp = sender
+        .send_request(out)
+        .await
+        .map_err(|e| bad_gateway(&id, port, describe(&e)))?;
+    if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+        let Some(client_side) = client_side else {
+            return Err(bad_gateway(
+                &id,
+                port,
+                "the server switched protocols without being asked to".into(),
+            ));
+        };
+        let server_side = hyper::upgrade::on(&mut resp);
+        tokio::spawn(async move {
+            let (Ok(client), Ok(server)) = tokio::join!(client_side, server_side) else {
+                return;
+            };
+            let (mut client, mut server) = (TokioIo::new(client), TokioIo::new(server));
+            let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+        });
+        let (parts, _) = resp.into_parts();
+        return Ok(Response::from_parts(parts, Body::empty()));
+    }
+    let (mut parts, body) = resp.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    Ok(Response::from_parts(parts, Body::new(body)))
+}
+
+fn bad_gateway(id: &SandboxId, port: u16, reason: String) -> ProxyError {
+    ProxyError::BadGateway {
+        id: id.clone(),
+        port,
+        reason,
+    }
+}
+
+/// hyper's error with its cause (`connection closed before message
+/// completed`, …).
+fn describe(e: &hyper::Error) -> String {
+    let mut out = e.to_string();
+    let mut next = std::error::Error::source(e);
+    while let Some(s) = next {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        next = s.source();
+    }
+    out
+}
+
+/// Headers about one connection, not the message (RFC 9110 §7.6.1), and
+/// those the `Connection` header names.
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in [
+        header::CONNECTION,
+        header::TE,
+        header::TRAILER,
+        header::TRANSFER_ENCODING,
+        header::UPGRADE,
+        header::PROXY_AUTHORIZATION,
+    ] {
+        headers.remove(name);
+    }
+    headers.remove("keep-alive");
+    headers.remove("proxy-connection");
+}
+
+/// What goes to the writing thread.
+enum ToPort {
+    Bytes(Bytes),
+    /// The async side shut its write half: half-close the connection.
+    Shutdown,
+}
+
+/// A [`PortStream`] as tokio IO, for hyper: one thread reads the stream
+/// into a bounded channel, another writes what the channel brings. Dropped,
+/// it aborts the connection (which wakes both threads).
+struct PortIo {
+    from_port: mpsc::Receiver<std::io::Result<Bytes>>,
+    pending: Bytes,
+    to_port: PollSender<ToPort>,
+    stream: PortStream,
+}
+
+impl PortIo {
+    fn new(stream: PortStream) -> PortIo {
+        let (in_tx, in_rx) = mpsc::channel(IN_FLIGHT);
+        let (out_tx, mut out_rx) = mpsc::channel::<ToPort>(IN_FLIGHT);
+        let port = stream.port();
+        let mut reader = stream.try_clone().expect("port streams clone");
+        let mut writer = stream.try_clone().expect("port streams clone");
+        let spawned = std::thread::Builder::new()
+            .name(format!("port-{port}-read"))
+            .spawn(move || {
+                let mut buf = vec![0u8; CHUNK];
+                loop {
+                    match reader.read(&mut buf) {
+                        Ok(0) => return,
+                        Ok(n) => {
+                            if in_tx
+                                .blocking_send(Ok(Bytes::copy_from_slice(&buf[..n])))
+                                .is_err()
+                            {
+                                return;
+                            }
+                        }
+                        Err(e) => {
+                            let _ = in_tx.blocking_send(Err(e));
+                            return;
+                        }
+                    }
+                }
+            })
+            .and_then(|_| {
+                std::thread::Builder::new()
+                    .name(format!("port-{port}-write"))
+                    .spawn(move || {
+                        while let Some(msg) = out_rx.blocking_recv() {
+                            match msg {
+                                ToPort::Bytes(b) => {
+                                    if writer.write_all(&b).is_err() {
+                                        return;
+                                    }
+                                }
+                                ToPort::Shutdown => {
+                                    let _ = writer.shutdown_write();
+                                }
+                            }
+                        }
+                    })
+            });
+        if let Err(e) = spawned {
+            // Out of threads: the connection fails as if the sandbox had
+            // gone (dropping the channels ends the other thread).
+            tracing::error!("port {port}: cannot start its relay threads: {e}");
+            stream.abort();
+        }
+        PortIo {
+            from_port: in_rx,
+            pending: Bytes::new(),
+            to_port: PollSender::new(out_tx),
+            stream,
+        }
+    }
+}
+
+impl Drop for PortIo {
+    fn drop(&mut self) {
+        // A finished exchange whose both sides closed is left alone; one
+        // still open (a keep-alive server) is reset.
+        self.stream.abort();
+    }
+}
+
+impl AsyncRead for PortIo {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        if self.pending.is_empty() {
+            match ready!(self.from_port.poll_recv(cx)) {
+                Some(Ok(bytes)) => self.pending = bytes,
+                Some(Err(e)) => return Poll::Ready(Err(e)),
+                // The server's EOF.
+                None => return Poll::Ready(Ok(())),
+            }
+        }
+        let n = buf.remaining().min(self.pending.len());
+        let chunk = self.pending.split_to(n);
+        buf.put_slice(&chunk);
+        Poll::Ready(Ok(()))
+    }
+}
+
+fn gone() -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::BrokenPipe,
+        "the connection into the sandbox is closed",
+    )
+}
+
+impl AsyncWrite for PortIo {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        ready!(self.to_port.poll_reserve(cx)).map_err(|_| gone())?;
+        let n = buf.len().min(CHUNK);
+        self.to_port
+            .send_item(ToPort::Bytes(Bytes::copy_from_slice(&buf[..n])))
+            .map_err(|_| gone())?;
+        Poll::Ready(Ok(n))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        // The writing thread sends each chunk as it gets it.
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        if self.to_port.is_closed() {
+            return Poll::Ready(Ok(()));
+        }
+        ready!(self.to_port.poll_reserve(cx)).map_err(|_| gone())?;
+        self.to_port
+            .send_item(ToPort::Shutdown)
+            .map_err(|_| gone())?;
+        self.to_port.close();
+        Poll::Ready(Ok(()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_headers_and_those_connection_names_are_dropped() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, X-Hop"),
+        );
+        h.insert("x-hop", HeaderValue::from_static("1"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("3"));
+        strip_hop_by_hop(&mut h);
+        let mut left: Vec<_> = h.keys().map(|k| k.as_str().to_string()).collect();
+        left.sort();
+        assert_eq!(left, ["content-length", "content-type"]);
+    }
+
+    #[test]
+    fn errors_have_the_api_shape() {
+        let id = SandboxId::from_random(42);
+        let e = ApiError::from(ProxyError::PortClosed {
+            id: id.clone(),
+            port: 8000,
+        });
+        assert_eq!((e.status, e.code), (StatusCode::BAD_GATEWAY, "port_closed"));
+        assert_eq!(
+            e.message,
+            format!("sandbox {id}: nothing listens on port 8000")
+        );
+    }
+}

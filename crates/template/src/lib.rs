@@ -1,0 +1,670 @@
+//! Named templates: Debian root filesystems built from a [`Recipe`] with
+//! mmdebstrap the first time they are asked for, then cached.
+//!
+//! Layout, under `$BRIG_HOME/templates/<name>/`:
+//!
+//! - `rootfs/`: the template, used read-only as a sandbox's lower layer;
+//! - `recipe`: the stamp, `sha256=<hash of the recipe text>` followed by
+//!   the text itself. `rootfs/` counts only when this file matches the
+//!   current recipe, so changing a recipe rebuilds it and a build that died
+//!   half-way is never used;
+//! - `.lock`: flock'ed while building, so concurrent callers (two creates
+//!   in the daemon, a daemon and a `brig run`) build once and the others
+//!   wait for that build;
+//! - `.rootfs.tmp.*`: a build in progress, renamed to `rootfs/` only on
+//!   success (the stamp is written after the rename).
+//!
+//! The same approach as `tests/support/build-rootfs.sh`, which builds the
+//! test suite's rootfs.
+
+use std::fmt::Write as _;
+use std::fs::{self, File};
+use std::io::{BufRead, BufReader, IsTerminal};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+
+pub mod recipes;
+
+pub use recipes::Recipe;
+
+/// Overrides the Debian mirror templates are built from.
+pub const MIRROR_ENV: &str = "BRIG_TEMPLATE_MIRROR";
+/// Overrides the mmdebstrap executable (tests use a fake one).
+pub const MMDEBSTRAP_ENV: &str = "BRIG_MMDEBSTRAP";
+
+/// Why a template could not be had.
+#[derive(Debug, thiserror::Error)]
+pub enum TemplateError {
+    #[error("unknown template {name:?}: the named templates are {known} (or use `host` or `dir:/path/to/rootfs`)")]
+    Unknown { name: String, known: String },
+    #[error("building template {name} needs mmdebstrap, which is not installed: run `apt-get install mmdebstrap`")]
+    NoMmdebstrap { name: String },
+    #[error("building template {name} needs root (mmdebstrap --mode=root): run `sudo brig template build {name}` once")]
+    NotRoot { name: String },
+    #[error("could not download template {name}'s packages from {mirror}: the network or the mirror is unreachable ({detail}); check the connection, or set {MIRROR_ENV} to a reachable Debian mirror")]
+    Network {
+        name: String,
+        mirror: String,
+        detail: String,
+    },
+    #[error("mmdebstrap failed to build template {name} ({status}); its last lines:\n{tail}")]
+    Build {
+        name: String,
+        status: ExitStatus,
+        tail: String,
+    },
+    #[error("template {name}: cannot {op} {path}")]
+    Io {
+        name: String,
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// How a build reports progress on stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Progress {
+    /// A spinner with mmdebstrap's current step when stderr is a terminal,
+    /// plain lines otherwise.
+    Auto,
+    /// One line per mmdebstrap step (`brig: template base: ...`).
+    Lines,
+    /// Nothing (errors still carry mmdebstrap's last lines).
+    Quiet,
+}
+
+/// Whether a template is ready to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    /// Never built (or a build never finished).
+    Missing,
+    /// Built from an older recipe: the next use rebuilds it.
+    Stale,
+    Ready,
+}
+
+impl State {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Missing => "missing",
+            State::Stale => "stale",
+            State::Ready => "ready",
+        }
+    }
+}
+
+/// The recipe called `name`.
+pub fn recipe(name: &str) -> Result<&'static Recipe, TemplateError> {
+    recipes::ALL
+        .iter()
+        .find(|r| r.name == name)
+        .ok_or_else(|| TemplateError::Unknown {
+            name: name.to_string(),
+            known: known_names(),
+        })
+}
+
+/// `base, code-interpreter-v1`, for messages.
+pub fn known_names() -> String {
+    recipes::ALL
+        .iter()
+        .map(|r| r.name)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `$home/templates`: where named templates live (and a daemon's default
+/// `dir:` template root).
+pub fn templates_dir(home: &Path) -> PathBuf {
+    home.join("templates")
+}
+
+/// Where one template's files are.
+#[derive(Debug, Clone)]
+pub struct Paths {
+    pub dir: PathBuf,
+    pub rootfs: PathBuf,
+    pub stamp: PathBuf,
+    lock: PathBuf,
+}
+
+impl Paths {
+    pub fn new(home: &Path, name: &str) -> Paths {
+        let dir = templates_dir(home).join(name);
+        Paths {
+            rootfs: dir.join("rootfs"),
+            stamp: dir.join("recipe"),
+            lock: dir.join(".lock"),
+            dir,
+        }
+    }
+}
+
+/// What a stamp must contain for `recipe`.
+pub fn stamp_for(recipe: &Recipe) -> String {
+    let text = recipe.text();
+    let hash = Sha256::digest(text.as_bytes());
+    let mut s = String::from("sha256=");
+    for b in hash {
+        let _ = write!(s, "{b:02x}");
+    }
+    s.push('\n');
+    s.push_str(&text);
+    s
+}
+
+/// Whether the template at `paths` was built from `recipe`.
+pub fn state(paths: &Paths, recipe: &Recipe) -> State {
+    if !paths.rootfs.is_dir() {
+        return State::Missing;
+    }
+    match fs::read_to_string(&paths.stamp) {
+        Ok(s) if s == stamp_for(recipe) => State::Ready,
+        Ok(_) => State::Stale,
+        Err(_) => State::Missing,
+    }
+}
+
+/// The template `name`'s root filesystem, built first if it is missing or
+/// stale. Concurrent callers build it once: the others wait for that build.
+pub fn ensure(home: &Path, name: &str, progress: Progress) -> Result<PathBuf, TemplateError> {
+    let recipe = recipe(name)?;
+    let paths = Paths::new(home, name);
+    if state(&paths, recipe) == State::Ready {
+        return Ok(paths.rootfs);
+    }
+    build_locked(recipe, &paths, false, progress)
+}
+
+/// Build the template `name` (again, with `force`, even if it is current).
+pub fn build(
+    home: &Path,
+    name: &str,
+    force: bool,
+    progress: Progress,
+) -> Result<PathBuf, TemplateError> {
+    let recipe = recipe(name)?;
+    build_locked(recipe, &Paths::new(home, name), force, progress)
+}
+
+/// One row of `brig template ls`.
+#[derive(Debug, Clone)]
+pub struct Info {
+    pub recipe: &'static Recipe,
+    pub state: State,
+    pub rootfs: PathBuf,
+    /// Bytes of files in the rootfs (apparent size); `None` unless built.
+    pub size: Option<u64>,
+}
+
+/// Every named template and its state under `home`.
+pub fn list(home: &Path) -> Vec<Info> {
+    recipes::ALL
+        .iter()
+        .map(|r| {
+            let paths = Paths::new(home, r.name);
+            let state = state(&paths, r);
+            let size = (state != State::Missing).then(|| tree_size(&paths.rootfs));
+            Info {
+                recipe: r,
+                state,
+                rootfs: paths.rootfs,
+                size,
+            }
+        })
+        .collect()
+}
+
+fn tree_size(dir: &Path) -> u64 {
+    let mut total = 0;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(entries) = fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let Ok(m) = e.metadata() else { continue };
+            if m.is_dir() {
+                stack.push(e.path());
+            } else {
+                total += m.len();
+            }
+        }
+    }
+    total
+}
+
+fn io_err(
+    name: &str,
+    op: &'static str,
+    path: &Path,
+) -> impl FnOnce(std::io::Error) -> TemplateError {
+    let (name, path) = (name.to_string(), path.to_path_buf());
+    move |source| TemplateError::Io {
+        name,
+        op,
+        path,
+        source,
+    }
+}
+
+fn build_locked(
+    recipe: &Recipe,
+    paths: &Paths,
+    force: bool,
+    progress: Progress,
+) -> Result<PathBuf, TemplateError> {
+    let name = recipe.name;
+    fs::create_dir_all(&paths.dir).map_err(io_err(name, "create", &paths.dir))?;
+    let lock = File::create(&paths.lock).map_err(io_err(name, "create", &paths.lock))?;
+    // SAFETY: flock on a descriptor we own; blocks until the lock is ours.
+    // The lock is released when `lock` is dropped (or the process dies).
+    let r = unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) };
+    if r != 0 {
+        return Err(io_err(name, "lock", &paths.lock)(
+            std::io::Error::last_os_error(),
+        ));
+    }
+    // Someone else may have built it while we waited.
+    if !force && state(paths, recipe) == State::Ready {
+        return Ok(paths.rootfs.clone());
+    }
+    let mmdebstrap = which_mmdebstrap().ok_or_else(|| TemplateError::NoMmdebstrap {
+        name: name.to_string(),
+    })?;
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err(TemplateError::NotRoot {
+            name: name.to_string(),
+        });
+    }
+    // Leftovers of builds that were killed (we hold the lock: no build is
+    // running).
+    if let Ok(entries) = fs::read_dir(&paths.dir) {
+        for e in entries.flatten() {
+            let n = e.file_name();
+            let n = n.to_string_lossy();
+            if n.starts_with(".rootfs.tmp.") || n.starts_with(".rootfs.old.") {
+                let _ = fs::remove_dir_all(e.path());
+            }
+        }
+    }
+    let tmp = paths
+        .dir
+        .join(format!(".rootfs.tmp.{}", std::process::id()));
+    fs::create_dir(&tmp).map_err(io_err(name, "create", &tmp))?;
+    let built = run_mmdebstrap(&mmdebstrap, recipe, &tmp, progress);
+    if let Err(e) = built {
+        let _ = fs::remove_dir_all(&tmp);
+        return Err(e);
+    }
+
+    // Invalidate first, then swap: a crash below leaves no stamp, so the
+    // next use rebuilds instead of trusting a half-swapped tree.
+    let _ = fs::remove_file(&paths.stamp);
+    let old = paths
+        .dir
+        .join(format!(".rootfs.old.{}", std::process::id()));
+    if paths.rootfs.exists() {
+        fs::rename(&paths.rootfs, &old).map_err(io_err(name, "move aside", &paths.rootfs))?;
+    }
+    fs::rename(&tmp, &paths.rootfs).map_err(io_err(name, "rename into place", &tmp))?;
+    fs::set_permissions(&paths.rootfs, fs::Permissions::from_mode(0o755)).map_err(io_err(
+        name,
+        "chmod",
+        &paths.rootfs,
+    ))?;
+    let stamp_tmp = paths.dir.join(".recipe.tmp");
+    fs::write(&stamp_tmp, stamp_for(recipe)).map_err(io_err(name, "write", &stamp_tmp))?;
+    fs::rename(&stamp_tmp, &paths.stamp).map_err(io_err(name, "write", &paths.stamp))?;
+    // A sandbox still running on the old tree keeps its mount; the files
+    // go once it ends.
+    let _ = fs::remove_dir_all(&old);
+    Ok(paths.rootfs.clone())
+}
+
+fn which_mmdebstrap() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os(MMDEBSTRAP_ENV).filter(|p| !p.is_empty()) {
+        return Some(PathBuf::from(p)).filter(|p| p.is_file());
+    }
+    let path = std::env::var_os("PATH").unwrap_or_else(|| "/usr/sbin:/usr/bin:/sbin:/bin".into());
+    std::env::split_paths(&path)
+        .map(|d| d.join("mmdebstrap"))
+        .find(|p| p.is_file())
+}
+
+/// The Debian mirror: `$BRIG_TEMPLATE_MIRROR`, else the one this machine's
+/// apt uses for the suite (so a proxy or local mirror keeps working), else
+/// deb.debian.org.
+pub fn mirror(suite: &str) -> String {
+    if let Some(m) = std::env::var_os(MIRROR_ENV).filter(|m| !m.is_empty()) {
+        return m.to_string_lossy().into_owned();
+    }
+    let mut files = vec![PathBuf::from("/etc/apt/sources.list")];
+    if let Ok(d) = fs::read_dir("/etc/apt/sources.list.d") {
+        let mut more: Vec<PathBuf> = d.flatten().map(|e| e.path()).collect();
+        more.sort();
+        files.extend(more);
+    }
+    for f in files {
+        let Ok(text) = fs::read_to_string(&f) else {
+            continue;
+        };
+        let found = if f.extension().is_some_and(|e| e == "sources") {
+            deb822_uri(&text, suite)
+        } else {
+            one_line_uri(&text, suite)
+        };
+        if let Some(u) = found {
+            return u;
+        }
+    }
+    "http://deb.debian.org/debian".into()
+}
+
+fn deb822_uri(text: &str, suite: &str) -> Option<String> {
+    for stanza in text.split("\n\n") {
+        let mut uri = None;
+        let mut has_suite = false;
+        for line in stanza.lines() {
+            let mut words = line.split_whitespace();
+            match words.next().map(str::to_ascii_lowercase).as_deref() {
+                Some("uris:") => uri = words.next().map(str::to_string),
+                Some("suites:") => has_suite = words.any(|w| w == suite),
+                _ => {}
+            }
+        }
+        if has_suite && uri.is_some() {
+            return uri;
+        }
+    }
+    None
+}
+
+fn one_line_uri(text: &str, suite: &str) -> Option<String> {
+    for line in text.lines() {
+        let mut words = line.split_whitespace().peekable();
+        if words.next() != Some("deb") {
+            continue;
+        }
+        if words.peek().is_some_and(|w| w.starts_with('[')) {
+            for w in words.by_ref() {
+                if w.ends_with(']') {
+                    break;
+                }
+            }
+        }
+        let (Some(uri), Some(s)) = (words.next(), words.next()) else {
+            continue;
+        };
+        if s == suite {
+            return Some(uri.to_string());
+        }
+    }
+    None
+}
+
+/// Lines of mmdebstrap's output that mean the archive could not be reached.
+const NETWORK_SIGNS: &[&str] = &[
+    "Temporary failure resolving",
+    "Could not resolve",
+    "Failed to fetch",
+    "Could not connect",
+    "Unable to connect",
+    "Connection timed out",
+    "Network is unreachable",
+    "No route to host",
+];
+
+/// Whether mmdebstrap's output says the network failed.
+pub fn network_failure(lines: &[String]) -> Option<String> {
+    lines
+        .iter()
+        .find(|l| NETWORK_SIGNS.iter().any(|s| l.contains(s)))
+        .map(|l| l.trim().to_string())
+}
+
+fn run_mmdebstrap(
+    mmdebstrap: &Path,
+    recipe: &Recipe,
+    target: &Path,
+    progress: Progress,
+) -> Result<(), TemplateError> {
+    let name = recipe.name;
+    let mirror = mirror(recipe.suite);
+    let mut cmd = Command::new(mmdebstrap);
+    cmd.arg("--mode=root")
+        .arg(format!("--variant={}", recipe.variant))
+        // Written to the template's /etc/apt/apt.conf.d/99mmdebstrap too:
+        // `apt-get install` in a sandbox behaves the same.
+        .arg(format!(
+            "--aptopt=APT::Install-Recommends \"{}\"",
+            recipe.recommends
+        ))
+        .arg(format!("--include={}", recipe.package_list().join(",")));
+    for hook in recipe.customize.iter().flat_map(|g| g.iter()) {
+        cmd.arg(format!("--customize-hook={hook}"));
+    }
+    cmd.arg(recipe.suite)
+        .arg(target)
+        .arg(&mirror)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            TemplateError::NoMmdebstrap {
+                name: name.to_string(),
+            }
+        } else {
+            io_err(name, "run", Path::new("mmdebstrap"))(e)
+        }
+    })?;
+
+    let bar = match progress {
+        Progress::Auto if std::io::stderr().is_terminal() => {
+            let bar = indicatif::ProgressBar::new_spinner();
+            bar.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{spinner} building template {prefix} [{elapsed}] {msg}",
+                )
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+            );
+            bar.set_prefix(name.to_string());
+            bar.enable_steady_tick(Duration::from_millis(120));
+            Some(bar)
+        }
+        _ => None,
+    };
+    let lines_out = progress == Progress::Lines || (progress == Progress::Auto && bar.is_none());
+    let say = |msg: &str| {
+        if let Some(bar) = &bar {
+            bar.set_message(msg.to_string());
+        } else if lines_out {
+            eprintln!("brig: template {name}: {msg}");
+        }
+    };
+    say(&format!(
+        "building from {mirror} with mmdebstrap (a few minutes, once)"
+    ));
+    let start = Instant::now();
+    let mut tail: Vec<String> = Vec::new();
+    if let Some(err) = child.stderr.take() {
+        for line in BufReader::new(err).lines() {
+            let Ok(line) = line else { break };
+            if let Some(step) = line.strip_prefix("I: ") {
+                say(step);
+            } else if line.starts_with("W: ") || line.starts_with("E: ") {
+                if let Some(bar) = &bar {
+                    bar.println(&line);
+                } else if lines_out {
+                    eprintln!("brig: template {name}: {line}");
+                }
+            }
+            tail.push(line);
+            if tail.len() > 40 {
+                tail.remove(0);
+            }
+        }
+    }
+    let status = child
+        .wait()
+        .map_err(io_err(name, "wait for", Path::new("mmdebstrap")))?;
+    if let Some(bar) = &bar {
+        bar.finish_and_clear();
+    }
+    if !status.success() {
+        if let Some(detail) = network_failure(&tail) {
+            return Err(TemplateError::Network {
+                name: name.to_string(),
+                mirror,
+                detail,
+            });
+        }
+        return Err(TemplateError::Build {
+            name: name.to_string(),
+            status,
+            tail: tail.join("\n"),
+        });
+    }
+    if progress != Progress::Quiet {
+        eprintln!(
+            "brig: template {name}: built in {:.0} s",
+            start.elapsed().as_secs_f64()
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fake_built(home: &Path, recipe: &Recipe) -> Paths {
+        let p = Paths::new(home, recipe.name);
+        fs::create_dir_all(p.rootfs.join("etc")).unwrap();
+        fs::write(&p.stamp, stamp_for(recipe)).unwrap();
+        p
+    }
+
+    #[test]
+    fn a_template_is_ready_only_with_a_matching_stamp() {
+        let home = tempfile::tempdir().unwrap();
+        let r = recipes::BASE;
+        let p = Paths::new(home.path(), r.name);
+        assert_eq!(state(&p, &r), State::Missing);
+        fake_built(home.path(), &r);
+        assert_eq!(state(&p, &r), State::Ready);
+        // ensure returns a ready template without building (no mmdebstrap,
+        // no root needed).
+        assert_eq!(
+            ensure(home.path(), "base", Progress::Quiet).unwrap(),
+            p.rootfs
+        );
+
+        // Any change to the recipe makes it stale.
+        let mut changed = r;
+        changed.packages = &[&["python3"]];
+        assert_eq!(state(&p, &changed), State::Stale);
+        let mut bumped = r;
+        bumped.version += 1;
+        assert_eq!(state(&p, &bumped), State::Stale);
+        let mut hooked = r;
+        hooked.customize = &[&["true"]];
+        assert_eq!(state(&p, &hooked), State::Stale);
+        let mut recommending = r;
+        recommending.recommends = true;
+        assert_eq!(state(&p, &recommending), State::Stale);
+
+        // A rootfs without its stamp (a build that died after the rename)
+        // is not used.
+        fs::remove_file(&p.stamp).unwrap();
+        assert_eq!(state(&p, &r), State::Missing);
+        // Nor a stamp without a rootfs.
+        fs::write(&p.stamp, stamp_for(&r)).unwrap();
+        fs::remove_dir_all(&p.rootfs).unwrap();
+        assert_eq!(state(&p, &r), State::Missing);
+    }
+
+    #[test]
+    fn stamps_differ_per_recipe_and_carry_the_recipe() {
+        let a = stamp_for(&recipes::BASE);
+        let b = stamp_for(&recipes::CODE_INTERPRETER_V1);
+        assert_ne!(a, b);
+        assert!(a.starts_with("sha256="));
+        assert!(a.contains("include=bash,"));
+        assert!(b.contains("python3-ipykernel"));
+        assert_eq!(a, stamp_for(&recipes::BASE));
+    }
+
+    #[test]
+    fn code_interpreter_has_everything_base_has() {
+        let base = recipes::BASE.package_list();
+        let ci = recipes::CODE_INTERPRETER_V1.package_list();
+        for p in &base {
+            assert!(ci.contains(p), "code-interpreter-v1 lacks {p}");
+        }
+        for p in [
+            "python3",
+            "python3-pip",
+            "nodejs",
+            "git",
+            "curl",
+            "sudo",
+            "ca-certificates",
+        ] {
+            assert!(base.contains(&p), "base lacks {p}");
+        }
+        for p in [
+            "python3-ipykernel",
+            "python3-numpy",
+            "python3-pandas",
+            "python3-matplotlib",
+        ] {
+            assert!(ci.contains(&p), "code-interpreter-v1 lacks {p}");
+        }
+    }
+
+    #[test]
+    fn unknown_names_list_the_known_ones() {
+        let err = recipe("ubuntu").unwrap_err().to_string();
+        assert!(err.contains("\"ubuntu\""), "{err}");
+        assert!(err.contains("base, code-interpreter-v1"), "{err}");
+        assert!(ensure(Path::new("/nonexistent"), "ubuntu", Progress::Quiet).is_err());
+    }
+
+    #[test]
+    fn network_failures_are_recognised() {
+        let lines = vec![
+            "I: running apt-get update...".to_string(),
+            "W: Failed to fetch http://deb.debian.org/debian/dists/bookworm/InRelease  Temporary failure resolving 'deb.debian.org'".to_string(),
+            "E: apt-get update failed".to_string(),
+        ];
+        assert!(network_failure(&lines)
+            .unwrap()
+            .contains("Temporary failure resolving"));
+        assert_eq!(network_failure(&lines[..1]), None);
+    }
+
+    #[test]
+    fn mirrors_are_read_from_apt_sources() {
+        let deb822 = "Types: deb\nURIs: http://m.example/debian\nSuites: bookworm bookworm-updates\n\nTypes: deb\nURIs: http://sec.example\nSuites: bookworm-security\n";
+        assert_eq!(
+            deb822_uri(deb822, "bookworm").as_deref(),
+            Some("http://m.example/debian")
+        );
+        let line = "deb [arch=amd64 signed-by=/x] http://m2.example/debian bookworm main\n";
+        assert_eq!(
+            one_line_uri(line, "bookworm").as_deref(),
+            Some("http://m2.example/debian")
+        );
+        assert_eq!(one_line_uri(line, "trixie"), None);
+    }
+}
