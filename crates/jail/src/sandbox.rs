@@ -311,7 +311,9 @@ impl Sandbox {
                 // case, only reads the plan and makes system calls: nothing
                 // between here and its execve allocates, takes a lock or
                 // writes memory it shares with us beyond its own stack. It
-                // shares our thread's TLS, whose only use there is errno.
+                // shares our thread's TLS, so errno too, which we keep
+                // writing meanwhile: its system calls (sys::Linux) take
+                // their errors from the kernel's return value, not errno.
                 // CLONE_PIDFD stores the pidfd through the parent-tid
                 // argument.
                 unsafe {

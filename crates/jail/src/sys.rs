@@ -35,13 +35,93 @@ impl fmt::Display for Errno {
 
 pub type SysResult<T = ()> = Result<T, Errno>;
 
-fn check(ret: libc::c_long) -> SysResult<libc::c_long> {
-    if ret < 0 {
-        Err(Errno::last())
+/// A system call whose failure comes back in its return value, never
+/// through libc's `errno`.
+///
+/// Why not the libc wrappers: the init of a sandbox that runs its own
+/// reaper (`Extras::as_init`) is cloned with `CLONE_VM` and keeps the
+/// spawning thread's TLS, so `errno` is one word that it and that thread
+/// both write, at the same time: the thread goes on creating cgroups
+/// (`fs::canonicalize`, i.e. realpath, leaves `EINVAL` there from every
+/// readlink of a non-link) while the init builds its root. An expected
+/// `mkdir` `EEXIST` then read back as `EINVAL` failed the spawn ("cannot
+/// create directory /run/brig/mnt/root/proc: Invalid argument"), and the
+/// init's errors can equally corrupt the thread's. The kernel's return
+/// value (`-errno`) belongs to the caller alone.
+///
+/// # Safety
+///
+/// As for `syscall(2)`: `args` must be what system call `nr` expects
+/// (pointers valid for what the call reads or writes).
+unsafe fn raw(nr: libc::c_long, args: &[usize]) -> SysResult<usize> {
+    let mut a = [0usize; 6];
+    a[..args.len()].copy_from_slice(args);
+    let ret: isize;
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: the x86_64 system call ABI (number and result in rax,
+    // arguments in rdi, rsi, rdx, r10, r8, r9; rcx and r11 clobbered); the
+    // caller vouches for the arguments.
+    unsafe {
+        std::arch::asm!(
+            "syscall",
+            inlateout("rax") nr as isize => ret,
+            in("rdi") a[0],
+            in("rsi") a[1],
+            in("rdx") a[2],
+            in("r10") a[3],
+            in("r8") a[4],
+            in("r9") a[5],
+            lateout("rcx") _,
+            lateout("r11") _,
+            options(nostack),
+        );
+    }
+    #[cfg(target_arch = "aarch64")]
+    // SAFETY: the aarch64 system call ABI (number in x8, arguments in
+    // x0-x5, result in x0); the caller vouches for the arguments.
+    unsafe {
+        std::arch::asm!(
+            "svc 0",
+            in("x8") nr,
+            inlateout("x0") a[0] as isize => ret,
+            in("x1") a[1],
+            in("x2") a[2],
+            in("x3") a[3],
+            in("x4") a[4],
+            in("x5") a[5],
+            options(nostack),
+        );
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    // SAFETY: as above. (errno again on other architectures: the race
+    // described above is back there.)
+    unsafe {
+        let r = libc::syscall(nr, a[0], a[1], a[2], a[3], a[4], a[5]);
+        ret = if r < 0 {
+            -(Errno::last().0 as isize)
+        } else {
+            r as isize
+        };
+    }
+    // The kernel's errors are -4095..=-1; anything else is a result.
+    if (-4095..0).contains(&ret) {
+        Err(Errno(-ret as i32))
     } else {
-        Ok(ret)
+        Ok(ret as usize)
     }
 }
+
+/// A C string's address, as a system call argument.
+fn ptr(s: &CStr) -> usize {
+    s.as_ptr() as usize
+}
+
+fn opt_ptr(s: Option<&CStr>) -> usize {
+    s.map_or(0, ptr)
+}
+
+/// `AT_FDCWD`, sign-extended as the kernel reads an `int` argument.
+const CWD: usize = libc::AT_FDCWD as isize as usize;
 
 /// Every privileged call the sandbox's init makes on its way to `execve`.
 pub trait Syscalls {
@@ -83,10 +163,7 @@ pub trait Syscalls {
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Linux;
 
-fn opt_ptr(s: Option<&CStr>) -> *const libc::c_char {
-    s.map_or(std::ptr::null(), CStr::as_ptr)
-}
-
+// Every call below is `raw`, not the libc wrapper: see there.
 impl Syscalls for Linux {
     fn mount(
         &self,
@@ -98,38 +175,43 @@ impl Syscalls for Linux {
     ) -> SysResult {
         // SAFETY: every pointer is either null or a NUL-terminated string that
         // outlives the call.
-        let r = unsafe {
-            libc::mount(
-                opt_ptr(source),
-                target.as_ptr(),
-                opt_ptr(fstype),
-                flags,
-                opt_ptr(data).cast(),
+        unsafe {
+            raw(
+                libc::SYS_mount,
+                &[
+                    opt_ptr(source),
+                    ptr(target),
+                    opt_ptr(fstype),
+                    flags as usize,
+                    opt_ptr(data),
+                ],
             )
-        };
-        check(r.into()).map(drop)
+        }
+        .map(drop)
     }
 
     fn umount(&self, target: &CStr, flags: libc::c_int) -> SysResult {
         // SAFETY: target is a valid C string.
-        check(unsafe { libc::umount2(target.as_ptr(), flags) }.into()).map(drop)
+        unsafe { raw(libc::SYS_umount2, &[ptr(target), flags as usize]) }.map(drop)
     }
 
     fn move_mount(&self, from_fd: RawFd, target: &CStr) -> SysResult {
-        const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
-        // SAFETY: raw syscall with a valid fd, an empty path and a valid
-        // target string; the kernel does not retain the pointers.
-        let r = unsafe {
-            libc::syscall(
+        const MOVE_MOUNT_F_EMPTY_PATH: usize = 0x4;
+        // SAFETY: a valid fd, an empty path and a valid target string; the
+        // kernel does not retain the pointers.
+        unsafe {
+            raw(
                 libc::SYS_move_mount,
-                from_fd,
-                c"".as_ptr(),
-                libc::AT_FDCWD,
-                target.as_ptr(),
-                MOVE_MOUNT_F_EMPTY_PATH,
+                &[
+                    from_fd as usize,
+                    ptr(c""),
+                    CWD,
+                    ptr(target),
+                    MOVE_MOUNT_F_EMPTY_PATH,
+                ],
             )
-        };
-        check(r).map(drop)
+        }
+        .map(drop)
     }
 
     fn pivot_root_here(&self, new_root: &CStr) -> SysResult {
@@ -137,19 +219,19 @@ impl Syscalls for Linux {
         // SAFETY: "." is a valid path for both arguments; after the call the
         // old root is stacked on top of the new one at "." and is detached
         // right away below.
-        check(unsafe { libc::syscall(libc::SYS_pivot_root, c".".as_ptr(), c".".as_ptr()) })?;
+        unsafe { raw(libc::SYS_pivot_root, &[ptr(c"."), ptr(c".")]) }?;
         self.umount(c".", libc::MNT_DETACH)?;
         self.chdir(c"/")
     }
 
     fn chdir(&self, path: &CStr) -> SysResult {
         // SAFETY: path is a valid C string.
-        check(unsafe { libc::chdir(path.as_ptr()) }.into()).map(drop)
+        unsafe { raw(libc::SYS_chdir, &[ptr(path)]) }.map(drop)
     }
 
     fn mkdir(&self, path: &CStr, mode: libc::mode_t) -> SysResult {
         // SAFETY: path is a valid C string.
-        match check(unsafe { libc::mkdir(path.as_ptr(), mode) }.into()) {
+        match unsafe { raw(libc::SYS_mkdirat, &[CWD, ptr(path), mode as usize]) } {
             Err(Errno(libc::EEXIST)) => Ok(()),
             r => r.map(drop),
         }
@@ -157,74 +239,80 @@ impl Syscalls for Linux {
 
     fn symlink(&self, target: &CStr, link: &CStr) -> SysResult {
         // SAFETY: both are valid C strings.
-        check(unsafe { libc::symlink(target.as_ptr(), link.as_ptr()) }.into()).map(drop)
+        unsafe { raw(libc::SYS_symlinkat, &[ptr(target), CWD, ptr(link)]) }.map(drop)
     }
 
     fn touch(&self, path: &CStr) -> SysResult {
+        let flags = libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC;
         // SAFETY: path is a valid C string; the descriptor is closed at once.
-        let fd = check(
-            unsafe {
-                libc::open(
-                    path.as_ptr(),
-                    libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC,
-                    0o644,
-                )
-            }
-            .into(),
-        )?;
+        let fd = unsafe { raw(libc::SYS_openat, &[CWD, ptr(path), flags as usize, 0o644]) }?;
         // SAFETY: fd was just opened by us.
-        unsafe { libc::close(fd as RawFd) };
+        let _ = unsafe { raw(libc::SYS_close, &[fd]) };
         Ok(())
     }
 
     fn chown(&self, path: &CStr, uid: u32, gid: u32) -> SysResult {
-        // SAFETY: path is a valid C string.
-        check(unsafe { libc::chown(path.as_ptr(), uid, gid) }.into()).map(drop)
+        // SAFETY: path is a valid C string; flags 0 follows symlinks, as
+        // chown(2) does.
+        unsafe {
+            raw(
+                libc::SYS_fchownat,
+                &[CWD, ptr(path), uid as usize, gid as usize, 0],
+            )
+        }
+        .map(drop)
     }
 
     fn sethostname(&self, name: &[u8]) -> SysResult {
         // SAFETY: pointer and length describe a live byte slice.
-        check(unsafe { libc::sethostname(name.as_ptr().cast(), name.len()) }.into()).map(drop)
+        unsafe { raw(libc::SYS_sethostname, &[name.as_ptr() as usize, name.len()]) }.map(drop)
     }
 
     fn unshare(&self, flags: libc::c_int) -> SysResult {
         // SAFETY: unshare takes only flags.
-        check(unsafe { libc::unshare(flags) }.into()).map(drop)
+        unsafe { raw(libc::SYS_unshare, &[flags as usize]) }.map(drop)
     }
 
     fn setrlimit(&self, resource: libc::c_int, soft: u64, hard: u64) -> SysResult {
-        let lim = libc::rlimit {
-            rlim_cur: soft,
-            rlim_max: hard,
-        };
-        // SAFETY: lim is a valid rlimit on the stack. The resource type is
-        // u32 in glibc's prototype; the values used are small constants.
-        check(unsafe { libc::setrlimit(resource as _, &lim) }.into()).map(drop)
+        // struct rlimit64: two u64s, as glibc's setrlimit passes it.
+        let lim: [u64; 2] = [soft, hard];
+        // SAFETY: prlimit64 on ourselves (pid 0) with a valid new limit on
+        // the stack and no old one asked for.
+        unsafe {
+            raw(
+                libc::SYS_prlimit64,
+                &[0, resource as usize, lim.as_ptr() as usize, 0],
+            )
+        }
+        .map(drop)
     }
 
     fn loopback_up(&self) -> SysResult {
+        let kind = libc::SOCK_DGRAM | libc::SOCK_CLOEXEC;
         // SAFETY: plain socket creation; closed below.
-        let fd = check(
-            unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) }.into(),
-        )? as RawFd;
+        let fd = unsafe {
+            raw(
+                libc::SYS_socket,
+                &[libc::AF_INET as usize, kind as usize, 0],
+            )
+        }?;
         // SAFETY: ifreq is plain old data; all-zero is a valid value.
         let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
         for (dst, src) in ifr.ifr_name.iter_mut().zip(b"lo\0") {
             *dst = *src as libc::c_char;
         }
+        let ifr_ptr = &mut ifr as *mut libc::ifreq as usize;
         // SAFETY: fd is our socket and ifr a valid ifreq naming "lo"; the
         // flags union member is the one SIOCGIFFLAGS/SIOCSIFFLAGS use.
-        let r = unsafe {
-            if libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut ifr) < 0 {
-                -1
-            } else {
+        let res = unsafe {
+            raw(libc::SYS_ioctl, &[fd, libc::SIOCGIFFLAGS as usize, ifr_ptr]).and_then(|_| {
                 ifr.ifr_ifru.ifru_flags |= libc::IFF_UP as libc::c_short;
-                libc::ioctl(fd, libc::SIOCSIFFLAGS, &ifr)
-            }
-        };
-        let res = check(r.into()).map(drop);
+                raw(libc::SYS_ioctl, &[fd, libc::SIOCSIFFLAGS as usize, ifr_ptr])
+            })
+        }
+        .map(drop);
         // SAFETY: fd is ours and not used after this.
-        unsafe { libc::close(fd) };
+        let _ = unsafe { raw(libc::SYS_close, &[fd]) };
         res
     }
 
@@ -232,23 +320,31 @@ impl Syscalls for Linux {
         for cap in 0..=CAP_LAST {
             if keep & (1 << cap) == 0 {
                 // SAFETY: prctl with integer arguments only.
-                let r =
-                    unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) };
-                // EINVAL: the running kernel does not know this capability.
-                if r < 0 && Errno::last() != Errno(libc::EINVAL) {
-                    return Err(Errno::last());
+                let r = unsafe {
+                    raw(
+                        libc::SYS_prctl,
+                        &[libc::PR_CAPBSET_DROP as usize, cap as usize, 0, 0, 0],
+                    )
+                };
+                match r {
+                    // EINVAL: the running kernel does not know this capability.
+                    Ok(_) | Err(Errno(libc::EINVAL)) => {}
+                    Err(e) => return Err(e),
                 }
             }
         }
         // Ambient capabilities would survive execve of non-root programs.
         // SAFETY: prctl with integer arguments only.
         let _ = unsafe {
-            libc::prctl(
-                libc::PR_CAP_AMBIENT,
-                libc::PR_CAP_AMBIENT_CLEAR_ALL,
-                0,
-                0,
-                0,
+            raw(
+                libc::SYS_prctl,
+                &[
+                    libc::PR_CAP_AMBIENT as usize,
+                    libc::PR_CAP_AMBIENT_CLEAR_ALL as usize,
+                    0,
+                    0,
+                    0,
+                ],
             )
         };
         Ok(())
@@ -287,27 +383,45 @@ impl Syscalls for Linux {
         ];
         // SAFETY: header and data match the kernel's v3 capability ABI
         // (one header, two 32-bit data words) and live across the call.
-        check(unsafe { libc::syscall(libc::SYS_capset, &header, data.as_ptr()) }).map(drop)
+        unsafe {
+            raw(
+                libc::SYS_capset,
+                &[&header as *const Header as usize, data.as_ptr() as usize],
+            )
+        }
+        .map(drop)
     }
 
     fn set_ids(&self, uid: u32, gid: u32, groups: &[libc::gid_t]) -> SysResult {
-        // Raw system calls, not the libc wrappers: glibc's set*id and
-        // setgroups broadcast the change to every thread it knows of, under
-        // a lock. In a child cloned from a multi-threaded process those
-        // threads do not exist, and the wrapper would wait for them forever.
-        // Order matters: groups and gid while we still have CAP_SETGID,
-        // uid last.
+        // System calls, not the libc wrappers (also for this reason): glibc's
+        // set*id and setgroups broadcast the change to every thread it knows
+        // of, under a lock. In a child cloned from a multi-threaded process
+        // those threads do not exist, and the wrapper would wait for them
+        // forever. Order matters: groups and gid while we still have
+        // CAP_SETGID, uid last.
+        let (uid, gid) = (uid as usize, gid as usize);
         // SAFETY: groups is a live slice of gid_t; integer arguments.
-        check(unsafe { libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) })?;
+        unsafe {
+            raw(
+                libc::SYS_setgroups,
+                &[groups.len(), groups.as_ptr() as usize],
+            )
+        }?;
         // SAFETY: integer arguments only.
-        check(unsafe { libc::syscall(libc::SYS_setresgid, gid, gid, gid) })?;
+        unsafe { raw(libc::SYS_setresgid, &[gid, gid, gid]) }?;
         // SAFETY: as above.
-        check(unsafe { libc::syscall(libc::SYS_setresuid, uid, uid, uid) }).map(drop)
+        unsafe { raw(libc::SYS_setresuid, &[uid, uid, uid]) }.map(drop)
     }
 
     fn set_no_new_privs(&self) -> SysResult {
         // SAFETY: prctl with integer arguments only.
-        check(unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) }.into()).map(drop)
+        unsafe {
+            raw(
+                libc::SYS_prctl,
+                &[libc::PR_SET_NO_NEW_PRIVS as usize, 1, 0, 0, 0],
+            )
+        }
+        .map(drop)
     }
 
     fn install_seccomp(&self, program: &[libc::sock_filter]) -> SysResult {
@@ -317,8 +431,17 @@ impl Syscalls for Linux {
         };
         // SAFETY: prog points at a live, well-formed BPF program; the kernel
         // copies it. TSYNC is not needed: the caller is single-threaded.
-        check(unsafe { libc::syscall(libc::SYS_seccomp, libc::SECCOMP_SET_MODE_FILTER, 0, &prog) })
-            .map(drop)
+        unsafe {
+            raw(
+                libc::SYS_seccomp,
+                &[
+                    libc::SECCOMP_SET_MODE_FILTER as usize,
+                    0,
+                    &prog as *const libc::sock_fprog as usize,
+                ],
+            )
+        }
+        .map(drop)
     }
 }
 
@@ -511,5 +634,70 @@ impl Syscalls for Recording {
     }
     fn install_seccomp(&self, program: &[libc::sock_filter]) -> SysResult {
         self.record(Call::Seccomp { len: program.len() })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+    static STOP: AtomicBool = AtomicBool::new(false);
+    static WRONG: AtomicU32 = AtomicU32::new(0);
+
+    extern "C" fn expect_eexist(_: *mut libc::c_void) -> libc::c_int {
+        for _ in 0..300_000 {
+            if STOP.load(Ordering::Relaxed) {
+                break;
+            }
+            // "/" exists: EEXIST, which mkdir treats as success.
+            if Linux.mkdir(c"/", 0o755).is_err() {
+                WRONG.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        STOP.store(true, Ordering::Relaxed);
+        0
+    }
+
+    /// The init of an `as_init` sandbox shares this thread's memory and
+    /// TLS (CLONE_VM), errno included, while the thread goes on making
+    /// failing libc calls (realpath, in cgroup set-up). Its expected errors
+    /// must not turn into others: the spawn failed with "cannot create
+    /// directory /run/brig/mnt/root/proc: Invalid argument" when they went
+    /// through errno. (With errno, hundreds of the calls here are hit on
+    /// two cores.)
+    #[test]
+    fn errors_do_not_travel_through_a_shared_errno() {
+        let mut stack = vec![0u8; 256 << 10];
+        // SAFETY: the top of our own buffer, rounded down to the 16 bytes
+        // the ABI wants.
+        let top = unsafe { stack.as_mut_ptr().add(stack.len()) } as usize & !15;
+        // SAFETY: the child runs on `stack` (alive until it is reaped
+        // below) and touches only the two atomics and its own stack; it
+        // makes system calls and no allocation.
+        let pid = unsafe {
+            libc::clone(
+                expect_eexist,
+                top as *mut libc::c_void,
+                libc::CLONE_VM | libc::SIGCHLD,
+                std::ptr::null_mut(),
+            )
+        };
+        assert!(pid > 0, "clone: {}", Errno::last());
+        while !STOP.load(Ordering::Relaxed) {
+            // realpath's readlink of each non-link component sets errno
+            // to EINVAL.
+            let _ = std::fs::canonicalize("/usr/bin");
+        }
+        let mut status = 0;
+        // SAFETY: waiting for our own child.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        drop(stack);
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+        assert_eq!(
+            WRONG.load(Ordering::Relaxed),
+            0,
+            "mkdir saw the parent's errno"
+        );
     }
 }
