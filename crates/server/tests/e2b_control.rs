@@ -663,13 +663,18 @@ fn bad_requests_are_json_errors() {
     assert!(p.state.sandboxes.is_empty());
 }
 
-/// The cache of test venvs (tests/support/install-python-deps.sh).
-fn venv(name: &str) -> PathBuf {
-    let cache = std::env::var_os("BRIG_TEST_CACHE").map_or_else(
+/// The tests' cache: venvs (tests/support/install-python-deps.sh) and
+/// node_modules (install-node-deps.sh).
+fn test_cache() -> PathBuf {
+    std::env::var_os("BRIG_TEST_CACHE").map_or_else(
         || PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/brig-test"),
         PathBuf::from,
-    );
-    cache.join(name).join("bin/python")
+    )
+}
+
+/// A test venv's Python.
+fn venv(name: &str) -> PathBuf {
+    test_cache().join(name).join("bin/python")
 }
 
 /// Run tests/e2b/control_sdk.py with the venv's Python against the planes.
@@ -738,6 +743,56 @@ fn python_sdk_current_generation() {
 #[test]
 fn python_sdk_2_48_v1_create_path() {
     run_sdk("e2b-venv-2.48", "v1", "2.48.0", "POST /sandboxes");
+}
+
+/// The official JS client (npm `e2b` 2.51.0, tests/support/install-node-deps.sh)
+/// runs tests/e2b/js_sdk.mjs: create with env and metadata, commands (output,
+/// exit codes, background + kill), files, getInfo, list, isRunning, kill.
+#[test]
+fn js_sdk_current_generation() {
+    if !root_or_skip() {
+        return;
+    }
+    // The node_modules the install script made; the script runs from there,
+    // where node resolves `e2b`.
+    let dir = test_cache().join("e2b-node");
+    if !dir.join("node_modules/e2b/package.json").exists() {
+        let why = format!(
+            "{} has no e2b: run tests/support/install-node-deps.sh",
+            dir.display()
+        );
+        if std::env::var("BRIG_TEST_STRICT").is_ok_and(|v| v == "1") {
+            panic!("BRIG_TEST_STRICT=1 and {why}");
+        }
+        eprintln!("skipping: {why}");
+        return;
+    }
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/e2b/js_sdk.mjs");
+    // Each run its own copy: tests may run side by side.
+    let script = dir.join(format!("js_sdk-{}.mjs", std::process::id()));
+    std::fs::copy(&src, &script).unwrap();
+    let p = planes();
+    let out = Command::new("node")
+        .arg(&script)
+        .current_dir(&dir)
+        .env("E2B_API_KEY", &p.f.key)
+        .env("E2B_API_URL", format!("http://{}", p.api))
+        .env("E2B_SANDBOX_URL", format!("http://{}", p.data))
+        .env("E2B_TEMPLATE", "host")
+        .env_remove("E2B_DEBUG")
+        .env_remove("E2B_DOMAIN")
+        .output();
+    let _ = std::fs::remove_file(&script);
+    let out = out.expect("run node");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("e2b 2.51.0 (js)"), "{stdout}");
+    assert!(stdout.contains("15 passed, 0 failed"), "{stdout}");
+    // It spoke the current generation's create path, and killed what it made.
+    let seen = p.seen.lock().unwrap().clone();
+    assert!(seen.iter().any(|l| l == "POST /v2/sandboxes"), "{seen:?}");
+    assert!(p.state.sandboxes.is_empty(), "{stdout}");
 }
 
 /// Where scripts/test builds the named templates (as crates/cli/tests/template.rs).
