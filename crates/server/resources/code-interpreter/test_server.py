@@ -136,7 +136,7 @@ class Server:
         return self.log.read().decode(errors="replace")
 
     def request(self, method, path, body=None, headers=None):
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)  # a kernel start on a loaded 2-core host
         try:
             data = None if body is None else json.dumps(body)
             conn.request(method, path, body=data,
