@@ -61,6 +61,10 @@ pub enum Hierarchy {
         cpu: bool,
         /// `cpuacct`, for a sandbox's CPU usage (pausable sandboxes only).
         cpuacct: bool,
+        /// `cpu` and `cpuacct` are one mount (`cpu,cpuacct`, both names
+        /// symlinks to it): the cpu group does the accounting, and there
+        /// is no separate cpuacct group to make. Read once, here.
+        cpuacct_in_cpu: bool,
         freezer: bool,
     },
     /// The unified hierarchy mounted at `root`.
@@ -77,10 +81,17 @@ impl Hierarchy {
 
     pub fn detect_at(root: &Path) -> Result<Self, CgroupError> {
         if root.join("memory/memory.limit_in_bytes").exists() && root.join("pids").is_dir() {
+            let cpu = root.join("cpu/cpu.cfs_quota_us").exists();
+            let cpuacct = root.join("cpuacct/cpuacct.usage").exists();
+            let cpuacct_in_cpu = cpu
+                && cpuacct
+                && fs::canonicalize(root.join("cpu")).ok()
+                    == fs::canonicalize(root.join("cpuacct")).ok();
             return Ok(Hierarchy::V1 {
                 root: root.to_path_buf(),
-                cpu: root.join("cpu/cpu.cfs_quota_us").exists(),
-                cpuacct: root.join("cpuacct/cpuacct.usage").exists(),
+                cpu,
+                cpuacct,
+                cpuacct_in_cpu,
                 freezer: root.join("freezer").is_dir(),
             });
         }
@@ -102,6 +113,7 @@ impl Hierarchy {
                 cpu,
                 cpuacct,
                 freezer,
+                ..
             } => {
                 let mut v = vec![
                     root.join("memory").join(PARENT),
@@ -193,6 +205,7 @@ impl Cgroup {
                 root,
                 cpu,
                 cpuacct,
+                cpuacct_in_cpu,
                 freezer,
             } => {
                 let memory = self.group(&root, "memory", name)?;
@@ -218,12 +231,8 @@ impl Cgroup {
                     write(&dir.join("cpu.cfs_period_us"), "100000")?;
                     write(&dir.join("cpu.cfs_quota_us"), &v1_quota(limits.cpus))?;
                 }
-                // cpu and cpuacct are often co-mounted (`cpu,cpuacct`, both
-                // names symlinks to it): then the cpu group is the one.
-                let comounted = cpu
-                    && fs::canonicalize(root.join("cpu")).ok()
-                        == fs::canonicalize(root.join("cpuacct")).ok();
-                if pausable && cpuacct && !comounted {
+                // Co-mounted with cpu, the cpu group above accounts CPU.
+                if pausable && cpuacct && !cpuacct_in_cpu {
                     self.group(&root, "cpuacct", name)?;
                 }
                 if pausable && freezer {
@@ -530,17 +539,20 @@ impl CgroupControls {
     fn dir(&self, controller: &'static str) -> Result<&Path, CgroupError> {
         match self.hierarchy {
             Hierarchy::V2 { .. } => self.dirs.first().map(PathBuf::as_path),
-            Hierarchy::V1 { ref root, .. } => {
+            Hierarchy::V1 {
+                ref root,
+                cpuacct_in_cpu,
+                ..
+            } => {
+                // A co-mounted cpuacct's group is the cpu group.
+                let controller = match controller {
+                    "cpuacct" if cpuacct_in_cpu => "cpu",
+                    c => c,
+                };
                 let parent = root.join(controller).join(PARENT);
-                let canonical = fs::canonicalize(&parent).ok();
                 self.dirs
                     .iter()
-                    .find(|d| {
-                        d.parent().is_some_and(|p| {
-                            p == parent
-                                || (canonical.is_some() && fs::canonicalize(p).ok() == canonical)
-                        })
-                    })
+                    .find(|d| d.parent() == Some(parent.as_path()))
                     .map(PathBuf::as_path)
             }
         }
