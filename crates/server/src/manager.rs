@@ -169,7 +169,7 @@ pub enum ManagerError {
     Spec(#[from] SpecError),
     #[error("invalid request: {reason}")]
     BadRequest { reason: String },
-    #[error("sandbox {id} is {state}, not running")]
+    #[error("sandbox {id} is {state}, not running (an ended sandbox cannot be used again: create a new one)")]
     NotRunning { id: SandboxId, state: SandboxState },
     #[error(transparent)]
     Sandbox(#[from] SandboxError),
@@ -182,7 +182,10 @@ pub enum ManagerError {
          BRIG_AGENT to its path"
     )]
     NoAgent { path: PathBuf },
-    #[error("the agent in sandbox {id} did not answer its handshake")]
+    #[error(
+        "the agent in sandbox {id} did not answer its handshake: check that BRIG_AGENT (or \
+         brig-agent next to brig) is the agent built with this brig, and the daemon's log"
+    )]
     Handshake {
         id: SandboxId,
         #[source]
