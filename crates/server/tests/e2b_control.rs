@@ -11,78 +11,16 @@
 
 mod support;
 
-use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use brig_agent_client::ExecRequest;
-use brig_server::e2b::{self, control::parse_rfc3339, E2bState};
-use brig_server::http::AppState;
+use brig_server::e2b::{self, control::parse_rfc3339};
 use brig_server::TenantId;
 use serde_json::{json, Value};
-use support::{fixture, root_or_skip, Fixture};
-
-/// The manager's fixture and both E2B planes on loopback sockets.
-struct Planes {
-    f: Fixture,
-    state: E2bState,
-    /// `METHOD /path` of every control-plane request, in order.
-    seen: Arc<Mutex<Vec<String>>>,
-    api: SocketAddr,
-    data: SocketAddr,
-    // Dropped last: the servers' tasks run on it.
-    _rt: tokio::runtime::Runtime,
-}
-
-fn planes() -> Planes {
-    planes_with(|_| {})
-}
-
-fn planes_with(tweak: impl FnOnce(&mut brig_server::ManagerConfig)) -> Planes {
-    let f = fixture(tweak);
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let state = E2bState::new(AppState::new(Arc::clone(&f.manager)));
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let record = {
-        let seen = Arc::clone(&seen);
-        axum::middleware::from_fn(
-            move |req: axum::extract::Request, next: axum::middleware::Next| {
-                let seen = Arc::clone(&seen);
-                async move {
-                    let line = format!("{} {}", req.method(), req.uri().path());
-                    seen.lock().unwrap().push(line);
-                    next.run(req).await
-                }
-            },
-        )
-    };
-    let (api, data) = rt.block_on(async {
-        let serve = |router: axum::Router| async move {
-            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let addr = l.local_addr().unwrap();
-            tokio::spawn(async move { axum::serve(l, router).await.unwrap() });
-            addr
-        };
-        (
-            serve(e2b::control_router(state.clone()).layer(record)).await,
-            serve(e2b::data_router(state.clone())).await,
-        )
-    });
-    Planes {
-        f,
-        state,
-        seen,
-        api,
-        data,
-        _rt: rt,
-    }
-}
+use support::planes::{planes, planes_with, template_home, venv, Planes};
+use support::root_or_skip;
 
 /// One answer: status, `X-Next-Token`, body (JSON, or `Null` when empty).
 struct Answer {
@@ -663,20 +601,6 @@ fn bad_requests_are_json_errors() {
     assert!(p.state.sandboxes.is_empty());
 }
 
-/// The tests' cache: venvs (tests/support/install-python-deps.sh) and
-/// node_modules (install-node-deps.sh).
-fn test_cache() -> PathBuf {
-    std::env::var_os("BRIG_TEST_CACHE").map_or_else(
-        || PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/brig-test"),
-        PathBuf::from,
-    )
-}
-
-/// A test venv's Python.
-fn venv(name: &str) -> PathBuf {
-    test_cache().join(name).join("bin/python")
-}
-
 /// Run tests/e2b/control_sdk.py with the venv's Python against the planes.
 fn run_sdk(venv_name: &str, generation: &str, version: &str, create_path: &str) {
     if !root_or_skip() {
@@ -743,67 +667,6 @@ fn python_sdk_current_generation() {
 #[test]
 fn python_sdk_2_48_v1_create_path() {
     run_sdk("e2b-venv-2.48", "v1", "2.48.0", "POST /sandboxes");
-}
-
-/// The official JS client (npm `e2b` 2.51.0, tests/support/install-node-deps.sh)
-/// runs tests/e2b/js_sdk.mjs: create with env and metadata, commands (output,
-/// exit codes, background + kill), files, getInfo, list, isRunning, kill.
-#[test]
-fn js_sdk_current_generation() {
-    if !root_or_skip() {
-        return;
-    }
-    // The node_modules the install script made; the script runs from there,
-    // where node resolves `e2b`.
-    let dir = test_cache().join("e2b-node");
-    if !dir.join("node_modules/e2b/package.json").exists() {
-        let why = format!(
-            "{} has no e2b: run tests/support/install-node-deps.sh",
-            dir.display()
-        );
-        if std::env::var("BRIG_TEST_STRICT").is_ok_and(|v| v == "1") {
-            panic!("BRIG_TEST_STRICT=1 and {why}");
-        }
-        eprintln!("skipping: {why}");
-        return;
-    }
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/e2b/js_sdk.mjs");
-    // Each run its own copy: tests may run side by side.
-    let script = dir.join(format!("js_sdk-{}.mjs", std::process::id()));
-    std::fs::copy(&src, &script).unwrap();
-    let p = planes();
-    let out = Command::new("node")
-        .arg(&script)
-        .current_dir(&dir)
-        .env("E2B_API_KEY", &p.f.key)
-        .env("E2B_API_URL", format!("http://{}", p.api))
-        .env("E2B_SANDBOX_URL", format!("http://{}", p.data))
-        .env("E2B_TEMPLATE", "host")
-        .env_remove("E2B_DEBUG")
-        .env_remove("E2B_DOMAIN")
-        .output();
-    let _ = std::fs::remove_file(&script);
-    let out = out.expect("run node");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
-    assert!(stdout.contains("e2b 2.51.0 (js)"), "{stdout}");
-    assert!(stdout.contains("15 passed, 0 failed"), "{stdout}");
-    // It spoke the current generation's create path, and killed what it made.
-    let seen = p.seen.lock().unwrap().clone();
-    assert!(seen.iter().any(|l| l == "POST /v2/sandboxes"), "{seen:?}");
-    assert!(p.state.sandboxes.is_empty(), "{stdout}");
-}
-
-/// Where scripts/test builds the named templates (as crates/cli/tests/template.rs).
-fn template_home() -> PathBuf {
-    match std::env::var_os("BRIG_TEST_TEMPLATE_HOME") {
-        Some(h) => h.into(),
-        None => match std::env::var_os("BRIG_TEST_CACHE") {
-            Some(c) => PathBuf::from(c).join("home"),
-            None => PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/brig-test/home"),
-        },
-    }
 }
 
 /// `code-interpreter-v1`: create answers only once the code interpreter
