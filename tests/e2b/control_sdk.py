@@ -4,11 +4,13 @@ Run by crates/server/tests/e2b_control.rs with E2B_API_KEY (a brig key),
 E2B_API_URL and E2B_SANDBOX_URL set, E2B_TEMPLATE (a brig template the
 test daemon accepts) and E2B_DEFAULT_USER (the user it should run
 commands as). Exercises the control plane: create, list (metadata and
-state filters, pagination), get_info, set_timeout, connect (running, and
-resuming a paused sandbox), pause, get_metrics, kill, and a wrong key; and
-of the data plane only what shows the control plane's part in it
-(create-time env vars and the default user in a command, is_running). Prints one line per check and `N passed, 0 failed` at the end;
-the first failed check raises.
+state filters, pagination), get_info, set_timeout (and expiry),
+get_metrics, connect (running, and resuming a paused sandbox: files and
+processes kept), pause, kill (also by id), and a wrong key; and of the
+data plane only what shows the control plane's part in it (create-time
+env vars and the default user in a command, is_running). Prints one line
+per check and `N passed, 0 failed` at the end; the first failed check
+raises.
 
     python3 control_sdk.py current   # e2b >= 2.51: POST /v2/sandboxes
     python3 control_sdk.py v1        # e2b 2.48: POST /sandboxes
@@ -18,6 +20,7 @@ import datetime
 import importlib.metadata
 import os
 import sys
+import time
 import uuid
 
 from e2b import (
@@ -86,6 +89,7 @@ check("set_timeout: shortens", 20 <= left <= 31, left)
 # connect to a running sandbox only extends.
 again = Sandbox.connect(sbx.sandbox_id, timeout=10)
 check("connect: same sandbox", again.sandbox_id == sbx.sandbox_id)
+check("connect: the data plane works through it", again.commands.run("echo $A").stdout == "1\n")
 info = sbx.get_info()
 left = (info.end_at - datetime.datetime.now(datetime.timezone.utc)).total_seconds()
 check("connect: does not shorten", left > 15, left)
@@ -98,6 +102,14 @@ check("get_metrics: one sample", len(metrics) >= 1, metrics)
 m = metrics[0]
 check("get_metrics: memory", m.mem_total > 0 and 0 < m.mem_used <= m.mem_total, m)
 check("get_metrics: cpu", m.cpu_count >= 1 and m.cpu_used_pct >= 0, m)
+check("get_metrics: disk", m.disk_total > 0 and 0 <= m.disk_used <= m.disk_total, m)
+age = (datetime.datetime.now(datetime.timezone.utc) - m.timestamp).total_seconds()
+check("get_metrics: taken now", -5 < age < 30, m.timestamp)
+static = Sandbox.get_metrics(sbx.sandbox_id)
+check("get_metrics: by id", len(static) >= 1 and static[0].mem_total == m.mem_total, static)
+Sandbox.set_timeout(sbx.sandbox_id, 150)
+left = (Sandbox.get_info(sbx.sandbox_id).end_at - datetime.datetime.now(datetime.timezone.utc)).total_seconds()
+check("set_timeout and get_info: by id", 140 <= left <= 151, left)
 
 others = [
     Sandbox.create(template=TEMPLATE, timeout=120, metadata={"run": run, "who": f"n{i}"})
@@ -114,6 +126,9 @@ check("list: encoded metadata", [s.sandbox_id for s in items] == [sbx.sandbox_id
 started = [s.started_at for s in listed(SandboxQuery(metadata={"run": run}))[0]]
 check("list: newest first", started == sorted(started, reverse=True), started)
 
+# What a pause must keep: files, and running processes.
+sbx.commands.run("echo kept > /tmp/before-pause")
+sleeper = sbx.commands.run("sleep 600", background=True, timeout=0)
 check("pause", sbx.pause() is True)
 check("pause twice: False", sbx.pause() is False)
 check("get_info: paused", sbx.get_info().state == SandboxState.PAUSED)
@@ -124,6 +139,10 @@ check("list: state=running", {s.sandbox_id for s in running} == mine - {sbx.sand
 
 resumed = Sandbox.connect(sbx.sandbox_id)
 check("connect: resumes", resumed.get_info().state == SandboxState.RUNNING)
+check("resumed: is_running", resumed.is_running() is True)
+check("resumed: files kept", resumed.commands.run("cat /tmp/before-pause").stdout == "kept\n")
+check("resumed: processes kept", sleeper.pid in {p.pid for p in resumed.commands.list()})
+check("resumed: commands run", resumed.commands.run("echo $A").stdout == "1\n")
 
 check("kill", sbx.kill() is True)
 check("is_running after kill: False", sbx.is_running() is False)
@@ -138,7 +157,21 @@ try:
     check("connect after kill: not found", False, "no exception")
 except SandboxNotFoundException:
     check("connect after kill: not found", True)
-for s in others:
+# The timeout ends a sandbox: set_timeout(2) on one, and it is gone.
+short = others.pop()
+short.set_timeout(2)
+deadline = time.monotonic() + 10
+while short.is_running() and time.monotonic() < deadline:
+    time.sleep(0.25)
+check("timeout: expired sandbox not running", short.is_running() is False)
+try:
+    Sandbox.get_info(short.sandbox_id)
+    check("timeout: expired sandbox not found", False, "no exception")
+except SandboxNotFoundException:
+    check("timeout: expired sandbox not found", True)
+check("kill by id", Sandbox.kill(others[0].sandbox_id) is True)
+check("kill by id: twice is False", Sandbox.kill(others[0].sandbox_id) is False)
+for s in others[1:]:
     s.kill()
 items, _ = listed(SandboxQuery(metadata={"run": run}))
 check("list: empty once killed", items == [], items)

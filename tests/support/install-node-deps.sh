@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
 # Install the npm packages the tests use, in an isolated node_modules, and
-# nothing else: the official E2B JS client (`e2b`), which
-# crates/server/tests/e2b_control.rs drives against `brig serve --e2b`
-# (tests/e2b/js_sdk.mjs).
+# nothing else: the official E2B JS clients, `e2b` and
+# `@e2b/code-interpreter`, which crates/server/tests/e2b_js.rs drives
+# against `brig serve --e2b` (tests/e2b/js_sdk.mjs,
+# tests/e2b/js_code_interpreter.mjs).
 #
 #   tests/support/install-node-deps.sh
 #
 # The directory is ${BRIG_TEST_CACHE:-~/.cache/brig-test}/e2b-node. Fast when
-# the pinned version is there: one file read and no network.
+# the pinned versions are there: two file reads and no network.
 set -euo pipefail
 
-# Pinned: the version the wire-protocol reference was verified against.
+# Pinned: the versions the wire-protocol reference was verified against.
+# @e2b/code-interpreter 2.8.0 depends on e2b ^2.48.0, so it shares the one
+# e2b 2.51.0 below (no nested copy).
 E2B_JS_VERSION=2.51.0
+E2B_CI_JS_VERSION=2.8.0
 
 cache=${BRIG_TEST_CACHE:-$HOME/.cache/brig-test}
 dir=$cache/e2b-node
@@ -21,12 +25,31 @@ if ! command -v npm >/dev/null 2>&1; then
     exit 1
 fi
 
-have=$(node -p "require('$dir/node_modules/e2b/package.json').version" 2>/dev/null || true)
-if [ "$have" = "$E2B_JS_VERSION" ]; then
-    echo "install-node-deps: e2b $E2B_JS_VERSION present in $dir"
+version() {
+    node -p "require('$dir/node_modules/$1/package.json').version" 2>/dev/null || true
+}
+
+if [ "$(version e2b)" = "$E2B_JS_VERSION" ] &&
+    [ "$(version @e2b/code-interpreter)" = "$E2B_CI_JS_VERSION" ] &&
+    [ ! -e "$dir/node_modules/@e2b/code-interpreter/node_modules/e2b" ]; then
+    echo "install-node-deps: e2b $E2B_JS_VERSION and @e2b/code-interpreter $E2B_CI_JS_VERSION present in $dir"
     exit 0
 fi
 
 mkdir -p "$dir"
-echo "install-node-deps: installing e2b $E2B_JS_VERSION into $dir"
-(cd "$dir" && npm install --silent --no-audit --no-fund --no-save "e2b@$E2B_JS_VERSION")
+# Our own package.json with exact versions, so that npm installs here (not in
+# a parent directory's project) and the result does not depend on what was
+# there before.
+cat >"$dir/package.json" <<JSON
+{
+  "name": "brig-e2b-node",
+  "private": true,
+  "dependencies": {
+    "e2b": "$E2B_JS_VERSION",
+    "@e2b/code-interpreter": "$E2B_CI_JS_VERSION"
+  }
+}
+JSON
+rm -f "$dir/package-lock.json"
+echo "install-node-deps: installing e2b $E2B_JS_VERSION and @e2b/code-interpreter $E2B_CI_JS_VERSION into $dir"
+(cd "$dir" && npm install --silent --no-audit --no-fund)

@@ -42,7 +42,7 @@ pub(crate) fn collect(handle: &Handle) -> Result<Reply, ClientError> {
                     None => Reply::Done,
                 })
             }
-            Event::Stat { entry } => reply = Some(Reply::Stat(entry)),
+            Event::Stat { entry } => reply = Some(Reply::Stat(*entry)),
             Event::Processes { processes } => reply = Some(Reply::Processes(processes)),
             other => {
                 return Err(ClientError::protocol(format!(

@@ -194,3 +194,51 @@ fn dropping_a_process_cancels_it_and_the_connection_goes_on() {
         assert!(agent.conn.ping().is_ok());
     });
 }
+
+/// `background` + `attached`: the exec stream itself carries the output
+/// from the first byte, paced by this client (nothing dropped however
+/// slowly it reads, unlike an unattended background process), and leaving
+/// detaches without killing.
+#[test]
+fn an_attached_background_exec_is_paced_by_its_client_and_outlives_it() {
+    use brig_agent_client::{Call, Reply};
+    within(60, || {
+        let agent = Agent::start();
+        // 4 MiB, four times the ring an unattended process keeps.
+        let mut req = exec(&["sh", "-c", "head -c 4194304 /dev/zero | tr '\\0' a"]);
+        req.background = true;
+        req.attached = true;
+        let proc = agent.conn.exec(&req).unwrap();
+        let mut got = 0usize;
+        let mut exited = None;
+        for (i, item) in proc.enumerate() {
+            // A slow reader at first: the process waits for it.
+            if i < 20 {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            match item.unwrap() {
+                Output::Stdout(b) => {
+                    assert!(b.iter().all(|c| *c == b'a'));
+                    got += b.len();
+                }
+                Output::Exited { code, signal } => exited = Some((code, signal)),
+                _ => {}
+            }
+        }
+        assert_eq!(got, 4 << 20, "every byte, in spite of the slow start");
+        assert_eq!(exited, Some((Some(0), None)));
+
+        let mut req = exec(&["sleep", "30"]);
+        req.background = true;
+        req.attached = true;
+        let proc = agent.conn.exec(&req).unwrap();
+        let pid = proc.pid().unwrap();
+        drop(proc);
+        let Reply::Processes(ps) = agent.conn.call(&Call::ListProcesses).unwrap() else {
+            panic!("processes")
+        };
+        let p = ps.iter().find(|p| p.pid == pid).expect("still managed");
+        assert!(p.running && p.background, "{p:?}");
+        agent.conn.call(&Call::Signal { pid, sig: 9 }).unwrap();
+    });
+}

@@ -31,7 +31,14 @@ fn three_mib_of_binary_round_trips() {
             .conn
             .write_file(&path, &b"tail"[..], None, true)
             .unwrap();
-        match agent.conn.call(&Call::Stat { path: path.clone() }).unwrap() {
+        match agent
+            .conn
+            .call(&Call::Stat {
+                path: path.clone(),
+                xattrs: None,
+            })
+            .unwrap()
+        {
             Reply::Stat(e) => {
                 assert_eq!(e.size, data.len() as u64 + 4);
                 assert_eq!(e.mode, 0o600);
@@ -70,6 +77,7 @@ fn calls_manage_files() {
         let Reply::Entries(entries) = call(Call::List {
             path: format!("{dir}/a"),
             depth: 2,
+            xattrs: None,
         }) else {
             panic!("list answers with entries")
         };
@@ -98,6 +106,7 @@ fn agent_errors_keep_their_code_and_message() {
             .conn
             .call(&Call::Stat {
                 path: "/no/such".into(),
+                xattrs: None,
             })
             .unwrap_err();
         assert!(

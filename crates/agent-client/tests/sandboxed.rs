@@ -80,6 +80,7 @@ fn the_client_drives_an_agent_inside_a_sandbox() {
         let Reply::Stat(entry) = conn
             .call(&Call::Stat {
                 path: "/tmp/blob".into(),
+                xattrs: None,
             })
             .unwrap()
         else {

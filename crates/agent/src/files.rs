@@ -3,12 +3,16 @@
 //! only checks are for empty paths and NUL bytes, which the kernel would
 //! misread.
 
+use std::collections::BTreeMap;
 use std::fs::{self, Metadata};
 use std::io;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 
 use brig_protocol::message::{Entry, ErrorCode, Event, FileKind};
+
+use crate::sys;
+use crate::users::Names;
 
 /// Entries per `entries` message, so a big listing never needs a big frame.
 const ENTRIES_PER_MESSAGE: usize = 256;
@@ -34,6 +38,11 @@ pub fn io_error(op: &str, path: &str, err: &io::Error) -> Event {
         // sandbox (409), not a host failure.
         Some(libc::ENOSPC) | Some(libc::EDQUOT) | Some(libc::EFBIG) => ErrorCode::Busy,
         Some(libc::EROFS) => ErrorCode::PermissionDenied,
+        // Extended attributes: not set, a filesystem without them, a name
+        // or value the filesystem refuses.
+        Some(libc::ENODATA) => ErrorCode::NotFound,
+        Some(libc::EOPNOTSUPP) => ErrorCode::Unsupported,
+        Some(libc::E2BIG) | Some(libc::ERANGE) => ErrorCode::InvalidRequest,
         _ => ErrorCode::Io,
     };
     Event::error(code, format!("{op} {path}: {}", describe(err)))
@@ -67,8 +76,9 @@ pub fn check_path(path: &str) -> Result<(), Event> {
     Ok(())
 }
 
-pub fn entry(path: &Path, meta: &Metadata) -> Entry {
-    let kind = if meta.is_symlink() {
+/// What an lstat says an entry is.
+pub fn kind(meta: &Metadata) -> FileKind {
+    if meta.is_symlink() {
         FileKind::Symlink
     } else if meta.is_dir() {
         FileKind::Dir
@@ -76,14 +86,21 @@ pub fn entry(path: &Path, meta: &Metadata) -> Entry {
         FileKind::File
     } else {
         FileKind::Other
-    };
+    }
+}
+
+/// An entry as `stat` and `list` report it. `names` turns ids into
+/// names; `xattrs` is the prefix of the extended attributes to include, if
+/// any were asked for.
+pub fn entry(path: &Path, meta: &Metadata, names: &mut Names, xattrs: Option<&str>) -> Entry {
+    let text = path.to_string_lossy();
     Entry {
-        path: path.to_string_lossy().into_owned(),
+        path: text.clone().into_owned(),
         name: path
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_else(|| path.to_string_lossy().into_owned()),
-        kind,
+            .unwrap_or_else(|| text.clone().into_owned()),
+        kind: kind(meta),
         size: meta.len(),
         mode: meta.permissions().mode() & 0o7777,
         mtime: meta.mtime(),
@@ -92,13 +109,35 @@ pub fn entry(path: &Path, meta: &Metadata) -> Entry {
             .then(|| fs::read_link(path).ok())
             .flatten()
             .map(|t| t.to_string_lossy().into_owned()),
+        uid: Some(meta.uid()),
+        gid: Some(meta.gid()),
+        owner: names.user(meta.uid()),
+        group: names.group(meta.gid()),
+        xattrs: xattrs.map_or_else(BTreeMap::new, |prefix| read_xattrs(&text, prefix)),
     }
 }
 
-pub fn stat(path: &str) -> Event {
+/// The extended attributes of `path` whose names start with `prefix`. A
+/// filesystem without them, or one the agent may not read, has none: a
+/// listing does not fail over one file's attributes.
+fn read_xattrs(path: &str, prefix: &str) -> BTreeMap<String, String> {
+    let Ok(names) = sys::list_xattrs(path) else {
+        return BTreeMap::new();
+    };
+    names
+        .into_iter()
+        .filter(|n| n.starts_with(prefix))
+        .filter_map(|n| {
+            let value = sys::get_xattr(path, &n).ok()?;
+            Some((n, String::from_utf8_lossy(&value).into_owned()))
+        })
+        .collect()
+}
+
+pub fn stat(path: &str, xattrs: Option<&str>) -> Event {
     match fs::symlink_metadata(path) {
         Ok(meta) => Event::Stat {
-            entry: entry(Path::new(path), &meta),
+            entry: Box::new(entry(Path::new(path), &meta, &mut Names::default(), xattrs)),
         },
         Err(e) => io_error("stat", path, &e),
     }
@@ -111,10 +150,11 @@ pub fn stat(path: &str) -> Event {
 const MAX_LIST_ENTRIES: usize = 20_000;
 
 /// `entries` messages then `done`, or one `error`.
-pub fn list(path: &str, depth: u32) -> Vec<Event> {
+pub fn list(path: &str, depth: u32, xattrs: Option<&str>) -> Vec<Event> {
     let depth = depth.clamp(1, MAX_DEPTH);
     let mut found = Vec::new();
-    let walked = walk(Path::new(path), depth, &mut found);
+    let mut names = Names::default();
+    let walked = walk(Path::new(path), depth, &mut found, &mut names, xattrs);
     if found.len() > MAX_LIST_ENTRIES {
         return vec![Event::error(
             ErrorCode::InvalidRequest,
@@ -137,7 +177,13 @@ pub fn list(path: &str, depth: u32) -> Vec<Event> {
     events
 }
 
-fn walk(dir: &Path, depth: u32, out: &mut Vec<Entry>) -> io::Result<()> {
+fn walk(
+    dir: &Path,
+    depth: u32,
+    out: &mut Vec<Entry>,
+    names: &mut Names,
+    xattrs: Option<&str>,
+) -> io::Result<()> {
     let mut children: Vec<_> = fs::read_dir(dir)?.collect::<Result<_, _>>()?;
     children.sort_by_key(|c| c.file_name());
     for child in children {
@@ -146,14 +192,14 @@ fn walk(dir: &Path, depth: u32, out: &mut Vec<Entry>) -> io::Result<()> {
         let Ok(meta) = fs::symlink_metadata(&path) else {
             continue;
         };
-        out.push(entry(&path, &meta));
+        out.push(entry(&path, &meta, names, xattrs));
         if out.len() > MAX_LIST_ENTRIES {
             return Ok(());
         }
         // Never follow symlinks: a link to / would list the whole sandbox.
         if depth > 1 && meta.is_dir() {
             // A subdirectory we may not read is listed but not descended.
-            let _ = walk(&path, depth - 1, out);
+            let _ = walk(&path, depth - 1, out, names, xattrs);
         }
     }
     Ok(())
@@ -191,13 +237,65 @@ pub fn remove(path: &str, recursive: bool) -> Event {
     }
 }
 
+/// `set_xattrs`: with `replace_prefix`, the attributes under it become
+/// exactly `xattrs`.
+pub fn set_xattrs(
+    path: &str,
+    xattrs: &BTreeMap<String, String>,
+    replace_prefix: Option<&str>,
+) -> Event {
+    if let Some(prefix) = replace_prefix {
+        let old = match sys::list_xattrs(path) {
+            Ok(names) => names,
+            // Nothing to clear on a filesystem without extended attributes;
+            // setting any is an error below.
+            Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => Vec::new(),
+            Err(e) => return io_error("list extended attributes of", path, &e),
+        };
+        for name in old
+            .iter()
+            .filter(|n| n.starts_with(prefix) && !xattrs.contains_key(*n))
+        {
+            match sys::remove_xattr(path, name) {
+                Ok(()) => {}
+                // Removed meanwhile: the result is the same.
+                Err(e) if e.raw_os_error() == Some(libc::ENODATA) => {}
+                Err(e) => {
+                    return io_error(&format!("remove extended attribute {name} of"), path, &e)
+                }
+            }
+        }
+    }
+    for (name, value) in xattrs {
+        if let Err(e) = sys::set_xattr(path, name, value.as_bytes()) {
+            let mut event = io_error(&format!("set extended attribute {name} on"), path, &e);
+            if e.raw_os_error() == Some(libc::EOPNOTSUPP) {
+                if let Event::Error { message, .. } = &mut event {
+                    message.push_str(
+                        " (the filesystem there does not support this kind of extended attribute)",
+                    );
+                }
+            }
+            return event;
+        }
+    }
+    Event::Done
+}
+
+pub fn remove_xattr(path: &str, name: &str) -> Event {
+    match sys::remove_xattr(path, name) {
+        Ok(()) => Event::Done,
+        Err(e) => io_error(&format!("remove extended attribute {name} of"), path, &e),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn errors_are_lowercase_and_name_the_path() {
-        let Event::Error { code, message } = stat("/definitely/not/here") else {
+        let Event::Error { code, message } = stat("/definitely/not/here", None) else {
             panic!("expected an error")
         };
         assert_eq!(code, ErrorCode::NotFound);

@@ -5,8 +5,9 @@
 //! virtio-serial later), or stdin/stdout with `--stdio`. Start reading at
 //! [`session::Session`], the single-threaded poll(2) loop that owns the
 //! stream table; `process.rs` starts children and bounds their output;
-//! `files.rs` implements file operations; `watch.rs` directory watches
-//! (inotify); `sys.rs` holds every raw syscall.
+//! `files.rs` implements file operations (and extended attributes);
+//! `users.rs` reads the sandbox's /etc/passwd and /etc/group; `watch.rs`
+//! directory watches (inotify); `sys.rs` holds every raw syscall.
 //!
 //! Exit status: 0 when the host closed the connection, 2 when the host
 //! broke the protocol (after reporting it on a NOTICE stream), 1 on an I/O
@@ -17,6 +18,7 @@ mod forward;
 mod process;
 mod session;
 mod sys;
+mod users;
 mod watch;
 
 use std::fs::File;

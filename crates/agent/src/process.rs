@@ -8,8 +8,11 @@
 //! write(2). The queue drains only as fast as the stream's send window
 //! allows, so a child writing gigabytes costs the agent a bounded amount of
 //! memory. A background process must never block on a client that may
-//! never come, so its queue is a ring of [`BACKGROUND_QUEUE`] bytes that
-//! drops the oldest output; `ATTACH` replays what is left.
+//! never come, so while none is attached its queue is a ring of
+//! [`BACKGROUND_QUEUE`] bytes that drops the oldest output; `ATTACH`
+//! replays what is left. Once a client is attached, it paces the process
+//! as it would a foreground one (up to [`BACKGROUND_QUEUE`] queued), so an
+//! attached client loses nothing.
 
 use std::collections::VecDeque;
 use std::fs::File;
@@ -21,6 +24,7 @@ use std::process::{Command, Stdio};
 use brig_protocol::message::{ExecRequest, CHANNEL_STDERR, CHANNEL_STDOUT};
 
 use crate::sys::{self, WaitStatus};
+use crate::users;
 
 /// Queue bound of a foreground process before the agent stops reading it.
 pub const FOREGROUND_QUEUE: usize = 64 << 10;
@@ -72,24 +76,32 @@ impl Proc {
             return Err(SpawnError::Invalid("argv is empty".into()));
         };
         let mut cmd = Command::new(program);
-        cmd.args(&req.argv[1..]).envs(&req.env);
+        cmd.args(&req.argv[1..]);
+        let identity = Identity::resolve(req)?;
+        // The environment, as envd builds it: the agent's own (PATH and the
+        // template's variables), then the user's HOME, USER and LOGNAME,
+        // then the request's variables, which win.
+        if let Some(account) = &identity.account {
+            cmd.env("HOME", &account.home)
+                .env("USER", &account.name)
+                .env("LOGNAME", &account.name);
+        }
+        if std::env::var_os("PATH").is_none() {
+            cmd.env("PATH", DEFAULT_PATH);
+        }
+        cmd.envs(&req.env);
         if let Some(cwd) = &req.cwd {
             cmd.current_dir(cwd);
         }
-        let (mut uid, mut gid) = (req.uid, req.gid);
-        if let Some(name) = &req.user {
-            let user = lookup_user(name).ok_or_else(|| {
-                SpawnError::Invalid(format!("no user named {name:?} in /etc/passwd"))
-            })?;
-            uid = uid.or(Some(user.0));
-            gid = gid.or(Some(user.1));
-            cmd.env("HOME", user.2).env("USER", name);
-        }
-        if let Some(gid) = gid {
-            cmd.gid(gid);
-        }
-        if let Some(uid) = uid {
-            cmd.uid(uid);
+        if let Some((uid, gid, groups)) = identity.credentials() {
+            // SAFETY: the hook runs in the forked child before exec and only
+            // makes async-signal-safe syscalls (setgroups, setgid, setuid)
+            // on data built before the fork; it allocates nothing. std's own
+            // `Command::uid` cannot be used: it drops every supplementary
+            // group, and a `pre_exec` hook runs only after it.
+            unsafe {
+                cmd.pre_exec(move || sys::switch_user(uid, gid, &groups));
+            }
         }
         let what = || format!("cannot start {program}");
         let mut proc = Proc {
@@ -183,9 +195,19 @@ impl Proc {
         }
     }
 
-    /// Whether the agent should read this process's output now.
+    /// Output with nobody to take it: a background process no client is
+    /// attached to. Only that output is kept in a ring that drops the
+    /// oldest; everything else waits for its client.
+    fn unattended(&self) -> bool {
+        self.background && self.attached.is_none()
+    }
+
+    /// Whether the agent should read this process's output now. A
+    /// background process with a client attached is paced by that client
+    /// like a foreground one (it blocks in write(2) once its queue is
+    /// full), so the client sees every byte; with none it never blocks.
     pub fn wants_output(&self) -> bool {
-        self.background || self.queued < self.cap()
+        self.unattended() || self.queued < self.cap()
     }
 
     /// Read what is available from one pipe into the queue. Returns false
@@ -206,7 +228,7 @@ impl Proc {
                 buf.truncate(n);
                 self.queued += n;
                 self.queue.push_back((channel, buf));
-                while self.background && self.queued > BACKGROUND_QUEUE {
+                while self.unattended() && self.queued > BACKGROUND_QUEUE {
                     if let Some((_, old)) = self.queue.pop_front() {
                         self.queued -= old.len();
                         self.dropped += old.len() as u64;
@@ -292,15 +314,54 @@ impl Proc {
     }
 }
 
-/// (uid, gid, home) of a user in the sandbox's /etc/passwd.
-fn lookup_user(name: &str) -> Option<(u32, u32, String)> {
-    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
-    passwd.lines().find_map(|line| {
-        let f: Vec<&str> = line.split(':').collect();
-        if f.len() >= 6 && f[0] == name {
-            Some((f[2].parse().ok()?, f[3].parse().ok()?, f[5].to_string()))
-        } else {
-            None
+/// PATH for a process when the agent itself has none.
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Who a process runs as: the request's user name or uid/gid, with the
+/// account from the sandbox's /etc/passwd when there is one.
+#[derive(Debug)]
+struct Identity {
+    uid: Option<u32>,
+    gid: Option<u32>,
+    account: Option<users::Account>,
+}
+
+impl Identity {
+    /// A name must exist in /etc/passwd; a bare uid need not (it then gets
+    /// no HOME/USER/LOGNAME and no supplementary groups). An explicit
+    /// uid or gid wins over the name's.
+    fn resolve(req: &ExecRequest) -> Result<Identity, SpawnError> {
+        let account = match (&req.user, req.uid) {
+            (Some(name), _) => Some(users::by_name(name).ok_or_else(|| {
+                SpawnError::Invalid(format!("no user named {name:?} in /etc/passwd"))
+            })?),
+            (None, Some(uid)) => users::by_uid(uid),
+            (None, None) => None,
+        };
+        // A uid that names another account than `user` keeps the name's
+        // environment but not its groups (see `credentials`).
+        Ok(Identity {
+            uid: req.uid.or(account.as_ref().map(|a| a.uid)),
+            gid: req.gid.or(account.as_ref().map(|a| a.gid)),
+            account,
+        })
+    }
+
+    /// (uid, gid, supplementary groups) to switch to, if anything is to
+    /// change. Without a uid the process keeps the agent's; a gid alone
+    /// changes only the group.
+    fn credentials(&self) -> Option<(u32, u32, Vec<libc::gid_t>)> {
+        if self.uid.is_none() && self.gid.is_none() {
+            return None;
         }
-    })
+        let (my_uid, my_gid) = sys::current_ids();
+        let uid = self.uid.unwrap_or(my_uid);
+        let gid = self.gid.unwrap_or(my_gid);
+        let groups = match &self.account {
+            // The account's groups only when it really is the user started.
+            Some(a) if a.uid == uid => users::groups_of(&a.name, gid),
+            _ => vec![gid],
+        };
+        Some((uid, gid, groups))
+    }
 }

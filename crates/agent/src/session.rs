@@ -561,7 +561,7 @@ impl Session {
         };
         let pid = proc.pid;
         st.event(&Event::Started { pid });
-        if req.background {
+        if req.background && !req.attached {
             st.finish = true;
         } else {
             proc.attached = Some(id);
@@ -595,12 +595,28 @@ impl Session {
     fn call(&mut self, call: Call) -> Vec<Event> {
         let checked = |paths: &[&str]| paths.iter().try_for_each(|p| files::check_path(p));
         match call {
-            Call::List { path, depth } => match checked(&[&path]) {
-                Ok(()) => files::list(&path, depth),
+            Call::List {
+                path,
+                depth,
+                xattrs,
+            } => match checked(&[&path]) {
+                Ok(()) => files::list(&path, depth, xattrs.as_deref()),
                 Err(e) => vec![e],
             },
-            Call::Stat { path } => {
-                vec![checked(&[&path]).map_or_else(|e| e, |()| files::stat(&path))]
+            Call::Stat { path, xattrs } => {
+                vec![checked(&[&path])
+                    .map_or_else(|e| e, |()| files::stat(&path, xattrs.as_deref()))]
+            }
+            Call::SetXattrs {
+                path,
+                xattrs,
+                replace_prefix,
+            } => vec![checked(&[&path]).map_or_else(
+                |e| e,
+                |()| files::set_xattrs(&path, &xattrs, replace_prefix.as_deref()),
+            )],
+            Call::RemoveXattr { path, name } => {
+                vec![checked(&[&path]).map_or_else(|e| e, |()| files::remove_xattr(&path, &name))]
             }
             Call::Mkdir { path, parents } => {
                 vec![checked(&[&path]).map_or_else(|e| e, |()| files::mkdir(&path, parents))]

@@ -1,6 +1,6 @@
 //! The few raw syscalls the agent needs, each behind a safe function.
-//! Everything unsafe in the agent is in this file or in the PTY `pre_exec`
-//! hook in `process.rs`.
+//! Everything unsafe in the agent is in this file or in the two `pre_exec`
+//! hooks in `process.rs` (the PTY's session, and the user switch).
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -268,4 +268,125 @@ pub fn set_linger_zero(sock: &impl AsRawFd) {
             std::mem::size_of::<libc::linger>() as libc::socklen_t,
         )
     };
+}
+
+/// A path as a C string; a path with a NUL byte is refused earlier
+/// (`files::check_path`), so this only fails for a caller's bug.
+fn c_path(path: &str) -> io::Result<std::ffi::CString> {
+    std::ffi::CString::new(path).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+/// Names of the extended attributes of `path` (not following a symlink).
+pub fn list_xattrs(path: &str) -> io::Result<Vec<String>> {
+    let p = c_path(path)?;
+    loop {
+        // SAFETY: a null buffer of size 0 asks only for the needed size.
+        let size = unsafe { libc::llistxattr(p.as_ptr(), std::ptr::null_mut(), 0) };
+        if size < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if size == 0 {
+            return Ok(Vec::new());
+        }
+        let mut buf = vec![0u8; size as usize];
+        // SAFETY: `buf` is valid for writes of `buf.len()` bytes during the
+        // call; the kernel writes at most that many.
+        let n = unsafe { libc::llistxattr(p.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+        if n < 0 {
+            let err = io::Error::last_os_error();
+            // An attribute was added between the two calls: ask again.
+            if err.raw_os_error() == Some(libc::ERANGE) {
+                continue;
+            }
+            return Err(err);
+        }
+        buf.truncate(n as usize);
+        return Ok(buf
+            .split(|b| *b == 0)
+            .filter(|n| !n.is_empty())
+            .map(|n| String::from_utf8_lossy(n).into_owned())
+            .collect());
+    }
+}
+
+/// The value of one extended attribute of `path` (not following a symlink).
+pub fn get_xattr(path: &str, name: &str) -> io::Result<Vec<u8>> {
+    let (p, n) = (c_path(path)?, c_path(name)?);
+    loop {
+        // SAFETY: a null buffer of size 0 asks only for the needed size.
+        let size = unsafe { libc::lgetxattr(p.as_ptr(), n.as_ptr(), std::ptr::null_mut(), 0) };
+        if size < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut buf = vec![0u8; size as usize];
+        // SAFETY: `buf` is valid for writes of `buf.len()` bytes during the
+        // call; the kernel writes at most that many.
+        let got =
+            unsafe { libc::lgetxattr(p.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+        if got < 0 {
+            let err = io::Error::last_os_error();
+            if err.raw_os_error() == Some(libc::ERANGE) {
+                continue;
+            }
+            return Err(err);
+        }
+        buf.truncate(got as usize);
+        return Ok(buf);
+    }
+}
+
+/// Set one extended attribute of `path` (not following a symlink).
+pub fn set_xattr(path: &str, name: &str, value: &[u8]) -> io::Result<()> {
+    let (p, n) = (c_path(path)?, c_path(name)?);
+    // SAFETY: the strings are NUL-terminated and `value` is valid for reads
+    // of `value.len()` bytes during the call.
+    check(unsafe {
+        libc::lsetxattr(
+            p.as_ptr(),
+            n.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    })?;
+    Ok(())
+}
+
+/// Remove one extended attribute of `path` (not following a symlink).
+pub fn remove_xattr(path: &str, name: &str) -> io::Result<()> {
+    let (p, n) = (c_path(path)?, c_path(name)?);
+    // SAFETY: both strings are NUL-terminated and live through the call.
+    check(unsafe { libc::lremovexattr(p.as_ptr(), n.as_ptr()) })?;
+    Ok(())
+}
+
+/// Become `uid`:`gid` with supplementary `groups`, in a child between fork
+/// and exec. Only async-signal-safe calls, no allocation: `groups` was
+/// built before the fork. Groups first, then the gid, then the uid, since
+/// each later step gives up the privilege the earlier ones need.
+///
+/// An unprivileged agent cannot set groups (EPERM); as std's
+/// `Command::uid` does, that is tolerated, and setgid/setuid then fail on
+/// their own if they would change anything.
+pub fn switch_user(uid: u32, gid: u32, groups: &[libc::gid_t]) -> io::Result<()> {
+    // SAFETY: `groups` is a valid slice of `groups.len()` gids, read during
+    // the call only.
+    if unsafe { libc::setgroups(groups.len(), groups.as_ptr()) } < 0 {
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::EPERM) {
+            return Err(err);
+        }
+    }
+    // SAFETY: setgid and setuid take plain integers. In the single-threaded
+    // child they change this process only.
+    check(unsafe { libc::setgid(gid) })?;
+    // SAFETY: as above.
+    check(unsafe { libc::setuid(uid) })?;
+    Ok(())
+}
+
+/// The agent's own real uid and gid.
+pub fn current_ids() -> (u32, u32) {
+    // SAFETY: getuid and getgid cannot fail and touch no memory.
+    unsafe { (libc::getuid(), libc::getgid()) }
 }

@@ -292,7 +292,7 @@ impl Watches {
                 let Ok(meta) = fs::symlink_metadata(&path) else {
                     continue;
                 };
-                let kind = files::entry(&path, &meta).kind;
+                let kind = files::kind(&meta);
                 if announce {
                     if let Some(w) = self.streams.get_mut(&id) {
                         w.push_change(ChangeKind::Create, name.clone(), Some(kind));
@@ -394,9 +394,7 @@ impl Watches {
                 ChangeKind::Remove | ChangeKind::Rename => None,
                 ChangeKind::Create | ChangeKind::Chmod => {
                     let path = w.root.join(&name);
-                    fs::symlink_metadata(&path)
-                        .ok()
-                        .map(|m| files::entry(&path, &m).kind)
+                    fs::symlink_metadata(&path).ok().map(|m| files::kind(&m))
                 }
             };
             w.push_change(kind, name.clone(), file_type);

@@ -66,7 +66,10 @@ fn binary_file_round_trips() {
         std::fs::metadata(&path).unwrap().len(),
         data.len() as u64 + 4
     );
-    let out = agent.call(&Call::Stat { path: path.clone() });
+    let out = agent.call(&Call::Stat {
+        path: path.clone(),
+        xattrs: None,
+    });
     let Event::Stat { entry } = &out.events[0] else {
         panic!("{out:?}")
     };
@@ -101,6 +104,7 @@ fn directories_list_mkdir_rename_remove() {
         let out = agent.call(&Call::List {
             path: dir.clone(),
             depth,
+            xattrs: None,
         });
         assert_eq!(out.events.last(), Some(&Event::Done));
         out.events
@@ -152,6 +156,7 @@ fn missing_paths_give_clear_errors() {
     );
     let out = agent.call(&Call::Stat {
         path: "/no/such".into(),
+        xattrs: None,
     });
     assert_eq!(
         out.error().unwrap(),
@@ -163,6 +168,7 @@ fn missing_paths_give_clear_errors() {
     let out = agent.call(&Call::List {
         path: "/no/such".into(),
         depth: 1,
+        xattrs: None,
     });
     assert_eq!(
         out.error().unwrap().1,
@@ -185,6 +191,7 @@ fn missing_paths_give_clear_errors() {
     );
     let out = agent.call(&Call::Stat {
         path: String::new(),
+        xattrs: None,
     });
     assert_eq!(
         out.error().unwrap(),
@@ -192,6 +199,7 @@ fn missing_paths_give_clear_errors() {
     );
     let out = agent.call(&Call::Stat {
         path: "a\0b".into(),
+        xattrs: None,
     });
     assert_eq!(out.error().unwrap().0, ErrorCode::InvalidRequest);
 }
@@ -244,5 +252,116 @@ fn watch_on_the_wire_watching_changes_then_close_on_close() {
         agent.collect(id).error().unwrap().0,
         ErrorCode::InvalidRequest
     );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The entry's owner and group by id and by name, and extended attributes:
+/// set, reported under a prefix by `stat` and `list`, replaced as a set,
+/// removed.
+#[test]
+fn owners_and_extended_attributes() {
+    use std::collections::BTreeMap;
+    use std::os::unix::fs::MetadataExt;
+
+    let dir = tempdir("xattr");
+    let path = format!("{dir}/f.txt");
+    std::fs::write(&path, "x").unwrap();
+    let meta = std::fs::metadata(&path).unwrap();
+    let mut agent = Agent::start();
+    let stat = |agent: &mut Agent, prefix: Option<&str>| {
+        let out = agent.call(&Call::Stat {
+            path: path.clone(),
+            xattrs: prefix.map(str::to_string),
+        });
+        match &out.events[0] {
+            Event::Stat { entry } => entry.clone(),
+            _ => panic!("{out:?}"),
+        }
+    };
+    let e = stat(&mut agent, None);
+    assert_eq!((e.uid, e.gid), (Some(meta.uid()), Some(meta.gid())));
+    if meta.uid() == 0 {
+        assert_eq!(e.owner.as_deref(), Some("root"));
+        assert_eq!(e.group.as_deref(), Some("root"));
+    }
+    assert!(e.xattrs.is_empty(), "not asked for: {e:?}");
+
+    let set = |agent: &mut Agent, pairs: &[(&str, &str)], replace: Option<&str>| {
+        agent.call(&Call::SetXattrs {
+            path: path.clone(),
+            xattrs: pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            replace_prefix: replace.map(str::to_string),
+        })
+    };
+    let out = set(
+        &mut agent,
+        &[
+            ("user.e2b.author", "mish"),
+            ("user.e2b.tag", "a"),
+            ("user.other", "keep"),
+        ],
+        None,
+    );
+    assert_eq!(out.events, [Event::Done], "{out:?}");
+    let e = stat(&mut agent, Some("user.e2b."));
+    let want: BTreeMap<String, String> = [("user.e2b.author", "mish"), ("user.e2b.tag", "a")]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    assert_eq!(e.xattrs, want);
+    let out = agent.call(&Call::List {
+        path: dir.clone(),
+        depth: 1,
+        xattrs: Some("user.".into()),
+    });
+    let Event::Entries { entries } = &out.events[0] else {
+        panic!("{out:?}")
+    };
+    assert_eq!(entries[0].xattrs.len(), 3, "{entries:?}");
+
+    // Replacing the prefix's set drops what is not in the new one and
+    // leaves other prefixes alone.
+    let out = set(&mut agent, &[("user.e2b.tag", "b")], Some("user.e2b."));
+    assert_eq!(out.events, [Event::Done], "{out:?}");
+    let e = stat(&mut agent, Some("user."));
+    assert_eq!(
+        e.xattrs.into_iter().collect::<Vec<_>>(),
+        [
+            ("user.e2b.tag".to_string(), "b".to_string()),
+            ("user.other".to_string(), "keep".to_string())
+        ]
+    );
+    let out = set(&mut agent, &[], Some("user.e2b."));
+    assert_eq!(out.events, [Event::Done]);
+    assert_eq!(stat(&mut agent, Some("user.e2b.")).xattrs.len(), 0);
+
+    let out = agent.call(&Call::RemoveXattr {
+        path: path.clone(),
+        name: "user.other".into(),
+    });
+    assert_eq!(out.events, [Event::Done]);
+    let out = agent.call(&Call::RemoveXattr {
+        path: path.clone(),
+        name: "user.other".into(),
+    });
+    let (code, message) = out.error().unwrap();
+    assert_eq!(code, ErrorCode::NotFound, "{message}");
+    assert!(
+        message.contains("user.other") && message.contains(&path),
+        "{message}"
+    );
+    // A namespace the kernel does not know.
+    let out = set(&mut agent, &[("bogus.x", "1")], None);
+    let (code, message) = out.error().unwrap();
+    assert_eq!(code, ErrorCode::Unsupported, "{message}");
+    let out = agent.call(&Call::SetXattrs {
+        path: format!("{dir}/none"),
+        xattrs: BTreeMap::new(),
+        replace_prefix: Some("user.".into()),
+    });
+    assert_eq!(out.error().unwrap().0, ErrorCode::NotFound);
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -128,6 +128,7 @@ fn the_agent_runs_commands_inside_the_sandbox() {
         // Files the agent writes live in the sandbox's writable layer.
         let listing = agent.call(&Call::Stat {
             path: "/tmp/x".into(),
+            xattrs: None,
         });
         assert!(listing.error().is_none(), "{template}: {listing:?}");
 
@@ -143,4 +144,123 @@ fn the_agent_runs_commands_inside_the_sandbox() {
             lines[2]
         );
     }
+}
+
+/// A process started as a user gets that user's uid, gid and supplementary
+/// groups from the sandbox's own /etc/passwd and /etc/group, and HOME,
+/// USER, LOGNAME and PATH, under the request's variables. File entries
+/// name owners from the same files.
+#[test]
+fn processes_run_as_the_sandbox_s_users() {
+    if !root_or_skip() {
+        return;
+    }
+    let Some(rootfs) = std::env::var_os("BRIG_TEST_ROOTFS") else {
+        if std::env::var("BRIG_TEST_STRICT").is_ok_and(|v| v == "1") {
+            panic!("BRIG_TEST_STRICT=1 and BRIG_TEST_ROOTFS is not set");
+        }
+        eprintln!("skipping: BRIG_TEST_ROOTFS not set (a template with its own /etc)");
+        return;
+    };
+    let (sandbox, mut agent) = agent_in_sandbox(TemplateRef::Dir(rootfs.into()), true);
+    let run = |agent: &mut Agent, req: &brig_protocol::message::ExecRequest| {
+        let s = agent.open(StreamClass::EXEC, req);
+        agent.close(s);
+        let out = agent.collect(s);
+        assert_eq!(out.exited(), Some((Some(0), None)), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    // Two groups that list `nobody`, written into this sandbox's
+    // /etc/group (its writable layer; the template is untouched).
+    run(
+        &mut agent,
+        &exec(&[
+            "sh",
+            "-c",
+            "echo 'brigtest:x:4242:root,nobody' >> /etc/group; \
+             echo 'brigother:x:4343:x,nobody' >> /etc/group; \
+             echo 'brigstaff:x:4444:' >> /etc/group; touch /tmp/mine; \
+             chown 65534:4444 /tmp/mine",
+        ]),
+    );
+    let mut req = exec(&[
+        "sh",
+        "-c",
+        "id -u; id -g; id -G; echo \"$HOME|$USER|$LOGNAME|$PATH|$EXTRA\"",
+    ]);
+    req.user = Some("nobody".into());
+    req.env.insert("EXTRA".into(), "x".into());
+    let out = run(&mut agent, &req);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "65534", "{out}");
+    assert_eq!(lines[1], "65534", "{out}");
+    let mut groups: Vec<&str> = lines[2].split_whitespace().collect();
+    groups.sort();
+    assert_eq!(groups, ["4242", "4343", "65534"], "{out}");
+    let env: Vec<&str> = lines[3].split('|').collect();
+    assert_eq!(&env[..3], ["/nonexistent", "nobody", "nobody"], "{out}");
+    assert!(env[3].contains("/usr/bin"), "PATH: {out}");
+    assert_eq!(env[4], "x", "{out}");
+
+    // The request's variables win over the user's.
+    req.env.insert("HOME".into(), "/tmp".into());
+    req.argv = vec!["sh".into(), "-c".into(), "echo $HOME".into()];
+    assert_eq!(run(&mut agent, &req), "/tmp\n");
+
+    // A bare uid with no user name: that uid, its account's environment,
+    // but only its own gid as group (no name to look groups up by is
+    // given, but the account is found by uid).
+    let mut req = exec(&["sh", "-c", "id -u; id -G; echo $USER"]);
+    req.uid = Some(65534);
+    req.gid = Some(65534);
+    let out = run(&mut agent, &req);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "65534", "{out}");
+    assert_eq!(lines[2], "nobody", "{out}");
+
+    // Root keeps root's groups only: no leftover from the agent.
+    let out = run(&mut agent, &exec(&["sh", "-c", "id -G"]));
+    assert!(!out.contains("4343"), "{out}");
+
+    // Owners by name from the sandbox's files, the id where none.
+    let out = agent.call(&Call::Stat {
+        path: "/tmp/mine".into(),
+        xattrs: None,
+    });
+    let brig_protocol::message::Event::Stat { entry } = &out.events[0] else {
+        panic!("{out:?}")
+    };
+    assert_eq!((entry.uid, entry.gid), (Some(65534), Some(4444)));
+    assert_eq!(entry.owner.as_deref(), Some("nobody"));
+    assert_eq!(entry.group.as_deref(), Some("brigstaff"));
+
+    // User extended attributes (envd's file metadata) on both writable
+    // places of a template sandbox: the root's layer and /tmp.
+    run(&mut agent, &exec(&["touch", "/root/attr"]));
+    for path in ["/root/attr", "/tmp/mine"] {
+        let out = agent.call(&Call::SetXattrs {
+            path: path.into(),
+            xattrs: [("user.e2b.k".to_string(), "v".to_string())].into(),
+            replace_prefix: Some("user.e2b.".into()),
+        });
+        assert_eq!(
+            out.events,
+            [brig_protocol::message::Event::Done],
+            "{path}: {out:?}"
+        );
+        let out = agent.call(&Call::Stat {
+            path: path.into(),
+            xattrs: Some("user.".into()),
+        });
+        let brig_protocol::message::Event::Stat { entry } = &out.events[0] else {
+            panic!("{out:?}")
+        };
+        assert_eq!(
+            entry.xattrs.get("user.e2b.k").map(String::as_str),
+            Some("v"),
+            "{path}"
+        );
+    }
+    agent.hang_up();
+    sandbox.wait().expect("sandbox ends");
 }

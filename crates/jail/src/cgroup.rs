@@ -34,6 +34,14 @@ pub enum CgroupError {
     NoGroup { controller: &'static str },
     #[error("the sandbox's tasks did not all stop within {waited:?} ({path} still not frozen); it was thawed again")]
     FreezeTimeout { path: PathBuf, waited: Duration },
+    #[error(
+        "{left} process(es) of the sandbox were still alive {waited:?} after SIGKILL ({path})"
+    )]
+    KillTimeout {
+        path: PathBuf,
+        left: usize,
+        waited: Duration,
+    },
     #[error("cgroup {op} {path}")]
     Io {
         op: &'static str,
@@ -499,6 +507,9 @@ fn v2_cpu_max(cpus: Option<f64>) -> String {
 
 /// How long [`CgroupControls::freeze`] waits for every task to stop.
 const FREEZE_WAIT: Duration = Duration::from_secs(5);
+/// How long killed tasks may take to leave the group (their memory is
+/// freed, the init reaps them).
+const KILL_WAIT: Duration = Duration::from_secs(5);
 
 /// What a sandbox's cgroups report at one moment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -600,6 +611,48 @@ impl CgroupControls {
             Hierarchy::V2 { .. } => {
                 write_existing(&self.dir("freezer")?.join("cgroup.freeze"), "0")
             }
+        }
+    }
+
+    /// End every process of the sandbox but its init (the agent), and
+    /// return how many were killed: a filesystem-only pause, or a resume
+    /// that reboots. The sandbox must be frozen, so that no process can
+    /// fork or exit (and its pid be reused) while the group is read and
+    /// signalled. It is thawed for the kills to land (a frozen v1 task acts
+    /// on SIGKILL only once thawed; none of them runs user code again) and
+    /// left running, with the init alone, once the kernel has removed them.
+    pub fn end_all_but_init(&self) -> Result<usize, CgroupError> {
+        let procs = self.dir("freezer")?.join("cgroup.procs");
+        let others = |procs: &Path| -> Result<Vec<libc::pid_t>, CgroupError> {
+            Ok(fs::read_to_string(procs)
+                .map_err(io_err("read", procs))?
+                .lines()
+                .filter_map(|l| l.trim().parse::<libc::pid_t>().ok())
+                .filter(|&pid| pid != self.init_pid)
+                .collect())
+        };
+        let victims = others(&procs)?;
+        for &pid in &victims {
+            // SAFETY: kill with a pid read from the frozen group: it cannot
+            // have exited and been reused meanwhile.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        self.thaw()?;
+        // The init reaps them; the group lists a task until it is reaped.
+        let deadline = Instant::now() + KILL_WAIT;
+        loop {
+            let left = others(&procs)?.len();
+            if left == 0 {
+                return Ok(victims.len());
+            }
+            if Instant::now() >= deadline {
+                return Err(CgroupError::KillTimeout {
+                    path: procs,
+                    left,
+                    waited: KILL_WAIT,
+                });
+            }
+            std::thread::sleep(Duration::from_millis(1));
         }
     }
 

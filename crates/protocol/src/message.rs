@@ -38,12 +38,12 @@
 //!
 //! | class | header | host → agent | agent → host |
 //! |-------|--------|--------------|--------------|
-//! | `EXEC` 1 | [`ExecRequest`] | channel 1: stdin; Close: end of stdin; control: [`Input::Signal`], [`Input::Resize`] | `started`, then channel 1/2 output, then `exited`, Close. Background: `started`, Close |
+//! | `EXEC` 1 | [`ExecRequest`] | channel 1: stdin; Close: end of stdin; control: [`Input::Signal`], [`Input::Resize`] | `started`, then channel 1/2 output, then `exited`, Close. Background: `started`, Close (with `attached`: as foreground, but a Reset detaches) |
 //! | `ATTACH` 6 | [`AttachRequest`] | as `EXEC` | `attached` (with bytes dropped from the buffer), buffered then live output, `exited`, Close |
 //! | `FILE_READ` 2 | [`ReadRequest`] | Close | `read_started{size}`, channel 1: contents, Close |
 //! | `FILE_WRITE` 3 | [`WriteRequest`] | channel 1: contents; Close: end of file | `written{bytes}` after the host's Close, Close |
 //! | `WATCH` 4 | [`WatchRequest`] | Close: stop watching | `watching`, then one [`Event::Change`] or [`Event::Overflow`] per Data frame (control channel) until the host's Close or Reset, then Close |
-//! | `CALL` 5 | [`Call`] | Close | one typed reply (`entries`… `done`, `stat`, `processes`, `done`), Close |
+//! | `CALL` 5 | [`Call`] | Close | one typed reply (`entries`… `done`, `stat`, `processes`, `done`), Close. `stat`/`list` with `xattrs: PREFIX` also report extended attributes; `set_xattrs`, `remove_xattr` change them |
 //! | `CONNECT` 7 | [`ConnectRequest`] | channel 1: bytes to the socket; Close: half-close (`shutdown(SHUT_WR)` once the bytes are written); Reset: abort (RST) | `connected`, then channel 1: bytes from the socket; Close at its EOF; Reset if the connection breaks. Refused: `error{connection_refused}`, Close |
 //!
 //! ## Port forwarding
@@ -226,6 +226,12 @@ pub struct ExecRequest {
     /// buffer that `ATTACH` replays.
     #[serde(default)]
     pub background: bool,
+    /// With `background`: this stream stays attached from the start, as if
+    /// an `ATTACH` came at once (output, `exited`, Close), so nothing is
+    /// written only to the buffer before a client attaches. Closing or
+    /// resetting the stream detaches; the process goes on.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub attached: bool,
 }
 
 /// Re-attach to a process by pid. Header of an `ATTACH` stream.
@@ -298,10 +304,18 @@ pub enum Call {
         path: String,
         #[serde(default = "one")]
         depth: u32,
+        /// As for `stat`: report each entry's extended attributes under
+        /// this prefix.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        xattrs: Option<String>,
     },
     /// Replied with `stat`. Symlinks are not followed.
     Stat {
         path: String,
+        /// Also report the entry's extended attributes whose names start
+        /// with this prefix (e.g. `user.e2b.`), in [`Entry::xattrs`].
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        xattrs: Option<String>,
     },
     Mkdir {
         path: String,
@@ -323,6 +337,25 @@ pub enum Call {
     Signal {
         pid: i32,
         sig: i32,
+    },
+    /// Set extended attributes on `path` (not following a symlink), each
+    /// name a full attribute name such as `user.e2b.author`. With
+    /// `replace_prefix`, every attribute under that prefix that is not in
+    /// `xattrs` is removed first, so the result is exactly `xattrs` (an
+    /// empty map clears them; on a filesystem without extended attributes
+    /// that is not an error). Replied with `done`.
+    SetXattrs {
+        path: String,
+        #[serde(default)]
+        xattrs: BTreeMap<String, String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        replace_prefix: Option<String>,
+    },
+    /// Remove one extended attribute; `not_found` if it is not set.
+    /// Replied with `done`.
+    RemoveXattr {
+        path: String,
+        name: String,
     },
 }
 
@@ -368,6 +401,22 @@ pub struct Entry {
     pub mtime: i64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub symlink_target: Option<String>,
+    /// Owner and group ids (`st_uid`, `st_gid`). Absent from an older
+    /// agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gid: Option<u32>,
+    /// The owner's and group's names in the sandbox's /etc/passwd and
+    /// /etc/group; absent when the id has no name there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    /// Extended attributes under the prefix the request asked for (full
+    /// names; values as UTF-8, lossily). Empty unless asked for.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub xattrs: BTreeMap<String, String>,
 }
 
 /// One process the agent manages.
@@ -436,7 +485,8 @@ pub enum Event {
         entries: Vec<Entry>,
     },
     Stat {
-        entry: Entry,
+        /// Boxed: an entry is several times the size of every other event.
+        entry: Box<Entry>,
     },
     Processes {
         processes: Vec<ProcessInfo>,
@@ -511,6 +561,7 @@ mod tests {
             gid: Some(2),
             pty: Some(PtySize { rows: 3, cols: 4 }),
             background: true,
+            attached: true,
         };
         assert_eq!(
             decode::<ExecRequest>("exec request", &encode_header(&full)).unwrap(),
@@ -521,8 +572,34 @@ mod tests {
             call,
             Call::List {
                 path: "/".into(),
-                depth: 1
+                depth: 1,
+                xattrs: None,
             }
+        );
+        // The optional fields stay off the wire when unset, so a request
+        // reads the same to an agent that predates them.
+        assert_eq!(
+            String::from_utf8(encode_header(&Call::Stat {
+                path: "/a".into(),
+                xattrs: None
+            }))
+            .unwrap(),
+            r#"{"op":"stat","path":"/a"}"#
+        );
+        let call: Call = decode(
+            "call",
+            br#"{"op":"set_xattrs","path":"/a","xattrs":{"user.k":"v"},"replace_prefix":"user."}"#,
+        )
+        .unwrap();
+        assert!(matches!(call, Call::SetXattrs { replace_prefix: Some(p), .. } if p == "user."));
+        let entry: Entry = decode(
+            "entry",
+            br#"{"path":"/a","name":"a","kind":"file","size":1,"mode":420,"mtime":0}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            (entry.uid, entry.owner, entry.xattrs.len()),
+            (None, None, 0)
         );
         let watch: WatchRequest = decode("watch request", br#"{"path":"/tmp"}"#).unwrap();
         assert!(!watch.recursive);

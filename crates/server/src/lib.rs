@@ -36,7 +36,7 @@ pub mod store;
 pub mod tenants;
 
 pub use keys::{AuthError, KeyError, KeyId, KeyInfo};
-pub use lifecycle::{LiveCounts, SandboxMetrics};
+pub use lifecycle::{LiveCounts, PauseMode, Resumed, SandboxMetrics};
 pub use manager::{CreateConfig, ManagerConfig, ManagerError, SandboxManager};
 pub use pool::PoolTarget;
 pub use sandboxes::{

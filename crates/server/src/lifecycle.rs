@@ -10,23 +10,52 @@
 //! timeout the request names). Both hold the sandbox's [`Lifecycle`] lock
 //! throughout, so concurrent pauses and resumes are serialised.
 //!
+//! A pause keeps everything ([`PauseMode::Full`]: memory, processes, open
+//! connections inside) or only the filesystem ([`PauseMode::Filesystem`]:
+//! every process but the agent is killed first, so the sandbox holds no
+//! memory but its files; its resume is a "reboot" with the same files). A
+//! resume may also ask to reboot a fully paused sandbox. A sandbox can be
+//! told to pause instead of ending when its time to live runs out
+//! ([`SandboxManager::pause_on_timeout`]); the sweeper then pauses it, and
+//! it ends only if it stays paused for [`ManagerConfig::max_timeout`].
+//!
 //! [`ManagerConfig::max_timeout`]: crate::ManagerConfig::max_timeout
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use brig_core::SandboxId;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::manager::{lock, Live, ManagerError, SandboxManager};
 use crate::sandboxes::{SandboxError, SandboxState, Scope};
 use crate::{SandboxRecord, TenantId, UnixMillis};
+
+/// What a pause keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PauseMode {
+    /// Memory and processes: a resume goes on where it stopped.
+    #[default]
+    Full,
+    /// Only the files: every process but the agent is ended by the pause,
+    /// and a resume starts from the files alone.
+    Filesystem,
+}
 
 /// What the manager keeps per live sandbox for this module.
 #[derive(Debug, Default)]
 pub(crate) struct Lifecycle {
     /// `Some` while paused: the time to live it had when paused.
     paused: Option<Duration>,
+    /// What the current (or last) pause kept.
+    mode: PauseMode,
+    /// `Some`: pause like this, rather than end, when the time to live
+    /// runs out.
+    on_timeout: Option<PauseMode>,
+    /// The time to live a resume gives when the request names none, after
+    /// a pause on timeout (which had no time left).
+    timeout: Option<Duration>,
     /// The previous metrics sample (when, CPU ns), for `cpu_percent`.
     last_sample: Option<(Instant, u64)>,
 }
@@ -35,6 +64,20 @@ impl Live {
     pub(crate) fn is_paused(&self) -> bool {
         lock(&self.lifecycle).paused.is_some()
     }
+
+    /// How it is paused; `None` if it is not.
+    pub(crate) fn pause_mode(&self) -> Option<PauseMode> {
+        let lc = lock(&self.lifecycle);
+        lc.paused.map(|_| lc.mode)
+    }
+}
+
+/// What a resume did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Resumed {
+    /// Its processes are gone (a filesystem-only pause, or a resume that
+    /// asked to reboot): whatever the sandbox runs must be started again.
+    pub rebooted: bool,
 }
 
 /// One sample of a sandbox's resource use (`GET /v1/sandboxes/{id}/metrics`).
@@ -102,7 +145,30 @@ impl SandboxManager {
 
     /// Freeze a running sandbox and suspend its time to live.
     pub fn pause(&self, tenant: &TenantId, id: &SandboxId) -> Result<SandboxRecord, ManagerError> {
+        self.pause_with(tenant, id, PauseMode::Full)
+    }
+
+    /// Pause a running sandbox, keeping what `mode` says.
+    pub fn pause_with(
+        &self,
+        tenant: &TenantId,
+        id: &SandboxId,
+        mode: PauseMode,
+    ) -> Result<SandboxRecord, ManagerError> {
         let live = self.owned_live(tenant, id)?;
+        self.pause_live(tenant, id, &live, mode, None)
+    }
+
+    /// Pause `live` (a sandbox of `tenant`'s). `left`: the time to live to
+    /// keep for its resume, instead of what its record has left.
+    fn pause_live(
+        &self,
+        tenant: &TenantId,
+        id: &SandboxId,
+        live: &Live,
+        mode: PauseMode,
+        left: Option<Duration>,
+    ) -> Result<SandboxRecord, ManagerError> {
         let mut lc = lock(&live.lifecycle);
         if lc.paused.is_some() {
             return Err(ManagerError::AlreadyPaused { id: id.clone() });
@@ -114,10 +180,28 @@ impl SandboxManager {
                 state: record.state,
             });
         }
-        let left = record.expires_at.saturating_sub(now_millis()).max(1000);
+        let left = left.unwrap_or_else(|| {
+            Duration::from_millis(record.expires_at.saturating_sub(now_millis()).max(1000) as u64)
+        });
         live.controls
             .freeze()
             .map_err(cgroup_err(id, "freeze the sandbox"))?;
+        if mode == PauseMode::Filesystem {
+            // Frozen, so nothing forks away meanwhile; then the agent alone
+            // is frozen again.
+            let ended = live
+                .controls
+                .end_all_but_init()
+                .map_err(cgroup_err(id, "end the sandbox's processes"));
+            if let Err(e) = ended.and_then(|_| {
+                live.controls
+                    .freeze()
+                    .map_err(cgroup_err(id, "freeze the sandbox"))
+            }) {
+                let _ = live.controls.thaw();
+                return Err(e);
+            }
+        }
         let stored = {
             let store = self.store();
             store
@@ -128,7 +212,8 @@ impl SandboxManager {
         };
         match stored {
             Ok(record) => {
-                lc.paused = Some(Duration::from_millis(left as u64));
+                lc.paused = Some(left);
+                lc.mode = mode;
                 Ok(record)
             }
             Err(e) => {
@@ -148,6 +233,18 @@ impl SandboxManager {
         id: &SandboxId,
         timeout: Option<Duration>,
     ) -> Result<SandboxRecord, ManagerError> {
+        self.resume_with(tenant, id, timeout, false).map(|(r, _)| r)
+    }
+
+    /// [`Self::resume`], ending every process but the agent first if
+    /// `reboot` (what a filesystem-only pause already did).
+    pub fn resume_with(
+        &self,
+        tenant: &TenantId,
+        id: &SandboxId,
+        timeout: Option<Duration>,
+        reboot: bool,
+    ) -> Result<(SandboxRecord, Resumed), ManagerError> {
         let live = self.owned_live(tenant, id)?;
         let mut lc = lock(&live.lifecycle);
         let Some(left) = lc.paused else {
@@ -161,13 +258,62 @@ impl SandboxManager {
             Some(t) => self.cap_timeout(t)?,
             None => left,
         };
+        let rebooted = reboot || lc.mode == PauseMode::Filesystem;
+        if reboot && lc.mode == PauseMode::Full {
+            // Still frozen: killed before any of them runs again.
+            live.controls
+                .end_all_but_init()
+                .map_err(cgroup_err(id, "end the sandbox's processes"))?;
+        }
         live.controls
             .thaw()
             .map_err(cgroup_err(id, "thaw the sandbox"))?;
         lc.paused = None;
         let store = self.store();
         store.transition(Scope::Tenant(tenant), id, SandboxState::Running, None)?;
-        Ok(store.extend_timeout(Scope::Tenant(tenant), id, timeout)?)
+        let record = store.extend_timeout(Scope::Tenant(tenant), id, timeout)?;
+        Ok((record, Resumed { rebooted }))
+    }
+
+    /// Pause the sandbox (keeping what `mode` says) instead of ending it
+    /// when its time to live runs out; `None` ends it (the default). A
+    /// resume without a timeout then gives it `timeout` again.
+    pub fn pause_on_timeout(
+        &self,
+        tenant: &TenantId,
+        id: &SandboxId,
+        mode: Option<PauseMode>,
+        timeout: Duration,
+    ) -> Result<(), ManagerError> {
+        let live = self.owned_live(tenant, id)?;
+        let mut lc = lock(&live.lifecycle);
+        lc.on_timeout = mode;
+        lc.timeout = Some(timeout);
+        Ok(())
+    }
+
+    /// How the sandbox is paused; `None` if it is not (or has ended).
+    pub fn pause_mode(&self, id: &SandboxId) -> Option<PauseMode> {
+        self.live_sandbox(id)?.pause_mode()
+    }
+
+    /// The sweeper found `live`'s time to live over: pause it if it asked
+    /// for that and is running. `false`: end it.
+    pub(crate) fn paused_on_timeout(&self, id: &SandboxId, live: &Live) -> bool {
+        let (mode, timeout) = {
+            let lc = lock(&live.lifecycle);
+            match lc.on_timeout {
+                Some(mode) if lc.paused.is_none() => (mode, lc.timeout),
+                _ => return false,
+            }
+        };
+        match self.pause_live(&live.tenant, id, live, mode, timeout) {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::warn!("sandbox {id}: pause on timeout failed, ending it: {e}");
+                false
+            }
+        }
     }
 
     /// `extend` on a paused sandbox: the new time to live counts from its

@@ -107,6 +107,7 @@ impl ManagerConfig {
             sweep_interval: Duration::from_secs(1),
             pool: vec![PoolTarget {
                 template: TemplateRef::Host,
+                setuid: false,
                 size: DEFAULT_POOL,
             }],
             template_roots: Vec::new(),
@@ -306,7 +307,15 @@ impl SandboxManager {
         // Every daemon sandbox can be paused and reports its CPU use.
         opts.pausable = true;
         store.reconcile(|_, _| false)?;
-        let pool_targets = config.pool.clone();
+        // Builds of named templates that a rebuild replaced: no sandbox of
+        // this daemon runs on them yet (`brig run`s hold leases).
+        if let Some(home) = &config.home {
+            let freed = brig_template::prune(home);
+            if freed > 0 {
+                tracing::info!("removed old template builds: {} MiB", freed >> 20);
+            }
+        }
+        let pool = Arc::new(Pool::new(config.pool.clone(), config.home.as_deref()));
         // Every sandbox holds a handful of descriptors here (pidfd, agent
         // socket, slot and liveness locks, OOM eventfd): a thousand need
         // more than the usual soft limit of 1024.
@@ -351,7 +360,7 @@ impl SandboxManager {
             threads: Mutex::new(spawners),
             closing: AtomicBool::new(false),
             sweeper_stop: Mutex::new(Some(stop_tx)),
-            pool: Arc::new(Pool::new(pool_targets)),
+            pool,
             waiting: AtomicUsize::new(0),
         });
         // The sweeper holds only a weak reference, so dropping the manager
@@ -479,7 +488,10 @@ impl SandboxManager {
                     name: name.clone(),
                     source: Box::new(source),
                 })?;
-            return Ok(TemplateRef::Dir(rootfs));
+            let rootfs = TemplateRef::Dir(rootfs);
+            // Built now if it was not: its pools (if any) start filling.
+            drop(self.pool.resolve(name, &rootfs));
+            return Ok(rootfs);
         }
         let TemplateRef::Dir(path) = &template else {
             return Ok(template);
@@ -509,12 +521,13 @@ impl SandboxManager {
     /// A pre-made sandbox that can serve `spec`, with `spec`'s limits
     /// written to its cgroups; `None` when there is none.
     fn claim(&self, spec: &SandboxSpec) -> Result<Option<Warm>, ManagerError> {
-        // Pre-made sandboxes have no_new_privs; one that must let setuid
-        // binaries work is made fresh.
-        if spec.allow_setuid || !self.pool.serves(&spec.template, &spec.limits) {
+        // Whether setuid binaries work is fixed at spawn: pools are kept
+        // for each (template, setuid) pair.
+        let setuid = spec.allow_setuid;
+        if !self.pool.serves(&spec.template, setuid, &spec.limits) {
             return Ok(None);
         }
-        let Some(warm) = self.pool.take(&spec.template) else {
+        let Some(warm) = self.pool.take(&spec.template, setuid) else {
             return Ok(None);
         };
         let made = Pool::limits();
@@ -662,27 +675,32 @@ impl SandboxManager {
         if self.waiting.load(Ordering::SeqCst) > 0 {
             return Some(Duration::from_millis(10));
         }
-        let Some(template) = self.pool.reserve() else {
+        let Some(reserved) = self.pool.reserve() else {
             return Some(Duration::from_secs(1));
         };
-        let made = self.spawn_agent(&agent_spec(template.clone(), Pool::limits()));
-        match made {
+        let mut spec = agent_spec(reserved.template.clone(), Pool::limits());
+        spec.allow_setuid = reserved.setuid;
+        match self.spawn_agent(&spec) {
             Ok(warm) => {
-                // Put before unreserving: no other filler sees a gap.
-                self.pool.put(&template, warm);
-                self.pool.unreserve(&template);
+                // Put and unreserve at once: no other filler sees a gap. One
+                // of a rootfs rebuilt meanwhile comes back and is dropped.
+                drop(self.pool.put(&reserved, warm));
                 None
             }
             // Shutting down: the filler stops at its next look at the flag.
             Err(_) if self.closing.load(Ordering::SeqCst) => {
-                self.pool.unreserve(&template);
+                self.pool.unreserve(&reserved);
                 None
             }
             Err(e) => {
-                self.pool.unreserve(&template);
+                self.pool.unreserve(&reserved);
                 // A template that cannot start must not spin: try again
                 // later, and say why.
-                tracing::warn!("pre-made sandbox pool for {template}: {e}");
+                let setuid = if reserved.setuid { " (setuid)" } else { "" };
+                tracing::warn!(
+                    "pre-made sandbox pool for {}{setuid}: {e}",
+                    reserved.template
+                );
                 Some(Duration::from_secs(5))
             }
         }
@@ -919,6 +937,7 @@ impl SandboxManager {
         };
         for record in expired {
             match self.live_sandbox(&record.id) {
+                Some(live) if self.paused_on_timeout(&record.id, &live) => {}
                 // Fire and forget: the supervisor records the end.
                 Some(live) => drop(self.end(&live, SandboxState::Stopped)),
                 None => {

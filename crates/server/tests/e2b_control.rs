@@ -573,7 +573,7 @@ fn bad_requests_are_json_errors() {
         json!({"templateID": "no-such-template-kind:x"}),
         json!({"templateID": "host", "timeout": -1}),
         json!({"templateID": "host", "envVars": {"1BAD": "x"}}),
-        json!({"templateID": "host", "autoPause": true}),
+        json!({"templateID": "host", "autoPause": "yes"}),
         json!({"templateID": 7}),
     ] {
         assert_error(&p.k("POST", "/v2/sandboxes", Some(body.clone())), 400);
@@ -601,7 +601,8 @@ fn bad_requests_are_json_errors() {
     assert!(p.state.sandboxes.is_empty());
 }
 
-/// Run tests/e2b/control_sdk.py with the venv's Python against the planes.
+/// Run tests/e2b/control_sdk.py with the venv's Python against the planes;
+/// it must pass exactly `CONTROL_SDK_CHECKS` checks.
 fn run_sdk(venv_name: &str, generation: &str, version: &str, create_path: &str) {
     if !root_or_skip() {
         return;
@@ -635,10 +636,8 @@ fn run_sdk(venv_name: &str, generation: &str, version: &str, create_path: &str) 
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{generation}: {stdout}\n{stderr}");
-    assert!(
-        stdout.lines().any(|l| l.ends_with(" passed, 0 failed")),
-        "{stdout}"
-    );
+    let want = format!("{CONTROL_SDK_CHECKS} passed, 0 failed");
+    assert!(stdout.lines().any(|l| l == want), "want {want:?}: {stdout}");
     assert!(
         stdout.contains(&format!("e2b {version} ")),
         "the venv's e2b is not {version}: {stdout}"
@@ -658,6 +657,9 @@ fn run_sdk(venv_name: &str, generation: &str, version: &str, create_path: &str) 
         "no {connect}{{id}}/connect: {seen:?}"
     );
 }
+
+/// The checks of tests/e2b/control_sdk.py (the same for both generations).
+const CONTROL_SDK_CHECKS: usize = 47;
 
 #[test]
 fn python_sdk_current_generation() {
@@ -782,9 +784,342 @@ fn code_interpreter_v1_is_ready_when_create_answers() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stdout}\n{stderr}");
+    // Every check of the run_code matrix ran (state, errors, results,
+    // display data, rich formats, callbacks, envs, contexts, bash,
+    // javascript or its refusal, timeouts, the async client).
     assert!(
-        stdout.lines().any(|l| l.ends_with(" passed, 0 failed")),
-        "{stdout}"
+        stdout.lines().any(|l| l == "73 passed, 0 failed"),
+        "want \"73 passed, 0 failed\": {stdout}"
     );
     assert!(p.state.sandboxes.is_empty(), "{stdout}");
+}
+
+/// Run `script` with `sh -c` in the sandbox as root; its stdout.
+fn sh_in(p: &Planes, id: &str, script: &str) -> String {
+    let sb = p.state.sandboxes.get(id).unwrap();
+    let req = ExecRequest {
+        argv: vec!["sh".into(), "-c".into(), script.into()],
+        ..ExecRequest::default()
+    };
+    let (out, err, status) =
+        p.f.manager
+            .exec(&p.tenant(), &sb.id, &req)
+            .unwrap()
+            .wait_with_output()
+            .unwrap();
+    assert!(
+        status.success(),
+        "{script}: {}",
+        String::from_utf8_lossy(&err)
+    );
+    String::from_utf8(out).unwrap()
+}
+
+/// Wait until the sandbox's `state` (GET /sandboxes/{id}) is `want`.
+fn wait_state(p: &Planes, id: &str, want: &str) -> Value {
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let d = p.k("GET", &format!("/sandboxes/{id}"), None).body;
+        if d["state"] == want {
+            return d;
+        }
+        assert!(std::time::Instant::now() < deadline, "never {want}: {d}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A data-plane request (`GET /envs`) for the sandbox: its status.
+fn envd_status(p: &Planes, id: &str) -> u16 {
+    let token = p.state.sandboxes.get(id).unwrap().access_token.clone();
+    match ureq::get(&format!("http://{}/envs", p.data))
+        .set("E2b-Sandbox-Id", id)
+        .set("E2b-Sandbox-Port", "49983")
+        .set("X-Access-Token", &token)
+        .timeout(Duration::from_secs(30))
+        .call()
+    {
+        Ok(r) => r.status(),
+        Err(ureq::Error::Status(s, _)) => s,
+        Err(e) => panic!("GET /envs: {e}"),
+    }
+}
+
+/// Start a process that outlives the call and a file; the sandbox's
+/// processes named `sleep`.
+const MARK: &str = "echo kept > /tmp/mark; setsid sleep 1000 </dev/null >/dev/null 2>&1 & true";
+const SLEEPERS: &str = "cat /tmp/mark; ps -eo comm= | grep -c '^sleep$' || true";
+
+#[test]
+fn auto_pause_on_timeout_keeps_memory_and_traffic_resumes_it() {
+    if !root_or_skip() {
+        return;
+    }
+    let p = planes_with(|c| c.sweep_interval = Duration::from_millis(100));
+    let id = p.create(json!({"timeout": 1, "autoPause": true, "autoResume": {"enabled": true}}));
+    sh_in(&p, &id, MARK);
+    let d = wait_state(&p, &id, "paused");
+    assert_eq!(d["pauseMode"], "full", "{d}");
+    assert_eq!(
+        d["lifecycle"],
+        json!({"autoResume": true, "onTimeout": "pause"})
+    );
+    // Paused, not ended: its end is far away now.
+    assert!(ms_until(&d["endAt"]) > 60_000, "{d}");
+    // Traffic to its data plane resumes it, with the create's timeout.
+    assert_eq!(envd_status(&p, &id), 200);
+    let d = wait_state(&p, &id, "running");
+    assert!(d.get("pauseMode").is_none(), "{d}");
+    assert_eq!(
+        sh_in(&p, &id, SLEEPERS),
+        "kept\n1\n",
+        "memory and processes kept"
+    );
+    // Its timeout passes again: paused again, and so on.
+    wait_state(&p, &id, "paused");
+    assert_eq!(p.k("DELETE", &format!("/sandboxes/{id}"), None).status, 204);
+}
+
+#[test]
+fn filesystem_pause_ends_processes_keeps_files_and_needs_an_explicit_resume() {
+    if !root_or_skip() {
+        return;
+    }
+    let p = planes_with(|c| c.sweep_interval = Duration::from_millis(100));
+    // On timeout, filesystem-only.
+    let id = p.create(json!({"timeout": 1, "autoPause": true, "autoPauseMemory": false}));
+    sh_in(&p, &id, MARK);
+    let d = wait_state(&p, &id, "paused");
+    assert_eq!(d["pauseMode"], "filesystem", "{d}");
+    assert_eq!(d["lifecycle"]["autoResume"], false);
+    // No auto-resume: the data plane says it is paused.
+    assert_ne!(envd_status(&p, &id), 200);
+    assert_eq!(
+        p.k("GET", &format!("/sandboxes/{id}"), None).body["state"],
+        "paused"
+    );
+    let c = p.k(
+        "POST",
+        &format!("/v2/sandboxes/{id}/connect"),
+        Some(json!({"timeout": 60})),
+    );
+    assert_eq!(c.status, 201, "{}", c.body);
+    assert_eq!(
+        sh_in(&p, &id, SLEEPERS),
+        "kept\n0\n",
+        "files kept, processes ended"
+    );
+
+    // An explicit pause with `memory: false`: the same.
+    sh_in(&p, &id, MARK);
+    let pause = format!("/sandboxes/{id}/pause");
+    assert_eq!(
+        p.k("POST", &pause, Some(json!({"memory": false}))).status,
+        204
+    );
+    assert_eq!(
+        p.k("GET", &format!("/sandboxes/{id}"), None).body["pauseMode"],
+        "filesystem"
+    );
+    assert_eq!(
+        p.k(
+            "POST",
+            &format!("/v2/sandboxes/{id}/connect"),
+            Some(json!({}))
+        )
+        .status,
+        201
+    );
+    assert_eq!(sh_in(&p, &id, SLEEPERS), "kept\n0\n");
+
+    // A full pause resumed with `memory: false` (`on_resume="reboot"`) too.
+    sh_in(&p, &id, MARK);
+    assert_eq!(p.k("POST", &pause, None).status, 204);
+    let c = p.k(
+        "POST",
+        &format!("/v2/sandboxes/{id}/connect"),
+        Some(json!({"memory": false})),
+    );
+    assert_eq!(c.status, 201, "{}", c.body);
+    assert_eq!(sh_in(&p, &id, SLEEPERS), "kept\n0\n");
+    // And a plain full pause keeps them.
+    sh_in(&p, &id, MARK);
+    assert_eq!(
+        p.k("POST", &pause, Some(json!({"memory": true}))).status,
+        204
+    );
+    assert_eq!(
+        p.k(
+            "POST",
+            &format!("/v2/sandboxes/{id}/connect"),
+            Some(json!({}))
+        )
+        .status,
+        201
+    );
+    assert_eq!(sh_in(&p, &id, SLEEPERS), "kept\n1\n");
+    assert_eq!(p.k("DELETE", &format!("/sandboxes/{id}"), None).status, 204);
+}
+
+#[test]
+fn lifecycle_combinations_the_clients_refuse_are_400() {
+    if !root_or_skip() {
+        return;
+    }
+    let p = planes();
+    for body in [
+        json!({"templateID": "host", "autoPauseMemory": false}),
+        json!({"templateID": "host", "autoResume": {"enabled": true}}),
+        json!({"templateID": "host", "autoPause": true, "autoPauseMemory": false, "autoResume": {"enabled": true}}),
+        json!({"templateID": "host", "autoResume": {}}),
+    ] {
+        let a = p.k("POST", "/v2/sandboxes", Some(body.clone()));
+        assert_eq!(a.status, 400, "{body}: {}", a.body);
+        let msg = a.body["message"].as_str().unwrap();
+        assert!(msg.contains("auto") || msg.contains("enabled"), "{msg}");
+    }
+    assert!(p.state.sandboxes.is_empty());
+    // The default: killed on timeout, said so.
+    let id = p.create(json!({}));
+    let d = p.k("GET", &format!("/sandboxes/{id}"), None).body;
+    assert_eq!(
+        d["lifecycle"],
+        json!({"autoResume": false, "onTimeout": "kill"})
+    );
+}
+
+/// tests/e2b/lifecycle_sdk.py through the official Python client: pause on
+/// timeout with auto-resume, explicit full and filesystem-only pauses,
+/// connect resuming, `on_resume="reboot"`.
+#[test]
+fn python_sdk_lifecycle() {
+    if !root_or_skip() {
+        return;
+    }
+    let python = venv("e2b-venv");
+    if !python.exists() {
+        support::planes::missing(&format!(
+            "{} is missing: run tests/support/install-python-deps.sh",
+            python.display()
+        ));
+        return;
+    }
+    let p = planes_with(|c| c.sweep_interval = Duration::from_millis(100));
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/e2b/lifecycle_sdk.py");
+    let out = Command::new(&python)
+        .arg(&script)
+        .env("E2B_API_KEY", &p.f.key)
+        .env("E2B_API_URL", format!("http://{}", p.api))
+        .env("E2B_SANDBOX_URL", format!("http://{}", p.data))
+        .env("E2B_TEMPLATE", "host")
+        .env_remove("E2B_DEBUG")
+        .env_remove("E2B_DOMAIN")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("14 passed, 0 failed"), "{stdout}");
+    assert!(p.state.sandboxes.is_empty(), "{stdout}");
+}
+
+/// A `code-interpreter-v1` sandbox paused filesystem-only comes back with
+/// its code interpreter started again before connect answers (the pause
+/// ended it with every other process).
+#[test]
+fn code_interpreter_is_started_again_after_a_filesystem_pause() {
+    if !root_or_skip() {
+        return;
+    }
+    if let Err(e) = brig_template::ensure(
+        &template_home(),
+        "code-interpreter-v1",
+        brig_template::Progress::Lines,
+    ) {
+        support::planes::missing(&format!(
+            "cannot build the code-interpreter-v1 template: {e}"
+        ));
+        return;
+    }
+    let p = planes_with(|c| c.home = Some(template_home()));
+    let a = p.k(
+        "POST",
+        "/v2/sandboxes",
+        Some(json!({"templateID": "code-interpreter-v1"})),
+    );
+    assert_eq!(a.status, 201, "{}", a.body);
+    let id = a.body["sandboxID"].as_str().unwrap().to_string();
+    let listening = "python3 -c \"import socket; socket.create_connection(('127.0.0.1', 49999), 1).close()\" 2>/dev/null && echo up || echo down";
+    let servers = "ps -eo args= | grep -c '[s]erver.py' || true";
+    assert_eq!(sh_in(&p, &id, listening), "up\n");
+    let pause = format!("/sandboxes/{id}/pause");
+    assert_eq!(
+        p.k("POST", &pause, Some(json!({"memory": false}))).status,
+        204
+    );
+    let c = p.k(
+        "POST",
+        &format!("/v2/sandboxes/{id}/connect"),
+        Some(json!({})),
+    );
+    assert_eq!(c.status, 201, "{}", c.body);
+    assert_eq!(sh_in(&p, &id, listening), "up\n", "not started again");
+    assert_eq!(sh_in(&p, &id, servers), "1\n", "one server");
+    // A full pause keeps the one that runs (and starts no second one).
+    assert_eq!(p.k("POST", &pause, None).status, 204);
+    assert_eq!(
+        p.k(
+            "POST",
+            &format!("/v2/sandboxes/{id}/connect"),
+            Some(json!({}))
+        )
+        .status,
+        201
+    );
+    assert_eq!(sh_in(&p, &id, servers), "1\n");
+    assert_eq!(p.k("DELETE", &format!("/sandboxes/{id}"), None).status, 204);
+}
+
+/// A request with no routing headers whose `Host` is `{port}-{id}.{domain}`
+/// (what `get_host(port)` gives) reaches that port of that sandbox; other
+/// hosts are still 400s or signed-URL lookups.
+#[test]
+fn host_routing_as_get_host_builds_it() {
+    if !root_or_skip() {
+        return;
+    }
+    use std::io::{Read, Write};
+    let p = planes();
+    let id = p.create(json!({}));
+    sh_in(
+        &p,
+        &id,
+        "mkdir -p /tmp/www && echo hello-from-8000 > /tmp/www/index.html && cd /tmp/www && \
+         setsid python3 -m http.server 8000 --bind 127.0.0.1 </dev/null >/dev/null 2>&1 & \
+         for i in $(seq 100); do python3 -c \"import socket; socket.create_connection(('127.0.0.1', 8000), 1)\" 2>/dev/null && exit 0; sleep 0.1; done; exit 1",
+    );
+    let get = |host: &str| -> String {
+        let mut s = std::net::TcpStream::connect(p.data).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        write!(
+            s,
+            "GET /index.html HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).unwrap();
+        out
+    };
+    let ok = get(&format!("8000-{id}.localhost:{}", p.data.port()));
+    assert!(
+        ok.starts_with("HTTP/1.") && ok[8..].starts_with(" 200"),
+        "{ok}"
+    );
+    assert!(ok.ends_with("hello-from-8000\n"), "{ok}");
+    // Another sandbox id: the 502 the clients know.
+    let gone = get("8000-nosuchsandbox.localhost");
+    assert!(gone.starts_with("HTTP/1.1 502"), "{gone}");
+    assert!(gone.contains("The sandbox was not found"), "{gone}");
+    // A plain host: no routing at all.
+    let plain = get("127.0.0.1");
+    assert!(plain.starts_with("HTTP/1.1 400"), "{plain}");
 }

@@ -4,8 +4,9 @@
 //! before and after `start`, keepalives, `Connect-Timeout-Ms`, a client
 //! leaving without killing its process), the filesystem service, and the
 //! plain HTTP endpoints (`/files` with multipart, gzip and signatures).
-//! Then the official Python SDK (e2b 2.63, in the venv tests/support sets
-//! up) against the same daemon, through the real control plane.
+//! Then the official Python SDK (e2b 2.63, and the older generation 2.48,
+//! in the venvs tests/support sets up) against the same daemon, through
+//! the real control plane: `tests/e2b/envd_sdk.py`.
 //!
 //! The sandbox is created with the manager and registered in the E2B
 //! registry by the test, so this file does not depend on the control
@@ -51,6 +52,8 @@ async fn env() -> Env {
         template: "base".into(),
         access_token: TOKEN.into(),
         default_user: "root".into(),
+        home: "/root".into(),
+        lifecycle: Default::default(),
         env: BTreeMap::from([("SANDBOX_VAR".to_string(), "from-create".to_string())]),
         metadata: BTreeMap::new(),
     });
@@ -688,7 +691,8 @@ async fn filesystem_service() {
         .await;
     assert_eq!(s, 200);
     assert_eq!(body["entry"]["type"], "FILE_TYPE_SYMLINK");
-    assert_eq!(body["entry"]["symlinkTarget"], "f.txt");
+    // envd reports the target as an absolute path.
+    assert_eq!(body["entry"]["symlinkTarget"], "/tmp/e2b/a/f.txt");
     let (s, body) = e.unary(&fs("Stat"), json!({"path":"/tmp/e2b/none"})).await;
     assert_eq!((s, body["code"].as_str()), (404, Some("not_found")));
     // Depth 1 (the default), then 2.
@@ -963,27 +967,36 @@ async fn files_endpoint() {
     assert_eq!(owners, "nobody\nnobody\n");
 }
 
-/// The venv with the official SDK (tests/support/install-python-deps.sh).
+/// The venv with the current official SDK (tests/support/install-python-deps.sh).
 fn sdk_python() -> Option<std::path::PathBuf> {
-    let py = std::path::PathBuf::from("/root/.cache/brig-test/e2b-venv/bin/python");
+    sdk_python_in("e2b-venv")
+}
+
+/// The python of `~/.cache/brig-test/{venv}`; `None` (a skip, a failure
+/// under BRIG_TEST_STRICT=1) if it is missing.
+fn sdk_python_in(venv: &str) -> Option<std::path::PathBuf> {
+    let py = std::path::PathBuf::from(format!("/root/.cache/brig-test/{venv}/bin/python"));
     if py.exists() {
         return Some(py);
     }
     if std::env::var("BRIG_TEST_STRICT").is_ok_and(|v| v == "1") {
         panic!(
-            "BRIG_TEST_STRICT=1 and the e2b venv is missing: run tests/support/install-python-deps.sh"
+            "BRIG_TEST_STRICT=1 and the {venv} venv is missing: run tests/support/install-python-deps.sh"
         );
     }
     eprintln!("skipping: no e2b venv at {}", py.display());
     None
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn official_python_sdk() {
+/// Run `tests/e2b/envd_sdk.py` with the SDK of `venv` (which must be e2b
+/// `version`) against a registered sandbox; it must pass exactly `checks`
+/// checks (each generation has its own count: features an older client
+/// lacks are skipped with a printed note).
+async fn run_envd_sdk(venv: &str, version: &str, checks: usize) {
     if !root_or_skip() {
         return;
     }
-    let Some(python) = sdk_python() else {
+    let Some(python) = sdk_python_in(venv) else {
         return;
     };
     let e = env().await;
@@ -1002,9 +1015,11 @@ async fn official_python_sdk() {
             .env("E2B_API_KEY", key)
             .env("E2B_API_URL", api)
             .env("E2B_SANDBOX_URL", sandbox)
+            .env_remove("E2B_DEBUG")
+            .env_remove("E2B_DOMAIN")
             .output()
     });
-    let out = tokio::time::timeout(Duration::from_secs(120), out)
+    let out = tokio::time::timeout(Duration::from_secs(240), out)
         .await
         .expect("the SDK script finishes")
         .unwrap()
@@ -1012,7 +1027,29 @@ async fn official_python_sdk() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
-    assert!(stdout.contains("ALL OK"), "{stdout}");
+    let first = format!("e2b {version}");
+    assert!(
+        stdout.lines().next() == Some(first.as_str()),
+        "the venv's e2b is not {version}: {stdout}"
+    );
+    let want = format!("{checks} passed, 0 failed");
+    assert!(
+        stdout.lines().any(|l| l == want),
+        "want {want:?}:\n{stdout}"
+    );
+}
+
+/// The current client, e2b 2.63: commands, PTY, files, watches, signed URLs.
+#[tokio::test(flavor = "multi_thread")]
+async fn official_python_sdk() {
+    run_envd_sdk("e2b-venv", "2.63.0", 114).await;
+}
+
+/// The older generation, e2b 2.48 (the v1 create path; no
+/// `commands.stream_input`, so one check fewer).
+#[tokio::test(flavor = "multi_thread")]
+async fn official_python_sdk_2_48() {
+    run_envd_sdk("e2b-venv-2.48", "2.48.0", 113).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -1048,4 +1085,414 @@ async fn a_sandbox_ending_ends_its_streams() {
     assert!(collect(&events).2.is_object(), "{events:?}");
     let events = w.envelopes().await;
     assert_eq!(events.last().map(|e| e.0), Some(2), "{events:?}");
+}
+
+/// envd's process environment: PATH, then the user's HOME, USER and
+/// LOGNAME, then the sandbox's variables, then the request's (last wins);
+/// and the user's supplementary groups from the sandbox's /etc/group.
+#[tokio::test(flavor = "multi_thread")]
+async fn process_environment_and_groups() {
+    if !root_or_skip() {
+        return;
+    }
+    let e = env().await;
+    let nobody = format!("Basic {}", b64(b"nobody:"));
+    let events = e
+        .run(
+            "id -u; echo \"$PATH|$HOME|$USER|$LOGNAME|$SANDBOX_VAR\"",
+            &[("authorization", &nobody)],
+        )
+        .await;
+    let (out, err, end) = collect(&events);
+    assert_eq!(end["exitCode"].as_i64().unwrap_or(0), 0, "{end} {err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "65534", "{out}");
+    let vars: Vec<&str> = lines[1].split('|').collect();
+    assert!(vars[0].split(':').any(|d| d == "/usr/bin"), "PATH: {out}");
+    assert_eq!(
+        &vars[1..],
+        ["/nonexistent", "nobody", "nobody", "from-create"],
+        "{out}"
+    );
+    // Supplementary groups: a user that some group of the sandbox's
+    // /etc/group lists as a member (this sandbox's /etc is the host's,
+    // read-only; crates/agent/tests/sandboxed.rs writes its own).
+    let found = support::sh(
+        &e.f,
+        &e.id,
+        "for line in $(grep -E '^[^:]+:[^:]*:[0-9]+:[^:]+$' /etc/group); do            gid=$(echo $line | cut -d: -f3);            for m in $(echo $line | cut -d: -f4 | tr , ' '); do              if grep -q \"^$m:\" /etc/passwd; then echo \"$m $gid\"; exit 0; fi;            done;          done",
+    )
+    .await;
+    match found.split_whitespace().collect::<Vec<_>>()[..] {
+        [member, gid] => {
+            let auth = format!("Basic {}", b64(format!("{member}:").as_bytes()));
+            let events = e.run("id -G", &[("authorization", &auth)]).await;
+            let (out, err, _) = collect(&events);
+            assert!(
+                out.split_whitespace().any(|g| g == gid),
+                "{member} is in group {gid}: {out} {err}"
+            );
+        }
+        _ => eprintln!(
+            "note: no group in this sandbox's /etc/group lists a member;              supplementary groups are checked in crates/agent/tests/sandboxed.rs"
+        ),
+    }
+    // The request's variables come last and win, over the user's and the
+    // sandbox's alike; they do not stay for the next command.
+    let body = json!({
+        "process": {
+            "cmd": "/bin/sh",
+            "args": ["-c", "echo \"$HOME|$USER|$SANDBOX_VAR|$PATH\""],
+            "envs": {"HOME": "/tmp", "USER": "someone", "SANDBOX_VAR": "mine", "PATH": "/bin"},
+        },
+        "stdin": false,
+    });
+    let events = e
+        .stream("/process.Process/Start", body, &[])
+        .await
+        .envelopes()
+        .await;
+    assert_eq!(collect(&events).0, "/tmp|someone|mine|/bin\n");
+    let events = e.run("echo \"$HOME|$USER|$SANDBOX_VAR\"", &[]).await;
+    assert_eq!(collect(&events).0, "/root|root|from-create\n");
+}
+
+/// A raw POST /files as `user`, with extra (`X-Metadata-*`) headers.
+async fn upload(e: &Env, path: &str, user: &str, meta: &[(&str, &str)], data: &[u8]) -> Resp {
+    let mut h = e.routed(&[("content-type", "application/octet-stream")]);
+    h.extend_from_slice(meta);
+    let q = format!("/files?path={}&username={user}", query_escape(path));
+    request(e.data, "POST", &q, &h, data).await
+}
+
+/// EntryInfo's owner and group (names, or the id without one), symlinks,
+/// and file metadata: set by upload headers, validated, replaced on
+/// overwrite, surfaced by Stat, ListDir, Move and the upload's answer.
+#[tokio::test(flavor = "multi_thread")]
+async fn entry_owners_symlinks_and_metadata() {
+    if !root_or_skip() {
+        return;
+    }
+    let e = env().await;
+    let fs = |m: &str| format!("/filesystem.Filesystem/{m}");
+    // Both of a sandbox's writable places: /tmp and the root's layer.
+    for dir in ["/tmp/meta", "/root/meta"] {
+        let path = format!("{dir}/a.txt");
+        let r = upload(
+            &e,
+            &path,
+            "nobody",
+            &[("X-Metadata-Author", "mish"), ("x-metadata-tag", "a b")],
+            b"hello",
+        )
+        .await;
+        let status = r.status;
+        let body = r.json().await;
+        if status == 501 {
+            let reason = format!(
+                "the sandbox's filesystem at {dir} has no user extended attributes \
+                 (tmpfs has them from Linux 6.6): {body}"
+            );
+            if std::env::var("BRIG_TEST_STRICT").is_ok_and(|v| v == "1") {
+                panic!("BRIG_TEST_STRICT=1 and {reason}");
+            }
+            eprintln!("skipping: {reason}");
+            return;
+        }
+        assert_eq!(status, 200, "{dir}: {body}");
+        let want = json!({"author": "mish", "tag": "a b"});
+        assert_eq!(
+            body,
+            json!([{"path": path, "name": "a.txt", "type": "file", "metadata": want}]),
+            "{dir}"
+        );
+        let (s, body) = e.unary(&fs("Stat"), json!({ "path": path })).await;
+        assert_eq!(s, 200, "{body}");
+        let entry = &body["entry"];
+        assert_eq!(entry["metadata"], want, "{dir}: {entry}");
+        assert_eq!(
+            (&entry["owner"], &entry["group"]),
+            (&json!("nobody"), &json!("nogroup")),
+            "{entry}"
+        );
+        let (s, body) = e.unary(&fs("ListDir"), json!({ "path": dir })).await;
+        assert_eq!(s, 200, "{body}");
+        assert_eq!(body["entries"][0]["metadata"], want, "{body}");
+        // Overwriting replaces the whole set: fewer keys, then none.
+        let r = upload(&e, &path, "nobody", &[("x-metadata-tag", "b")], b"x").await;
+        assert_eq!(r.json().await[0]["metadata"], json!({"tag": "b"}));
+        let r = upload(&e, &path, "nobody", &[], b"y").await;
+        let body = r.json().await;
+        assert!(body[0].get("metadata").is_none(), "{body}");
+        let (_, body) = e.unary(&fs("Stat"), json!({ "path": path })).await;
+        assert!(body["entry"].get("metadata").is_none(), "{body}");
+        // Move keeps it, and says so.
+        upload(&e, &path, "nobody", &[("x-metadata-stage", "moved")], b"z").await;
+        let to = format!("{dir}/b.txt");
+        let (s, body) = e
+            .unary(&fs("Move"), json!({"source": path, "destination": to}))
+            .await;
+        assert_eq!(s, 200, "{body}");
+        assert_eq!(body["entry"]["metadata"], json!({"stage": "moved"}));
+    }
+
+    // Invalid metadata is refused before anything is written.
+    let long = format!("x-metadata-{}", "k".repeat(247));
+    let big = "v".repeat(4000);
+    let bad: [(&[(&str, &str)], &str); 3] = [
+        (&[("x-metadata-ok", "caf\u{e9}")], "printable ASCII"),
+        (&[(long.as_str(), "v")], "longer than 246"),
+        (
+            &[
+                ("x-metadata-big", big.as_str()),
+                ("x-metadata-more", big.as_str()),
+            ],
+            "4096",
+        ),
+    ];
+    for (headers, why) in bad {
+        let r = upload(&e, "/tmp/meta/bad.txt", "root", headers, b"x").await;
+        assert_eq!(r.status, 400, "{why}");
+        let body = r.json().await;
+        assert!(body["message"].as_str().unwrap().contains(why), "{body}");
+    }
+    let (s, _) = e
+        .unary(&fs("Stat"), json!({"path": "/tmp/meta/bad.txt"}))
+        .await;
+    assert_eq!(s, 404, "a refused upload writes nothing");
+
+    // Multipart: the same metadata on every file.
+    let boundary = "XbrigX";
+    let mut body = Vec::new();
+    for path in ["/tmp/meta/m1.txt", "/tmp/meta/m2.txt"] {
+        body.extend(
+            format!(
+                "--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"{path}\"\r\n\r\ndata\r\n"
+            )
+            .as_bytes(),
+        );
+    }
+    body.extend(format!("--{boundary}--\r\n").as_bytes());
+    let ct = format!("multipart/form-data; boundary={boundary}");
+    let h = e.routed(&[("content-type", &ct), ("x-metadata-source", "suite")]);
+    let r = request(e.data, "POST", "/files", &h, &body).await;
+    assert_eq!(r.status, 200);
+    let body = r.json().await;
+    assert_eq!(body[0]["metadata"], json!({"source": "suite"}), "{body}");
+    assert_eq!(body[1]["metadata"], json!({"source": "suite"}), "{body}");
+    let (_, body) = e
+        .unary(&fs("Stat"), json!({"path": "/tmp/meta/m2.txt"}))
+        .await;
+    assert_eq!(body["entry"]["metadata"], json!({"source": "suite"}));
+
+    // An owner and group the sandbox has no names for: their numbers.
+    support::sh(
+        &e.f,
+        &e.id,
+        "touch /tmp/meta/anon; chown 4321:4322 /tmp/meta/anon; \
+         ln -s m1.txt /tmp/meta/rel; ln -s /tmp/meta/m2.txt /tmp/meta/abs",
+    )
+    .await;
+    let (_, body) = e
+        .unary(&fs("Stat"), json!({"path": "/tmp/meta/anon"}))
+        .await;
+    assert_eq!(
+        (&body["entry"]["owner"], &body["entry"]["group"]),
+        (&json!("4321"), &json!("4322"))
+    );
+    let (_, body) = e
+        .unary(&fs("Stat"), json!({"path": "/tmp/meta/m1.txt"}))
+        .await;
+    assert_eq!(
+        (&body["entry"]["owner"], &body["entry"]["group"]),
+        (&json!("root"), &json!("root"))
+    );
+    // Symlinks: the link itself, marked both ways, its target absolute.
+    for (link, target) in [("rel", "/tmp/meta/m1.txt"), ("abs", "/tmp/meta/m2.txt")] {
+        let (_, body) = e
+            .unary(&fs("Stat"), json!({ "path": format!("/tmp/meta/{link}") }))
+            .await;
+        let entry = &body["entry"];
+        assert_eq!(entry["type"], "FILE_TYPE_SYMLINK", "{entry}");
+        assert_eq!(entry["isSymlink"], true, "{entry}");
+        assert_eq!(entry["symlinkTarget"], target, "{entry}");
+        assert!(
+            entry["permissions"].as_str().unwrap().starts_with('L'),
+            "{entry}"
+        );
+    }
+}
+
+/// WatchDir and CreateWatcher with `includeEntry` (envd 0.6.3) carry the
+/// entry, owner and metadata included; `allowNetworkMounts` (0.6.4) is
+/// accepted.
+#[tokio::test(flavor = "multi_thread")]
+async fn watch_events_include_entries() {
+    if !root_or_skip() {
+        return;
+    }
+    let e = env().await;
+    support::sh(&e.f, &e.id, "mkdir -p /tmp/w").await;
+    let mut w = e
+        .stream(
+            "/filesystem.Filesystem/WatchDir",
+            json!({"path": "/tmp/w", "includeEntry": true, "allowNetworkMounts": true}),
+            &[],
+        )
+        .await;
+    assert_eq!(w.envelope().await.unwrap().1, json!({"start":{}}));
+    let (s, body) = e
+        .unary(
+            "/filesystem.Filesystem/CreateWatcher",
+            json!({"path": "/tmp/w", "includeEntry": true, "allowNetworkMounts": true}),
+        )
+        .await;
+    assert_eq!(s, 200, "{body}");
+    let watcher = body["watcherId"].clone();
+    let r = upload(
+        &e,
+        "/tmp/w/new.txt",
+        "nobody",
+        &[("x-metadata-k", "v")],
+        b"hi",
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let event = loop {
+        let (_, msg) = w.envelope().await.expect("an event");
+        let ev = &msg["filesystem"];
+        if ev["type"] == "EVENT_TYPE_CREATE" && ev["name"] == "new.txt" {
+            break ev.clone();
+        }
+    };
+    // The entry as stat'ed when the event was sent: the file may not be
+    // chowned to nobody yet, but it has an owner.
+    let entry = &event["entry"];
+    assert_eq!(entry["path"], "/tmp/w/new.txt", "{event}");
+    assert_eq!(entry["type"], "FILE_TYPE_FILE", "{event}");
+    assert!(!entry["owner"].as_str().unwrap().is_empty(), "{event}");
+    // Polled: some event for the file carries its entry (the create may
+    // be seen before the metadata is set, so any of them).
+    let deadline = Instant::now() + LIMIT;
+    loop {
+        let (s, body) = e
+            .unary(
+                "/filesystem.Filesystem/GetWatcherEvents",
+                json!({ "watcherId": watcher }),
+            )
+            .await;
+        assert_eq!(s, 200, "{body}");
+        let events = body["events"].as_array().cloned().unwrap_or_default();
+        if events
+            .iter()
+            .any(|ev| ev["entry"]["metadata"] == json!({"k": "v"}))
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no event with the entry's metadata"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Without includeEntry: no entry.
+    let (_, body) = e
+        .unary(
+            "/filesystem.Filesystem/CreateWatcher",
+            json!({"path": "/tmp/w"}),
+        )
+        .await;
+    let plain = body["watcherId"].clone();
+    support::sh(&e.f, &e.id, "touch /tmp/w/other").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (_, body) = e
+        .unary(
+            "/filesystem.Filesystem/GetWatcherEvents",
+            json!({ "watcherId": plain }),
+        )
+        .await;
+    let events = body["events"].as_array().unwrap();
+    assert!(!events.is_empty(), "{body}");
+    assert!(events.iter().all(|ev| ev.get("entry").is_none()), "{body}");
+}
+
+/// File metadata, owner names and watch entries through the official
+/// Python client (e2b 2.63), which turns them on by the reported envd
+/// version: `tests/e2b/envd_metadata_sdk.py`.
+#[tokio::test(flavor = "multi_thread")]
+async fn official_python_sdk_metadata_and_owner() {
+    if !root_or_skip() {
+        return;
+    }
+    let Some(python) = sdk_python() else {
+        return;
+    };
+    let e = env().await;
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/e2b/envd_metadata_sdk.py");
+    let (id, key) = (e.id.clone(), e.f.key.clone());
+    let (api, sandbox) = (
+        format!("http://{}", e.control),
+        format!("http://{}", e.data),
+    );
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(python)
+            .arg(&script)
+            .arg(&id)
+            .env("E2B_API_KEY", key)
+            .env("E2B_API_URL", api)
+            .env("E2B_SANDBOX_URL", sandbox)
+            .output()
+    });
+    let out = tokio::time::timeout(Duration::from_secs(120), out)
+        .await
+        .expect("the SDK script finishes")
+        .unwrap()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(stdout.contains("ALL OK"), "{stdout}");
+}
+
+/// A command's whole output reaches a client that reads slowly: the
+/// process is paced by the stream (as with envd) instead of losing what
+/// the agent's buffer for unattended processes cannot hold, including
+/// what it writes before the first read.
+#[tokio::test(flavor = "multi_thread")]
+async fn long_output_reaches_a_slow_client_whole() {
+    if !root_or_skip() {
+        return;
+    }
+    let e = env().await;
+    let body = json!({
+        "process": {"cmd": "/bin/sh", "args": ["-c", "seq 1 300000; head -c 3000000 /dev/zero | tr '\\0' a"]},
+        "stdin": false,
+    });
+    let mut r = e.stream("/process.Process/Start", body, &[]).await;
+    // Let it run ahead of us first, then read slowly for a while.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut out = Vec::new();
+    let mut n = 0;
+    while let Some((flags, msg)) = r.envelope().await {
+        if flags & 2 != 0 {
+            break;
+        }
+        if let Some(s) = msg["event"]["data"].get("stdout") {
+            out.extend(unb64(s));
+        }
+        n += 1;
+        if n < 30 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let text = String::from_utf8(out).unwrap();
+    let (numbers, tail) = text.split_at(text.find('a').expect("the a's arrived"));
+    let lines: Vec<&str> = numbers.lines().collect();
+    assert_eq!(lines.len(), 300_000, "every line of seq");
+    assert!(lines
+        .iter()
+        .enumerate()
+        .all(|(i, l)| l.parse() == Ok(i + 1)));
+    assert_eq!(tail.len(), 3_000_000);
 }

@@ -104,6 +104,12 @@ async fn list_stat_mkdir_rename_remove() {
     let (status, st) = get(&f, &format!("{base}/stat?path=/tmp/d/f.txt")).await;
     assert_eq!(status, StatusCode::OK, "{st}");
     assert_eq!((&st["type"], &st["size"]), (&json!("file"), &json!(5)));
+    // Owner and group, by id and by the sandbox's own names.
+    assert_eq!(
+        (&st["uid"], &st["gid"], &st["owner"], &st["group"]),
+        (&json!(0), &json!(0), &json!("root"), &json!("root")),
+        "{st}"
+    );
 
     let (status, body) = post(
         &f,

@@ -377,6 +377,7 @@ async fn sandboxes_from_the_pool_get_the_limits_and_env_asked_for() {
     let f = fixture(|c| {
         c.pool = vec![brig_server::PoolTarget {
             template: brig_core::TemplateRef::Host,
+            setuid: false,
             size: 2,
         }]
     });

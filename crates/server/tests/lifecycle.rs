@@ -512,3 +512,67 @@ async fn prometheus_metrics_count_creates_execs_and_live_sandboxes() {
     let open = scrape(&public, None).await;
     assert_eq!(sample(&open, r#"brig_sandboxes{state="paused"}"#), 1.0);
 }
+
+/// `mode: filesystem` ends every process but the agent and keeps the
+/// files; memory drops to what the agent and the files hold. `reboot` on
+/// a resume does the same to a full pause. Bad bodies are 400s.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_filesystem_pause_keeps_files_and_ends_processes() {
+    if !root_or_skip() {
+        return;
+    }
+    let f = fixture(|_| {});
+    let id = create(&f, r#"{"timeout": "10m"}"#).await;
+    let probe = "cat /tmp/mark; ps -eo comm= | grep -c '^sleep$' || true";
+    let uri = format!("/v1/sandboxes/{id}/pause");
+    // A hungry process: 64 MiB held in memory.
+    sh(&f, &id, "echo kept > /tmp/mark").await;
+    start(&f, &id, "exec sleep 1000").await;
+    start(&f, &id, "python3 -c 'import time; b = bytearray(64 << 20); b[::4096] = b\"x\" * (len(b) // 4096); time.sleep(1000)'").await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metrics(&f, &id).await["memory_bytes"].as_u64().unwrap() < 64 << 20 {
+        assert!(Instant::now() < deadline, "the hungry process never grew");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (status, sb) = post(&f, &f.key, &uri, Some(r#"{"mode": "filesystem"}"#)).await;
+    assert_eq!(
+        (status, &sb["state"]),
+        (StatusCode::OK, &json!("paused")),
+        "{sb}"
+    );
+    let m = metrics(&f, &id).await;
+    assert_eq!(m["pids"], 1, "only the agent is left: {m}");
+    assert!(m["memory_bytes"].as_u64().unwrap() < 32 << 20, "{m}");
+    resume(&f, &id, None).await;
+    assert_eq!(sh(&f, &id, probe).await, "kept\n0\n");
+
+    // A full pause resumed with reboot.
+    start(&f, &id, "exec sleep 1000").await;
+    let (status, _) = post(&f, &f.key, &uri, Some(r#"{"mode": "full"}"#)).await;
+    assert_eq!(status, StatusCode::OK);
+    resume(&f, &id, Some(r#"{"reboot": true}"#)).await;
+    assert_eq!(sh(&f, &id, probe).await, "kept\n0\n");
+    // And a plain one keeps them.
+    start(&f, &id, "exec sleep 1000").await;
+    pause(&f, &id).await;
+    resume(&f, &id, Some("{}")).await;
+    assert_eq!(sh(&f, &id, probe).await, "kept\n1\n");
+
+    for bad in [
+        r#"{"mode": "disk"}"#,
+        r#"{"mode": 1}"#,
+        r#"{"extra": 1}"#,
+        "nope",
+    ] {
+        let (status, body) = post(&f, &f.key, &uri, Some(bad)).await;
+        assert_error(status, &body, StatusCode::BAD_REQUEST, "bad_request");
+    }
+    let (status, body) = post(
+        &f,
+        &f.key,
+        &format!("/v1/sandboxes/{id}/resume"),
+        Some(r#"{"reboot": "yes"}"#),
+    )
+    .await;
+    assert_error(status, &body, StatusCode::BAD_REQUEST, "bad_request");
+}

@@ -3,16 +3,28 @@
 //!
 //! Layout, under `$BRIG_HOME/templates/<name>/`:
 //!
-//! - `rootfs/`: the template, used read-only as a sandbox's lower layer;
+//! - `rootfs`: a symlink to the current build, `rootfs-<n>/`, used
+//!   read-only as a sandbox's lower layer. Sandboxes are given the build's
+//!   own directory ([`ensure`] resolves the link), so a rebuild, which
+//!   makes `rootfs-<n+1>/` and swaps the link, never changes the files
+//!   under a running sandbox (overlayfs must not see its lower layer
+//!   change). Older builds are removed by [`prune`], when nothing uses
+//!   them; brig of a version before this layout had `rootfs/` as a
+//!   directory, which is used as it is until the next build;
 //! - `recipe`: the stamp, `sha256=<hash of the recipe text>` followed by
-//!   the text itself. `rootfs/` counts only when this file matches the
+//!   the text itself. `rootfs` counts only when this file matches the
 //!   current recipe, so changing a recipe rebuilds it and a build that died
 //!   half-way is never used;
 //! - `.lock`: flock'ed while building, so concurrent callers (two creates
 //!   in the daemon, a daemon and a `brig run`) build once and the others
 //!   wait for that build;
-//! - `.rootfs.tmp.*`: a build in progress, renamed to `rootfs/` only on
-//!   success (the stamp is written after the rename).
+//! - `.rootfs.tmp.*`: a build in progress, renamed to `rootfs-<n>/` only
+//!   on success (the stamp is written after the link is swapped).
+//!
+//! A process that was handed a build ([`ensure`], [`ready`]) holds a
+//! [`Lease`] on it until it exits: a shared flock on its directory, which
+//! [`prune`] respects. A daemon prunes when it starts, so an old build goes
+//! once no daemon or `brig run` that used it is alive.
 //!
 //! The same approach as `tests/support/build-rootfs.sh`, which builds the
 //! test suite's rootfs.
@@ -21,6 +33,7 @@ use std::fmt::Write as _;
 use std::fs::{self, File};
 use std::io::{BufRead, BufReader, IsTerminal};
 use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStringExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
@@ -174,13 +187,118 @@ pub fn state(paths: &Paths, recipe: &Recipe) -> State {
 
 /// The template `name`'s root filesystem, built first if it is missing or
 /// stale. Concurrent callers build it once: the others wait for that build.
+/// The path is the current build's own directory, not the `rootfs` link:
+/// a later rebuild does not change what it names.
 pub fn ensure(home: &Path, name: &str, progress: Progress) -> Result<PathBuf, TemplateError> {
     let recipe = recipe(name)?;
     let paths = Paths::new(home, name);
     if state(&paths, recipe) == State::Ready {
-        return Ok(paths.rootfs);
+        return current(&paths, name);
     }
     build_locked(recipe, &paths, false, progress)
+}
+
+/// The template `name`'s current build if it is built from its current
+/// recipe (reading its stamp; nothing is built), leased as [`ensure`]'s.
+pub fn ready(home: &Path, name: &str) -> Option<PathBuf> {
+    let recipe = recipe(name).ok()?;
+    let paths = Paths::new(home, name);
+    (state(&paths, recipe) == State::Ready)
+        .then(|| current(&paths, name).ok())
+        .flatten()
+}
+
+/// The build `rootfs` names now, leased for the rest of this process's
+/// life: a process that was handed a build may run sandboxes on it until
+/// it exits (a daemon does not track which of its sandboxes use which
+/// build), so no [`prune`], in this process or another, removes it
+/// meanwhile. One descriptor per build.
+fn current(paths: &Paths, name: &str) -> Result<PathBuf, TemplateError> {
+    let build = fs::canonicalize(&paths.rootfs).map_err(io_err(name, "resolve", &paths.rootfs))?;
+    let mut held = held();
+    if !held.iter().any(|(p, _)| p == &build) {
+        let lease = lease(&build).map_err(io_err(name, "lease", &build))?;
+        held.push((build.clone(), lease));
+    }
+    Ok(build)
+}
+
+/// The builds this process holds leases on.
+fn held() -> std::sync::MutexGuard<'static, Vec<(PathBuf, Lease)>> {
+    static HELD: std::sync::Mutex<Vec<(PathBuf, Lease)>> = std::sync::Mutex::new(Vec::new());
+    HELD.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Give up this process's lease on `build` (a path [`ensure`] returned):
+/// nothing here runs on it any more.
+pub fn release(build: &Path) {
+    held().retain(|(p, _)| p != build);
+}
+
+/// A shared claim on one build of a template: while it is held, [`prune`]
+/// leaves that build alone. Dropping it releases it.
+#[derive(Debug)]
+pub struct Lease {
+    _dir: File,
+}
+
+/// Hold a [`Lease`] on the build at `rootfs` (a path [`ensure`] returned).
+pub fn lease(rootfs: &Path) -> std::io::Result<Lease> {
+    let dir = File::open(rootfs)?;
+    // SAFETY: flock on a descriptor we own.
+    if unsafe { libc::flock(dir.as_raw_fd(), libc::LOCK_SH) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(Lease { _dir: dir })
+}
+
+/// Remove every build of every template under `home` that is not current
+/// and not leased, and the leftovers of killed builds; the bytes freed.
+/// Builds this process was handed are leased too (flock conflicts between
+/// two descriptors of one process as between processes).
+pub fn prune(home: &Path) -> u64 {
+    let Ok(templates) = fs::read_dir(templates_dir(home)) else {
+        return 0;
+    };
+    let mut freed = 0;
+    for t in templates.flatten() {
+        let dir = t.path();
+        let Ok(lock) = File::open(dir.join(".lock")) else {
+            continue;
+        };
+        // Not while it is being built.
+        // SAFETY: flock on a descriptor we own.
+        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            continue;
+        }
+        let current = fs::canonicalize(dir.join("rootfs")).ok();
+        let Ok(entries) = fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let n = e.file_name();
+            let n = n.to_string_lossy();
+            let old = n.starts_with("rootfs-")
+                || n.starts_with(".rootfs.tmp.")
+                || n.starts_with(".rootfs.old.");
+            let path = e.path();
+            // Compared resolved: `home` or its templates dir may be reached
+            // through a symlink.
+            if !old || !path.is_dir() || fs::canonicalize(&path).ok() == current {
+                continue;
+            }
+            let Ok(d) = File::open(&path) else { continue };
+            // SAFETY: flock on a descriptor we own.
+            if unsafe { libc::flock(d.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+                continue; // leased
+            }
+            let size = tree_size(&path);
+            if remove_tree(&path).is_ok() {
+                freed += size;
+            }
+        }
+    }
+    freed
 }
 
 /// Build the template `name` (again, with `force`, even if it is current).
@@ -274,7 +392,7 @@ fn build_locked(
     }
     // Someone else may have built it while we waited.
     if !force && state(paths, recipe) == State::Ready {
-        return Ok(paths.rootfs.clone());
+        return current(paths, name);
     }
     let mmdebstrap = which_mmdebstrap().ok_or_else(|| TemplateError::NoMmdebstrap {
         name: name.to_string(),
@@ -286,13 +404,20 @@ fn build_locked(
         });
     }
     // Leftovers of builds that were killed (we hold the lock: no build is
-    // running).
+    // running), and the next build's number.
+    let mut next = 1u64;
     if let Ok(entries) = fs::read_dir(&paths.dir) {
         for e in entries.flatten() {
             let n = e.file_name();
             let n = n.to_string_lossy();
-            if n.starts_with(".rootfs.tmp.") || n.starts_with(".rootfs.old.") {
-                let _ = fs::remove_dir_all(e.path());
+            if n.starts_with(".rootfs.tmp.") {
+                let _ = remove_tree(&e.path());
+            }
+            if let Some(v) = n
+                .strip_prefix("rootfs-")
+                .and_then(|v| v.parse::<u64>().ok())
+            {
+                next = next.max(v + 1);
             }
         }
     }
@@ -302,32 +427,80 @@ fn build_locked(
     fs::create_dir(&tmp).map_err(io_err(name, "create", &tmp))?;
     let built = run_mmdebstrap(&mmdebstrap, recipe, &tmp, progress);
     if let Err(e) = built {
-        let _ = fs::remove_dir_all(&tmp);
+        let _ = remove_tree(&tmp);
         return Err(e);
     }
 
     // Invalidate first, then swap: a crash below leaves no stamp, so the
     // next use rebuilds instead of trusting a half-swapped tree.
     let _ = fs::remove_file(&paths.stamp);
-    let old = paths
-        .dir
-        .join(format!(".rootfs.old.{}", std::process::id()));
-    if paths.rootfs.exists() {
+    let version = paths.dir.join(format!("rootfs-{next}"));
+    fs::rename(&tmp, &version).map_err(io_err(name, "rename into place", &tmp))?;
+    fs::set_permissions(&version, fs::Permissions::from_mode(0o755))
+        .map_err(io_err(name, "chmod", &version))?;
+    // The link is swapped with a rename, atomically. A `rootfs` directory
+    // of the older layout becomes an old build, for prune.
+    if paths.rootfs.is_dir() && !paths.rootfs.is_symlink() {
+        let old = paths.dir.join("rootfs-0");
         fs::rename(&paths.rootfs, &old).map_err(io_err(name, "move aside", &paths.rootfs))?;
     }
-    fs::rename(&tmp, &paths.rootfs).map_err(io_err(name, "rename into place", &tmp))?;
-    fs::set_permissions(&paths.rootfs, fs::Permissions::from_mode(0o755)).map_err(io_err(
-        name,
-        "chmod",
-        &paths.rootfs,
-    ))?;
+    let link_tmp = paths.dir.join(".rootfs.link.tmp");
+    let _ = fs::remove_file(&link_tmp);
+    std::os::unix::fs::symlink(format!("rootfs-{next}"), &link_tmp)
+        .map_err(io_err(name, "link", &link_tmp))?;
+    fs::rename(&link_tmp, &paths.rootfs).map_err(io_err(name, "link", &paths.rootfs))?;
     let stamp_tmp = paths.dir.join(".recipe.tmp");
     fs::write(&stamp_tmp, stamp_for(recipe)).map_err(io_err(name, "write", &stamp_tmp))?;
     fs::rename(&stamp_tmp, &paths.stamp).map_err(io_err(name, "write", &paths.stamp))?;
-    // A sandbox still running on the old tree keeps its mount; the files
-    // go once it ends.
-    let _ = fs::remove_dir_all(&old);
-    Ok(paths.rootfs.clone())
+    // Older builds stay: sandboxes may run on them (see `prune`).
+    current(paths, name)
+}
+
+/// Remove a build's tree, unmounting first whatever is mounted below it: a
+/// killed mmdebstrap leaves the host's /proc, /sys, /dev/pts and /dev/shm
+/// mounted in its new root, and deleting through those would reach the
+/// host's own files.
+fn remove_tree(dir: &Path) -> std::io::Result<()> {
+    let mut below: Vec<PathBuf> = fs::read_to_string("/proc/self/mountinfo")?
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .map(unescape_mountinfo)
+        .filter(|m| m.starts_with(dir))
+        .collect();
+    // Deepest first.
+    below.sort_by_key(|m| std::cmp::Reverse(m.components().count()));
+    for m in &below {
+        let c = std::ffi::CString::new(m.as_os_str().as_encoded_bytes())
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+        // SAFETY: umount2 with a NUL-terminated path.
+        if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    fs::remove_dir_all(dir)
+}
+
+/// A mount point as /proc/self/mountinfo writes it (`\040` for a space…).
+fn unescape_mountinfo(field: &str) -> PathBuf {
+    let b = field.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let octal = b
+            .get(i + 1..i + 4)
+            .filter(|d| d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match (b[i], octal) {
+            (b'\\', Some(d)) => {
+                out.push((d[0] - b'0') * 64 + (d[1] - b'0') * 8 + (d[2] - b'0'));
+                i += 4;
+            }
+            (c, _) => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    PathBuf::from(std::ffi::OsString::from_vec(out))
 }
 
 fn which_mmdebstrap() -> Option<PathBuf> {
@@ -591,6 +764,57 @@ mod tests {
         fs::write(&p.stamp, stamp_for(&r)).unwrap();
         fs::remove_dir_all(&p.rootfs).unwrap();
         assert_eq!(state(&p, &r), State::Missing);
+    }
+
+    #[test]
+    fn mount_points_are_unescaped() {
+        assert_eq!(unescape_mountinfo(r"/a\040b\011c"), Path::new("/a b\tc"));
+        assert_eq!(unescape_mountinfo(r"/x\y"), Path::new(r"/x\y"));
+    }
+
+    /// A killed build's tree with something mounted in it: removed without
+    /// deleting through the mount.
+    #[test]
+    fn removing_a_tree_unmounts_what_is_below_it_first() {
+        // SAFETY: geteuid cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            assert!(
+                std::env::var("BRIG_TEST_STRICT").map_or(true, |v| v != "1"),
+                "BRIG_TEST_STRICT=1 and mounting needs root"
+            );
+            eprintln!("skipping: mounting needs root");
+            return;
+        }
+        let outside = tempfile::tempdir().unwrap();
+        fs::write(outside.path().join("precious"), "x").unwrap();
+        let tree = tempfile::tempdir().unwrap();
+        let mnt = tree.path().join(".rootfs.tmp.1/proc");
+        fs::create_dir_all(&mnt).unwrap();
+        let bind = |src: &Path, dst: &Path| {
+            let (s, d) = (
+                std::ffi::CString::new(src.as_os_str().as_encoded_bytes()).unwrap(),
+                std::ffi::CString::new(dst.as_os_str().as_encoded_bytes()).unwrap(),
+            );
+            // SAFETY: a bind mount of two NUL-terminated paths.
+            let r = unsafe {
+                libc::mount(
+                    s.as_ptr(),
+                    d.as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_BIND,
+                    std::ptr::null(),
+                )
+            };
+            assert_eq!(r, 0, "{}", std::io::Error::last_os_error());
+        };
+        bind(outside.path(), &mnt);
+        assert!(mnt.join("precious").exists());
+        remove_tree(&tree.path().join(".rootfs.tmp.1")).unwrap();
+        assert!(!tree.path().join(".rootfs.tmp.1").exists());
+        assert!(
+            outside.path().join("precious").exists(),
+            "deleted through the mount"
+        );
     }
 
     #[test]

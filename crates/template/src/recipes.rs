@@ -97,8 +97,16 @@ const CODE_INTERPRETER_SERVER_PACKAGES: &[&str] = &[
 /// behind a TLS-inspecting proxy has that proxy's CA only in its own
 /// bundle): the root's bundle is swapped for the host's during the install
 /// and put back after, so the template keeps Debian's own.
+///
+/// The JavaScript kernel is Deno's (`deno jupyter`): the runtime from npm
+/// (`deno`, whose platform package carries the binary), installed the same
+/// way with npm, and a system-wide kernelspec named `deno` that runs it
+/// without colours (the code interpreter's text results are plain).
 const CODE_INTERPRETER_SETUP: &[&str] = &[
     r#"b="$1/etc/ssl/certs/ca-certificates.crt"; cp "$b" "$b.debian" && cp "${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}" "$b" && chroot "$1" env PIP_FIND_LINKS= pip install --quiet --no-deps --no-cache-dir --break-system-packages bash_kernel==0.10.0; rc=$?; mv "$b.debian" "$b"; exit $rc"#,
+    r#"b="$1/etc/ssl/certs/ca-certificates.crt"; cp "$b" "$b.debian" && cp "${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}" "$b" && chroot "$1" env NODE_EXTRA_CA_CERTS=/etc/ssl/certs/ca-certificates.crt npm install --global --silent --no-audit --no-fund --no-update-notifier deno@2.9.6; rc=$?; mv "$b.debian" "$b"; rm -rf "$1/root/.npm"; exit $rc"#,
+    r#"ln -sf /usr/local/lib/node_modules/deno/deno "$1/usr/local/bin/deno" && "$1/usr/local/lib/node_modules/deno/deno" --version >/dev/null"#,
+    r#"mkdir -p "$1/usr/local/share/jupyter/kernels/deno" && printf '%s\n' '{"argv": ["/usr/local/bin/deno", "jupyter", "--kernel", "--conn", "{connection_file}"], "display_name": "Deno", "language": "typescript", "env": {"NO_COLOR": "1"}}' > "$1/usr/local/share/jupyter/kernels/deno/kernel.json""#,
 ];
 
 /// User `user` (uid/gid 1000, /home/user, bash) with passwordless sudo, as
@@ -126,7 +134,7 @@ pub const BASE: Recipe = Recipe {
 
 pub const CODE_INTERPRETER_V1: Recipe = Recipe {
     name: "code-interpreter-v1",
-    description: "base + ipykernel, jupyter-client, numpy, pandas, matplotlib",
+    description: "base + ipykernel, jupyter-client, numpy, pandas, matplotlib; bash and Deno (JavaScript/TypeScript) kernels",
     version: 1,
     suite: "bookworm",
     variant: "minbase",

@@ -8,7 +8,9 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::{Arc, Barrier};
 
-use brig_template::{build, ensure, stamp_for, state, Paths, Progress, State, TemplateError};
+use brig_template::{
+    build, ensure, lease, prune, release, stamp_for, state, Paths, Progress, State, TemplateError,
+};
 
 const FAKE: &str = r#"#!/bin/sh
 # Called as: mmdebstrap [options] SUITE TARGET MIRROR
@@ -66,7 +68,10 @@ fn builds_once_under_concurrency_rebuilds_when_stale_and_reports_failures() {
         .into_iter()
         .map(|t| t.join().unwrap())
         .collect();
-    assert!(got.iter().all(|p| p == &paths.rootfs), "{got:?}");
+    // The build's own directory, which `rootfs` links to.
+    let first = paths.dir.join("rootfs-1");
+    assert!(got.iter().all(|p| p == &first), "{got:?}");
+    assert_eq!(fs::read_link(&paths.rootfs).unwrap(), Path::new("rootfs-1"));
     assert_eq!(builds(&count), 1, "concurrent callers built more than once");
     assert!(paths.rootfs.join("bin/sh").exists());
     assert_eq!(
@@ -86,8 +91,55 @@ fn builds_once_under_concurrency_rebuilds_when_stale_and_reports_failures() {
     assert_eq!(state(&paths, &brig_template::recipes::BASE), State::Ready);
 
     // --force rebuilds a current one.
-    build(&home, "base", true, Progress::Quiet).unwrap();
+    let second = paths.dir.join("rootfs-2");
+    let leased = lease(&second).unwrap();
+    let third = build(&home, "base", true, Progress::Quiet).unwrap();
     assert_eq!(builds(&count), 3);
+    assert_eq!(third, paths.dir.join("rootfs-3"));
+    assert_eq!(ensure(&home, "base", Progress::Quiet).unwrap(), third);
+    // A rebuild never touches the builds sandboxes may still run on.
+    assert!(first.join("bin/sh").exists() && second.join("bin/sh").exists());
+    // This process was handed all three: prune keeps them.
+    prune(&home);
+    assert!(
+        first.exists() && second.exists(),
+        "prune removed a build in use"
+    );
+    // Released here, the first goes; the second is still leased otherwise.
+    release(&first);
+    release(&second);
+    prune(&home);
+    assert!(!first.exists(), "an unused old build survived prune");
+    assert!(
+        second.join("bin/sh").exists(),
+        "prune removed a leased build"
+    );
+    assert!(
+        third.join("bin/sh").exists(),
+        "prune removed the current build"
+    );
+    drop(leased);
+    prune(&home);
+    assert!(!second.exists(), "a released old build survived prune");
+    assert!(third.join("bin/sh").exists());
+
+    // The layout of brig before versioned builds (`rootfs/` a directory)
+    // is used as it is, and becomes an old build at the next rebuild.
+    fs::remove_file(&paths.rootfs).unwrap();
+    fs::rename(&third, &paths.rootfs).unwrap();
+    release(&third);
+    assert_eq!(
+        ensure(&home, "base", Progress::Quiet).unwrap(),
+        paths.rootfs
+    );
+    let fourth = build(&home, "base", true, Progress::Quiet).unwrap();
+    assert_eq!(builds(&count), 4);
+    assert_eq!(fourth, paths.dir.join("rootfs-1"));
+    assert!(paths.dir.join("rootfs-0/bin/sh").exists());
+    release(&paths.rootfs);
+    prune(&home);
+    assert!(!paths.dir.join("rootfs-0").exists());
+    assert!(fourth.join("bin/sh").exists());
 
     // A network failure is reported as one, and leaves no half-built tree
     // (the template that was there stays usable).

@@ -12,10 +12,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use brig_core::{parse_duration, TemplateRef};
+use brig_core::parse_duration;
 use brig_server::http::{app, AppState};
 use brig_server::manager::{find_agent, ManagerConfig, DEFAULT_MAX_TIMEOUT};
-use brig_server::PoolTarget;
+use brig_server::pool::{self, PoolTarget};
 use brig_server::{SandboxManager, Store};
 
 use super::client::{home_dir, LOCAL_KEY_FILE};
@@ -39,9 +39,13 @@ pub struct ServeArgs {
     #[arg(long)]
     metrics_public: bool,
     /// Keep N sandboxes of TEMPLATE made in advance, so creating one does
-    /// not wait for namespaces, mounts and cgroups (repeatable; `host=0`
-    /// turns the default off) [default: host=4].
-    #[arg(long = "pool", value_name = "TEMPLATE=N", value_parser = PoolTarget::parse)]
+    /// not wait for namespaces, mounts and cgroups; TEMPLATE+setuid=N for
+    /// sandboxes where setuid binaries (sudo) work, which is what E2B
+    /// creates ask for. Repeatable; a flag replaces the defaults of its
+    /// template (`host=0`, `base=0` turn them off). A named template's pool
+    /// fills once the template is built [default: host=4; with --e2b also
+    /// base+setuid=2].
+    #[arg(long = "pool", value_name = "TEMPLATE[+setuid]=N", value_parser = PoolTarget::parse)]
     pool: Vec<PoolTarget>,
     /// Let clients use the directories inside DIR as `dir:` templates
     /// (repeatable; `$BRIG_HOME/templates` always is). Any other `dir:`
@@ -82,26 +86,22 @@ impl ServeArgs {
             None => DEFAULT_MAX_TIMEOUT,
         };
         manager.default_timeout = manager.default_timeout.min(manager.max_timeout);
-        for target in self.pool {
-            // A later flag for the same template replaces an earlier one
-            // (and the default).
-            manager.pool.retain(|t| t.template != target.template);
-            manager.pool.push(target);
+        // The defaults (host=4; with --e2b also base+setuid=2, for E2B's
+        // creates) give way to any flag naming their template; a later flag
+        // for the same template and setuid replaces an earlier one.
+        let mut defaults = std::mem::take(&mut manager.pool);
+        if self.e2b {
+            defaults.push(pool::e2b_default());
         }
+        manager.pool = pool::merge(defaults, self.pool);
         let home = self.home.unwrap_or_else(home_dir);
         manager.template_roots = std::iter::once(home.join("templates"))
             .chain(self.template_roots)
             .collect();
         manager.home = Some(home.clone());
-        // A pool of a named template: build it now (once) and pre-make
-        // sandboxes from its rootfs, which is what creates resolve it to.
-        for target in &mut manager.pool {
-            if let TemplateRef::Named(name) = &target.template {
-                let rootfs = brig_template::ensure(&home, name, brig_template::Progress::Auto)
-                    .with_context(|| format!("--pool {name}"))?;
-                target.template = TemplateRef::Dir(rootfs);
-            }
-        }
+        // A pool of a named template is not built here: it fills once the
+        // template is built (at once if it is; else after the first create
+        // of it built it; see pool.rs), so an unbuilt one delays nothing.
         Ok(ServeConfig {
             listen: self.listen,
             home,

@@ -37,10 +37,10 @@ pub use time::{parse_rfc3339, rfc3339};
 pub use wire::E2bError;
 use wire::{Detail, Metric};
 
-use super::{E2bSandbox, E2bState, Registry};
+use super::{E2bLifecycle, E2bSandbox, E2bState, Registry};
 use crate::http::{blocking, Auth};
 use crate::manager::{CreateConfig, SandboxManager};
-use crate::{SandboxRecord, SandboxState, TenantId};
+use crate::{PauseMode, Resumed, SandboxRecord, SandboxState, TenantId};
 
 /// A sandbox's time to live when create names none (E2B's default).
 pub const DEFAULT_TIMEOUT_SECS: i64 = 300;
@@ -163,15 +163,11 @@ async fn create(
     body: axum::body::Bytes,
 ) -> Result<Response, E2bError> {
     let req: wire::NewSandbox = wire::body(&body)?;
+    let lifecycle = lifecycle(&req)?;
     let template_id = req
         .template_id
         .filter(|t| !t.is_empty())
         .ok_or_else(|| E2bError::bad_request("templateID is required (e.g. \"base\")"))?;
-    if req.auto_pause == Some(true) {
-        return Err(E2bError::bad_request(
-            "autoPause is not supported by brig: a sandbox whose timeout passes is killed",
-        ));
-    }
     let template = TemplateRef::parse(&template_id)
         .map_err(|e| E2bError::bad_request(format!("templateID {template_id:?}: {e}")))?;
     let timeout = seconds(req.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS))?;
@@ -200,6 +196,9 @@ async fn create(
     let registry = Arc::clone(&state.sandboxes);
     let sb = tokio::task::spawn_blocking(move || -> Result<Arc<E2bSandbox>, E2bError> {
         let record = manager.create(&tenant, config)?;
+        if lifecycle.on_timeout.is_some() {
+            manager.pause_on_timeout(&tenant, &record.id, lifecycle.on_timeout, timeout)?;
+        }
         let (default_user, home) = default_user(&manager, &tenant, &record.id);
         let sb = registry.insert(E2bSandbox {
             id: record.id,
@@ -207,11 +206,13 @@ async fn create(
             template: template_id,
             access_token: access_token(),
             default_user,
+            home,
+            lifecycle,
             env,
             metadata,
         });
         if interpreter::wanted(&sb.template) {
-            if let Err(e) = interpreter::start(&manager, &sb, &home) {
+            if let Err(e) = interpreter::start(&manager, &sb) {
                 tracing::warn!("{e}");
                 registry.remove(sb.id.as_str());
                 let _ = manager.delete(&sb.tenant, &sb.id);
@@ -226,6 +227,37 @@ async fn create(
     .await
     .map_err(|e| E2bError::from(crate::http::ApiError::from(e)))??;
     Ok((StatusCode::CREATED, Json(wire::Sandbox::new(&sb))).into_response())
+}
+
+/// What create's `autoPause`, `autoPauseMemory` and `autoResume` ask for,
+/// checked as the clients check them.
+fn lifecycle(req: &wire::NewSandbox) -> Result<E2bLifecycle, E2bError> {
+    let pause = req.auto_pause == Some(true);
+    let memory = req.auto_pause_memory.unwrap_or(true);
+    let auto_resume = req.auto_resume.as_ref().is_some_and(|a| a.enabled);
+    if !pause && req.auto_pause_memory.is_some() {
+        return Err(E2bError::bad_request(
+            "autoPauseMemory needs autoPause: true (it says what the pause on timeout keeps)",
+        ));
+    }
+    if auto_resume && !pause {
+        return Err(E2bError::bad_request(
+            "autoResume.enabled needs autoPause: true (only a sandbox paused on timeout can be resumed by traffic)",
+        ));
+    }
+    if auto_resume && !memory {
+        return Err(E2bError::bad_request(
+            "autoResume cannot be combined with autoPauseMemory: false: a filesystem-only pause is resumed only by connect",
+        ));
+    }
+    Ok(E2bLifecycle {
+        on_timeout: pause.then_some(if memory {
+            PauseMode::Full
+        } else {
+            PauseMode::Filesystem
+        }),
+        auto_resume,
+    })
 }
 
 /// `err: its source`, for a message that says what went wrong inside.
@@ -268,29 +300,50 @@ async fn connect(
 ) -> Result<Response, E2bError> {
     let req: wire::Connect = wire::body(&body)?;
     let timeout = seconds(req.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS))?;
+    let reboot = req.memory == Some(false);
     let sb = lookup(&state, &tenant, &id)?;
     let manager = Arc::clone(&state.app.manager);
     let sid = sb.id.clone();
     let resumed = blocking(move || {
         let record = manager.get(&tenant, &sid)?;
         if record.state == SandboxState::Paused {
-            manager.resume(&tenant, &sid, Some(timeout))?;
-            return Ok(true);
+            let (_, resumed) = manager.resume_with(&tenant, &sid, Some(timeout), reboot)?;
+            return Ok(Some(resumed));
         }
         let wanted = now_millis() + timeout.as_millis() as i64;
         if wanted > record.expires_at {
             manager.extend(&tenant, &sid, timeout)?;
         }
-        Ok(false)
+        Ok(None)
     })
     .await
     .map_err(|e| ended_is_not_found(&state, &id, e.into()))?;
-    let status = if resumed {
-        StatusCode::CREATED
-    } else {
-        StatusCode::OK
+    let status = match resumed {
+        Some(resumed) => {
+            restart_after(&state, &sb, resumed).await?;
+            StatusCode::CREATED
+        }
+        None => StatusCode::OK,
     };
     Ok((status, Json(wire::Sandbox::new(&sb))).into_response())
+}
+
+/// After a resume that ended the sandbox's processes (a filesystem-only
+/// pause, or `memory: false`), start again what brig runs in it: the code
+/// interpreter, as on create.
+pub(crate) async fn restart_after(
+    state: &E2bState,
+    sb: &Arc<E2bSandbox>,
+    resumed: Resumed,
+) -> Result<(), E2bError> {
+    if !resumed.rebooted || !interpreter::wanted(&sb.template) {
+        return Ok(());
+    }
+    let (manager, sb) = (Arc::clone(&state.app.manager), Arc::clone(sb));
+    tokio::task::spawn_blocking(move || interpreter::start(&manager, &sb))
+        .await
+        .map_err(|e| E2bError::from(crate::http::ApiError::from(e)))?
+        .map_err(|e| E2bError::new(StatusCode::INTERNAL_SERVER_ERROR, error_chain(&e)))
 }
 
 /// `POST /sandboxes/{id}/resume` (Python 2.0–2.3): 201, or 409 if it is
@@ -303,11 +356,13 @@ async fn resume(
 ) -> Result<Response, E2bError> {
     let req: wire::Connect = wire::body(&body)?;
     let timeout = seconds(req.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS))?;
+    let reboot = req.memory == Some(false);
     let sb = lookup(&state, &tenant, &id)?;
     let (manager, sid) = (Arc::clone(&state.app.manager), sb.id.clone());
-    blocking(move || manager.resume(&tenant, &sid, Some(timeout)))
+    let (_, resumed) = blocking(move || manager.resume_with(&tenant, &sid, Some(timeout), reboot))
         .await
         .map_err(|e| ended_is_not_found(&state, &id, e.into()))?;
+    restart_after(&state, &sb, resumed).await?;
     Ok((StatusCode::CREATED, Json(wire::Sandbox::new(&sb))).into_response())
 }
 
@@ -360,16 +415,22 @@ async fn set_timeout(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// `POST /sandboxes/{id}/pause`: 204; 409 if already paused (the SDK then
-/// returns `False`).
+/// `POST /sandboxes/{id}/pause` (`{memory?}`; `false` keeps the files
+/// only): 204; 409 if already paused (the SDK then returns `False`).
 async fn pause(
     State(state): State<E2bState>,
     ApiKey(tenant): ApiKey,
     Path(id): Path<String>,
+    body: axum::body::Bytes,
 ) -> Result<StatusCode, E2bError> {
+    let req: wire::Pause = wire::body(&body)?;
+    let mode = match req.memory {
+        Some(false) => PauseMode::Filesystem,
+        _ => PauseMode::Full,
+    };
     let sb = lookup(&state, &tenant, &id)?;
     let (manager, sid) = (Arc::clone(&state.app.manager), sb.id.clone());
-    blocking(move || manager.pause(&tenant, &sid))
+    blocking(move || manager.pause_with(&tenant, &sid, mode))
         .await
         .map_err(|e| ended_is_not_found(&state, &id, e.into()))?;
     Ok(StatusCode::NO_CONTENT)
@@ -383,8 +444,12 @@ async fn info(
 ) -> Result<Json<Detail>, E2bError> {
     let sb = lookup(&state, &tenant, &id)?;
     let (manager, sid) = (Arc::clone(&state.app.manager), sb.id.clone());
-    let record = blocking(move || manager.get(&tenant, &sid)).await?;
-    Ok(Json(Detail::new(&sb, &record, true)))
+    let (record, paused) = blocking(move || {
+        let record = manager.get(&tenant, &sid)?;
+        Ok((record, manager.pause_mode(&sid)))
+    })
+    .await?;
+    Ok(Json(Detail::with_pause(&sb, &record, true, paused)))
 }
 
 /// `GET /sandboxes/{id}/metrics`: one `SandboxMetric`, taken now (`start`

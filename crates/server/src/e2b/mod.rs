@@ -41,14 +41,16 @@ use crate::TenantId;
 /// The `envdVersion` brig reports: the clients enable features by it
 /// (reference §3.8). Raise it only with the feature it gates.
 ///
-/// 0.5.7: everything up to it is implemented in `envd/` (recursive
-/// watches 0.1.4, metrics 0.1.5/0.2.4, the `stdin` flag 0.3.0, the
-/// server-side default user 0.4.0, `CloseStdin` 0.5.2, octet-stream and
-/// gzip uploads 0.5.7). Not 0.6.2: file metadata (`X-Metadata-*` headers,
-/// `EntryInfo.metadata`, user xattrs) is not implemented, so neither is
-/// anything gated above it (`includeEntry` works, but is only sent by the
-/// SDKs from 0.6.3).
-pub const ENVD_VERSION: &str = "0.5.7";
+/// 0.6.4: every feature the clients gate up to it is implemented in
+/// `envd/` (recursive watches 0.1.4, metrics 0.1.5/0.2.4, the `stdin` flag
+/// 0.3.0, the server-side default user 0.4.0, `CloseStdin` 0.5.2,
+/// octet-stream and gzip uploads 0.5.7, file metadata as `user.e2b.*`
+/// xattrs 0.6.2, `includeEntry` on watch events 0.6.3, and
+/// `allowNetworkMounts` 0.6.4, accepted and ignored: a sandbox has no
+/// network mounts). The clients (Python e2b 2.63, JS e2b 2.51) gate
+/// nothing above 0.6.4, so a higher number would claim behaviour of later
+/// envd releases that no client asks about and nothing here checks.
+pub const ENVD_VERSION: &str = "0.6.4";
 
 /// The envd port the SDKs address (`E2b-Sandbox-Port: 49983`).
 pub const ENVD_PORT: u16 = 49983;
@@ -84,10 +86,25 @@ pub struct E2bSandbox {
     /// Commands and files run as this user unless a request names one
     /// (`user` in E2B templates, else `root`).
     pub default_user: String,
+    /// The default user's home (the code interpreter's working directory).
+    pub home: String,
+    /// What happens when its time to live runs out, and on traffic while
+    /// paused (create's `autoPause`, `autoPauseMemory`, `autoResume`).
+    pub lifecycle: E2bLifecycle,
     /// Sandbox-wide environment variables (create's `envVars`, `GET /envs`).
     pub env: BTreeMap<String, String>,
     /// E2B's `metadata` (brig labels).
     pub metadata: BTreeMap<String, String>,
+}
+
+/// E2B's `lifecycle` of a sandbox.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct E2bLifecycle {
+    /// `Some`: paused (keeping what it says) rather than killed when its
+    /// time to live runs out.
+    pub on_timeout: Option<crate::PauseMode>,
+    /// A request to its data plane while it is paused (fully) resumes it.
+    pub auto_resume: bool,
 }
 
 /// The E2B sandboxes of this daemon, by id.
@@ -161,15 +178,40 @@ pub fn sandbox_not_found(id: &str) -> Response {
         .into_response()
 }
 
-/// The routing headers of a data-plane request: (`E2b-Sandbox-Id`,
-/// `E2b-Sandbox-Port`). Header names are case-insensitive.
+/// The sandbox and port of a data-plane request: the routing headers
+/// (`E2b-Sandbox-Id`, `E2b-Sandbox-Port`; names are case-insensitive), or,
+/// when neither is there, a `Host` of the form `{port}-{id}.{domain}` as
+/// `get_host(port)` builds it (E2B's host routing; with
+/// `E2B_DOMAIN=localhost`, `http://8000-ID.localhost:49983/` reaches port
+/// 8000 of sandbox ID from a browser or curl).
 pub fn routing(headers: &HeaderMap) -> (Option<&str>, Option<u16>) {
     let id = headers.get("e2b-sandbox-id").and_then(|v| v.to_str().ok());
     let port = headers
         .get("e2b-sandbox-port")
         .and_then(|v| v.to_str().ok())
         .and_then(|p| p.trim().parse().ok());
+    if id.is_none() && port.is_none() {
+        if let Some(routed) = headers
+            .get(axum::http::header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .and_then(host_routing)
+        {
+            return (Some(routed.0), Some(routed.1));
+        }
+    }
     (id, port)
+}
+
+/// `{port}-{id}.{domain}[:port]` → (id, port).
+fn host_routing(host: &str) -> Option<(&str, u16)> {
+    let (label, _domain) = host.split_once('.')?;
+    let (port, id) = label.split_once('-')?;
+    let port = port.parse().ok()?;
+    let id_ok = !id.is_empty()
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+    id_ok.then_some((id, port))
 }
 
 /// The sandbox an envd request is for, from `E2b-Sandbox-Id`, known to

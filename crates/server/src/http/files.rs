@@ -180,6 +180,19 @@ fn entry_json(e: Entry) -> Value {
     if let Some(target) = e.symlink_target {
         v["symlink_target"] = Value::String(target);
     }
+    // Owner and group: ids always (an agent too old to report them leaves
+    // them out), names when the sandbox's /etc/passwd and /etc/group have
+    // them.
+    for (key, value) in [("uid", e.uid), ("gid", e.gid)] {
+        if let Some(id) = value {
+            v[key] = json!(id);
+        }
+    }
+    for (key, value) in [("owner", e.owner), ("group", e.group)] {
+        if let Some(name) = value {
+            v[key] = Value::String(name);
+        }
+    }
     v
 }
 
@@ -222,6 +235,7 @@ pub async fn list(
         Call::List {
             path,
             depth: q.depth,
+            xattrs: None,
         },
     )
     .await?
@@ -243,7 +257,7 @@ pub async fn stat(
 ) -> Result<Json<Value>, ApiError> {
     let id = id?.0;
     let path = query?.0.checked()?;
-    match call(&state, tenant, &id, Call::Stat { path }).await? {
+    match call(&state, tenant, &id, Call::Stat { path, xattrs: None }).await? {
         Reply::Stat(entry) => Ok(Json(entry_json(entry))),
         other => Err(unexpected(other)),
     }

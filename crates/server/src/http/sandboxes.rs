@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use super::{blocking, sandbox_id, ApiError, AppState, Auth};
 use crate::manager::CreateConfig;
 use crate::sandboxes::{Cursor, ListFilter, SandboxState};
-use crate::{SandboxMetrics, SandboxRecord, UnixMillis};
+use crate::{PauseMode, SandboxMetrics, SandboxRecord, UnixMillis};
 
 /// Page size when the client names none, and the most it may ask for.
 const DEFAULT_PAGE: usize = 100;
@@ -264,6 +264,29 @@ pub struct ResumeConfig {
     /// Time to live from the resume, e.g. `10m`; by default the time the
     /// sandbox had left when it was paused.
     pub timeout: Option<String>,
+    /// End every process but the agent as it resumes (what a `filesystem`
+    /// pause did already).
+    #[serde(default)]
+    pub reboot: bool,
+}
+
+/// `POST /v1/sandboxes/{id}/pause` (body optional).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PauseConfig {
+    /// `full` (default) keeps memory and processes; `filesystem` ends
+    /// every process but the agent and keeps the files.
+    #[serde(default)]
+    pub mode: PauseMode,
+}
+
+/// An optional JSON body: absent or blank is the default.
+fn optional_body<T: Default + for<'de> Deserialize<'de>>(body: &[u8]) -> Result<T, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))
 }
 
 /// Freeze every process of the sandbox and suspend its timeout.
@@ -271,10 +294,12 @@ pub async fn pause(
     State(state): State<AppState>,
     Auth(tenant): Auth,
     id: Result<Path<String>, PathRejection>,
+    body: axum::body::Bytes,
 ) -> Result<Json<SandboxView>, ApiError> {
     let id = sandbox_id(&id?.0)?;
+    let config: PauseConfig = optional_body(&body)?;
     let manager = state.manager.clone();
-    let record = blocking(move || manager.pause(&tenant, &id)).await?;
+    let record = blocking(move || manager.pause_with(&tenant, &id, config.mode)).await?;
     Ok(Json(record.into()))
 }
 
@@ -286,12 +311,7 @@ pub async fn resume(
     body: axum::body::Bytes,
 ) -> Result<Json<SandboxView>, ApiError> {
     let id = sandbox_id(&id?.0)?;
-    let config: ResumeConfig = if body.iter().all(u8::is_ascii_whitespace) {
-        ResumeConfig::default()
-    } else {
-        serde_json::from_slice(&body)
-            .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))?
-    };
+    let config: ResumeConfig = optional_body(&body)?;
     let timeout = config
         .timeout
         .as_deref()
@@ -299,7 +319,8 @@ pub async fn resume(
         .transpose()
         .map_err(|e| ApiError::bad_request(format!("invalid timeout: {e}")))?;
     let manager = state.manager.clone();
-    let record = blocking(move || manager.resume(&tenant, &id, timeout)).await?;
+    let (record, _) =
+        blocking(move || manager.resume_with(&tenant, &id, timeout, config.reboot)).await?;
     Ok(Json(record.into()))
 }
 

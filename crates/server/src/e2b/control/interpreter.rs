@@ -42,11 +42,8 @@ pub enum InterpreterError {
 /// Write the server, start it in the background as the sandbox's default
 /// user with the sandbox's environment (the manager adds it to every
 /// process), and wait until its port accepts connections. Blocking.
-pub fn start(
-    manager: &SandboxManager,
-    sb: &E2bSandbox,
-    home: &str,
-) -> Result<(), InterpreterError> {
+pub fn start(manager: &SandboxManager, sb: &E2bSandbox) -> Result<(), InterpreterError> {
+    let home = sb.home.as_str();
     let id = sb.id.to_string();
     let err = |source| InterpreterError::Start {
         id: id.clone(),

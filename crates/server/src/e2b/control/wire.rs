@@ -91,7 +91,28 @@ pub struct NewSandbox {
     pub timeout: Option<i64>,
     pub env_vars: Option<BTreeMap<String, String>>,
     pub metadata: Option<BTreeMap<String, String>>,
+    /// Pause rather than kill when the timeout passes.
     pub auto_pause: Option<bool>,
+    /// With `autoPause`: `false` keeps only the filesystem.
+    pub auto_pause_memory: Option<bool>,
+    pub auto_resume: Option<AutoResume>,
+}
+
+/// `autoResume` of a create.
+#[derive(Debug, Default, Deserialize)]
+pub struct AutoResume {
+    pub enabled: bool,
+}
+
+/// `POST /sandboxes/{id}/pause` (`SandboxPauseRequest`; older clients send
+/// no body). Its `requireHealthyGuest` changes nothing here: brig's pause
+/// never keeps an agent that does not answer (a frozen agent is thawed
+/// as it was).
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Pause {
+    /// `false`: keep only the filesystem (a resume reboots).
+    pub memory: Option<bool>,
 }
 
 /// `POST /v2/sandboxes/{id}/connect` (`{timeout?, memory?}`), its v1 form
@@ -101,6 +122,9 @@ pub struct NewSandbox {
 #[serde(rename_all = "camelCase")]
 pub struct Connect {
     pub timeout: Option<i64>,
+    /// `false` (`on_resume="reboot"`): a paused sandbox resumes with its
+    /// files only, its processes ended.
+    pub memory: Option<bool>,
 }
 
 /// `POST /sandboxes/{id}/timeout`.
@@ -167,12 +191,37 @@ pub struct Detail {
     pub state: &'static str,
     pub metadata: BTreeMap<String, String>,
     pub domain: Option<String>,
+    /// What happens when the timeout passes (`SandboxDetail` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lifecycle: Option<Lifecycle>,
+    /// How a paused sandbox was paused (`full` or `filesystem`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pause_mode: Option<&'static str>,
+}
+
+/// `SandboxLifecycle`: both keys are required when it is present.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Lifecycle {
+    pub auto_resume: bool,
+    /// `kill` or `pause`.
+    pub on_timeout: &'static str,
 }
 
 impl Detail {
     /// `with_token`: `SandboxDetail` (Python 1.x connects with it) rather
     /// than `ListedSandbox`.
     pub fn new(sb: &E2bSandbox, record: &SandboxRecord, with_token: bool) -> Detail {
+        Detail::with_pause(sb, record, with_token, None)
+    }
+
+    /// [`Detail::new`] of a sandbox paused as `paused` says.
+    pub fn with_pause(
+        sb: &E2bSandbox,
+        record: &SandboxRecord,
+        with_token: bool,
+        paused: Option<crate::PauseMode>,
+    ) -> Detail {
         let limits = record
             .spec
             .get("limits")
@@ -198,6 +247,17 @@ impl Detail {
             state: state_name(record.state),
             metadata: sb.metadata.clone(),
             domain: None,
+            lifecycle: with_token.then_some(Lifecycle {
+                auto_resume: sb.lifecycle.auto_resume,
+                on_timeout: match sb.lifecycle.on_timeout {
+                    Some(_) => "pause",
+                    None => "kill",
+                },
+            }),
+            pause_mode: paused.map(|m| match m {
+                crate::PauseMode::Full => "full",
+                crate::PauseMode::Filesystem => "filesystem",
+            }),
         }
     }
 }

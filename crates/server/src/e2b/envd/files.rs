@@ -6,7 +6,7 @@
 //! (`v1_` + base64(sha256("{path}:{op}:{user}:{token}[:{expiration}]"))),
 //! which is what `download_url()`/`upload_url()` put in the URL.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::io::{Read, Write};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -17,7 +17,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use base64::Engine;
-use brig_agent_client::ClientError;
+use brig_agent_client::{Call, ClientError};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
@@ -26,6 +26,7 @@ use tokio_stream::StreamExt;
 use tokio_util::io::{StreamReader, SyncIoBridge};
 
 use super::connect::{Code, ConnectError};
+use super::filesystem::METADATA_XATTR_PREFIX;
 use super::{token_ok, Ctx, User};
 use crate::manager::ManagerError;
 
@@ -49,6 +50,8 @@ fn from_connect(e: ConnectError) -> Response {
         Code::NotFound => StatusCode::NOT_FOUND,
         Code::PermissionDenied => StatusCode::FORBIDDEN,
         Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        // E.g. metadata on a filesystem without user extended attributes.
+        Code::Unimplemented => StatusCode::NOT_IMPLEMENTED,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     };
     error(status, e.message)
@@ -342,6 +345,10 @@ pub async fn upload(
     if let Err(resp) = authorize(&ctx, req.headers(), &q, "write") {
         return resp;
     }
+    let metadata = match upload_metadata(req.headers()) {
+        Ok(m) => m,
+        Err(message) => return error(StatusCode::BAD_REQUEST, message),
+    };
     let username = q.username.clone();
     let user = match ctx.blocking(move |ctx| ctx.user(username.as_deref())).await {
         Ok(u) => u,
@@ -361,18 +368,98 @@ pub async fn upload(
         Ok(w) => w,
         Err(resp) => return resp,
     };
-    let paths = written.clone();
-    if let Err(e) = ctx.blocking(move |ctx| ctx.chown(&user, &paths)).await {
+    let (paths, meta) = (written.clone(), metadata.clone());
+    let finished = ctx
+        .blocking(move |ctx| {
+            ctx.chown(&user, &paths)?;
+            // Always, even with no metadata: an overwrite replaces the
+            // file's whole metadata set (truncating keeps xattrs).
+            paths
+                .iter()
+                .try_for_each(|p| set_metadata(ctx, p, &meta).map_err(ConnectError::from))
+        })
+        .await;
+    if let Err(e) = finished {
         return from_connect(e);
     }
     let body: Vec<Value> = written
         .iter()
         .map(|p| {
             let name = p.rsplit('/').next().unwrap_or(p);
-            json!({ "path": p, "name": name, "type": "file" })
+            let mut v = json!({ "path": p, "name": name, "type": "file" });
+            if !metadata.is_empty() {
+                v["metadata"] = json!(metadata);
+            }
+            v
         })
         .collect();
     Json(body).into_response()
+}
+
+/// The most bytes of one metadata key: `user.e2b.` plus the key must fit
+/// the kernel's 255-byte attribute name.
+const MAX_METADATA_KEY: usize = 255 - METADATA_XATTR_PREFIX.len();
+/// The most bytes of all keys and values of one upload together.
+const MAX_METADATA_TOTAL: usize = 4096;
+
+/// envd 0.6.2: each `X-Metadata-<key>: <value>` header is a metadata entry,
+/// the key lower-cased. Keys are header names, so they are already HTTP
+/// tokens; values must be printable ASCII.
+fn upload_metadata(headers: &HeaderMap) -> Result<BTreeMap<String, String>, String> {
+    let mut out = BTreeMap::new();
+    let mut total = 0;
+    for (name, value) in headers {
+        // Header names arrive lower-cased.
+        let Some(key) = name.as_str().strip_prefix("x-metadata-") else {
+            continue;
+        };
+        if key.is_empty() {
+            continue;
+        }
+        if key.len() > MAX_METADATA_KEY {
+            return Err(format!(
+                "invalid metadata: key '{key}' is longer than {MAX_METADATA_KEY} bytes"
+            ));
+        }
+        let value = value
+            .to_str()
+            .ok()
+            .filter(|v| v.bytes().all(|b| (0x20..0x7f).contains(&b)))
+            .ok_or_else(|| {
+                format!("invalid metadata: the value of '{key}' must be printable ASCII")
+            })?;
+        total += key.len() + value.len();
+        if total > MAX_METADATA_TOTAL {
+            return Err(format!(
+                "invalid metadata: keys and values together exceed {MAX_METADATA_TOTAL} bytes"
+            ));
+        }
+        out.entry(key.to_string())
+            .or_insert_with(|| value.to_string());
+    }
+    Ok(out)
+}
+
+/// Make `metadata` the file's whole `user.e2b.*` set.
+fn set_metadata(
+    ctx: &Ctx,
+    path: &str,
+    metadata: &BTreeMap<String, String>,
+) -> Result<(), ManagerError> {
+    let xattrs = metadata
+        .iter()
+        .map(|(k, v)| (format!("{METADATA_XATTR_PREFIX}{k}"), v.clone()))
+        .collect();
+    ctx.manager().call(
+        &ctx.sandbox.tenant,
+        ctx.id(),
+        &Call::SetXattrs {
+            path: path.to_string(),
+            xattrs,
+            replace_prefix: Some(METADATA_XATTR_PREFIX.to_string()),
+        },
+    )?;
+    Ok(())
 }
 
 // The error is the finished HTTP answer; these run once per request, so

@@ -2,9 +2,18 @@
 //! list/stat/mkdir/rename/remove calls and its inotify watches.
 //!
 //! `EntryInfo` is built from the agent's [`Entry`]: type, size, mode,
-//! permissions (`-rw-r--r--`, computed from the mode), modification time
-//! (RFC 3339) and symlink target. The agent does not report owners, so
-//! `owner` and `group` are empty strings.
+//! permissions (`-rw-r--r--`, computed from the mode), owner and group (the
+//! names in the sandbox's /etc/passwd and /etc/group, which the agent looks
+//! up; the numeric id when there is none, as envd does), modification time
+//! (RFC 3339), symlink target, and `metadata`: the file's `user.e2b.*`
+//! extended attributes with the prefix stripped (envd 0.6.2).
+//!
+//! A symlink is `FILE_TYPE_SYMLINK` with `isSymlink: true`: newer envd
+//! reports the target's type in `type` and marks the link with
+//! `isSymlink`, but JS clients up to 2.51 know only `FILE_TYPE_SYMLINK`,
+//! and Python 2.63 reads either. `symlinkTarget` is the target as an
+//! absolute path (envd resolves it; brig joins a relative one to the
+//! link's directory).
 //!
 //! Watches come in two forms: `WatchDir`, a stream (Python async and JS
 //! SDKs), and `CreateWatcher`/`GetWatcherEvents`/`RemoveWatcher`, polling
@@ -104,8 +113,16 @@ struct WatchRequest {
     path: String,
     #[serde(default)]
     recursive: bool,
+    /// envd 0.6.3: each event carries the entry's `EntryInfo` when it
+    /// still exists.
     #[serde(default)]
     include_entry: bool,
+    /// envd 0.6.4: envd refuses to watch NFS/CIFS/SMB/FUSE mounts unless
+    /// this is set. A brig sandbox has no network mounts, so there is
+    /// nothing to refuse: accepted and ignored.
+    #[serde(default)]
+    #[allow(dead_code)]
+    allow_network_mounts: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -115,13 +132,24 @@ struct WatcherIdRequest {
     watcher_id: String,
 }
 
+/// The prefix of the extended attributes envd keeps file metadata in.
+pub const METADATA_XATTR_PREFIX: &str = "user.e2b.";
+
 /// `EntryInfo` in proto3 JSON.
 pub fn entry_info(e: &Entry) -> Value {
     let (ty, letter) = match e.kind {
         FileKind::File => ("FILE_TYPE_FILE", '-'),
         FileKind::Dir => ("FILE_TYPE_DIRECTORY", 'd'),
-        FileKind::Symlink => ("FILE_TYPE_SYMLINK", 'l'),
+        // Go's FileMode.String() marks a symlink with 'L'.
+        FileKind::Symlink => ("FILE_TYPE_SYMLINK", 'L'),
         FileKind::Other => ("FILE_TYPE_UNSPECIFIED", '?'),
+    };
+    // envd names an id it cannot find by its number; an agent too old to
+    // report ids leaves both empty.
+    let name = |name: &Option<String>, id: Option<u32>| {
+        name.clone()
+            .or_else(|| id.map(|i| i.to_string()))
+            .unwrap_or_default()
     };
     let mut v = json!({
         "name": e.name,
@@ -130,14 +158,45 @@ pub fn entry_info(e: &Entry) -> Value {
         "size": e.size.to_string(),
         "mode": e.mode & 0o777,
         "permissions": permissions(letter, e.mode),
-        "owner": "",
-        "group": "",
+        "owner": name(&e.owner, e.uid),
+        "group": name(&e.group, e.gid),
         "modifiedTime": rfc3339(e.mtime),
     });
     if let Some(t) = &e.symlink_target {
-        v["symlinkTarget"] = json!(t);
+        v["symlinkTarget"] = json!(absolute_target(&e.path, t));
+        v["isSymlink"] = json!(true);
+    }
+    let metadata = metadata(e);
+    if !metadata.is_empty() {
+        v["metadata"] = json!(metadata);
     }
     v
+}
+
+/// The `user.e2b.*` attributes of an entry, prefix stripped.
+pub fn metadata(e: &Entry) -> std::collections::BTreeMap<String, String> {
+    e.xattrs
+        .iter()
+        .filter_map(|(k, v)| {
+            Some((
+                k.strip_prefix(METADATA_XATTR_PREFIX)?.to_string(),
+                v.clone(),
+            ))
+        })
+        .filter(|(k, _)| !k.is_empty())
+        .collect()
+}
+
+/// A symlink's target as an absolute path: relative targets are relative
+/// to the link's directory.
+fn absolute_target(link: &str, target: &str) -> String {
+    if target.starts_with('/') {
+        return super::normalize(target);
+    }
+    let dir = std::path::Path::new(link)
+        .parent()
+        .map_or_else(|| "/".to_string(), |p| p.to_string_lossy().into_owned());
+    super::normalize(&format!("{dir}/{target}"))
 }
 
 /// `ls -l` style permissions, as Go's `FileMode.String()` prints them.
@@ -176,7 +235,10 @@ fn stat_entry(ctx: &Ctx, path: &str) -> Result<Entry, ConnectError> {
     match ctx.manager().call(
         &ctx.sandbox.tenant,
         ctx.id(),
-        &Call::Stat { path: path.into() },
+        &Call::Stat {
+            path: path.into(),
+            xattrs: Some(METADATA_XATTR_PREFIX.into()),
+        },
     )? {
         Reply::Stat(e) => Ok(e),
         other => Err(unexpected("stat", &other)),
@@ -242,10 +304,15 @@ fn list_dir(ctx: &Ctx, user: &User, h: &HeaderMap, body: &[u8]) -> Result<Value,
             "path '{path}' is not a directory"
         )));
     }
-    match ctx
-        .manager()
-        .call(&ctx.sandbox.tenant, ctx.id(), &Call::List { path, depth })?
-    {
+    match ctx.manager().call(
+        &ctx.sandbox.tenant,
+        ctx.id(),
+        &Call::List {
+            path,
+            depth,
+            xattrs: Some(METADATA_XATTR_PREFIX.into()),
+        },
+    )? {
         Reply::Entries(entries) => Ok(json!({
             "entries": entries.iter().map(entry_info).collect::<Vec<_>>()
         })),
@@ -498,12 +565,38 @@ mod tests {
             mode: 0o644,
             mtime: 0,
             symlink_target: None,
+            uid: Some(1000),
+            gid: Some(4242),
+            owner: Some("user".into()),
+            group: None,
+            xattrs: [
+                ("user.e2b.author".to_string(), "mish".to_string()),
+                ("user.other".to_string(), "x".to_string()),
+            ]
+            .into(),
         };
         let v = entry_info(&e);
         assert_eq!(v["type"], "FILE_TYPE_FILE");
         assert_eq!(v["size"], "12");
         assert_eq!(v["permissions"], "-rw-r--r--");
         assert_eq!(v["modifiedTime"], "1970-01-01T00:00:00Z");
+        assert_eq!((&v["owner"], &v["group"]), (&json!("user"), &json!("4242")));
+        assert_eq!(v["metadata"], json!({"author": "mish"}));
+        assert!(v.get("isSymlink").is_none());
         assert_eq!(permissions('d', 0o755), "drwxr-xr-x");
+        let link = Entry {
+            kind: FileKind::Symlink,
+            symlink_target: Some("../f.txt".into()),
+            xattrs: Default::default(),
+            path: "/home/user/d/link".into(),
+            mode: 0o777,
+            ..e
+        };
+        let v = entry_info(&link);
+        assert_eq!(v["type"], "FILE_TYPE_SYMLINK");
+        assert_eq!(v["isSymlink"], true);
+        assert_eq!(v["symlinkTarget"], "/home/user/f.txt");
+        assert_eq!(v["permissions"], "Lrwxrwxrwx");
+        assert!(v.get("metadata").is_none());
     }
 }

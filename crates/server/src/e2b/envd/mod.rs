@@ -47,7 +47,14 @@ pub fn data_plane(state: E2bState) -> Router {
     let envd = Arc::new(Envd::default());
     Router::new()
         .route("/health", get(files::health))
-        .route("/files", get(files::download).post(files::upload))
+        // Uploads stream to the sandbox: no body limit (axum's default of
+        // 2 MB would refuse multipart writes of bigger files).
+        .route(
+            "/files",
+            get(files::download)
+                .post(files::upload)
+                .layer(axum::extract::DefaultBodyLimit::disable()),
+        )
         .route("/envs", get(files::envs))
         .route("/metrics", get(files::metrics))
         .route("/process.Process/{method}", post(process::rpc))
@@ -167,6 +174,7 @@ impl Ctx {
                 id,
                 &Call::Stat {
                     path: cur.to_string_lossy().into_owned(),
+                    xattrs: None,
                 },
             ) {
                 Ok(Reply::Stat(e)) if e.kind == FileKind::Dir => break,
@@ -232,7 +240,7 @@ impl User {
 }
 
 /// `.` and `..` resolved lexically, duplicate slashes removed.
-fn normalize(path: &str) -> String {
+pub(crate) fn normalize(path: &str) -> String {
     let mut parts: Vec<&str> = Vec::new();
     for part in path.split('/') {
         match part {
@@ -334,6 +342,31 @@ impl SandboxEnvd {
     }
 }
 
+/// A request for a paused sandbox created with `autoResume`: resume it (its
+/// time to live as create gave it) and answer with its connection. `None`
+/// if it does not auto-resume: not asked for, or paused filesystem-only
+/// (which only an explicit connect resumes, as E2B does).
+async fn auto_resume(
+    state: &E2bState,
+    sandbox: &Arc<E2bSandbox>,
+) -> Option<Result<Arc<brig_agent_client::Connection>, crate::manager::ManagerError>> {
+    let manager = Arc::clone(&state.app.manager);
+    if !sandbox.lifecycle.auto_resume
+        || manager.pause_mode(&sandbox.id) != Some(crate::PauseMode::Full)
+    {
+        return None;
+    }
+    let sb = Arc::clone(sandbox);
+    let resumed = tokio::task::spawn_blocking(move || {
+        // Resumed meanwhile by another request: NotPaused, and fine.
+        let _ = manager.resume(&sb.tenant, &sb.id, None);
+        manager.connection(&sb.tenant, &sb.id)
+    })
+    .await
+    .ok()?;
+    Some(resumed)
+}
+
 /// Route a data-plane request (reference §2.4, §2.6): both headers are
 /// required; an unknown or ended sandbox is the SDKs' 502; port 49983 is
 /// envd (token checked here, except `/health` and `/files`, which has
@@ -357,7 +390,13 @@ async fn dispatch(
     let Some(sandbox) = state.sandboxes.get(&id) else {
         return sandbox_not_found(&id);
     };
-    let conn = match state.app.manager.connection(&sandbox.tenant, &sandbox.id) {
+    let mut conn = state.app.manager.connection(&sandbox.tenant, &sandbox.id);
+    if matches!(conn, Err(crate::manager::ManagerError::Paused { .. })) {
+        if let Some(resumed) = auto_resume(&state, &sandbox).await {
+            conn = resumed;
+        }
+    }
+    let conn = match conn {
         Ok(c) => c,
         Err(crate::manager::ManagerError::Paused { .. }) => {
             return ConnectError::new(

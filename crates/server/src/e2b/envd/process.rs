@@ -5,9 +5,13 @@
 //! E2B's processes keep running when the client that started them goes
 //! away (a background command, a dropped connection), and any later
 //! request may re-attach (`Connect`), write their stdin, signal or resize
-//! them. So each one runs as one of the agent's *background* processes,
-//! and the daemon attaches to it at once and stays attached until it
-//! exits ([`Tracked`]): a pump thread takes its output and fans it out to
+//! them. So each one runs as one of the agent's *background* processes
+//! whose exec stream stays attached from its first byte
+//! (`ExecRequest::attached`; attaching after `started` left a gap in which
+//! a fast writer overran the agent's 1 MiB buffer for unattended output),
+//! and the daemon stays attached until it exits ([`Tracked`]). While
+//! attached, the agent paces the process by this stream, so nothing is
+//! lost between it and the daemon. A pump thread takes its output and fans it out to
 //! whichever streams are subscribed right now (`Start`'s, `Connect`s'),
 //! and the attachment's stdin serves `SendInput`, `StreamInput`,
 //! `CloseStdin`, `Update` and `SendSignal`. With nobody subscribed the
@@ -491,7 +495,7 @@ fn spawn(
         None => user.home.clone(),
     };
     let cwd_exists = matches!(
-        ctx.manager().call(&ctx.sandbox.tenant, ctx.id(), &Call::Stat { path: cwd.clone() }),
+        ctx.manager().call(&ctx.sandbox.tenant, ctx.id(), &Call::Stat { path: cwd.clone(), xattrs: None }),
         Ok(brig_agent_client::Reply::Stat(e)) if e.kind == brig_agent_client::FileKind::Dir
     );
     let cwd = if cwd_exists {
@@ -518,12 +522,17 @@ fn spawn(
         cwd,
         user: Some(user.name.clone()),
         pty,
+        // A background process (it outlives this request) whose output
+        // comes on this very stream from its first byte: attaching
+        // afterwards would leave a gap in which a fast writer overruns the
+        // agent's buffer for unattached processes.
         background: true,
+        attached: true,
         ..ExecRequest::default()
     };
     let manager = ctx.manager();
     let (tenant, id) = (&ctx.sandbox.tenant, ctx.id());
-    let started = manager.exec(tenant, id, &exec).map_err(|e| {
+    let attached = manager.exec(tenant, id, &exec).map_err(|e| {
         let e = ConnectError::from(e);
         match e.code {
             // A program that does not exist is the caller's mistake.
@@ -531,11 +540,9 @@ fn spawn(
             _ => e,
         }
     })?;
-    let pid = started
+    let pid = attached
         .pid()
         .ok_or_else(|| ConnectError::internal("the agent started the process without a pid"))?;
-    drop(started);
-    let attached = manager.attach(tenant, id, pid)?;
     // stdin=false: the process reads EOF, as with envd (absent means open).
     if pty.is_none() && req.stdin == Some(false) {
         attached
