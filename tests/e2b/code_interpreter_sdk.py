@@ -16,8 +16,7 @@ client (2.11.5), unmodified: the whole `run_code` surface.
 - contexts: create (cwd, language), list, state isolated between contexts,
   a kernel that dies (an error, then a fresh kernel), restart (state
   gone, cwd kept), remove;
-- languages: bash (state, user, envs), javascript (only if the template
-  has a JavaScript kernel; otherwise the refusal is checked);
+- languages: bash (state, user, envs), javascript (Deno's kernel: state);
 - per-run envs (set for the run, gone after it, create-time ones kept);
 - timeout: a run over its timeout raises TimeoutException, the kernel is
   interrupted, the context and its state still work;
@@ -278,25 +277,19 @@ try:
     check("bash: contexts isolated", "".join(ex.logs.stdout) == "\n", ex.logs)
     sbx.remove_code_context(bash_ctx)
 
-    # ---- javascript: only if the template has a kernel for it ----
-    # The in-sandbox server runs JavaScript on a `javascript` or `deno`
-    # Jupyter kernelspec; code-interpreter-v1 has neither (no Deno), so the
-    # server must refuse the language with a message saying why.
+    # ---- javascript: Deno's kernel, which code-interpreter-v1 installs ----
     specs = sbx.commands.run(
         "python3 -c 'from jupyter_client.kernelspec import KernelSpecManager as M; "
         "print(*M().find_kernel_specs())'"
     ).stdout.split()
-    has_js = "javascript" in specs or "deno" in specs
-    if has_js:
-        ex = sbx.run_code("const n = 6 * 7; n", language="javascript")
-        check("javascript: runs", ex.text == "42", ex)
-        ex = sbx.run_code("n + 1", language="javascript")
-        check("javascript: state across calls", ex.text == "43", ex)
-    else:
-        print("note: the template has no JavaScript kernel: checking the refusal instead", flush=True)
-        e = raises("javascript: refused without a kernel", (SandboxException,),
-                   lambda: sbx.run_code("1", language="javascript"))
-        check("javascript: the refusal says why", "no kernel for language 'javascript'" in str(e), e)
+    check("javascript: the template has Deno's kernel", "deno" in specs, specs)
+    ex = sbx.run_code("const n = 6 * 7; n", language="javascript")
+    check("javascript: runs", ex.text == "42", ex)
+    ex = sbx.run_code("n + 1", language="js")
+    check("javascript: state across calls", ex.text == "43", ex)
+    e = raises("a language without a kernel is refused", (SandboxException,),
+               lambda: sbx.run_code("1", language="cobol"))
+    check("the refusal says why", "no kernel for language 'cobol'" in str(e), e)
 
     # ---- timeout ----
     t0 = time.monotonic()

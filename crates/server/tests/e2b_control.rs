@@ -788,8 +788,8 @@ fn code_interpreter_v1_is_ready_when_create_answers() {
     // display data, rich formats, callbacks, envs, contexts, bash,
     // javascript or its refusal, timeouts, the async client).
     assert!(
-        stdout.lines().any(|l| l == "73 passed, 0 failed"),
-        "want \"73 passed, 0 failed\": {stdout}"
+        stdout.lines().any(|l| l == "76 passed, 0 failed"),
+        "want \"76 passed, 0 failed\": {stdout}"
     );
     assert!(p.state.sandboxes.is_empty(), "{stdout}");
 }
@@ -1049,7 +1049,9 @@ fn code_interpreter_is_started_again_after_a_filesystem_pause() {
     assert_eq!(a.status, 201, "{}", a.body);
     let id = a.body["sandboxID"].as_str().unwrap().to_string();
     let listening = "python3 -c \"import socket; socket.create_connection(('127.0.0.1', 49999), 1).close()\" 2>/dev/null && echo up || echo down";
-    let servers = "ps -eo args= | grep -c '[s]erver.py' || true";
+    // Servers the agent started (a kernel the server is forking has its
+    // argv until it execs).
+    let servers = "ps -eo ppid=,args= | grep -c '^ *1 .*[s]erver.py' || true";
     assert_eq!(sh_in(&p, &id, listening), "up\n");
     let pause = format!("/sandboxes/{id}/pause");
     assert_eq!(
@@ -1063,7 +1065,12 @@ fn code_interpreter_is_started_again_after_a_filesystem_pause() {
     );
     assert_eq!(c.status, 201, "{}", c.body);
     assert_eq!(sh_in(&p, &id, listening), "up\n", "not started again");
-    assert_eq!(sh_in(&p, &id, servers), "1\n", "one server");
+    assert_eq!(
+        sh_in(&p, &id, servers),
+        "1\n",
+        "one server: {}",
+        sh_in(&p, &id, "ps -eo pid,ppid,stat,etimes,args")
+    );
     // A full pause keeps the one that runs (and starts no second one).
     assert_eq!(p.k("POST", &pause, None).status, 204);
     assert_eq!(

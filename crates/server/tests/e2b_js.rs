@@ -67,7 +67,9 @@ fn node(dir: &Path, script: &str, p: &Planes, template: &str) -> Output {
         .env("E2B_TEMPLATE", template)
         .env_remove("E2B_DEBUG")
         .env_remove("E2B_DOMAIN")
-        .env_remove("E2B_USER_AGENT_SOURCE")
+        // The clients' "ci" source: error messages carry the server's
+        // answer body (`400 Bad Request: <why>`), so a failure says why.
+        .env("E2B_USER_AGENT_SOURCE", "ci")
         .output();
     let _ = std::fs::remove_file(&copy);
     out.expect("run node")

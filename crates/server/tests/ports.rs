@@ -416,3 +416,75 @@ fn status_kib(field: &str) -> u64 {
         .and_then(|n| n.parse().ok())
         .unwrap()
 }
+
+/// An HTTP/1.1 server that says which client port each request came from,
+/// and sleeps `?sleep=S` seconds first.
+const WHO: &str = r#"
+import http.server, time, urllib.parse
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = 'HTTP/1.1'
+    def do_GET(self):
+        q = urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query)
+        time.sleep(float(q.get('sleep', ['0'])[0]))
+        body = str(self.client_address[1]).encode()
+        self.send_response(200)
+        self.send_header('Content-Length', str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+http.server.ThreadingHTTPServer(('127.0.0.1', 8002), H).serve_forever()
+"#;
+
+/// Requests one after another reuse one kept connection (the server sees
+/// one client port); requests at the same time get their own; the kept
+/// connections and their relay threads go with the sandbox.
+#[tokio::test(flavor = "multi_thread")]
+async fn connections_are_kept_for_the_next_request_and_end_with_the_sandbox() {
+    if !root_or_skip() {
+        return;
+    }
+    let f = fixture(|_| {});
+    let addr = serve(&f).await;
+    let id = create(&f, "{}").await;
+    start(&f, &id, &["python3", "-c", WHO]).await;
+    wait_port(addr, &f, &id, 8002).await;
+    let url = |q: &str| format!("http://{addr}/v1/sandboxes/{id}/ports/8002/{q}");
+    let mut ports = Vec::new();
+    for _ in 0..5 {
+        let (status, _, body) = http("GET", url(""), f.key.clone(), None).await;
+        assert_eq!(status, 200);
+        ports.push(String::from_utf8(body).unwrap());
+    }
+    assert!(
+        ports.windows(2).all(|w| w[0] == w[1]),
+        "a new connection per request: {ports:?}"
+    );
+    // Two at once: the busy connection is not shared.
+    let (a, b) = tokio::join!(
+        http("GET", url("?sleep=0.5"), f.key.clone(), None),
+        http("GET", url("?sleep=0.5"), f.key.clone(), None)
+    );
+    assert_eq!((a.0, b.0), (200, 200));
+    assert_ne!(a.2, b.2, "two requests at once shared a connection");
+    assert!(relay_threads() >= 2, "no connection kept");
+    // Gone with the sandbox.
+    let (status, _) = call(
+        &f.app,
+        Method::DELETE,
+        &format!("/v1/sandboxes/{id}"),
+        Some(&f.key),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while relay_threads() > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "{} relay threads left after the sandbox ended",
+            relay_threads()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -227,6 +227,19 @@ class CodeInterpreterTest(unittest.TestCase):
         self.assertEqual(counts, [1, 2])
         self.assertEqual(main_text(second), "42")
 
+    def test_history_works_in_memory(self):
+        # The history is kept in memory only (MODULE_KERNEL_ARGS): In, Out,
+        # _ and %history still work.
+        ctx = self.new_context()
+        self.server.execute("6 * 7", context_id=ctx["id"])
+        lines = self.server.execute("(In[1], Out[1], _)", context_id=ctx["id"])
+        self.assertEqual(main_text(lines), "('6 * 7', 42, 42)")
+        lines = self.server.execute("%history -n 1", context_id=ctx["id"])
+        self.assertIn("6 * 7", "".join(l["text"] for l in of_type(lines, "stdout")))
+        lines = self.server.execute("import IPython; IPython.get_ipython().history_manager.hist_file",
+                                    context_id=ctx["id"])
+        self.assertEqual(main_text(lines), ":memory:")
+
     def test_default_context_is_python(self):
         lines = self.server.execute("import sys; sys.version_info[0]")
         self.assertEqual(main_text(lines), "3")

@@ -194,12 +194,37 @@ async fn create(
     // listed, killable, ended by its timeout) rather than unreachable.
     let manager = Arc::clone(&state.app.manager);
     let registry = Arc::clone(&state.sandboxes);
+    let users = Arc::clone(&state.users);
     let sb = tokio::task::spawn_blocking(move || -> Result<Arc<E2bSandbox>, E2bError> {
         let record = manager.create(&tenant, config)?;
         if lifecycle.on_timeout.is_some() {
             manager.pause_on_timeout(&tenant, &record.id, lifecycle.on_timeout, timeout)?;
         }
-        let (default_user, home) = default_user(&manager, &tenant, &record.id);
+        // A named template's versioned build (`…/rootfs-N`, what the spec
+        // names) never changes.
+        let build = record
+            .spec
+            .get("template")
+            .filter(|t| {
+                brig_template::recipe(&template_id).is_ok()
+                    && t["path"].as_str().is_some_and(|p| {
+                        std::path::Path::new(p)
+                            .file_name()
+                            .is_some_and(|n| n.to_string_lossy().starts_with("rootfs-"))
+                    })
+            })
+            .cloned();
+        let cached = build.as_ref().and_then(|b| lock(&users).get(b).cloned());
+        let (default_user, home) = match cached {
+            Some(known) => known,
+            None => {
+                let found = default_user(&manager, &tenant, &record.id);
+                if let Some(b) = build {
+                    lock(&users).insert(b, found.clone());
+                }
+                found
+            }
+        };
         let sb = registry.insert(E2bSandbox {
             id: record.id,
             tenant,
@@ -258,6 +283,10 @@ fn lifecycle(req: &wire::NewSandbox) -> Result<E2bLifecycle, E2bError> {
         }),
         auto_resume,
     })
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// `err: its source`, for a message that says what went wrong inside.

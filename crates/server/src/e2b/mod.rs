@@ -62,6 +62,10 @@ pub const CODE_INTERPRETER_PORT: u16 = 49999;
 pub struct E2bState {
     pub app: AppState,
     pub sandboxes: Arc<Registry>,
+    /// The default user and its home per build of a named template (builds
+    /// never change: `brig_template` makes a new one instead), so a create
+    /// need not read the sandbox's /etc/passwd again.
+    pub(crate) users: Arc<Mutex<HashMap<serde_json::Value, (String, String)>>>,
 }
 
 impl E2bState {
@@ -69,6 +73,7 @@ impl E2bState {
         E2bState {
             app,
             sandboxes: Arc::new(Registry::default()),
+            users: Arc::default(),
         }
     }
 }

@@ -23,6 +23,13 @@
 //!   "message":"sandbox ID: nothing listens on port P"}`. The server
 //!   closing without an answer: `502 bad_gateway`.
 //!
+//! A connection whose exchange ended cleanly is kept (HTTP/1.1
+//! keep-alive) for the next request to the same port of the same sandbox
+//! ([`idle`]): a new one costs an agent stream, two threads and a TCP
+//! connect inside the sandbox, about a millisecond, which every
+//! `run_code` through the E2B data plane paid. Kept connections are
+//! dropped after [`IDLE_FOR`], and go with their sandbox.
+//!
 //! The bridge between the blocking [`PortStream`] and hyper's async IO
 //! ([`PortIo`]) is two threads per connection, one per direction, joined
 //! to the async side by small bounded channels: at most a few chunks are
@@ -31,8 +38,9 @@
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock, Mutex};
 use std::task::{ready, Context, Poll};
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::{Path, Request, State};
@@ -57,6 +65,10 @@ use crate::TenantId;
 const CHUNK: usize = 64 << 10;
 /// Chunks in flight per direction.
 const IN_FLIGHT: usize = 4;
+/// How long a kept connection waits for its next request.
+const IDLE_FOR: Duration = Duration::from_secs(30);
+/// Connections kept per port of a sandbox (busy or idle).
+const KEPT_PER_PORT: usize = 4;
 
 /// The routes: the port's root and every path below it, any method.
 pub fn routes() -> Router<AppState> {
@@ -168,7 +180,94 @@ pub async fn try_proxy(
     port: u16,
     mut req: Request,
 ) -> Result<Response, ProxyError> {
+    let upgrade = req.headers().contains_key(header::UPGRADE);
+    let client_side = upgrade.then(|| hyper::upgrade::on(&mut req));
+    let (mut parts, body) = req.into_parts();
+    let upgrade_to = parts.headers.get(header::UPGRADE).cloned();
+    strip_hop_by_hop(&mut parts.headers);
+    parts.headers.remove(header::AUTHORIZATION);
+    if let Some(proto) = upgrade_to {
+        parts.headers.insert(header::UPGRADE, proto);
+        parts
+            .headers
+            .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    }
+    parts.headers.insert(
+        header::HOST,
+        HeaderValue::from_str(&format!("127.0.0.1:{port}")).expect("a valid header value"),
+    );
+    parts.uri = parts
+        .uri
+        .path_and_query()
+        .map_or_else(|| Uri::from_static("/"), |pq| Uri::from(pq.clone()));
+    parts.version = axum::http::Version::HTTP_11;
+    let out = Request::from_parts(parts, body);
+
+    // A kept connection, if the sandbox is still the tenant's and running
+    // (an upgrade takes its connection for good: always a new one).
+    let kept = (!upgrade)
+        .then(|| {
+            let live = manager.live_sandbox(&id)?;
+            (live.tenant == tenant && !live.is_paused()).then(|| idle::take(&id, port))?
+        })
+        .flatten();
+    let reused = kept.is_some();
+    let mut sender = match kept {
+        Some(s) => s,
+        None => connect(&manager, &tenant, &id, port).await?,
+    };
+    let mut resp = match sender.try_send_request(out).await {
+        Ok(resp) => resp,
+        // The kept connection was closed by the server meanwhile, before
+        // the request went out: send it on a new one.
+        Err(mut e) if reused && e.message().is_some() => {
+            let out = e.take_message().expect("checked above");
+            sender = connect(&manager, &tenant, &id, port).await?;
+            sender
+                .send_request(out)
+                .await
+                .map_err(|e| bad_gateway(&id, port, describe(&e)))?
+        }
+        Err(e) => return Err(bad_gateway(&id, port, describe(e.error()))),
+    };
+    if !upgrade {
+        // Ready again once this response's body has been read whole.
+        idle::put(&id, port, sender);
+    }
+    if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+        let Some(client_side) = client_side else {
+            return Err(bad_gateway(
+                &id,
+                port,
+                "the server switched protocols without being asked to".into(),
+            ));
+        };
+        let server_side = hyper::upgrade::on(&mut resp);
+        tokio::spawn(async move {
+            let (Ok(client), Ok(server)) = tokio::join!(client_side, server_side) else {
+                return;
+            };
+            let (mut client, mut server) = (TokioIo::new(client), TokioIo::new(server));
+            let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+        });
+        let (parts, _) = resp.into_parts();
+        return Ok(Response::from_parts(parts, Body::empty()));
+    }
+    let (mut parts, body) = resp.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    Ok(Response::from_parts(parts, Body::new(body)))
+}
+
+/// A new HTTP/1.1 connection to `port` inside the sandbox, through its
+/// agent.
+async fn connect(
+    manager: &Arc<SandboxManager>,
+    tenant: &TenantId,
+    id: &SandboxId,
+    port: u16,
+) -> Result<hyper::client::conn::http1::SendRequest<Body>, ProxyError> {
     let stream = {
+        let (manager, tenant) = (Arc::clone(manager), tenant.clone());
         let sandbox = id.clone();
         tokio::task::spawn_blocking(move || -> Result<PortStream, ProxyError> {
             let id = sandbox;
@@ -193,66 +292,76 @@ pub async fn try_proxy(
             })
         })
         .await
-        .map_err(|e| bad_gateway(&id, port, format!("connect task failed: {e}")))??
+        .map_err(|e| bad_gateway(id, port, format!("connect task failed: {e}")))??
     };
     let io = PortIo::new(stream);
-    let (mut sender, conn) = hyper::client::conn::http1::handshake::<_, Body>(TokioIo::new(io))
+    let (sender, conn) = hyper::client::conn::http1::handshake::<_, Body>(TokioIo::new(io))
         .await
-        .map_err(|e| bad_gateway(&id, port, e.to_string()))?;
+        .map_err(|e| bad_gateway(id, port, e.to_string()))?;
     tokio::spawn(async move {
-        // Ends when the exchange is over (or the upgraded IO is taken).
+        // Ends when the server closes, the sender is dropped with no
+        // exchange left, or the upgraded IO is taken.
         let _ = conn.with_upgrades().await;
     });
+    Ok(sender)
+}
 
-    let upgrade = req.headers().contains_key(header::UPGRADE);
-    let client_side = upgrade.then(|| hyper::upgrade::on(&mut req));
-    let (mut parts, body) = req.into_parts();
-    let upgrade_to = parts.headers.get(header::UPGRADE).cloned();
-    strip_hop_by_hop(&mut parts.headers);
-    parts.headers.remove(header::AUTHORIZATION);
-    if let Some(proto) = upgrade_to {
-        parts.headers.insert(header::UPGRADE, proto);
-        parts
-            .headers
-            .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-    }
-    parts.headers.insert(
-        header::HOST,
-        HeaderValue::from_str(&format!("127.0.0.1:{port}")).expect("a valid header value"),
-    );
-    parts.uri = parts
-        .uri
-        .path_and_query()
-        .map_or_else(|| Uri::from_static("/"), |pq| Uri::from(pq.clone()));
-    parts.version = axum::http::Version::HTTP_11;
-    let out = Request::from_parts(parts, body);
+/// The kept connections: by sandbox and port, with when each was put back.
+mod idle {
+    use super::*;
+    use hyper::client::conn::http1::SendRequest;
 
-    let mut resp = sender
-        .send_request(out)
-        .await
-        .map_err(|e| bad_gateway(&id, port, describe(&e)))?;
-    if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
-        let Some(client_side) = client_side else {
-            return Err(bad_gateway(
-                &id,
-                port,
-                "the server switched protocols without being asked to".into(),
-            ));
-        };
-        let server_side = hyper::upgrade::on(&mut resp);
-        tokio::spawn(async move {
-            let (Ok(client), Ok(server)) = tokio::join!(client_side, server_side) else {
-                return;
-            };
-            let (mut client, mut server) = (TokioIo::new(client), TokioIo::new(server));
-            let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
-        });
-        let (parts, _) = resp.into_parts();
-        return Ok(Response::from_parts(parts, Body::empty()));
+    type Kept = Vec<(Instant, SendRequest<Body>)>;
+
+    static KEPT: LazyLock<Mutex<HashMap<(SandboxId, u16), Kept>>> = LazyLock::new(|| {
+        // Drops what waited too long, even if no request comes again.
+        std::thread::Builder::new()
+            .name("brig-port-idle".into())
+            .spawn(|| loop {
+                std::thread::sleep(IDLE_FOR / 2);
+                let mut kept = lock();
+                kept.retain(|_, v| {
+                    v.retain(|(since, s)| !s.is_closed() && since.elapsed() < IDLE_FOR);
+                    !v.is_empty()
+                });
+            })
+            .expect("start the idle-connection sweeper");
+        Mutex::default()
+    });
+
+    fn lock() -> std::sync::MutexGuard<'static, HashMap<(SandboxId, u16), Kept>> {
+        KEPT.lock().unwrap_or_else(|e| e.into_inner())
     }
-    let (mut parts, body) = resp.into_parts();
-    strip_hop_by_hop(&mut parts.headers);
-    Ok(Response::from_parts(parts, Body::new(body)))
+
+    /// A kept connection ready for a request now.
+    pub(super) fn take(id: &SandboxId, port: u16) -> Option<SendRequest<Body>> {
+        let mut kept = lock();
+        let key = (id.clone(), port);
+        let list = kept.get_mut(&key)?;
+        list.retain(|(since, s)| !s.is_closed() && since.elapsed() < IDLE_FOR);
+        let found = list
+            .iter()
+            .position(|(_, s)| s.is_ready())
+            .map(|i| list.swap_remove(i).1);
+        if list.is_empty() {
+            kept.remove(&key);
+        }
+        found
+    }
+
+    /// Keep `sender` for the next request (it serves one once its current
+    /// exchange is over); the oldest goes beyond [`KEPT_PER_PORT`].
+    pub(super) fn put(id: &SandboxId, port: u16, sender: SendRequest<Body>) {
+        if sender.is_closed() {
+            return;
+        }
+        let mut kept = lock();
+        let list = kept.entry((id.clone(), port)).or_default();
+        list.push((Instant::now(), sender));
+        if list.len() > KEPT_PER_PORT {
+            list.remove(0);
+        }
+    }
 }
 
 fn bad_gateway(id: &SandboxId, port: u16, reason: String) -> ProxyError {
