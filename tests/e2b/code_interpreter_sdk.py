@@ -42,27 +42,7 @@ from e2b_code_interpreter import (
     TimeoutException,
 )
 
-passed = 0
-
-
-def check(name, cond, detail=""):
-    global passed
-    if not cond:
-        raise AssertionError(f"{name}: {detail}")
-    passed += 1
-    print(f"ok {name}", flush=True)
-
-
-def raises(name, exc_types, fn):
-    """`fn()` raises one of `exc_types`; returns the exception."""
-    try:
-        fn()
-    except exc_types as e:
-        check(name, True)
-        return e
-    except Exception as e:  # the wrong kind: say which
-        check(name, False, f"raised {type(e).__name__}: {e}")
-    check(name, False, "no exception")
+from sdk_checks import check, raises, summary
 
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -325,7 +305,7 @@ try:
     asyncio.run(async_calls())
 finally:
     check("kill", sbx.kill() is True)
-print(f"{passed} passed, 0 failed", flush=True)
+summary()
 # Skip the interpreter's shutdown: the client's native HTTP extension
 # (pyqwest, loaded for the async client) aborts now and then in a thread of
 # its own while Python tears down (see envd_sdk.py). Its crash says nothing

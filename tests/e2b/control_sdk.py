@@ -33,15 +33,7 @@ from e2b import (
 
 TEMPLATE = os.environ["E2B_TEMPLATE"]
 generation = sys.argv[1] if len(sys.argv) > 1 else "current"
-passed = 0
-
-
-def check(name, cond, detail=""):
-    global passed
-    if not cond:
-        raise AssertionError(f"{name}: {detail}")
-    passed += 1
-    print(f"ok {name}", flush=True)
+from sdk_checks import check, summary
 
 
 def listed(query=None, limit=None):
@@ -183,4 +175,4 @@ except AuthenticationException:
     check("wrong key: AuthenticationException", True)
 
 print(f"e2b {importlib.metadata.version('e2b')} ({generation})")
-print(f"{passed} passed, 0 failed")
+summary()

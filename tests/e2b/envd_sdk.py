@@ -54,27 +54,7 @@ from e2b import (
 sid = sys.argv[1]
 version = importlib.metadata.version("e2b")
 print(f"e2b {version}", flush=True)
-passed = 0
-
-
-def check(name, cond, detail=""):
-    global passed
-    if not cond:
-        raise AssertionError(f"{name}: {detail}")
-    passed += 1
-    print(f"ok {name}", flush=True)
-
-
-def raises(name, exc_types, fn):
-    """`fn()` raises one of `exc_types`; returns the exception."""
-    try:
-        fn()
-    except exc_types as e:
-        check(name, True)
-        return e
-    except Exception as e:  # the wrong kind: say which
-        check(name, False, f"raised {type(e).__name__}: {e}")
-    check(name, False, "no exception")
+from sdk_checks import check, raises, summary
 
 
 def note(text):
@@ -424,7 +404,7 @@ lines = r.stdout.split("\n")
 check("long output: 200000 lines in order", lines[:-1] == [str(i) for i in range(1, 200001)] and lines[-1] == "",
       (len(lines), lines[-3:]))
 
-print(f"{passed} passed, 0 failed", flush=True)
+summary()
 # Skip the interpreter's shutdown: the client's native HTTP extension
 # (pyqwest, loaded for the async client) aborts now and then in a thread of
 # its own while Python tears down (2 in 40 runs, with or without load,

@@ -9,43 +9,15 @@
 // failure and the next section runs. The sandbox is killed at the end.
 import { Sandbox, NotFoundError, SandboxError, TimeoutError } from '@e2b/code-interpreter'
 import { createRequire } from 'node:module'
+import { check, finish, rejection, section, show } from './sdk_checks.mjs'
 
 const require = createRequire(import.meta.url)
 const ciVersion = require('@e2b/code-interpreter/package.json').version
 const version = require('e2b/package.json').version
 console.log(`@e2b/code-interpreter ${ciVersion} (e2b ${version}, js)`)
 
-let passed = 0
-let failed = 0
-function check(name, ok, detail = '') {
-  if (ok) {
-    passed += 1
-    console.log(`ok ${name}`)
-  } else {
-    failed += 1
-    console.log(`FAIL ${name} ${detail}`)
-  }
-}
 
-async function section(name, body) {
-  try {
-    await body()
-  } catch (e) {
-    failed += 1
-    console.log(`FAIL ${name}: threw ${e?.name}: ${e?.message}\n${e?.stack ?? ''}`)
-  }
-}
 
-async function rejection(p) {
-  try {
-    await p
-    return null
-  } catch (e) {
-    return e
-  }
-}
-
-const show = (x) => JSON.stringify(x)
 
 const template = process.env.E2B_TEMPLATE || 'code-interpreter-v1'
 const sbx = await Sandbox.create(template, { envs: { CI_VAR: 'from-create' }, timeoutMs: 300_000 })
@@ -260,5 +232,4 @@ check('kill', (await sbx.kill()) === true)
 check('not running after kill', (await sbx.isRunning()) === false)
 await Sandbox.kill(sbx.sandboxId).catch(() => {})
 
-console.log(`${passed} passed, ${failed} failed`)
-process.exit(failed === 0 ? 0 : 1)
+finish()

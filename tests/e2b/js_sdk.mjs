@@ -18,32 +18,13 @@ import {
   TimeoutError,
 } from 'e2b'
 import { createRequire } from 'node:module'
+import { check, finish, rejection, section } from './sdk_checks.mjs'
 import { randomBytes } from 'node:crypto'
 
 const require = createRequire(import.meta.url)
 const version = require('e2b/package.json').version
 console.log(`e2b ${version} (js)`)
 
-let passed = 0
-let failed = 0
-function check(name, ok, detail = '') {
-  if (ok) {
-    passed += 1
-    console.log(`ok ${name}`)
-  } else {
-    failed += 1
-    console.log(`FAIL ${name} ${detail}`)
-  }
-}
-
-async function section(name, body) {
-  try {
-    await body()
-  } catch (e) {
-    failed += 1
-    console.log(`FAIL ${name}: threw ${e?.name}: ${e?.message}\n${e?.stack ?? ''}`)
-  }
-}
 
 // Resolves once cond() is truthy; false after `ms`.
 async function waitFor(cond, ms = 10_000) {
@@ -55,15 +36,6 @@ async function waitFor(cond, ms = 10_000) {
   return false
 }
 
-// The error a promise rejects with, or null.
-async function rejection(p) {
-  try {
-    await p
-    return null
-  } catch (e) {
-    return e
-  }
-}
 
 const template = process.env.E2B_TEMPLATE || 'base'
 const run = randomBytes(6).toString('hex')
@@ -445,5 +417,4 @@ check('Sandbox.list no longer has them', !(await Sandbox.list({ query: { metadat
 // Whatever a failed section left behind.
 for (const id of made) await Sandbox.kill(id).catch(() => {})
 
-console.log(`${passed} passed, ${failed} failed`)
-process.exit(failed === 0 ? 0 : 1)
+finish()

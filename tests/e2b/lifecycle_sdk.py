@@ -17,15 +17,7 @@ MARK = "echo kept > /tmp/mark"
 # Processes named sleep, and the file.
 PROBE = "cat /tmp/mark; ps -eo comm= | grep -c '^sleep$' || true"
 
-passed = 0
-
-
-def check(name, cond, detail=""):
-    global passed
-    if not cond:
-        raise AssertionError(f"{name}: {detail}")
-    passed += 1
-    print(f"ok {name}", flush=True)
+from sdk_checks import check, summary
 
 
 def wait_state(sbx, want):
@@ -90,7 +82,7 @@ try:
     check("on_resume=reboot ends processes", r.stdout == "kept\n0\n", r.stdout)
 finally:
     check("kill", sbx.kill() is True)
-print(f"{passed} passed, 0 failed")
+summary()
 # The client's HTTP stack (pyqwest) sometimes aborts in its own threads
 # while Python tears down, after every check passed (see envd_sdk.py).
 sys.stdout.flush()

@@ -55,9 +55,16 @@ fn node(dir: &Path, script: &str, p: &Planes, template: &str) -> Output {
     let src = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../tests/e2b")
         .join(script);
-    // Each run its own copy: tests may run side by side.
-    let copy = dir.join(format!("{}-{}", std::process::id(), script));
-    std::fs::copy(&src, &copy).unwrap();
+    // Each run its own copies: tests may run side by side. The script
+    // imports the shared checks (tests/e2b/sdk_checks.mjs) by their name.
+    let pid = std::process::id();
+    let copy = dir.join(format!("{pid}-{script}"));
+    let checks = format!("sdk_checks-{pid}.mjs");
+    let text = std::fs::read_to_string(&src)
+        .unwrap()
+        .replace("'./sdk_checks.mjs'", &format!("'./{checks}'"));
+    std::fs::write(&copy, text).unwrap();
+    std::fs::copy(src.with_file_name("sdk_checks.mjs"), dir.join(&checks)).unwrap();
     let out = Command::new("node")
         .arg(&copy)
         .current_dir(dir)
@@ -72,6 +79,7 @@ fn node(dir: &Path, script: &str, p: &Planes, template: &str) -> Output {
         .env("E2B_USER_AGENT_SOURCE", "ci")
         .output();
     let _ = std::fs::remove_file(&copy);
+    let _ = std::fs::remove_file(dir.join(&checks));
     out.expect("run node")
 }
 
