@@ -89,7 +89,18 @@ impl Shared {
     /// Write one frame, whole, from any thread.
     pub(crate) fn send(&self, frame: &Frame) -> Result<(), ClientError> {
         let mut w = self.writer();
-        w.write(frame)
+        w.write(frame).map_err(|e| self.why_failed(e))
+    }
+
+    /// A write's error, or the connection's own end if it has one: a
+    /// connection the agent ended (a notice, a protocol error) shuts the
+    /// socket down, and the reason is what the caller needs, not the
+    /// broken pipe that followed.
+    fn why_failed(&self, e: ClientError) -> ClientError {
+        match (&e, &self.table().dead) {
+            (ClientError::Closed | ClientError::Io { .. }, Some(dead)) => dead.error(),
+            _ => e,
+        }
     }
 
     /// Register a stream and send its Open.
@@ -108,6 +119,7 @@ impl Shared {
             Some(next) => {
                 w.next_id = next;
                 w.write(&Frame::open(stream.id, class, header))
+                    .map_err(|e| self.why_failed(e))
             }
             None => Err(ClientError::protocol("stream ids exhausted")),
         };
