@@ -972,20 +972,54 @@ fn sdk_python() -> Option<std::path::PathBuf> {
     sdk_python_in("e2b-venv")
 }
 
-/// The python of `~/.cache/brig-test/{venv}`; `None` (a skip, a failure
-/// under BRIG_TEST_STRICT=1) if it is missing.
+/// The python of the test cache's `venv` (`$BRIG_TEST_CACHE`, else
+/// ~/.cache/brig-test); `None` (a skip, a failure under
+/// BRIG_TEST_STRICT=1) if it is missing.
 fn sdk_python_in(venv: &str) -> Option<std::path::PathBuf> {
-    let py = std::path::PathBuf::from(format!("/root/.cache/brig-test/{venv}/bin/python"));
+    let py = support::planes::venv(venv);
     if py.exists() {
         return Some(py);
     }
-    if std::env::var("BRIG_TEST_STRICT").is_ok_and(|v| v == "1") {
-        panic!(
-            "BRIG_TEST_STRICT=1 and the {venv} venv is missing: run tests/support/install-python-deps.sh"
-        );
-    }
-    eprintln!("skipping: no e2b venv at {}", py.display());
+    support::planes::missing(&format!(
+        "{} is missing: run tests/support/install-python-deps.sh",
+        py.display()
+    ));
     None
+}
+
+/// Run `tests/e2b/{script} SANDBOX_ID` with `python` against `e`'s planes,
+/// within `limit`; its output. Blocking on a thread of its own: the
+/// daemon's runtime keeps serving on its other workers.
+async fn run_script(
+    python: std::path::PathBuf,
+    script: &str,
+    e: &Env,
+    limit: Duration,
+) -> std::process::Output {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/e2b")
+        .join(script);
+    let (id, key) = (e.id.clone(), e.f.key.clone());
+    let (api, sandbox) = (
+        format!("http://{}", e.control),
+        format!("http://{}", e.data),
+    );
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(python)
+            .arg(&script)
+            .arg(&id)
+            .env("E2B_API_KEY", key)
+            .env("E2B_API_URL", api)
+            .env("E2B_SANDBOX_URL", sandbox)
+            .env_remove("E2B_DEBUG")
+            .env_remove("E2B_DOMAIN")
+            .output()
+    });
+    tokio::time::timeout(limit, out)
+        .await
+        .expect("the SDK script finishes")
+        .unwrap()
+        .unwrap()
 }
 
 /// Run `tests/e2b/envd_sdk.py` with the SDK of `venv` (which must be e2b
@@ -1000,30 +1034,7 @@ async fn run_envd_sdk(venv: &str, version: &str, checks: usize) {
         return;
     };
     let e = env().await;
-    let script =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/e2b/envd_sdk.py");
-    let (id, key) = (e.id.clone(), e.f.key.clone());
-    let (api, sandbox) = (
-        format!("http://{}", e.control),
-        format!("http://{}", e.data),
-    );
-    // Blocking: the daemon's runtime keeps serving on its other workers.
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(python)
-            .arg(&script)
-            .arg(&id)
-            .env("E2B_API_KEY", key)
-            .env("E2B_API_URL", api)
-            .env("E2B_SANDBOX_URL", sandbox)
-            .env_remove("E2B_DEBUG")
-            .env_remove("E2B_DOMAIN")
-            .output()
-    });
-    let out = tokio::time::timeout(Duration::from_secs(240), out)
-        .await
-        .expect("the SDK script finishes")
-        .unwrap()
-        .unwrap();
+    let out = run_script(python, "envd_sdk.py", &e, Duration::from_secs(240)).await;
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
@@ -1428,27 +1439,7 @@ async fn official_python_sdk_metadata_and_owner() {
         return;
     };
     let e = env().await;
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/e2b/envd_metadata_sdk.py");
-    let (id, key) = (e.id.clone(), e.f.key.clone());
-    let (api, sandbox) = (
-        format!("http://{}", e.control),
-        format!("http://{}", e.data),
-    );
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(python)
-            .arg(&script)
-            .arg(&id)
-            .env("E2B_API_KEY", key)
-            .env("E2B_API_URL", api)
-            .env("E2B_SANDBOX_URL", sandbox)
-            .output()
-    });
-    let out = tokio::time::timeout(Duration::from_secs(120), out)
-        .await
-        .expect("the SDK script finishes")
-        .unwrap()
-        .unwrap();
+    let out = run_script(python, "envd_metadata_sdk.py", &e, Duration::from_secs(120)).await;
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
