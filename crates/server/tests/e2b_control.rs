@@ -1048,6 +1048,9 @@ fn code_interpreter_is_started_again_after_a_filesystem_pause() {
     );
     assert_eq!(a.status, 201, "{}", a.body);
     let id = a.body["sandboxID"].as_str().unwrap().to_string();
+    // Room for its kernels side by side (Deno's alone needs ~180 MiB).
+    let d = p.k("GET", &format!("/sandboxes/{id}"), None).body;
+    assert_eq!(d["memoryMB"], 1024, "{d}");
     let listening = "python3 -c \"import socket; socket.create_connection(('127.0.0.1', 49999), 1).close()\" 2>/dev/null && echo up || echo down";
     // Servers the agent started (a kernel the server is forking has its
     // argv until it execs).

@@ -389,9 +389,23 @@ class Kernel:
             raise KernelStartError(f"the {self.spec.language} kernel did not answer within "
                                    f"{KERNEL_START_TIMEOUT:.0f} s")
         if self.dead:
+            why = self._exit_reason()  # before shutdown forgets the process
             await self.shutdown()
-            raise KernelStartError(f"the {self.spec.language} kernel exited while starting; "
-                                   "see the server's log for its output")
+            raise KernelStartError(f"the {self.spec.language} kernel exited while starting"
+                                   f"{why}; see the server's log for its output")
+
+    def _exit_reason(self):
+        """How the kernel's process ended, for an error message."""
+        process = getattr(getattr(self.km, "provisioner", None), "process", None)
+        rc = getattr(process, "poll", lambda: None)()
+        if rc is None:
+            return ""
+        if rc == -signal.SIGKILL:
+            return (" (killed by SIGKILL: most likely the sandbox's memory limit; "
+                    "create it with more memory)")
+        if rc < 0:
+            return f" (killed by signal {-rc})"
+        return f" (exit status {rc})"
 
     async def _handshake(self):
         """Ready = a kernel_info_request answered on shell AND its busy/idle

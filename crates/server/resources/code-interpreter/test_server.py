@@ -491,6 +491,23 @@ class CodeInterpreterTest(unittest.TestCase):
         self.assertEqual([e["name"] for e in errors], ["TimeoutError"])
         self.assertEqual(main_text(self.server.execute("state", context_id=cid)), "kept")
 
+    def test_a_kernel_killed_while_starting_says_so(self):
+        # What the memory limit's OOM killer does to a kernel that starts
+        # (Deno's did, at 512 MiB): the error names SIGKILL and memory.
+        specs = os.path.join(self.tmp, "killed-jupyter")
+        os.makedirs(os.path.join(specs, "kernels", "killed"))
+        with open(os.path.join(specs, "kernels", "killed", "kernel.json"), "w") as f:
+            json.dump({"argv": ["/bin/sh", "-c", "kill -9 $$", "{connection_file}"],
+                       "display_name": "killed", "language": "killed"}, f)
+        server = Server(self.home, extra_env={"JUPYTER_PATH": specs})
+        try:
+            status, text = server.request("POST", "/execute", {"code": "1", "language": "killed"})
+        finally:
+            server.stop()
+        self.assertEqual(status, 500, text)
+        self.assertIn("killed by SIGKILL", text)
+        self.assertIn("memory", text)
+
     def test_dead_kernel_is_replaced(self):
         cid = self.new_context()["id"]
         lines = self.server.execute("import os; os._exit(3)", context_id=cid)

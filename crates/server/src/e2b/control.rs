@@ -29,7 +29,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use brig_core::{EnvVar, SandboxId, TemplateRef};
+use brig_core::{EnvVar, Limits, SandboxId, TemplateRef};
 use rand::distributions::{Alphanumeric, DistString};
 
 pub use interpreter::InterpreterError;
@@ -186,7 +186,14 @@ async fn create(
         // E2B's `user` has passwordless sudo, which needs setuid binaries
         // to work (they can only become the sandbox's own root).
         allow_setuid: true,
-        ..CreateConfig::default()
+        limits: Limits {
+            memory: if interpreter::wanted(&template_id) {
+                interpreter::MEMORY
+            } else {
+                Limits::default().memory
+            },
+            ..Limits::default()
+        },
     };
 
     // All of it on one blocking task, which runs to its end even if the

@@ -18,6 +18,12 @@ pub const SERVER_PATH: &str = "/opt/brig/code-interpreter/server.py";
 /// How long the server (and its first kernel) may take to listen.
 const READY_WAIT: Duration = Duration::from_secs(45);
 
+/// The memory limit of a code-interpreter sandbox. A plain sandbox's
+/// 512 MiB is not enough for its kernels side by side: a Python kernel that
+/// imported pandas and matplotlib (~150 MiB), bash's, the server, and
+/// Deno's, which needs ~180 MiB to start (it was OOM-killed at 512 MiB).
+pub const MEMORY: brig_core::ByteSize = brig_core::ByteSize::mib(1024);
+
 /// Templates whose sandboxes run the code interpreter.
 pub fn wanted(template: &str) -> bool {
     template == "code-interpreter-v1" || template.starts_with("code-interpreter-v1:")
