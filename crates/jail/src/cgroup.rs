@@ -35,7 +35,8 @@ pub enum CgroupError {
     #[error("the sandbox's tasks did not all stop within {waited:?} ({path} still not frozen); it was thawed again")]
     FreezeTimeout { path: PathBuf, waited: Duration },
     #[error(
-        "{left} process(es) of the sandbox were still alive {waited:?} after SIGKILL ({path})"
+        "{left} process(es) of the sandbox were still alive {waited:?} after SIGKILL ({path}): \
+         they are stuck in the kernel (uninterruptible I/O); delete the sandbox, which waits for them"
     )]
     KillTimeout {
         path: PathBuf,

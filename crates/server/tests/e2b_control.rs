@@ -60,6 +60,16 @@ impl Planes {
         self.call(method, path, Some(&self.f.key), body)
     }
 
+    /// `POST /v2/sandboxes/{id}/connect` with `body`.
+    fn connect(&self, id: &str, body: Value) -> Answer {
+        self.k("POST", &format!("/v2/sandboxes/{id}/connect"), Some(body))
+    }
+
+    /// `POST /sandboxes/{id}/pause`, with `body` if any.
+    fn pause(&self, id: &str, body: Option<Value>) -> Answer {
+        self.k("POST", &format!("/sandboxes/{id}/pause"), body)
+    }
+
     /// Create a sandbox (v2) on the host template; its id.
     fn create(&self, body: Value) -> String {
         let mut body = body;
@@ -897,11 +907,7 @@ fn filesystem_pause_ends_processes_keeps_files_and_needs_an_explicit_resume() {
         p.k("GET", &format!("/sandboxes/{id}"), None).body["state"],
         "paused"
     );
-    let c = p.k(
-        "POST",
-        &format!("/v2/sandboxes/{id}/connect"),
-        Some(json!({"timeout": 60})),
-    );
+    let c = p.connect(&id, json!({"timeout": 60}));
     assert_eq!(c.status, 201, "{}", c.body);
     assert_eq!(
         sh_in(&p, &id, SLEEPERS),
@@ -911,51 +917,24 @@ fn filesystem_pause_ends_processes_keeps_files_and_needs_an_explicit_resume() {
 
     // An explicit pause with `memory: false`: the same.
     sh_in(&p, &id, MARK);
-    let pause = format!("/sandboxes/{id}/pause");
-    assert_eq!(
-        p.k("POST", &pause, Some(json!({"memory": false}))).status,
-        204
-    );
+    assert_eq!(p.pause(&id, Some(json!({"memory": false}))).status, 204);
     assert_eq!(
         p.k("GET", &format!("/sandboxes/{id}"), None).body["pauseMode"],
         "filesystem"
     );
-    assert_eq!(
-        p.k(
-            "POST",
-            &format!("/v2/sandboxes/{id}/connect"),
-            Some(json!({}))
-        )
-        .status,
-        201
-    );
+    assert_eq!(p.connect(&id, json!({})).status, 201);
     assert_eq!(sh_in(&p, &id, SLEEPERS), "kept\n0\n");
 
     // A full pause resumed with `memory: false` (`on_resume="reboot"`) too.
     sh_in(&p, &id, MARK);
-    assert_eq!(p.k("POST", &pause, None).status, 204);
-    let c = p.k(
-        "POST",
-        &format!("/v2/sandboxes/{id}/connect"),
-        Some(json!({"memory": false})),
-    );
+    assert_eq!(p.pause(&id, None).status, 204);
+    let c = p.connect(&id, json!({"memory": false}));
     assert_eq!(c.status, 201, "{}", c.body);
     assert_eq!(sh_in(&p, &id, SLEEPERS), "kept\n0\n");
     // And a plain full pause keeps them.
     sh_in(&p, &id, MARK);
-    assert_eq!(
-        p.k("POST", &pause, Some(json!({"memory": true}))).status,
-        204
-    );
-    assert_eq!(
-        p.k(
-            "POST",
-            &format!("/v2/sandboxes/{id}/connect"),
-            Some(json!({}))
-        )
-        .status,
-        201
-    );
+    assert_eq!(p.pause(&id, Some(json!({"memory": true}))).status, 204);
+    assert_eq!(p.connect(&id, json!({})).status, 201);
     assert_eq!(sh_in(&p, &id, SLEEPERS), "kept\n1\n");
     assert_eq!(p.k("DELETE", &format!("/sandboxes/{id}"), None).status, 204);
 }
@@ -1056,16 +1035,8 @@ fn code_interpreter_is_started_again_after_a_filesystem_pause() {
     // argv until it execs).
     let servers = "ps -eo ppid=,args= | grep -c '^ *1 .*[s]erver.py' || true";
     assert_eq!(sh_in(&p, &id, listening), "up\n");
-    let pause = format!("/sandboxes/{id}/pause");
-    assert_eq!(
-        p.k("POST", &pause, Some(json!({"memory": false}))).status,
-        204
-    );
-    let c = p.k(
-        "POST",
-        &format!("/v2/sandboxes/{id}/connect"),
-        Some(json!({})),
-    );
+    assert_eq!(p.pause(&id, Some(json!({"memory": false}))).status, 204);
+    let c = p.connect(&id, json!({}));
     assert_eq!(c.status, 201, "{}", c.body);
     assert_eq!(sh_in(&p, &id, listening), "up\n", "not started again");
     assert_eq!(
@@ -1075,16 +1046,8 @@ fn code_interpreter_is_started_again_after_a_filesystem_pause() {
         sh_in(&p, &id, "ps -eo pid,ppid,stat,etimes,args")
     );
     // A full pause keeps the one that runs (and starts no second one).
-    assert_eq!(p.k("POST", &pause, None).status, 204);
-    assert_eq!(
-        p.k(
-            "POST",
-            &format!("/v2/sandboxes/{id}/connect"),
-            Some(json!({}))
-        )
-        .status,
-        201
-    );
+    assert_eq!(p.pause(&id, None).status, 204);
+    assert_eq!(p.connect(&id, json!({})).status, 201);
     assert_eq!(sh_in(&p, &id, servers), "1\n");
     assert_eq!(p.k("DELETE", &format!("/sandboxes/{id}"), None).status, 204);
 }

@@ -203,9 +203,10 @@ pub fn ensure(home: &Path, name: &str, progress: Progress) -> Result<PathBuf, Te
 pub fn ready(home: &Path, name: &str) -> Option<PathBuf> {
     let recipe = recipe(name).ok()?;
     let paths = Paths::new(home, name);
-    (state(&paths, recipe) == State::Ready)
-        .then(|| current(&paths, name).ok())
-        .flatten()
+    if state(&paths, recipe) != State::Ready {
+        return None;
+    }
+    current(&paths, name).ok()
 }
 
 /// The build `rootfs` names now, leased for the rest of this process's

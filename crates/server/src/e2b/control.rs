@@ -39,7 +39,7 @@ use wire::{Detail, Metric};
 
 use super::{E2bLifecycle, E2bSandbox, E2bState, Registry};
 use crate::http::{blocking, Auth};
-use crate::manager::{CreateConfig, SandboxManager};
+use crate::manager::{CreateConfig, ManagerError, SandboxManager};
 use crate::{PauseMode, Resumed, SandboxRecord, SandboxState, TenantId};
 
 /// A sandbox's time to live when create names none (E2B's default).
@@ -337,23 +337,19 @@ async fn connect(
     let req: wire::Connect = wire::body(&body)?;
     let timeout = seconds(req.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS))?;
     let reboot = req.memory == Some(false);
-    let sb = lookup(&state, &tenant, &id)?;
-    let manager = Arc::clone(&state.app.manager);
-    let sid = sb.id.clone();
-    let resumed = blocking(move || {
-        let record = manager.get(&tenant, &sid)?;
+    let (sb, resumed) = on_sandbox(&state, tenant, &id, move |manager, tenant, sid| {
+        let record = manager.get(tenant, sid)?;
         if record.state == SandboxState::Paused {
-            let (_, resumed) = manager.resume_with(&tenant, &sid, Some(timeout), reboot)?;
+            let (_, resumed) = manager.resume_with(tenant, sid, Some(timeout), reboot)?;
             return Ok(Some(resumed));
         }
         let wanted = now_millis() + timeout.as_millis() as i64;
         if wanted > record.expires_at {
-            manager.extend(&tenant, &sid, timeout)?;
+            manager.extend(tenant, sid, timeout)?;
         }
         Ok(None)
     })
-    .await
-    .map_err(|e| ended_is_not_found(&state, &id, e.into()))?;
+    .await?;
     let status = match resumed {
         Some(resumed) => {
             restart_after(&state, &sb, resumed).await?;
@@ -393,11 +389,10 @@ async fn resume(
     let req: wire::Connect = wire::body(&body)?;
     let timeout = seconds(req.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS))?;
     let reboot = req.memory == Some(false);
-    let sb = lookup(&state, &tenant, &id)?;
-    let (manager, sid) = (Arc::clone(&state.app.manager), sb.id.clone());
-    let (_, resumed) = blocking(move || manager.resume_with(&tenant, &sid, Some(timeout), reboot))
-        .await
-        .map_err(|e| ended_is_not_found(&state, &id, e.into()))?;
+    let (sb, (_, resumed)) = on_sandbox(&state, tenant, &id, move |manager, tenant, sid| {
+        manager.resume_with(tenant, sid, Some(timeout), reboot)
+    })
+    .await?;
     restart_after(&state, &sb, resumed).await?;
     Ok((StatusCode::CREATED, Json(wire::Sandbox::new(&sb))).into_response())
 }
@@ -417,15 +412,33 @@ fn ended_is_not_found(state: &E2bState, id: &str, e: E2bError) -> E2bError {
     }
 }
 
+/// Run `f` on a blocking thread on one of `tenant`'s E2B sandboxes (given
+/// the manager, the tenant and its brig id); a sandbox that ended during
+/// the call is not found.
+async fn on_sandbox<T: Send + 'static>(
+    state: &E2bState,
+    tenant: TenantId,
+    id: &str,
+    f: impl FnOnce(&SandboxManager, &TenantId, &SandboxId) -> Result<T, ManagerError> + Send + 'static,
+) -> Result<(Arc<E2bSandbox>, T), E2bError> {
+    let sb = lookup(state, &tenant, id)?;
+    let (manager, sid) = (Arc::clone(&state.app.manager), sb.id.clone());
+    let out = blocking(move || f(&manager, &tenant, &sid))
+        .await
+        .map_err(|e| ended_is_not_found(state, id, e.into()))?;
+    Ok((sb, out))
+}
+
 /// `DELETE /sandboxes/{id}`: 204 once it is torn down.
 async fn kill(
     State(state): State<E2bState>,
     ApiKey(tenant): ApiKey,
     Path(id): Path<String>,
 ) -> Result<StatusCode, E2bError> {
-    let sb = lookup(&state, &tenant, &id)?;
-    let (manager, sid) = (Arc::clone(&state.app.manager), sb.id.clone());
-    blocking(move || manager.delete(&tenant, &sid)).await?;
+    on_sandbox(&state, tenant, &id, |manager, tenant, sid| {
+        manager.delete(tenant, sid)
+    })
+    .await?;
     state.sandboxes.remove(&id);
     Ok(StatusCode::NO_CONTENT)
 }
@@ -443,11 +456,10 @@ async fn set_timeout(
         req.timeout
             .ok_or_else(|| E2bError::bad_request("timeout (seconds) is required"))?,
     )?;
-    let sb = lookup(&state, &tenant, &id)?;
-    let (manager, sid) = (Arc::clone(&state.app.manager), sb.id.clone());
-    blocking(move || manager.extend(&tenant, &sid, timeout))
-        .await
-        .map_err(|e| ended_is_not_found(&state, &id, e.into()))?;
+    on_sandbox(&state, tenant, &id, move |manager, tenant, sid| {
+        manager.extend(tenant, sid, timeout)
+    })
+    .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -464,11 +476,10 @@ async fn pause(
         Some(false) => PauseMode::Filesystem,
         _ => PauseMode::Full,
     };
-    let sb = lookup(&state, &tenant, &id)?;
-    let (manager, sid) = (Arc::clone(&state.app.manager), sb.id.clone());
-    blocking(move || manager.pause_with(&tenant, &sid, mode))
-        .await
-        .map_err(|e| ended_is_not_found(&state, &id, e.into()))?;
+    on_sandbox(&state, tenant, &id, move |manager, tenant, sid| {
+        manager.pause_with(tenant, sid, mode)
+    })
+    .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -478,11 +489,8 @@ async fn info(
     ApiKey(tenant): ApiKey,
     Path(id): Path<String>,
 ) -> Result<Json<Detail>, E2bError> {
-    let sb = lookup(&state, &tenant, &id)?;
-    let (manager, sid) = (Arc::clone(&state.app.manager), sb.id.clone());
-    let (record, paused) = blocking(move || {
-        let record = manager.get(&tenant, &sid)?;
-        Ok((record, manager.pause_mode(&sid)))
+    let (sb, (record, paused)) = on_sandbox(&state, tenant, &id, |manager, tenant, sid| {
+        Ok((manager.get(tenant, sid)?, manager.pause_mode(sid)))
     })
     .await?;
     Ok(Json(Detail::with_pause(&sb, &record, true, paused)))
@@ -495,14 +503,10 @@ async fn metrics(
     ApiKey(tenant): ApiKey,
     Path(id): Path<String>,
 ) -> Result<Json<Vec<Metric>>, E2bError> {
-    let sb = lookup(&state, &tenant, &id)?;
-    let (manager, sid) = (Arc::clone(&state.app.manager), sb.id.clone());
-    let (sample, record) = blocking(move || {
-        let sample = manager.metrics(&tenant, &sid)?;
-        Ok((sample, manager.get(&tenant, &sid)?))
+    let (sb, (sample, record)) = on_sandbox(&state, tenant, &id, |manager, tenant, sid| {
+        Ok((manager.metrics(tenant, sid)?, manager.get(tenant, sid)?))
     })
-    .await
-    .map_err(|e| ended_is_not_found(&state, &id, e.into()))?;
+    .await?;
     let cpus = Detail::new(&sb, &record, false).cpu_count;
     Ok(Json(vec![Metric::new(&sample, cpus)]))
 }

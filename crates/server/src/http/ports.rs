@@ -205,12 +205,11 @@ pub async fn try_proxy(
 
     // A kept connection, if the sandbox is still the tenant's and running
     // (an upgrade takes its connection for good: always a new one).
-    let kept = (!upgrade)
-        .then(|| {
-            let live = manager.live_sandbox(&id)?;
-            (live.tenant == tenant && !live.is_paused()).then(|| idle::take(&id, port))?
-        })
-        .flatten();
+    let usable = !upgrade
+        && manager
+            .live_sandbox(&id)
+            .is_some_and(|live| live.tenant == tenant && !live.is_paused());
+    let kept = if usable { idle::take(&id, port) } else { None };
     let reused = kept.is_some();
     let mut sender = match kept {
         Some(s) => s,

@@ -342,8 +342,9 @@ impl SandboxEnvd {
     }
 }
 
-/// A request for a paused sandbox created with `autoResume`: resume it (its
-/// time to live as create gave it) and answer with its connection. `None`
+/// A request for a paused sandbox created with `autoResume`: resume it (with
+/// the time to live it had left, or its create timeout after a pause on
+/// timeout) and answer with its connection. `None`
 /// if it does not auto-resume: not asked for, or paused filesystem-only
 /// (which only an explicit connect resumes, as E2B does).
 async fn auto_resume(
