@@ -346,6 +346,7 @@ fn a_port_inside_a_sandbox_is_reached_through_the_agent() {
             program: Some(OwnedFd::from(program)),
             stdio: Some(OwnedFd::from(theirs)),
             as_init: true,
+            ..Default::default()
         };
         let opts = SpawnOptions::prepare().expect("prepare");
         let sandbox = Sandbox::spawn_with(&spec, &opts, extras).expect("spawn");

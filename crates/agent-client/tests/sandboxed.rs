@@ -42,6 +42,7 @@ fn the_client_drives_an_agent_inside_a_sandbox() {
             stdio: Some(OwnedFd::from(theirs)),
             // As the daemon runs it: the agent is the sandbox's pid 1.
             as_init: true,
+            ..Default::default()
         };
         let opts = SpawnOptions::prepare().expect("prepare");
         let sandbox =

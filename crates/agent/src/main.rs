@@ -22,49 +22,47 @@ mod users;
 mod watch;
 
 use std::fs::File;
+use std::os::unix::net::UnixListener;
 use std::process::ExitCode;
 
 use session::{End, Session};
 
 fn main() -> ExitCode {
-    // As a sandbox's pid 1 (`brig serve` runs it so), die with the host
-    // even if the exec of this program dropped the init's setting; EOF on
-    // the connection is the second way the host's death ends the sandbox.
-    // SAFETY: getpid takes no arguments.
-    if unsafe { libc::getpid() } == 1 {
-        // SAFETY: prctl with integer arguments only.
-        unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
-    }
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let stdio = match args.as_slice() {
-        [] => false,
-        [flag] if flag == "--stdio" => true,
+    let mode = match args.as_slice() {
+        [] => Mode::Fd3,
+        [flag] if flag == "--stdio" => Mode::Stdio,
+        [flag] if flag == "--listen" => Mode::Listen,
         [flag] if flag == "--version" => {
             println!("brig-agent {}", env!("CARGO_PKG_VERSION"));
             return ExitCode::SUCCESS;
         }
         _ => {
-            eprintln!("usage: brig-agent [--stdio]  (default: the connection is fd 3)");
+            eprintln!(
+                "usage: brig-agent [--stdio | --listen]  (default: the connection is fd 3; \
+                 --listen: fd 0 is a listening socket)"
+            );
             return ExitCode::from(1);
         }
     };
-    let fds = if stdio {
-        sys::adopt_fd(0).and_then(|i| Ok((i, sys::adopt_fd(1)?)))
-    } else {
-        sys::adopt_fd(3).and_then(|i| Ok((i.try_clone()?, i)))
+    // As a sandbox's pid 1 on a host connection (stdio, fd 3), die with the
+    // host even if the exec of this program dropped the init's setting; EOF
+    // on the connection is the second way the host's death ends the
+    // sandbox. A listening agent outlives its hosts: a daemon restarting
+    // reconnects to it.
+    // SAFETY: getpid takes no arguments.
+    if mode != Mode::Listen && unsafe { libc::getpid() } == 1 {
+        // SAFETY: prctl with integer arguments only.
+        unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
+    }
+    let session = match mode {
+        Mode::Listen => listen(),
+        Mode::Stdio | Mode::Fd3 => connected(mode == Mode::Stdio),
     };
-    let (input, output) = match fds {
-        Ok((i, o)) => (File::from(i), File::from(o)),
-        Err(e) => {
-            let fd = if stdio { "stdin/stdout" } else { "fd 3" };
-            eprintln!("brig-agent: no connection on {fd}: {e}");
-            return ExitCode::from(1);
-        }
-    };
-    let mut session = match Session::new(input, output) {
+    let mut session = match session {
         Ok(s) => s,
-        Err(e) => {
-            eprintln!("brig-agent: cannot set up the event loop: {e}");
+        Err(message) => {
+            eprintln!("brig-agent: {message}");
             return ExitCode::from(1);
         }
     };
@@ -81,4 +79,40 @@ fn main() -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// The connection is fd 3.
+    Fd3,
+    /// The connection is stdin and stdout.
+    Stdio,
+    /// fd 0 is a listening unix socket; hosts connect to it.
+    Listen,
+}
+
+/// A session on the one connection the launcher handed over.
+fn connected(stdio: bool) -> Result<Session, String> {
+    let fds = if stdio {
+        sys::adopt_fd(0).and_then(|i| Ok((i, sys::adopt_fd(1)?)))
+    } else {
+        sys::adopt_fd(3).and_then(|i| Ok((i.try_clone()?, i)))
+    };
+    let (input, output) = fds.map_err(|e| {
+        let fd = if stdio { "stdin/stdout" } else { "fd 3" };
+        format!("no connection on {fd}: {e}")
+    })?;
+    Session::new(File::from(input), File::from(output))
+        .map_err(|e| format!("cannot set up the event loop: {e}"))
+}
+
+/// A session that serves hosts connecting to the socket on fd 0.
+fn listen() -> Result<Session, String> {
+    let listener = sys::adopt_fd(0).map_err(|e| format!("no listening socket on fd 0: {e}"))?;
+    // fd 1 is the same socket (the launcher's stdio); nothing should be
+    // written to it. Whatever else the launcher left open (a sandbox's
+    // own locks) stays open in the agent but not in its children.
+    sys::detach_inherited().map_err(|e| format!("cannot set up descriptors: {e}"))?;
+    Session::listen(UnixListener::from(listener))
+        .map_err(|e| format!("cannot set up the event loop: {e}"))
 }

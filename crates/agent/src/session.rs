@@ -13,7 +13,8 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::UnixListener;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 
 use brig_protocol::message::{
@@ -116,6 +117,7 @@ impl Stream {
 enum Token {
     ConnIn,
     ConnOut,
+    Listen,
     Sigchld,
     Out(i32, Pipe),
     Stdin(i32),
@@ -125,8 +127,12 @@ enum Token {
 
 #[derive(Debug)]
 pub struct Session {
-    input: File,
-    output: File,
+    /// The host's connection (read half, write half); `None` while no host
+    /// is connected (listening, between daemons).
+    conn: Option<(File, File)>,
+    /// With `--listen`: where the next host connects. A new connection
+    /// replaces the current one; the host going away ends nothing.
+    listener: Option<UnixListener>,
     decoder: Decoder,
     out: Vec<u8>,
     peer_hello: bool,
@@ -149,12 +155,26 @@ fn push_frame(out: &mut Vec<u8>, frame: Frame) {
 }
 
 impl Session {
+    /// A session on one connection: it ends when the host hangs up.
     pub fn new(input: File, output: File) -> io::Result<Session> {
         sys::set_nonblocking(&input)?;
         sys::set_nonblocking(&output)?;
+        Self::build(Some((input, output)), None)
+    }
+
+    /// A session that outlives its connections: hosts connect to
+    /// `listener`, one at a time, and a host that goes away (a daemon
+    /// restarting) leaves every background process running, its output
+    /// kept in its ring for the next host to re-attach to.
+    pub fn listen(listener: UnixListener) -> io::Result<Session> {
+        listener.set_nonblocking(true)?;
+        Self::build(None, Some(listener))
+    }
+
+    fn build(conn: Option<(File, File)>, listener: Option<UnixListener>) -> io::Result<Session> {
         Ok(Session {
-            input,
-            output,
+            conn,
+            listener,
             decoder: Decoder::new(),
             out: Vec::new(),
             peer_hello: false,
@@ -169,18 +189,65 @@ impl Session {
         })
     }
 
-    /// Serve until the host hangs up or breaks the protocol.
+    /// Serve until the host hangs up or breaks the protocol; a listening
+    /// session serves the next host instead, for as long as it runs.
     pub fn run(&mut self) -> End {
-        push_frame(&mut self.out, Frame::hello(SUPPORTED.0, SUPPORTED.1));
-        let end = loop {
-            if let Err(end) = self.turn() {
-                break end;
-            }
-        };
-        if let End::Protocol(message) = &end {
-            self.notice(message);
+        if self.conn.is_some() {
+            push_frame(&mut self.out, Frame::hello(SUPPORTED.0, SUPPORTED.1));
         }
-        end
+        loop {
+            let Err(end) = self.turn() else {
+                continue;
+            };
+            if let End::Protocol(message) = &end {
+                self.notice(message);
+            }
+            if self.listener.is_none() {
+                return end;
+            }
+            self.detach();
+        }
+    }
+
+    /// The host is gone: end its streams as if it had reset each one
+    /// (foreground processes die with their client; background ones keep
+    /// running, their output going to their rings) and forget the
+    /// connection's state, ready for the next host's hello.
+    fn detach(&mut self) {
+        let ids: Vec<u32> = self.streams.keys().copied().collect();
+        for id in ids {
+            self.drop_stream(id);
+        }
+        self.conn = None;
+        self.out.clear();
+        self.decoder = Decoder::new();
+        self.peer_hello = false;
+        self.highest_host_stream = 0;
+        self.next_agent_stream = 2;
+    }
+
+    /// A host connects: it replaces the current one, if any.
+    fn accept(&mut self) {
+        let Some(listener) = &self.listener else {
+            return;
+        };
+        let stream = match listener.accept() {
+            Ok((stream, _)) => stream,
+            Err(_) => return,
+        };
+        // Non-blocking is a property of the open file, shared by both halves.
+        let halves = stream.set_nonblocking(true).and_then(|()| {
+            let write = stream.try_clone()?;
+            Ok((File::from(OwnedFd::from(stream)), File::from(OwnedFd::from(write))))
+        });
+        let Ok(halves) = halves else {
+            return;
+        };
+        if self.conn.is_some() {
+            self.detach();
+        }
+        self.conn = Some(halves);
+        push_frame(&mut self.out, Frame::hello(SUPPORTED.0, SUPPORTED.1));
     }
 
     /// Kill every process this agent started (the connection is gone, and
@@ -203,11 +270,16 @@ impl Session {
             });
             tokens.push(token);
         };
-        if self.out.len() < OUT_MAX {
-            add(self.input.as_raw_fd(), libc::POLLIN, Token::ConnIn);
+        if let Some((input, output)) = &self.conn {
+            if self.out.len() < OUT_MAX {
+                add(input.as_raw_fd(), libc::POLLIN, Token::ConnIn);
+            }
+            if !self.out.is_empty() {
+                add(output.as_raw_fd(), libc::POLLOUT, Token::ConnOut);
+            }
         }
-        if !self.out.is_empty() {
-            add(self.output.as_raw_fd(), libc::POLLOUT, Token::ConnOut);
+        if let Some(listener) = &self.listener {
+            add(listener.as_raw_fd(), libc::POLLIN, Token::Listen);
         }
         add(self.sigchld.as_raw_fd(), libc::POLLIN, Token::Sigchld);
         if let Some(fd) = self.watches.fd() {
@@ -243,6 +315,7 @@ impl Session {
             match token {
                 Token::ConnIn => self.read_conn()?,
                 Token::ConnOut => self.flush()?,
+                Token::Listen => self.accept(),
                 Token::Sigchld => self.reap(),
                 Token::Out(pid, which) => {
                     if let Some(p) = self.procs.get_mut(&pid) {
@@ -265,7 +338,10 @@ impl Session {
 
     fn read_conn(&mut self) -> Result<(), End> {
         let mut buf = vec![0; 64 << 10];
-        let n = match self.input.read(&mut buf) {
+        let Some((input, _)) = &mut self.conn else {
+            return Ok(());
+        };
+        let n = match input.read(&mut buf) {
             Ok(0) => return Err(End::Eof),
             Ok(n) => n,
             Err(e)
@@ -289,8 +365,11 @@ impl Session {
     }
 
     fn flush(&mut self) -> Result<(), End> {
+        let Some((_, output)) = &mut self.conn else {
+            return Ok(());
+        };
         while !self.out.is_empty() {
-            match self.output.write(&self.out) {
+            match output.write(&self.out) {
                 Ok(n) => {
                     self.out.drain(..n);
                 }
@@ -305,6 +384,9 @@ impl Session {
     /// Report a connection-level error on an agent-opened NOTICE stream and
     /// give the host up to a second to read it.
     fn notice(&mut self, message: &str) {
+        let Some(fd) = self.conn.as_ref().map(|(_, o)| o.as_raw_fd()) else {
+            return;
+        };
         let id = StreamId(self.next_agent_stream);
         self.next_agent_stream += 2;
         let body = ErrorBody {
@@ -319,7 +401,7 @@ impl Session {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
         while !self.out.is_empty() && std::time::Instant::now() < deadline {
             let mut fds = [libc::pollfd {
-                fd: self.output.as_raw_fd(),
+                fd,
                 events: libc::POLLOUT,
                 revents: 0,
             }];

@@ -30,6 +30,25 @@ pub fn set_cloexec(fd: RawFd) -> io::Result<()> {
     Ok(())
 }
 
+/// For a listening agent: point fd 1 (the listening socket too) and fd 2
+/// (the launcher's stderr, which a sandbox outliving its launcher must not
+/// hold open) at /dev/null, and mark every descriptor above stderr
+/// close-on-exec, so what the launcher left for the agent alone (its
+/// locks) never reaches a process it starts.
+pub fn detach_inherited() -> io::Result<()> {
+    let null = std::fs::OpenOptions::new().write(true).open("/dev/null")?;
+    for fd in [1, 2] {
+        // SAFETY: dup2 between descriptors we own.
+        check(unsafe { libc::dup2(null.as_raw_fd(), fd) })?;
+    }
+    // SAFETY: close_range with constant arguments; marks, closes nothing.
+    let r = unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Take ownership of an inherited descriptor (fd 3, or 0 and 1 with
 /// `--stdio`) after checking that it is open.
 pub fn adopt_fd(fd: RawFd) -> io::Result<OwnedFd> {

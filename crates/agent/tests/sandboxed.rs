@@ -39,6 +39,7 @@ fn agent_in_sandbox(template: TemplateRef, as_init: bool) -> (Sandbox, Agent) {
         program: Some(OwnedFd::from(program)),
         stdio: Some(OwnedFd::from(theirs)),
         as_init,
+        ..Default::default()
     };
     let opts = SpawnOptions::prepare().expect("prepare");
     let sandbox = Sandbox::spawn_with(&spec, &opts, extras).expect("spawn the agent in a sandbox");

@@ -6,10 +6,20 @@
 //! [`units`] turn human input (`512M`, `30s`) into typed values with errors a
 //! person can act on. Nothing here touches the kernel; the `jail` crate turns
 //! a validated spec into a running sandbox.
+//!
+//! [`tier`] is the boundary between the runtime and the isolation
+//! backends: [`Tier`] (launch, adopt, discard) and [`Instance`] (agent
+//! connection, pause/resume, usage, limits, kill, wait), with
+//! [`Isolation`] naming the tiers.
 #![forbid(unsafe_code)]
 
 pub mod spec;
+pub mod tier;
 pub mod units;
 
 pub use spec::{EnvVar, Limits, SandboxId, SandboxSpec, SpecError, TemplateRef, UserSpec};
 pub use units::{parse_duration, parse_size, ByteSize, UnitError};
+pub use tier::{
+    Ended, Instance, Isolation, Launch, NetworkAttachment, Tier, TierError, TierErrorKind,
+    UnknownIsolation, Usage,
+};

@@ -188,9 +188,13 @@ pub fn run_init(plan: &Plan, sys: &dyn Syscalls, ch: Channels) -> Result<i32, Fa
     // 1. Die with the host process from the first instruction on: if brig
     //    dies, the kernel kills this init and, with it (pid namespace),
     //    every process of the sandbox. (Set again in 2c: the credential
-    //    change in 2b clears it.)
-    // SAFETY: prctl with integer arguments only.
-    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
+    //    change in 2b clears it.) Not for a sandbox that outlives its host
+    //    (a daemon's): a host that dies before "go" or "joined" still ends
+    //    the bring-up, since the channel reads EOF.
+    if plan.die_with_host {
+        // SAFETY: prctl with integer arguments only.
+        unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
+    }
 
     // 1b. Keep only the two channels to the host. Anything else inherited
     //    from brig (notably its slot lock, whose release is how a dead
@@ -221,8 +225,10 @@ pub fn run_init(plan: &Plan, sys: &dyn Syscalls, ch: Channels) -> Result<i32, Fa
     // 2c. Die with the host process, again: the credential change cleared
     //     the setting of step 1. If the host died in between, its end of
     //     the channel is closed: check, so no window is left open.
-    // SAFETY: prctl with integer arguments only.
-    unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
+    if plan.die_with_host {
+        // SAFETY: prctl with integer arguments only.
+        unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
+    }
     if host_gone(ch.sync) {
         return Err(Failure::at(Stage::WaitForHost)(Errno(libc::EPIPE)));
     }
@@ -243,6 +249,7 @@ pub fn run_init(plan: &Plan, sys: &dyn Syscalls, ch: Channels) -> Result<i32, Fa
     let received = |i: Option<usize>| i.filter(|i| *i < n.1).map(|i| fds[i]);
     let program = received(plan.exec.program_fd);
     let stdio = received(plan.exec.stdio_fd);
+    let inherit = plan.exec.inherit_fds.map(received);
 
     // 4. The machine's identity: hostname = sandbox id (in our own uts
     //    namespace), and a working loopback in our own network namespace,
@@ -305,6 +312,7 @@ pub fn run_init(plan: &Plan, sys: &dyn Syscalls, ch: Channels) -> Result<i32, Fa
             Stdio {
                 tty: slave,
                 socket: stdio,
+                inherit,
             },
             program,
             sys,
@@ -323,6 +331,7 @@ pub fn run_init(plan: &Plan, sys: &dyn Syscalls, ch: Channels) -> Result<i32, Fa
         stdin: plan.stdin,
         tty: slave,
         stdio,
+        inherit,
         program,
         error: ch.error,
         sys,
@@ -373,6 +382,7 @@ struct WorkloadArgs<'a> {
     stdin: bool,
     tty: Option<RawFd>,
     stdio: Option<RawFd>,
+    inherit: [Option<RawFd>; 2],
     program: Option<RawFd>,
     error: RawFd,
     sys: &'a dyn Syscalls,
@@ -388,6 +398,7 @@ extern "C" fn workload_entry(arg: *mut libc::c_void) -> libc::c_int {
         Stdio {
             tty: a.tty,
             socket: a.stdio,
+            inherit: a.inherit,
         },
         a.program,
         a.sys,
@@ -483,12 +494,17 @@ pub fn exec_workload(
     unsafe { libc::umask(0o022) };
     // b. Standard streams: the pty slave, or the caller's streams with
     //    stdin replaced by /dev/null unless -i.
+    let inherit = stdio.inherit;
     if let Err(e) = setup_stdio(stdin, stdio) {
         return Failure::at(Stage::Stdio)(e);
     }
     // c. Nothing of brig's reaches the command: every descriptor above
     //    stderr closes on exec (the error pipe included, which is how the
     //    host learns the exec succeeded).
+    //    Except what the host asked the command to keep: a sandbox that
+    //    outlives its host holds its own slot and liveness locks, so they
+    //    are released exactly when it ends (brig-agent marks them
+    //    close-on-exec for its own children).
     // SAFETY: close_range with constant arguments.
     unsafe {
         libc::syscall(
@@ -498,6 +514,10 @@ pub fn exec_workload(
             libc::CLOSE_RANGE_CLOEXEC,
         )
     };
+    for fd in inherit.into_iter().flatten() {
+        // SAFETY: fcntl on a descriptor the host sent us.
+        unsafe { libc::fcntl(fd, libc::F_SETFD, 0) };
+    }
 
     match (drop_privileges(exec, sys), program) {
         (Err(f), _) => f,
@@ -658,6 +678,9 @@ pub struct Stdio {
     pub tty: Option<RawFd>,
     /// A socket from the host for stdin and stdout (stderr stays).
     pub socket: Option<RawFd>,
+    /// Descriptors the command keeps as they are (the sandbox's own locks,
+    /// when it outlives its host).
+    pub inherit: [Option<RawFd>; 2],
 }
 
 fn setup_stdio(stdin: bool, stdio: Stdio) -> SysResult {

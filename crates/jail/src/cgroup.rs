@@ -207,6 +207,28 @@ impl Cgroup {
         }
     }
 
+    /// The groups of a sandbox that already exists (one an earlier brig
+    /// created), or `None` if it has none. Its memory group comes first,
+    /// as in a created one.
+    pub fn open(hierarchy: &Hierarchy, name: &str) -> Option<Self> {
+        let dirs: Vec<PathBuf> = hierarchy
+            .parents()
+            .into_iter()
+            .map(|p| p.join(name))
+            .filter(|d| d.is_dir())
+            .collect();
+        if dirs.is_empty() {
+            return None;
+        }
+        let mut cg = Cgroup {
+            hierarchy: hierarchy.clone(),
+            dirs,
+            memory_limit: 0,
+        };
+        cg.memory_limit = cg.memory_limit_now().unwrap_or(0);
+        Some(cg)
+    }
+
     fn setup(&mut self, name: &str, limits: &Limits, pausable: bool) -> Result<(), CgroupError> {
         let mem = limits.memory.bytes().to_string();
         match self.hierarchy.clone() {
@@ -419,6 +441,12 @@ impl Cgroup {
         self.remove_dirs()
     }
 
+    /// Let go of the groups without removing them: the sandbox lives on
+    /// (see `Sandbox::release`).
+    pub fn forget(mut self) {
+        self.dirs.clear();
+    }
+
     fn remove_dirs(&mut self) -> Result<(), CgroupError> {
         let dirs = std::mem::take(&mut self.dirs);
         remove_groups(&dirs)
@@ -446,6 +474,11 @@ pub(crate) fn kill_procs(dirs: &[PathBuf]) {
             }
         }
     }
+    thaw_dirs(dirs);
+}
+
+/// Thaw whichever of `dirs` can be frozen (see [`thaw_dirs`]).
+pub fn thaw_groups(dirs: &[PathBuf]) {
     thaw_dirs(dirs);
 }
 

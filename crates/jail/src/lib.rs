@@ -33,9 +33,11 @@ pub mod seccomp;
 pub mod slot;
 pub mod sys;
 pub mod template;
+pub mod tier;
 pub mod trace;
 
 pub use cgroup::{CgroupControls, CgroupStats, DiskStats};
 pub use error::JailError;
 pub use netpool::NetnsPool;
-pub use sandbox::{raise_fd_limit, Exit, Extras, Sandbox, SpawnOptions};
+pub use sandbox::{raise_fd_limit, Exit, Extras, Killer, Sandbox, SpawnOptions};
+pub use tier::ProcessTier;

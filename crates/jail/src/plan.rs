@@ -121,6 +121,10 @@ pub struct ExecPlan {
     /// Connect stdin and stdout to the socket the host sent (index among
     /// the received descriptors).
     pub stdio_fd: Option<usize>,
+    /// Received descriptors (indices) the command keeps open across its
+    /// exec: a sandbox that outlives its host holds its own slot and
+    /// liveness locks (see [`crate::Extras::detach`]).
+    pub inherit_fds: [Option<usize>; 2],
     argv_ptrs: Vec<*const libc::c_char>,
     env_ptrs: Vec<*const libc::c_char>,
 }
@@ -164,6 +168,10 @@ pub struct Plan {
     /// command becomes the sandbox's pid 1 and must reap orphans itself
     /// (see [`crate::Extras::as_init`]).
     pub as_init: bool,
+    /// Die when the host thread that cloned the init dies
+    /// (`PR_SET_PDEATHSIG`): `brig run`'s sandboxes do; those of a daemon,
+    /// which outlive it, do not (see [`crate::Extras::detach`]).
+    pub die_with_host: bool,
     /// Stack for the command's process between clone and execve.
     pub workload_stack: Stack,
     pub exec: ExecPlan,
@@ -519,6 +527,7 @@ impl Plan {
             argv_area: input.argv_area,
             trace: false,
             as_init: false,
+            die_with_host: true,
             workload_stack: Stack::new(256 * 1024),
             exec,
         }
@@ -605,6 +614,7 @@ fn exec_plan(input: &PlanInput<'_>) -> ExecPlan {
         allow_setuid: spec.allow_setuid,
         program_fd: None,
         stdio_fd: None,
+        inherit_fds: [None, None],
         argv_ptrs,
         env_ptrs,
     }

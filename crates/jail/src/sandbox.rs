@@ -29,6 +29,7 @@ use std::fs;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use brig_core::{ByteSize, SandboxId, SandboxSpec, TemplateRef};
@@ -179,6 +180,17 @@ pub struct Extras {
     /// sandbox (the kernel kills the rest of its pid namespace), and its
     /// status is the init's.
     pub as_init: bool,
+    /// The sandbox's id, chosen by the caller (who may have recorded it
+    /// before the spawn); `None`: a random one.
+    pub id: Option<SandboxId>,
+    /// Let the sandbox outlive this process: its init does not die with
+    /// the spawning thread (no `PR_SET_PDEATHSIG`), and it holds its own
+    /// slot and liveness locks (passed to it, kept open across the exec of
+    /// its command), so the uid range stays taken and reconcile sees it as
+    /// live exactly as long as it runs. A later process finds it again
+    /// with [`Sandbox::adopt`]. For a daemon's sandboxes (the command must
+    /// be a long-lived init such as brig-agent).
+    pub detach: bool,
 }
 
 /// How a sandbox ended.
@@ -196,7 +208,7 @@ pub struct Exit {
 pub struct Sandbox {
     id: SandboxId,
     pid: libc::pid_t,
-    pidfd: OwnedFd,
+    pidfd: Arc<OwnedFd>,
     pty: Option<OwnedFd>,
     oom: Option<OwnedFd>,
     cgroup: Option<Cgroup>,
@@ -205,7 +217,11 @@ pub struct Sandbox {
     reaped: bool,
     /// [`Sandbox::kill`] was called: reaping keeps thawing the cgroup, in
     /// case another thread froze it after the kill's thaw.
-    killed: std::sync::atomic::AtomicBool,
+    killed: Arc<AtomicBool>,
+    /// Found with [`Sandbox::adopt`]: not our child, so its end is read
+    /// from the pidfd (no exit status) and its locks are its own.
+    adopted: bool,
+    run_dir: PathBuf,
     /// The channel to the init, which reports the command's status on it
     /// before its own (slower) exit.
     status: Option<OwnedFd>,
@@ -236,7 +252,10 @@ impl Sandbox {
         if spec.limits.cpus.is_some() && !opts.hierarchy.supports_cpu_limit() {
             return Err(JailError::NoCpuController);
         }
-        let id = SandboxId::from_random(rand::random());
+        let id = match &extras.id {
+            Some(id) => id.clone(),
+            None => SandboxId::from_random(rand::random()),
+        };
         let pooled: Option<PooledNet> = opts.net_pool.as_ref().and_then(|p| p.take());
         let layout = opts.host.layout(&spec.template);
         let identity = template::resolve_user(layout.root_on_host(), spec.user.as_ref())?;
@@ -258,6 +277,14 @@ impl Sandbox {
         let mut plan = plan;
         plan.trace = trace.on;
         plan.as_init = extras.as_init;
+        plan.die_with_host = !extras.detach;
+        if extras.detach {
+            // The two locks go last, after the program and stdio socket.
+            let first = plan.mount_fds
+                + usize::from(extras.program.is_some())
+                + usize::from(extras.stdio.is_some());
+            plan.exec.inherit_fds = [Some(first), Some(first + 1)];
+        }
         seccomp::init();
         trace.hit("plan built");
 
@@ -363,7 +390,7 @@ impl Sandbox {
         drop(child_sock);
         drop(err_write);
         // SAFETY: the kernel returned a fresh pidfd for the child.
-        let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
+        let pidfd = Arc::new(unsafe { OwnedFd::from_raw_fd(pidfd) });
         let mut sandbox = Sandbox {
             id,
             pid,
@@ -374,7 +401,9 @@ impl Sandbox {
             cgroup: None,
             slot: Some(slot),
             reaped: false,
-            killed: std::sync::atomic::AtomicBool::new(false),
+            killed: Arc::new(AtomicBool::new(false)),
+            adopted: false,
+            run_dir: opts.run_dir.clone(),
             status: None,
             command_exit: None,
         };
@@ -397,6 +426,18 @@ impl Sandbox {
         // In the order the plan expects: mounts, then program, then stdio.
         template_fds.extend(extras.program);
         template_fds.extend(extras.stdio);
+        if extras.detach {
+            if let Some(slot) = &sandbox.slot {
+                for fd in slot.lock_fds() {
+                    template_fds.push(fd.try_clone_to_owned().map_err(|e| {
+                        JailError::HostCall {
+                            op: "duplicate the slot lock for the sandbox",
+                            errno: Errno(e.raw_os_error().unwrap_or(libc::EBADF)),
+                        }
+                    })?);
+                }
+            }
+        }
         trace.hit("maps written, template mounts made");
         let raw: Vec<RawFd> = template_fds.iter().map(|f| f.as_raw_fd()).collect();
         // A failed send means the init already died; its reason is on the
@@ -496,24 +537,92 @@ impl Sandbox {
     /// the rest of its pid namespace with it. A frozen (paused) sandbox is
     /// thawed so that it acts on the signal.
     pub fn kill(&self) {
-        self.killed.store(true, std::sync::atomic::Ordering::SeqCst);
-        self.signal_kill();
-        if let Some(cg) = &self.cgroup {
-            cg.thaw();
+        self.killer().kill();
+    }
+
+    /// A handle that kills this sandbox from any thread while another one
+    /// waits for it ([`Sandbox::wait`] takes the sandbox).
+    pub fn killer(&self) -> Killer {
+        Killer {
+            pidfd: Arc::clone(&self.pidfd),
+            killed: Arc::clone(&self.killed),
+            dirs: self.cgroup_dirs().into(),
         }
     }
 
-    fn signal_kill(&self) {
-        // SAFETY: signalling through our own pidfd.
-        unsafe {
-            libc::syscall(
-                libc::SYS_pidfd_send_signal,
-                self.pidfd.as_raw_fd(),
-                libc::SIGKILL,
-                0usize,
-                0u32,
-            )
+    /// Find a sandbox an earlier process spawned with [`Extras::detach`]:
+    /// `pid` is its init as that process recorded it, `start_time` the
+    /// init's start time (field 22 of `/proc/<pid>/stat`, see
+    /// [`start_time`]), which tells it from a recycled pid. `Ok(None)`:
+    /// it is not running any more.
+    ///
+    /// The adopted sandbox is not this process's child: its end is read
+    /// from a pidfd (without an exit status) and its locks stay its own.
+    pub fn adopt(
+        id: &SandboxId,
+        pid: libc::pid_t,
+        start: u64,
+        opts: &SpawnOptions,
+    ) -> Result<Option<Sandbox>, JailError> {
+        if pid <= 1 {
+            return Ok(None);
+        }
+        // SAFETY: pidfd_open with integer arguments; the result is checked.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0u32) };
+        if fd < 0 {
+            return match Errno::last() {
+                Errno(libc::ESRCH) => Ok(None),
+                e => Err(os_err("open a pidfd for an adopted sandbox")(e)),
+            };
+        }
+        // SAFETY: the kernel returned a fresh descriptor.
+        let pidfd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+        // The pid could have been recycled since it was recorded: the
+        // start time (read after the pidfd pins the process) and the
+        // cgroup must both be the sandbox's.
+        if start_time(pid) != Some(start) || !in_cgroup_of(pid, id) {
+            return Ok(None);
+        }
+        let cgroup = Cgroup::open(&opts.hierarchy, id.as_str());
+        let memory_limit = ByteSize(cgroup.as_ref().map_or(0, Cgroup::memory_limit));
+        let oom = match &cgroup {
+            Some(cg) => cg.oom_eventfd()?,
+            None => None,
         };
+        Ok(Some(Sandbox {
+            id: id.clone(),
+            pid,
+            pidfd: Arc::new(pidfd),
+            pty: None,
+            oom,
+            cgroup,
+            slot: None,
+            memory_limit,
+            reaped: false,
+            killed: Arc::new(AtomicBool::new(false)),
+            adopted: true,
+            run_dir: opts.run_dir.clone(),
+            status: None,
+            command_exit: None,
+        }))
+    }
+
+    /// Found with [`Sandbox::adopt`] rather than spawned by this process.
+    pub fn is_adopted(&self) -> bool {
+        self.adopted
+    }
+
+    /// Let go of a sandbox without ending it: it runs on, and a later
+    /// process may [`Sandbox::adopt`] it. Only for a sandbox spawned with
+    /// [`Extras::detach`] (or adopted); any other dies with its spawning
+    /// thread anyway.
+    pub fn release(mut self) {
+        self.reaped = true;
+        if let Some(cg) = self.cgroup.take() {
+            cg.forget();
+        }
+        // The sandbox holds its own copies of the locks; ours go.
+        drop(self.slot.take());
     }
 
     /// Readable once the command has exited (its status has arrived) or
@@ -590,8 +699,22 @@ impl Sandbox {
     }
 
     fn reap(&mut self) -> Result<i32, JailError> {
-        if self.killed.load(std::sync::atomic::Ordering::SeqCst) {
+        if self.killed.load(Ordering::SeqCst) {
             self.await_death_thawing();
+        }
+        if self.adopted {
+            // Not our child: its parent (pid 1 of the host, or a
+            // subreaper) collects the status; we can only see it end.
+            await_readable(self.pidfd.as_raw_fd(), -1);
+            // Reap it if it is ours after all (a process that let go of a
+            // sandbox and adopted it again); otherwise ECHILD, harmless.
+            // The pidfd keeps the pid from being recycled meanwhile.
+            let mut status = 0;
+            // SAFETY: waitpid with a valid out-pointer, not blocking.
+            unsafe { libc::waitpid(self.pid, &mut status, libc::WNOHANG | libc::__WALL) };
+            self.reaped = true;
+            let killed = self.killed.load(Ordering::SeqCst);
+            return Ok(if killed { libc::SIGKILL } else { 0 });
         }
         let mut status = 0;
         loop {
@@ -639,8 +762,76 @@ impl Sandbox {
         };
         if let Some(slot) = self.slot.take() {
             slot.release();
+        } else if self.adopted {
+            slot::forget(&self.run_dir, &self.id);
         }
         result
+    }
+}
+
+/// Kills one sandbox from any thread (see [`Sandbox::killer`]).
+#[derive(Debug, Clone)]
+pub struct Killer {
+    pidfd: Arc<OwnedFd>,
+    killed: Arc<AtomicBool>,
+    dirs: Arc<[PathBuf]>,
+}
+
+impl Killer {
+    /// SIGKILL the init (the kernel kills the rest of its pid namespace)
+    /// and thaw its groups, so a paused sandbox acts on it.
+    pub fn kill(&self) {
+        self.killed.store(true, Ordering::SeqCst);
+        // SAFETY: signalling through a pidfd we hold.
+        unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                self.pidfd.as_raw_fd(),
+                libc::SIGKILL,
+                0usize,
+                0u32,
+            )
+        };
+        crate::cgroup::thaw_groups(&self.dirs);
+    }
+}
+
+/// The start time of process `pid` in clock ticks since boot (field 22 of
+/// `/proc/<pid>/stat`): with the pid, it names one process for good.
+pub fn start_time(pid: libc::pid_t) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces and parentheses: count
+    // fields after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Whether `pid` is in sandbox `id`'s cgroup.
+fn in_cgroup_of(pid: libc::pid_t, id: &SandboxId) -> bool {
+    let want = format!("/{}/{}", crate::cgroup::PARENT, id.as_str());
+    fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|s| {
+        s.lines()
+            .any(|l| l.rsplit(':').next().is_some_and(|p| p.ends_with(&want)))
+    })
+}
+
+/// Poll `fd` for readability; `timeout_ms` -1 waits for good. Returns
+/// whether it is readable.
+fn await_readable(fd: RawFd, timeout_ms: libc::c_int) -> bool {
+    loop {
+        let mut pfd = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: poll on one valid pollfd.
+        let r = unsafe { libc::poll(&mut pfd, 1, timeout_ms) };
+        if r > 0 {
+            return true;
+        }
+        if r == 0 || Errno::last() != Errno(libc::EINTR) {
+            return false;
+        }
     }
 }
 

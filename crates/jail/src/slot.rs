@@ -11,7 +11,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::path::{Path, PathBuf};
 
 use brig_core::SandboxId;
@@ -55,6 +55,14 @@ impl Slot {
         BASE + self.index * RANGE
     }
 
+    /// The slot lock and the liveness lock, for a sandbox that holds its
+    /// own locks: `flock`s belong to the open file, so a copy passed to
+    /// the sandbox keeps them held after this process (and this `Slot`)
+    /// is gone, until the sandbox's last copy closes — when it ends.
+    pub fn lock_fds(&self) -> [BorrowedFd<'_>; 2] {
+        [self._file.as_fd(), self._live_file.as_fd()]
+    }
+
     /// Release both locks and remove the liveness file.
     pub fn release(self) {
         let _ = fs::remove_file(&self.live);
@@ -96,6 +104,12 @@ fn open_lock(dir: &Path, name: &str) -> Result<File, SlotError> {
 
 pub fn live_dir(run_dir: &Path) -> PathBuf {
     run_dir.join("live")
+}
+
+/// Remove the liveness file of a sandbox that has ended (one whose lock
+/// was held by the sandbox itself, not by a [`Slot`] of ours).
+pub fn forget(run_dir: &Path, id: &SandboxId) {
+    let _ = fs::remove_file(live_dir(run_dir).join(id.as_str()));
 }
 
 /// Take a free slot for sandbox `id`, starting the search at a random slot

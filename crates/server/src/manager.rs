@@ -574,6 +574,7 @@ impl SandboxManager {
                 // The agent reaps orphans itself; as pid 1 it leaves no
                 // copy of the daemon's memory in the sandbox.
                 as_init: true,
+                ..Default::default()
             },
             reply: reply_tx,
         };

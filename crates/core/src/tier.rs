@@ -1,0 +1,286 @@
+//! The boundary between the runtime and the isolation tiers.
+//!
+//! The runtime (manager, pool, expiry, reconcile) speaks only to a
+//! [`Tier`]; everything a tier does differently — namespaces and cgroups
+//! (`process`), an application kernel (`gvisor`), a virtual machine
+//! (`vm`) — stays behind it. The flow:
+//!
+//! 1. the runtime picks the sandbox's id and writes its record (state
+//!    `creating`) *before* anything exists on the host, so a daemon that
+//!    dies mid-create leaves a record that names what to clean up;
+//! 2. it asks [`Tier::launch`] for a sandbox from a [`Launch`]: the
+//!    resolved template, limits and network attachment. The tier starts
+//!    brig-agent inside it and returns an [`Instance`];
+//! 3. the runtime reaches the agent through [`Instance::connect_agent`] (a
+//!    byte stream speaking the brig protocol) and drives the sandbox's
+//!    life through the instance: pause, resume, usage, limits, kill, wait;
+//! 4. after a restart, [`Tier::adopt`] finds a sandbox an earlier daemon
+//!    left running by its id, and [`Tier::discard`] removes whatever is
+//!    left of one that must not live on. Sandboxes outlive the daemon:
+//!    a tier never ties a sandbox's life to the daemon process.
+//!
+//! A tier that cannot do something answers [`TierError::Unsupported`],
+//! never a panic or a silent no-op.
+
+use std::fmt;
+use std::os::fd::BorrowedFd;
+use std::os::unix::net::UnixStream;
+use std::str::FromStr;
+
+use crate::spec::{Limits, SandboxId, TemplateRef};
+
+/// How strongly a sandbox is isolated from the host.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Isolation {
+    /// Namespaces, seccomp, cgroups, no capabilities (brig-jail).
+    #[default]
+    Process,
+    /// The same root filesystem under gVisor's application kernel.
+    Gvisor,
+    /// A virtual machine with its own Linux kernel.
+    Vm,
+}
+
+impl Isolation {
+    pub const ALL: [Isolation; 3] = [Isolation::Process, Isolation::Gvisor, Isolation::Vm];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Isolation::Process => "process",
+            Isolation::Gvisor => "gvisor",
+            Isolation::Vm => "vm",
+        }
+    }
+}
+
+impl fmt::Display for Isolation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// An isolation tier name brig does not know.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown isolation tier {input:?}: expected one of process, gvisor, vm")]
+pub struct UnknownIsolation {
+    pub input: String,
+}
+
+impl FromStr for Isolation {
+    type Err = UnknownIsolation;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Isolation::ALL
+            .into_iter()
+            .find(|i| i.as_str() == s)
+            .ok_or_else(|| UnknownIsolation {
+                input: s.to_string(),
+            })
+    }
+}
+
+/// How a sandbox is attached to the network. Today every sandbox has a
+/// network namespace of its own with loopback only; the networking work
+/// adds attachments with egress (a veth or tap behind brig's policy).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum NetworkAttachment {
+    /// Loopback only: nothing leaves the sandbox.
+    #[default]
+    Loopback,
+}
+
+/// Everything a tier needs to start one sandbox running brig-agent.
+#[derive(Debug, Clone)]
+pub struct Launch {
+    /// Chosen by the runtime, recorded before the launch.
+    pub id: SandboxId,
+    /// Resolved: `host` or a directory (never a bare name).
+    pub template: TemplateRef,
+    /// `limits.timeout` is not the tier's business (the runtime ends the
+    /// sandbox when its time is up).
+    pub limits: Limits,
+    /// Let setuid programs (`sudo`) work inside.
+    pub allow_setuid: bool,
+    pub network: NetworkAttachment,
+}
+
+/// A sandbox's resource use now.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// CPU time of all its processes since it started, if the tier
+    /// accounts it.
+    pub cpu_ns: Option<u64>,
+    pub memory_bytes: u64,
+    pub memory_peak_bytes: Option<u64>,
+    /// The memory limit in force (it may have changed since the launch).
+    pub memory_limit_bytes: u64,
+    /// Tasks alive (processes and threads), the agent included.
+    pub pids: u64,
+    /// The writable root filesystem, if the tier can tell.
+    pub disk_used_bytes: Option<u64>,
+    pub disk_total_bytes: Option<u64>,
+}
+
+/// How a sandbox ended, as far as the tier can tell.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Ended {
+    /// The agent's exit status (128+N for a signal), if known: a sandbox
+    /// adopted from an earlier daemon has no parent to tell it.
+    pub code: Option<i32>,
+    /// The kernel's OOM killer fired inside it.
+    pub oom: bool,
+}
+
+/// Why a tier operation failed. The message is for a person; [`kind`]
+/// tells callers how to react.
+///
+/// [`kind`]: TierError::kind
+#[derive(Debug, thiserror::Error)]
+pub enum TierError {
+    /// The host lacks what this tier needs (a binary, a kernel feature).
+    #[error("the {tier} tier is not available on this host: {reason}")]
+    Unavailable { tier: Isolation, reason: String },
+    /// The tier cannot do this, at all or on this host (a live memory
+    /// change on a VM, a pause without a freezer cgroup).
+    #[error("the {tier} tier cannot {op} here: {reason}")]
+    Unsupported {
+        tier: Isolation,
+        op: &'static str,
+        reason: String,
+    },
+    /// The request cannot be satisfied as asked (a CPU limit on a host
+    /// without a cpu controller, a template the tier cannot use).
+    #[error("{0}")]
+    Invalid(String),
+    /// The sandbox is gone.
+    #[error("sandbox {id} is gone")]
+    Gone { id: SandboxId },
+    /// Anything else: the source says what failed.
+    #[error("sandbox {id}: cannot {op}")]
+    Failed {
+        id: SandboxId,
+        op: &'static str,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+/// What kind of failure a [`TierError`] is, for callers mapping it to a
+/// status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TierErrorKind {
+    Unavailable,
+    Unsupported,
+    Invalid,
+    Gone,
+    Failed,
+}
+
+impl TierError {
+    pub fn kind(&self) -> TierErrorKind {
+        match self {
+            TierError::Unavailable { .. } => TierErrorKind::Unavailable,
+            TierError::Unsupported { .. } => TierErrorKind::Unsupported,
+            TierError::Invalid(_) => TierErrorKind::Invalid,
+            TierError::Gone { .. } => TierErrorKind::Gone,
+            TierError::Failed { .. } => TierErrorKind::Failed,
+        }
+    }
+
+    pub fn failed(
+        id: &SandboxId,
+        op: &'static str,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync>>,
+    ) -> TierError {
+        TierError::Failed {
+            id: id.clone(),
+            op,
+            source: source.into(),
+        }
+    }
+}
+
+/// An isolation backend.
+pub trait Tier: Send + Sync + fmt::Debug {
+    fn isolation(&self) -> Isolation;
+
+    /// Start a sandbox running brig-agent and return once the agent can be
+    /// connected to. On error nothing of the sandbox is left on the host.
+    fn launch(&self, launch: &Launch) -> Result<Box<dyn Instance>, TierError>;
+
+    /// Re-attach to a sandbox an earlier daemon launched: `Ok(None)` when
+    /// nothing of it is running any more (what is left is cleaned up).
+    fn adopt(&self, id: &SandboxId) -> Result<Option<Box<dyn Instance>>, TierError>;
+
+    /// Kill whatever runs of `id` and remove everything it left on the
+    /// host. Idempotent: discarding a sandbox that is gone is `Ok`.
+    fn discard(&self, id: &SandboxId) -> Result<(), TierError>;
+
+    /// Sandboxes of this tier running on the host (whoever launched them),
+    /// so that reconcile can tell leftovers no record names.
+    fn running(&self) -> Vec<SandboxId>;
+}
+
+/// One running sandbox of a tier. Every method takes `&self` and may be
+/// called from any thread.
+pub trait Instance: Send + Sync + fmt::Debug {
+    fn id(&self) -> &SandboxId;
+
+    /// The host pid of its first process, if it has one (for the record
+    /// and for people reading `ps`).
+    fn pid(&self) -> Option<u32>;
+
+    /// A new connection to the sandbox's agent. The agent serves one
+    /// connection at a time: a new one replaces the last (background
+    /// processes and PTYs live on; streams of the old one end).
+    fn connect_agent(&self) -> Result<UnixStream, TierError>;
+
+    /// Readable once the sandbox has ended, for a reactor that watches
+    /// many sandboxes at once; `None` if the tier has no such descriptor.
+    fn exit_fd(&self) -> Option<BorrowedFd<'_>>;
+
+    /// Stop every process in the sandbox where it is.
+    fn pause(&self) -> Result<(), TierError>;
+    fn resume(&self) -> Result<(), TierError>;
+    /// Whether it is paused now (after an adoption, the runtime asks).
+    fn is_paused(&self) -> Result<bool, TierError>;
+    /// Kill every process but the agent (a pause that keeps only the
+    /// files). Returns how many were killed.
+    fn end_all_but_agent(&self) -> Result<usize, TierError>;
+
+    fn usage(&self) -> Result<Usage, TierError>;
+    /// Change memory and pids limits (and CPU, where given) of the live
+    /// sandbox.
+    fn set_limits(&self, limits: &Limits) -> Result<(), TierError>;
+
+    /// Kill everything in the sandbox (a paused one too). Returns at once;
+    /// [`Instance::wait`] waits for the teardown.
+    fn kill(&self);
+    /// Let go of the sandbox without ending it: it runs on, for a later
+    /// daemon to [`Tier::adopt`]. Dropping an instance that was neither
+    /// waited for nor released ends its sandbox.
+    fn release(&self);
+    /// Block until the sandbox has ended and everything it held on the
+    /// host is released. Only the first call reports; later ones return
+    /// the same.
+    fn wait(&self) -> Result<Ended, TierError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn isolation_names_round_trip() {
+        for i in Isolation::ALL {
+            assert_eq!(i.as_str().parse::<Isolation>().unwrap(), i);
+            assert_eq!(serde_json::to_string(&i).unwrap(), format!("\"{i}\""));
+        }
+        let err = "kvm".parse::<Isolation>().unwrap_err();
+        assert!(err.to_string().contains("process, gvisor, vm"), "{err}");
+    }
+}

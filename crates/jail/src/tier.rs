@@ -1,0 +1,389 @@
+//! The process tier behind brig-core's [`Tier`] boundary: how a daemon
+//! starts, finds again and ends its sandboxes.
+//!
+//! Every sandbox runs brig-agent as its pid 1 (`--listen`) and **outlives
+//! the daemon** that launched it ([`Extras::detach`]): no
+//! `PR_SET_PDEATHSIG`, and the sandbox holds its own uid-slot and liveness
+//! locks. What a later daemon needs to find it is a name on disk, as
+//! containerd's shims and runsc do:
+//!
+//! ```text
+//! /run/brig/sb/<id>/agent.sock   the agent's listening socket (0700 dir)
+//! /run/brig/sb/<id>/init         "<pid> <start time>" of its pid 1
+//! ```
+//!
+//! [`Tier::launch`] binds the socket, hands the listener to the agent as
+//! its stdio, spawns, and records the init; [`Instance::connect_agent`]
+//! dials the socket (the agent serves one host at a time, a new one
+//! replaces the last); [`Tier::adopt`] reads the record, checks the pid is
+//! still that init (start time, cgroup) and opens a pidfd on it;
+//! [`Tier::discard`] kills and removes whatever is left of an id.
+//!
+//! No thread is tied to a sandbox: spawning may happen on any thread (the
+//! init no longer dies with the thread that cloned it), and the end of a
+//! sandbox is readable on its pidfd ([`Instance::exit_fd`]).
+
+use std::fs::{self, File};
+use std::io::ErrorKind;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+
+use brig_core::{
+    Ended, Instance, Isolation, Launch, Limits, NetworkAttachment, SandboxId, SandboxSpec, Tier,
+    TierError, Usage,
+};
+
+use crate::cgroup::{Cgroup, CgroupControls, CgroupError};
+use crate::error::JailError;
+use crate::sandbox::{self, Extras, Killer, Sandbox, SpawnOptions};
+use crate::slot;
+
+/// The process tier: sandboxes made of namespaces, seccomp and cgroups.
+#[derive(Debug)]
+pub struct ProcessTier {
+    opts: SpawnOptions,
+    /// The brig-agent executable started in every sandbox.
+    agent: PathBuf,
+}
+
+impl ProcessTier {
+    /// A tier whose sandboxes run `agent`. Prepares the host (runtime
+    /// directory, cgroup detection, removal of what dead sandboxes left).
+    pub fn new(agent: PathBuf) -> Result<ProcessTier, JailError> {
+        let mut opts = SpawnOptions::prepare()?;
+        // Every daemon sandbox can be paused and reports its CPU use.
+        opts.pausable = true;
+        Ok(ProcessTier { opts, agent })
+    }
+
+    pub fn options(&self) -> &SpawnOptions {
+        &self.opts
+    }
+
+    fn dir(&self, id: &SandboxId) -> PathBuf {
+        sandboxes_dir(&self.opts.run_dir).join(id.as_str())
+    }
+
+    fn spawn(&self, launch: &Launch, dir: &Path) -> Result<Sandbox, TierError> {
+        let id = &launch.id;
+        if launch.network != NetworkAttachment::Loopback {
+            return Err(TierError::Unsupported {
+                tier: Isolation::Process,
+                op: "attach a sandbox to this network",
+                reason: "only loopback is implemented".into(),
+            });
+        }
+        let io = |op: &'static str| move |e: std::io::Error| TierError::failed(id, op, e);
+        fs::DirBuilder::new()
+            .mode(0o700)
+            .recursive(true)
+            .create(dir)
+            .map_err(io("create its runtime directory"))?;
+        let listener =
+            UnixListener::bind(dir.join(AGENT_SOCKET)).map_err(io("bind the agent's socket"))?;
+        let program = File::open(&self.agent).map_err(|e| {
+            if e.kind() == ErrorKind::NotFound {
+                TierError::Unavailable {
+                    tier: Isolation::Process,
+                    reason: format!(
+                        "the agent binary {} does not exist: build it (cargo build -p \
+                         brig-agent) or set BRIG_AGENT to its path",
+                        self.agent.display()
+                    ),
+                }
+            } else {
+                TierError::failed(id, "open the agent binary", e)
+            }
+        })?;
+        let mut spec = SandboxSpec::new(vec!["brig-agent".into(), "--listen".into()]);
+        spec.template = launch.template.clone();
+        spec.limits = launch.limits.clone();
+        // The runtime ends the sandbox when its time is up.
+        spec.limits.timeout = None;
+        spec.allow_setuid = launch.allow_setuid;
+        let extras = Extras {
+            program: Some(OwnedFd::from(program)),
+            stdio: Some(OwnedFd::from(listener)),
+            as_init: true,
+            id: Some(id.clone()),
+            detach: true,
+        };
+        let sandbox = Sandbox::spawn_with(&spec, &self.opts, extras).map_err(|e| from_jail(id, e))?;
+        let start = sandbox::start_time(sandbox.pid()).unwrap_or(0);
+        fs::write(dir.join(INIT_FILE), format!("{} {start}\n", sandbox.pid()))
+            .map_err(io("record its init"))?;
+        Ok(sandbox)
+    }
+}
+
+/// Where the process tier keeps one directory per live sandbox.
+pub fn sandboxes_dir(run_dir: &Path) -> PathBuf {
+    run_dir.join("sb")
+}
+
+const AGENT_SOCKET: &str = "agent.sock";
+const INIT_FILE: &str = "init";
+
+impl Tier for ProcessTier {
+    fn isolation(&self) -> Isolation {
+        Isolation::Process
+    }
+
+    fn launch(&self, launch: &Launch) -> Result<Box<dyn Instance>, TierError> {
+        let dir = self.dir(&launch.id);
+        if dir.exists() {
+            return Err(TierError::Invalid(format!(
+                "sandbox {} exists already",
+                launch.id
+            )));
+        }
+        match self.spawn(launch, &dir) {
+            Ok(sandbox) => Ok(Box::new(ProcessInstance::new(sandbox, dir))),
+            Err(e) => {
+                let _ = fs::remove_dir_all(&dir);
+                Err(e)
+            }
+        }
+    }
+
+    fn adopt(&self, id: &SandboxId) -> Result<Option<Box<dyn Instance>>, TierError> {
+        let dir = self.dir(id);
+        let recorded = fs::read_to_string(dir.join(INIT_FILE)).ok().and_then(|s| {
+            let mut it = s.split_whitespace().map(str::parse::<u64>);
+            Some((it.next()?.ok()?, it.next()?.ok()?))
+        });
+        let adopted = match recorded {
+            Some((pid, start)) => Sandbox::adopt(id, pid as libc::pid_t, start, &self.opts)
+                .map_err(|e| from_jail(id, e))?,
+            None => None,
+        };
+        match adopted {
+            Some(sandbox) => Ok(Some(Box::new(ProcessInstance::new(sandbox, dir)))),
+            None => {
+                self.discard(id)?;
+                Ok(None)
+            }
+        }
+    }
+
+    fn discard(&self, id: &SandboxId) -> Result<(), TierError> {
+        if let Some(cg) = Cgroup::open(&self.opts.hierarchy, id.as_str()) {
+            // Killing its init ends the whole pid namespace; destroy waits
+            // for the groups to empty.
+            cg.kill_all();
+            cg.destroy().map_err(|e| TierError::failed(id, "remove its cgroups", e))?;
+        }
+        let _ = fs::remove_dir_all(self.dir(id));
+        // Removes the liveness file once nothing holds it.
+        let _ = slot::is_live(&self.opts.run_dir, id);
+        Ok(())
+    }
+
+    fn running(&self) -> Vec<SandboxId> {
+        let Ok(entries) = fs::read_dir(sandboxes_dir(&self.opts.run_dir)) else {
+            return Vec::new();
+        };
+        entries
+            .flatten()
+            .filter_map(|e| e.file_name().to_str().and_then(SandboxId::parse))
+            .collect()
+    }
+}
+
+/// One sandbox of the process tier.
+#[derive(Debug)]
+struct ProcessInstance {
+    id: SandboxId,
+    pid: libc::pid_t,
+    /// A copy of the init's pidfd, readable when it has ended.
+    pidfd: OwnedFd,
+    killer: Killer,
+    controls: Option<CgroupControls>,
+    dir: PathBuf,
+    /// Taken by the first [`Instance::wait`].
+    sandbox: Mutex<Option<Sandbox>>,
+    ended: Mutex<Option<Ended>>,
+}
+
+impl ProcessInstance {
+    fn new(sandbox: Sandbox, dir: PathBuf) -> ProcessInstance {
+        ProcessInstance {
+            id: sandbox.id().clone(),
+            pid: sandbox.pid(),
+            pidfd: sandbox
+                .pidfd()
+                .try_clone_to_owned()
+                .expect("duplicate a pidfd (out of descriptors)"),
+            killer: sandbox.killer(),
+            controls: sandbox.controls(),
+            dir,
+            sandbox: Mutex::new(Some(sandbox)),
+            ended: Mutex::new(None),
+        }
+    }
+
+    fn controls(&self) -> Result<&CgroupControls, TierError> {
+        self.controls.as_ref().ok_or_else(|| TierError::Unsupported {
+            tier: Isolation::Process,
+            op: "control the sandbox",
+            reason: "it has no cgroups".into(),
+        })
+    }
+
+    /// A group this host does not have (v1 without a freezer) makes the
+    /// operation unsupported here; anything else is a failure.
+    fn cgroup_err(&self, op: &'static str) -> impl FnOnce(CgroupError) -> TierError + '_ {
+        move |e| match e {
+            CgroupError::NoGroup { .. } => TierError::Unsupported {
+                tier: Isolation::Process,
+                op,
+                reason: e.to_string(),
+            },
+            e => TierError::failed(&self.id, op, e),
+        }
+    }
+}
+
+impl Instance for ProcessInstance {
+    fn id(&self) -> &SandboxId {
+        &self.id
+    }
+
+    fn pid(&self) -> Option<u32> {
+        u32::try_from(self.pid).ok()
+    }
+
+    fn connect_agent(&self) -> Result<UnixStream, TierError> {
+        UnixStream::connect(self.dir.join(AGENT_SOCKET)).map_err(|e| {
+            if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::ConnectionRefused) {
+                TierError::Gone {
+                    id: self.id.clone(),
+                }
+            } else {
+                TierError::failed(&self.id, "connect to the agent", e)
+            }
+        })
+    }
+
+    fn exit_fd(&self) -> Option<BorrowedFd<'_>> {
+        Some(self.pidfd.as_fd())
+    }
+
+    fn pause(&self) -> Result<(), TierError> {
+        self.controls()?
+            .freeze()
+            .map_err(self.cgroup_err("freeze the sandbox"))
+    }
+
+    fn resume(&self) -> Result<(), TierError> {
+        self.controls()?
+            .thaw()
+            .map_err(self.cgroup_err("thaw the sandbox"))
+    }
+
+    fn is_paused(&self) -> Result<bool, TierError> {
+        self.controls()?
+            .is_frozen()
+            .map_err(self.cgroup_err("read the sandbox's freezer"))
+    }
+
+    fn end_all_but_agent(&self) -> Result<usize, TierError> {
+        self.controls()?
+            .end_all_but_init()
+            .map_err(self.cgroup_err("end the sandbox's processes"))
+    }
+
+    fn usage(&self) -> Result<Usage, TierError> {
+        let controls = self.controls()?;
+        let stats = controls
+            .stats()
+            .map_err(self.cgroup_err("read the sandbox's cgroups"))?;
+        // Gone with a sandbox that ended meanwhile: report none.
+        let disk = controls.disk().ok();
+        Ok(Usage {
+            cpu_ns: stats.cpu_usage_ns,
+            memory_bytes: stats.memory_bytes,
+            memory_peak_bytes: stats.memory_peak_bytes,
+            memory_limit_bytes: stats.memory_limit,
+            pids: stats.pids,
+            disk_used_bytes: disk.map(|d| d.used_bytes),
+            disk_total_bytes: disk.map(|d| d.total_bytes),
+        })
+    }
+
+    fn set_limits(&self, limits: &Limits) -> Result<(), TierError> {
+        self.controls()?
+            .set_limits(limits)
+            .map_err(self.cgroup_err("change the sandbox's limits"))
+    }
+
+    fn kill(&self) {
+        self.killer.kill();
+    }
+
+    fn wait(&self) -> Result<Ended, TierError> {
+        let mut sandbox = lock(&self.sandbox);
+        if let Some(sb) = sandbox.take() {
+            let adopted = sb.is_adopted();
+            let exit = sb.wait();
+            let _ = fs::remove_dir_all(&self.dir);
+            let ended = match exit {
+                Ok(exit) => Ended {
+                    code: (!adopted).then_some(exit.code),
+                    oom: exit.oom,
+                },
+                Err(e) => return Err(from_jail(&self.id, e)),
+            };
+            *lock(&self.ended) = Some(ended);
+        }
+        drop(sandbox);
+        Ok(lock(&self.ended).clone().unwrap_or_default())
+    }
+
+    fn release(&self) {
+        if let Some(sb) = lock(&self.sandbox).take() {
+            sb.release();
+        }
+    }
+}
+
+impl Drop for ProcessInstance {
+    /// A handle dropped without `wait` or `release` ends its sandbox: an
+    /// error path never leaks one.
+    fn drop(&mut self) {
+        if lock(&self.sandbox).is_some() {
+            self.kill();
+            let _ = Instance::wait(self);
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A spawn error as the runtime sees it: the request's fault (a bad spec,
+/// template, a CPU limit this host cannot enforce) or a failure.
+fn from_jail(id: &SandboxId, e: JailError) -> TierError {
+    match e {
+        JailError::Spec(_) | JailError::Template(_) | JailError::NoCpuController => {
+            TierError::Invalid(chain(&e))
+        }
+        e => TierError::failed(id, "start the sandbox", e),
+    }
+}
+
+/// An error and its sources, as one line.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(cause) = src {
+        s.push_str(": ");
+        s.push_str(&cause.to_string());
+        src = cause.source();
+    }
+    s
+}
