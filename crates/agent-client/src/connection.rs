@@ -2,8 +2,9 @@
 //!
 //! - **Handshake** in [`Connection::new`]: send Hello, read the agent's,
 //!   negotiate. Nothing else is sent before the agent's Hello arrives.
-//! - **One reader thread** owns the read half. It decodes frames and routes
-//!   them: Credit to the stream's send window, Data/Close/Reset into the
+//! - **The reactor** (`reactor.rs`, one thread for every connection of the
+//!   process) reads the read half. It decodes frames and routes them:
+//!   Credit to the stream's send window, Data/Close/Reset into the
 //!   stream's buffer (`stream.rs`), Pong to [`Connection::ping`]. It never
 //!   waits for a consumer, so one stalled stream cannot stop the others.
 //!   When the socket ends or the agent breaks the framing, every stream is
@@ -20,7 +21,6 @@ use std::net::Shutdown;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use brig_protocol::message::{self, Call, ErrorBody, ExecRequest};
@@ -29,15 +29,13 @@ use brig_protocol::{negotiate, Body, Decoder, Frame, ResetCode, StreamClass, Str
 use crate::files::FileReader;
 use crate::port::PortStream;
 use crate::process::Process;
+use crate::reactor::Reactor;
 use crate::stream::{Dead, Handle, Stream};
 use crate::watch::Watcher;
 use crate::{call, ClientError, Reply};
 
 /// How long [`Connection::new`] waits for the agent's Hello.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// How much the reader asks the socket for at once.
-const READ_CHUNK: usize = 64 << 10;
 
 /// A connection to one `brig-agent`. `Sync`: share it (e.g. in an `Arc`)
 /// between threads; every method takes `&self`. Dropping it hangs up,
@@ -46,11 +44,10 @@ const READ_CHUNK: usize = 64 << 10;
 #[derive(Debug)]
 pub struct Connection {
     shared: Arc<Shared>,
-    reader: Option<JoinHandle<()>>,
     version: u16,
 }
 
-/// What the reader thread and every handle share.
+/// What the reactor and every handle share.
 #[derive(Debug)]
 pub(crate) struct Shared {
     writer: Mutex<Writer>,
@@ -143,7 +140,7 @@ impl Shared {
     }
 
     /// The connection is over: wake everyone with the reason.
-    fn die(&self, dead: Dead) {
+    pub(crate) fn die(&self, dead: Dead) {
         let streams: Vec<Arc<Stream>> = {
             let mut table = self.table();
             table.dead.get_or_insert(dead.clone());
@@ -159,13 +156,12 @@ impl Shared {
     }
 
     /// Route one frame from the agent. An error ends the connection.
-    fn dispatch(&self, frame: Frame) -> Result<(), Dead> {
+    /// Never blocks: it runs on the reactor, which serves every connection.
+    pub(crate) fn dispatch(self: &Arc<Self>, frame: Frame) -> Result<(), Dead> {
         let id = frame.stream.0;
         let reset = match frame.body {
             Body::Ping(nonce) => {
-                // Best effort: if the write fails, the read side will see
-                // the end of the connection too.
-                let _ = self.send(&Frame::pong(nonce));
+                self.send_aside(Frame::pong(nonce));
                 None
             }
             Body::Pong(nonce) => {
@@ -199,9 +195,22 @@ impl Shared {
             }
         };
         if let Some(code) = reset {
-            let _ = self.send(&Frame::reset(frame.stream, code));
+            self.send_aside(Frame::reset(frame.stream, code));
         }
         Ok(())
+    }
+
+    /// Write a frame the reactor owes the agent from a thread of its own:
+    /// the write may block on a full socket, the reactor must not. Rare
+    /// (the agent does not ping; it opens no streams). Best effort: if the
+    /// write fails, the reactor sees the end of the connection too.
+    fn send_aside(self: &Arc<Self>, frame: Frame) {
+        let shared = Arc::clone(self);
+        let _ = std::thread::Builder::new()
+            .name("brig-agent-reply".into())
+            .spawn(move || {
+                let _ = shared.send(&frame);
+            });
     }
 }
 
@@ -232,8 +241,8 @@ fn notice(header: &[u8]) -> String {
 }
 
 impl Connection {
-    /// Exchange Hellos with the agent on `sock` and start the reader
-    /// thread. Fails if the agent does not answer within
+    /// Exchange Hellos with the agent on `sock` and hand its read half to
+    /// the reactor. Fails if the agent does not answer within
     /// [`HANDSHAKE_TIMEOUT`], speaks no common version, or sends anything
     /// but a Hello first.
     pub fn new(sock: UnixStream) -> Result<Connection, ClientError> {
@@ -315,18 +324,12 @@ impl Connection {
             pongs_changed: Condvar::new(),
             next_nonce: AtomicU64::new(1),
         });
-        let reader = {
-            let shared = Arc::clone(&shared);
-            std::thread::Builder::new()
-                .name("brig-agent-reader".into())
-                .spawn(move || read_loop(&shared, read_half, decoder))
-                .map_err(ClientError::io("start the agent reader thread"))?
-        };
-        Ok(Connection {
-            shared,
-            reader: Some(reader),
-            version,
-        })
+        Reactor::get()
+            .and_then(|r| r.register(read_half, decoder, Arc::clone(&shared)))
+            .map_err(ClientError::io(
+                "register the agent socket with the reactor",
+            ))?;
+        Ok(Connection { shared, version })
     }
 
     /// The protocol version both sides agreed on.
@@ -455,38 +458,8 @@ impl Connection {
 
 impl Drop for Connection {
     fn drop(&mut self) {
-        // Hang up: the reader sees EOF, marks every stream closed and
-        // exits; the agent sees EOF and cleans up.
-        let _ = self.shared.hangup.shutdown(Shutdown::Both);
-        if let Some(reader) = self.reader.take() {
-            let _ = reader.join();
-        }
+        // Hang up: the agent sees EOF and cleans up; the reactor sees it
+        // too and forgets the socket. Every open handle learns now.
+        self.shared.die(Dead::Closed);
     }
-}
-
-/// The reader thread: decode, route, and on the way out tell everyone why.
-fn read_loop(shared: &Shared, mut sock: UnixStream, mut decoder: Decoder) {
-    let mut buf = vec![0u8; READ_CHUNK];
-    let dead = 'conn: loop {
-        loop {
-            match decoder.next_frame() {
-                Ok(Some(frame)) => {
-                    if let Err(dead) = shared.dispatch(frame) {
-                        break 'conn dead;
-                    }
-                }
-                Ok(None) => break,
-                Err(e) => break 'conn Dead::Protocol(format!("agent sent a bad frame: {e}")),
-            }
-        }
-        match sock.read(&mut buf) {
-            Ok(0) => break Dead::Closed,
-            Ok(n) => decoder.push(&buf[..n]),
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            // Any other read error (ECONNRESET, a shut-down socket) means
-            // the agent is gone as far as the streams are concerned.
-            Err(_) => break Dead::Closed,
-        }
-    };
-    shared.die(dead);
 }

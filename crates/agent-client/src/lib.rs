@@ -6,9 +6,10 @@
 //! the daemon wraps calls in `spawn_blocking` or gives each sandbox its own
 //! threads).
 //!
-//! - [`Connection`] (`connection.rs`): the handshake, the one reader thread
-//!   that owns the read half and routes frames to streams, the
-//!   mutex-guarded writer, stream ids. Start here.
+//! - [`Connection`] (`connection.rs`): the handshake, the mutex-guarded
+//!   writer, stream ids, and the routing of frames to streams. Start here.
+//! - `reactor.rs`: one thread that reads every connection of the process
+//!   (epoll), so a daemon's thread count does not grow with its sandboxes.
 //! - [`Process`] (`process.rs`): one `EXEC` or `ATTACH` stream: [`Stdin`],
 //!   [`Output`] items, signals, PTY resize, [`ExitStatus`].
 //! - [`FileReader`] and [`Connection::write_file`] (`files.rs`): streaming
@@ -18,12 +19,12 @@
 //! - [`PortStream`] (`port.rs`): a TCP connection to a port inside the
 //!   sandbox, as blocking `Read + Write` with half-close and abort.
 //! - `stream.rs`: one stream's receive buffer and send credit, shared
-//!   between the reader thread and the handle that consumes it.
+//!   between the reactor and the handle that consumes it.
 //! - [`ClientError`]: everything that can go wrong, below.
 //!
 //! ## Flow control: credit as the consumer takes data
 //!
-//! The reader thread never blocks on a consumer. Data it receives goes into
+//! The reactor never blocks on a consumer. Data it receives goes into
 //! the stream's buffer, which cannot exceed the stream's receive window
 //! (256 KiB) because the agent may only send what it has credit for. Credit
 //! goes back to the agent only when the consumer takes bytes out of the
@@ -44,6 +45,7 @@ pub mod files;
 mod inbound;
 pub mod port;
 pub mod process;
+mod reactor;
 mod stream;
 pub mod watch;
 

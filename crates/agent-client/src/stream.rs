@@ -1,4 +1,4 @@
-//! One stream's state, shared between the reader thread (which fills it)
+//! One stream's state, shared between the reactor (which fills it)
 //! and the handle that consumes it ([`Process`](crate::Process),
 //! [`FileReader`](crate::FileReader), a call).
 //!
@@ -91,7 +91,7 @@ impl Stream {
         self.changed.wait(guard).unwrap_or_else(|e| e.into_inner())
     }
 
-    // --- Called by the reader thread. None of these block on a consumer.
+    // --- Called by the reactor. None of these block on a consumer.
 
     /// A Data payload arrived. Returns the Reset to send if the agent broke
     /// a stream rule.

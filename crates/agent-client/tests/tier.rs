@@ -12,7 +12,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use brig_agent_client::{Call, Connection, ExecRequest, Output, Reply};
-use brig_core::{Launch, Limits, NetworkAttachment, SandboxId, Tier, TemplateRef};
+use brig_core::{Launch, Limits, NetworkAttachment, SandboxId, TemplateRef, Tier};
 use brig_jail::ProcessTier;
 use support::{agent_bin, within};
 
@@ -71,7 +71,10 @@ fn a_sandbox_outlives_its_launcher_and_is_adopted_again() {
 
         let conn = Connection::new(inst.connect_agent().unwrap()).expect("handshake");
         let ticker = conn
-            .exec(&sh("while :; do echo tick >> /tmp/ticks; sleep 0.02; done", true))
+            .exec(&sh(
+                "while :; do echo tick >> /tmp/ticks; sleep 0.02; done",
+                true,
+            ))
             .unwrap();
         let ticker_pid = ticker.pid().unwrap();
         drop(ticker);
@@ -87,7 +90,10 @@ fn a_sandbox_outlives_its_launcher_and_is_adopted_again() {
         inst.release();
         drop(inst);
         std::thread::sleep(Duration::from_millis(300));
-        assert!(Path::new(&format!("/proc/{pid}")).exists(), "the init lives on");
+        assert!(
+            Path::new(&format!("/proc/{pid}")).exists(),
+            "the init lives on"
+        );
 
         // A new daemon: a new tier, adopting by id.
         let tier = ProcessTier::new(agent_bin().to_path_buf()).expect("prepare again");
@@ -98,8 +104,14 @@ fn a_sandbox_outlives_its_launcher_and_is_adopted_again() {
             panic!("expected a process list");
         };
         let pids: Vec<i32> = list.iter().map(|p| p.pid).collect();
-        assert!(pids.contains(&ticker_pid), "background process kept: {pids:?}");
-        assert!(!pids.contains(&fg_pid), "foreground process ended: {pids:?}");
+        assert!(
+            pids.contains(&ticker_pid),
+            "background process kept: {pids:?}"
+        );
+        assert!(
+            !pids.contains(&fg_pid),
+            "foreground process ended: {pids:?}"
+        );
         // It kept writing while nobody was connected, and goes on.
         let before = lines(&conn);
         assert!(before >= 10, "ticks while detached: {before}");
@@ -132,7 +144,10 @@ fn a_sandbox_outlives_its_launcher_and_is_adopted_again() {
         assert!(!Path::new(&format!("/proc/{pid}")).exists(), "init gone");
         assert!(!tier.running().contains(&id), "runtime directory removed");
         for parent in tier.options().hierarchy.parents() {
-            assert!(!parent.join(id.as_str()).exists(), "cgroup left in {parent:?}");
+            assert!(
+                !parent.join(id.as_str()).exists(),
+                "cgroup left in {parent:?}"
+            );
         }
         assert!(tier.adopt(&id).unwrap().is_none(), "nothing to adopt");
     });
@@ -166,8 +181,9 @@ fn launch_refuses_a_taken_id_and_discard_is_idempotent() {
 
 /// Gone, or a zombie waiting for its parent.
 fn dead(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map_or(true, |s| s[s.rfind(')').unwrap() + 1..].trim_start().starts_with('Z'))
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| {
+        s[s.rfind(')').unwrap() + 1..].trim_start().starts_with('Z')
+    })
 }
 
 fn rand_bits() -> u64 {

@@ -14,8 +14,8 @@ use std::collections::{BTreeMap, VecDeque};
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::net::UnixListener;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::unix::net::UnixListener;
 
 use brig_protocol::message::{
     self, AttachRequest, Call, ConnectRequest, DataMsg, ErrorBody, ErrorCode, Event, ExecRequest,
@@ -238,7 +238,10 @@ impl Session {
         // Non-blocking is a property of the open file, shared by both halves.
         let halves = stream.set_nonblocking(true).and_then(|()| {
             let write = stream.try_clone()?;
-            Ok((File::from(OwnedFd::from(stream)), File::from(OwnedFd::from(write))))
+            Ok((
+                File::from(OwnedFd::from(stream)),
+                File::from(OwnedFd::from(write)),
+            ))
         });
         let Ok(halves) = halves else {
             return;

@@ -42,7 +42,14 @@ pub fn detach_inherited() -> io::Result<()> {
         check(unsafe { libc::dup2(null.as_raw_fd(), fd) })?;
     }
     // SAFETY: close_range with constant arguments; marks, closes nothing.
-    let r = unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) };
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            3u32,
+            u32::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        )
+    };
     if r < 0 {
         return Err(io::Error::last_os_error());
     }

@@ -18,8 +18,8 @@ pub mod tier;
 pub mod units;
 
 pub use spec::{EnvVar, Limits, SandboxId, SandboxSpec, SpecError, TemplateRef, UserSpec};
-pub use units::{parse_duration, parse_size, ByteSize, UnitError};
 pub use tier::{
     Ended, Instance, Isolation, Launch, NetworkAttachment, Tier, TierError, TierErrorKind,
     UnknownIsolation, Usage,
 };
+pub use units::{parse_duration, parse_size, ByteSize, UnitError};

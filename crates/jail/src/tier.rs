@@ -111,7 +111,8 @@ impl ProcessTier {
             id: Some(id.clone()),
             detach: true,
         };
-        let sandbox = Sandbox::spawn_with(&spec, &self.opts, extras).map_err(|e| from_jail(id, e))?;
+        let sandbox =
+            Sandbox::spawn_with(&spec, &self.opts, extras).map_err(|e| from_jail(id, e))?;
         let start = sandbox::start_time(sandbox.pid()).unwrap_or(0);
         fs::write(dir.join(INIT_FILE), format!("{} {start}\n", sandbox.pid()))
             .map_err(io("record its init"))?;
@@ -174,7 +175,8 @@ impl Tier for ProcessTier {
             // Killing its init ends the whole pid namespace; destroy waits
             // for the groups to empty.
             cg.kill_all();
-            cg.destroy().map_err(|e| TierError::failed(id, "remove its cgroups", e))?;
+            cg.destroy()
+                .map_err(|e| TierError::failed(id, "remove its cgroups", e))?;
         }
         let _ = fs::remove_dir_all(self.dir(id));
         // Removes the liveness file once nothing holds it.
@@ -226,11 +228,13 @@ impl ProcessInstance {
     }
 
     fn controls(&self) -> Result<&CgroupControls, TierError> {
-        self.controls.as_ref().ok_or_else(|| TierError::Unsupported {
-            tier: Isolation::Process,
-            op: "control the sandbox",
-            reason: "it has no cgroups".into(),
-        })
+        self.controls
+            .as_ref()
+            .ok_or_else(|| TierError::Unsupported {
+                tier: Isolation::Process,
+                op: "control the sandbox",
+                reason: "it has no cgroups".into(),
+            })
     }
 
     /// A group this host does not have (v1 without a freezer) makes the
