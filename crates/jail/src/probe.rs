@@ -199,8 +199,141 @@ pub fn probe() -> HostReport {
         "apt-get install crun",
     ));
 
+    features.extend(density_features(&DensityFacts::read()));
+
     let tiers = tiers(&features, &kvm);
     HostReport { features, tiers }
+}
+
+// Density: the host limits that cap how many sandboxes run at once.
+
+/// How many live sandboxes brig aims to hold on one host; the density
+/// checks judge the host's limits against it.
+pub const DENSITY_TARGET: u64 = 10_000;
+
+/// The host limits that cap density, as read.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DensityFacts {
+    /// `kernel.pid_max`: every process of every sandbox is a host pid (an
+    /// idle sandbox: one, its agent).
+    pub pid_max: Option<u64>,
+    /// `kernel.threads-max`.
+    pub threads_max: Option<u64>,
+    /// The smallest of `user.max_{user,pid,net,mnt,ipc,uts,cgroup}_namespaces`:
+    /// each sandbox takes one of each.
+    pub namespaces_max: Option<(String, u64)>,
+    /// `fs.nr_open`: how far root can raise the daemon's open-file limit
+    /// (about five descriptors per sandbox).
+    pub nr_open: Option<u64>,
+    /// cgroup v1 hierarchies mounted without `favordynmods`: moving a new
+    /// sandbox's init into its cgroup then waits for an RCU grace period.
+    pub v1_without_favordynmods: bool,
+}
+
+impl DensityFacts {
+    pub fn read() -> DensityFacts {
+        let sysctl = |name: &str| read_number(&format!("/proc/sys/{}", name.replace('.', "/")));
+        let namespaces_max = ["user", "pid", "net", "mnt", "ipc", "uts", "cgroup"]
+            .iter()
+            .filter_map(|k| {
+                let name = format!("user.max_{k}_namespaces");
+                sysctl(&name).map(|v| (name, v))
+            })
+            .min_by_key(|(_, v)| *v);
+        let mountinfo = read_string("/proc/self/mountinfo").unwrap_or_default();
+        DensityFacts {
+            pid_max: sysctl("kernel.pid_max"),
+            threads_max: sysctl("kernel.threads-max"),
+            namespaces_max,
+            nr_open: sysctl("fs.nr_open"),
+            v1_without_favordynmods: v1_without_favordynmods(&mountinfo),
+        }
+    }
+}
+
+/// Whether any cgroup v1 controller mount lacks `favordynmods`.
+fn v1_without_favordynmods(mountinfo: &str) -> bool {
+    mountinfo.lines().any(|line| {
+        let Some((_, after)) = line.split_once(" - ") else {
+            return false;
+        };
+        let mut f = after.split_whitespace();
+        f.next() == Some("cgroup")
+            && f.nth(1).is_some_and(|opts| {
+                opts.split(',')
+                    .any(|o| ["memory", "pids", "cpu", "freezer"].contains(&o))
+                    && !opts.split(',').any(|o| o == "favordynmods")
+            })
+    })
+}
+
+/// The density checks: none is required, each names the setting that
+/// lifts its limit.
+pub fn density_features(facts: &DensityFacts) -> Vec<Feature> {
+    let target = DENSITY_TARGET;
+    let mut out = Vec::new();
+    let mut limit = |name: &'static str, value: Option<u64>, need: u64, what: &str, fix: String| {
+        out.push(match value {
+            Some(v) if v >= need => Feature::ok(name, false, format!("{v} ({what})")),
+            Some(v) => Feature::degraded(
+                name,
+                false,
+                format!("{v}: fewer than the {need} that {target} live sandboxes need ({what})"),
+                fix,
+            ),
+            None => Feature::degraded(name, false, "cannot read it", fix),
+        });
+    };
+    limit(
+        "pid_max",
+        facts.pid_max,
+        4 * target,
+        "each process in a sandbox is a host pid; an idle sandbox costs one",
+        "sysctl -w kernel.pid_max=4194304 (persist it in /etc/sysctl.d/)".into(),
+    );
+    limit(
+        "threads_max",
+        facts.threads_max,
+        4 * target,
+        "threads on the host, sandboxes' included",
+        "sysctl -w kernel.threads-max=1000000".into(),
+    );
+    let (ns_name, ns_value) = match &facts.namespaces_max {
+        Some((n, v)) => (n.clone(), Some(*v)),
+        None => ("user.max_user_namespaces".to_owned(), None),
+    };
+    limit(
+        "namespaces_max",
+        ns_value,
+        target,
+        &format!("{ns_name}; each sandbox takes one namespace of each kind"),
+        format!("sysctl -w {ns_name}=100000"),
+    );
+    limit(
+        "nr_open",
+        facts.nr_open,
+        8 * target,
+        "the daemon holds about five descriptors per sandbox and raises its limit up to this",
+        "sysctl -w fs.nr_open=1048576".into(),
+    );
+    out.push(if facts.v1_without_favordynmods {
+        Feature::degraded(
+            "cgroup_favordynmods",
+            false,
+            "cgroup v1 controllers are mounted without favordynmods: creating a sandbox waits \
+             3-15 ms for an RCU grace period when its first process joins its cgroup",
+            "remount each v1 controller with favordynmods (kernel >= 6.0), e.g. mount -o \
+             remount,favordynmods /sys/fs/cgroup/memory; or boot with cgroup v2 \
+             (systemd.unified_cgroup_hierarchy=1)",
+        )
+    } else {
+        Feature::ok(
+            "cgroup_favordynmods",
+            false,
+            "no cgroup v1 controller mount makes cgroup attaches wait",
+        )
+    });
+    out
 }
 
 /// Check only what the process tier needs, and return the first required
@@ -1986,6 +2119,45 @@ fn tiers(features: &[Feature], kvm: &Kvm) -> Tiers {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn density_limits_are_judged_against_the_target() {
+        let low = DensityFacts {
+            pid_max: Some(32768),
+            threads_max: Some(192731),
+            namespaces_max: Some(("user.max_net_namespaces".into(), 96365)),
+            nr_open: Some(1048576),
+            v1_without_favordynmods: true,
+        };
+        let f = density_features(&low);
+        let get = |n: &str| f.iter().find(|x| x.name == n).unwrap();
+        assert_eq!(get("pid_max").status, Status::Degraded);
+        assert!(get("pid_max")
+            .fix
+            .as_ref()
+            .unwrap()
+            .contains("kernel.pid_max"));
+        assert_eq!(get("threads_max").status, Status::Ok);
+        assert_eq!(get("namespaces_max").status, Status::Ok);
+        assert_eq!(get("nr_open").status, Status::Ok);
+        assert_eq!(get("cgroup_favordynmods").status, Status::Degraded);
+        assert!(f.iter().all(|x| !x.required), "density never blocks a tier");
+        let unknown = density_features(&DensityFacts::default());
+        assert!(unknown
+            .iter()
+            .filter(|x| x.name != "cgroup_favordynmods")
+            .all(|x| x.status == Status::Degraded));
+    }
+
+    #[test]
+    fn favordynmods_is_read_from_v1_controller_mounts() {
+        let without = "32 31 0:29 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n";
+        let with = "32 31 0:29 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory,favordynmods\n";
+        let v2 = "30 1 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw,nsdelegate\n";
+        assert!(v1_without_favordynmods(without));
+        assert!(!v1_without_favordynmods(with));
+        assert!(!v1_without_favordynmods(v2));
+    }
 
     const V1_MOUNTINFO: &str = "\
 22 1 8:1 / / rw,relatime - ext4 /dev/sda1 rw

@@ -221,6 +221,8 @@ pub struct Sandbox {
     /// Found with [`Sandbox::adopt`]: not our child, so its end is read
     /// from the pidfd (no exit status) and its locks are its own.
     adopted: bool,
+    /// [`Sandbox::release`]d: dropping it ends nothing.
+    released: bool,
     run_dir: PathBuf,
     /// The channel to the init, which reports the command's status on it
     /// before its own (slower) exit.
@@ -403,6 +405,7 @@ impl Sandbox {
             reaped: false,
             killed: Arc::new(AtomicBool::new(false)),
             adopted: false,
+            released: false,
             run_dir: opts.run_dir.clone(),
             status: None,
             command_exit: None,
@@ -485,6 +488,15 @@ impl Sandbox {
         if let Some(failure) = failure {
             return Err(failure_to_error(failure, &plan));
         }
+        if extras.detach {
+            // The sandbox holds its own locks now, and its init (the
+            // command itself) reports no status: two descriptors fewer per
+            // sandbox for a host that keeps thousands.
+            if let Some(slot) = sandbox.slot.take() {
+                slot.hand_over();
+            }
+            sandbox.status = None;
+        }
         Ok(sandbox)
     }
 
@@ -495,6 +507,11 @@ impl Sandbox {
     /// The init's pid (in the host's pid namespace).
     pub fn pid(&self) -> libc::pid_t {
         self.pid
+    }
+
+    /// The pidfd, shared (see [`Sandbox::pidfd`]).
+    pub fn shared_pidfd(&self) -> Arc<OwnedFd> {
+        Arc::clone(&self.pidfd)
     }
 
     /// Readable once the sandbox has ended.
@@ -601,6 +618,7 @@ impl Sandbox {
             reaped: false,
             killed: Arc::new(AtomicBool::new(false)),
             adopted: true,
+            released: false,
             run_dir: opts.run_dir.clone(),
             status: None,
             command_exit: None,
@@ -617,12 +635,15 @@ impl Sandbox {
     /// [`Extras::detach`] (or adopted); any other dies with its spawning
     /// thread anyway.
     pub fn release(mut self) {
-        self.reaped = true;
         if let Some(cg) = self.cgroup.take() {
             cg.forget();
         }
-        // The sandbox holds its own copies of the locks; ours go.
-        drop(self.slot.take());
+        // The sandbox holds its own copies of the locks; ours go, and its
+        // liveness file stays (Drop would remove it).
+        if let Some(slot) = self.slot.take() {
+            slot.hand_over();
+        }
+        self.released = true;
     }
 
     /// Readable once the command has exited (its status has arrived) or
@@ -762,7 +783,9 @@ impl Sandbox {
         };
         if let Some(slot) = self.slot.take() {
             slot.release();
-        } else if self.adopted {
+        } else {
+            // A sandbox that held its own locks: they went with it; its
+            // liveness file is left to remove.
             slot::forget(&self.run_dir, &self.id);
         }
         result
@@ -837,6 +860,9 @@ fn await_readable(fd: RawFd, timeout_ms: libc::c_int) -> bool {
 
 impl Drop for Sandbox {
     fn drop(&mut self) {
+        if self.released {
+            return;
+        }
         if !self.reaped {
             self.kill();
             let _ = self.reap();
@@ -857,6 +883,22 @@ pub fn raise_fd_limit() -> std::io::Result<u64> {
     // SAFETY: getrlimit with a valid pointer to a local.
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
         return Err(std::io::Error::last_os_error());
+    }
+    // Root may raise the hard limit too, up to fs.nr_open: a daemon with
+    // ten thousand sandboxes holds some fifty thousand descriptors.
+    let nr_open = fs::read_to_string("/proc/sys/fs/nr_open")
+        .ok()
+        .and_then(|s| s.trim().parse::<libc::rlim_t>().ok());
+    if let Some(max) = nr_open.filter(|m| *m > lim.rlim_max) {
+        let raised = libc::rlimit {
+            rlim_cur: max,
+            rlim_max: max,
+        };
+        // SAFETY: setrlimit with a valid pointer to a local; EPERM without
+        // CAP_SYS_RESOURCE leaves the limit as it was.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            return Ok(max);
+        }
     }
     if lim.rlim_cur < lim.rlim_max {
         lim.rlim_cur = lim.rlim_max;

@@ -63,6 +63,10 @@ impl Slot {
         [self._file.as_fd(), self._live_file.as_fd()]
     }
 
+    /// Close our copies of the locks but keep the liveness file: the
+    /// sandbox was handed copies ([`Slot::lock_fds`]) and holds them now.
+    pub fn hand_over(self) {}
+
     /// Release both locks and remove the liveness file.
     pub fn release(self) {
         let _ = fs::remove_file(&self.live);

@@ -200,8 +200,9 @@ impl Tier for ProcessTier {
 struct ProcessInstance {
     id: SandboxId,
     pid: libc::pid_t,
-    /// A copy of the init's pidfd, readable when it has ended.
-    pidfd: OwnedFd,
+    /// The init's pidfd (shared with the sandbox), readable when it has
+    /// ended.
+    pidfd: std::sync::Arc<OwnedFd>,
     killer: Killer,
     controls: Option<CgroupControls>,
     dir: PathBuf,
@@ -215,10 +216,7 @@ impl ProcessInstance {
         ProcessInstance {
             id: sandbox.id().clone(),
             pid: sandbox.pid(),
-            pidfd: sandbox
-                .pidfd()
-                .try_clone_to_owned()
-                .expect("duplicate a pidfd (out of descriptors)"),
+            pidfd: sandbox.shared_pidfd(),
             killer: sandbox.killer(),
             controls: sandbox.controls(),
             dir,
