@@ -42,6 +42,12 @@ const FEATURES: &[&str] = &[
     "mmdebstrap",
     "bubblewrap",
     "crun",
+    // The host limits that cap how many sandboxes run at once.
+    "pid_max",
+    "threads_max",
+    "namespaces_max",
+    "nr_open",
+    "cgroup_favordynmods",
 ];
 
 fn doctor(args: &[&str], path: Option<&str>) -> Output {
