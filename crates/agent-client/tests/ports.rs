@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use brig_agent_client::{ClientError, Connection, ErrorCode};
+use brig_test_support::root_or_skip;
 use support::{agent_bin, exec, pattern, within, Agent};
 
 /// A listener on a free port and a thread echoing every connection
@@ -313,18 +314,6 @@ fn socket2_free_linger_zero(s: TcpStream) -> TcpStream {
     };
     assert_eq!(rc, 0);
     s
-}
-
-fn root_or_skip() -> bool {
-    // SAFETY: geteuid cannot fail and touches no memory.
-    let root = unsafe { libc::geteuid() } == 0;
-    if !root {
-        if std::env::var("BRIG_TEST_STRICT").is_ok_and(|v| v == "1") {
-            panic!("BRIG_TEST_STRICT=1 and this test needs root");
-        }
-        eprintln!("skipping: sandboxes need root");
-    }
-    root
 }
 
 /// The agent as a sandbox's pid 1: a python3 echo server started there is

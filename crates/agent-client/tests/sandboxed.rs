@@ -13,19 +13,8 @@ use std::os::unix::net::UnixStream;
 use brig_agent_client::{Call, Connection, Reply};
 use brig_core::{SandboxSpec, TemplateRef};
 use brig_jail::{Extras, Sandbox, SpawnOptions};
+use brig_test_support::root_or_skip;
 use support::{agent_bin, exec, pattern, within};
-
-fn root_or_skip() -> bool {
-    // SAFETY: geteuid cannot fail and touches no memory.
-    let root = unsafe { libc::geteuid() } == 0;
-    if !root {
-        if std::env::var("BRIG_TEST_STRICT").is_ok_and(|v| v == "1") {
-            panic!("BRIG_TEST_STRICT=1 and this test needs root");
-        }
-        eprintln!("skipping: sandboxes need root");
-    }
-    root
-}
 
 #[test]
 fn the_client_drives_an_agent_inside_a_sandbox() {
