@@ -10,8 +10,6 @@ mod support;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::os::fd::OwnedFd;
-use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -325,19 +323,8 @@ fn a_port_inside_a_sandbox_is_reached_through_the_agent() {
         return;
     }
     within(60, || {
-        use brig_core::{SandboxSpec, TemplateRef};
-        use brig_jail::{Extras, Sandbox, SpawnOptions};
-        let (ours, theirs) = UnixStream::pair().expect("socketpair");
-        let program = std::fs::File::open(agent_bin()).expect("open the agent binary");
-        let mut spec = SandboxSpec::new(vec!["brig-agent".into(), "--stdio".into()]);
-        spec.template = TemplateRef::Host;
-        let extras = Extras {
-            program: Some(OwnedFd::from(program)),
-            stdio: Some(OwnedFd::from(theirs)),
-            as_init: true,
-        };
-        let opts = SpawnOptions::prepare().expect("prepare");
-        let sandbox = Sandbox::spawn_with(&spec, &opts, extras).expect("spawn");
+        let (sandbox, ours) =
+            brig_test_support::agent_in_sandbox(agent_bin(), brig_core::TemplateRef::Host, true);
         let conn = Connection::new(ours).expect("handshake");
 
         let host_port = echo_server();

@@ -7,13 +7,10 @@
 mod support;
 
 use std::io::Read;
-use std::os::fd::OwnedFd;
-use std::os::unix::net::UnixStream;
 
 use brig_agent_client::{Call, Connection, Reply};
-use brig_core::{SandboxSpec, TemplateRef};
-use brig_jail::{Extras, Sandbox, SpawnOptions};
-use brig_test_support::root_or_skip;
+use brig_core::TemplateRef;
+use brig_test_support::{agent_in_sandbox, root_or_skip};
 use support::{agent_bin, exec, pattern, within};
 
 #[test]
@@ -22,19 +19,8 @@ fn the_client_drives_an_agent_inside_a_sandbox() {
         return;
     }
     within(60, || {
-        let (ours, theirs) = UnixStream::pair().expect("socketpair");
-        let program = std::fs::File::open(agent_bin()).expect("open the agent binary");
-        let mut spec = SandboxSpec::new(vec!["brig-agent".into(), "--stdio".into()]);
-        spec.template = TemplateRef::Host;
-        let extras = Extras {
-            program: Some(OwnedFd::from(program)),
-            stdio: Some(OwnedFd::from(theirs)),
-            // As the daemon runs it: the agent is the sandbox's pid 1.
-            as_init: true,
-        };
-        let opts = SpawnOptions::prepare().expect("prepare");
-        let sandbox =
-            Sandbox::spawn_with(&spec, &opts, extras).expect("spawn the agent in a sandbox");
+        // As the daemon runs it: the agent is the sandbox's pid 1.
+        let (sandbox, ours) = agent_in_sandbox(agent_bin(), TemplateRef::Host, true);
         let id = sandbox.id().to_string();
         let conn = Connection::new(ours).expect("handshake with the agent in the sandbox");
 

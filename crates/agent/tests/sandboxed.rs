@@ -6,11 +6,8 @@
 
 mod support;
 
-use std::os::fd::OwnedFd;
-use std::os::unix::net::UnixStream;
-
-use brig_core::{SandboxSpec, TemplateRef};
-use brig_jail::{Extras, Sandbox, SpawnOptions};
+use brig_core::TemplateRef;
+use brig_jail::Sandbox;
 use brig_protocol::message::Call;
 use brig_protocol::StreamClass;
 use brig_test_support::root_or_skip;
@@ -19,19 +16,9 @@ use support::{exec, Agent};
 /// Start brig-agent as the command of a sandbox on `template` and connect;
 /// `as_init`: as the sandbox's pid 1, as `brig serve` runs it.
 fn agent_in_sandbox(template: TemplateRef, as_init: bool) -> (Sandbox, Agent) {
-    let (ours, theirs) = UnixStream::pair().expect("socketpair");
-    let program =
-        std::fs::File::open(env!("CARGO_BIN_EXE_brig-agent")).expect("open the agent binary");
-    let mut spec = SandboxSpec::new(vec!["brig-agent".into(), "--stdio".into()]);
-    spec.template = template;
-    let extras = Extras {
-        program: Some(OwnedFd::from(program)),
-        stdio: Some(OwnedFd::from(theirs)),
-        as_init,
-    };
-    let opts = SpawnOptions::prepare().expect("prepare");
-    let sandbox = Sandbox::spawn_with(&spec, &opts, extras).expect("spawn the agent in a sandbox");
-    (sandbox, Agent::connect(ours))
+    let agent = std::path::Path::new(env!("CARGO_BIN_EXE_brig-agent"));
+    let (sandbox, sock) = brig_test_support::agent_in_sandbox(agent, template, as_init);
+    (sandbox, Agent::connect(sock))
 }
 
 fn templates() -> Vec<TemplateRef> {

@@ -653,7 +653,7 @@ async fn select(
     blocking(move || {
         let mut rows: Vec<(Arc<E2bSandbox>, SandboxRecord)> = Vec::new();
         for sb in mine {
-            // Ended meanwhile: skipped, the sweep drops it.
+            // Ended meanwhile: skipped; its end event drops it.
             let Ok(record) = manager.get(&tenant, &sb.id) else {
                 continue;
             };

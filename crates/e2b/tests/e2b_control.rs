@@ -385,7 +385,7 @@ fn kill_is_204_then_404_and_ended_sandboxes_leave_the_registry() {
     assert_error(&p.k("DELETE", &format!("/sandboxes/{id}"), None), 404);
     assert_error(&p.k("GET", &format!("/sandboxes/{id}"), None), 404);
 
-    // Expiry: the sweep drops it without any call.
+    // Expiry: the runtime's end event drops it without any call.
     let id = p.create(json!({"timeout": 1}));
     assert!(p.state.sandboxes.get(&id).is_some());
     let deadline = std::time::Instant::now() + Duration::from_secs(10);

@@ -1,4 +1,4 @@
-//! brig-server's store through its public API, against real database files.
+//! brig-runtime's store through its public API, against real database files.
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;

@@ -14,6 +14,8 @@
 //!   socket, as `brig serve` would serve it.
 //! - With the `runtime` feature, [`ManagerFixture`]: a sandbox manager on a
 //!   fresh home, with API keys of two tenants.
+//! - With the `jail` feature, [`agent_in_sandbox`]: `brig-agent --stdio` as
+//!   the command of a real sandbox, and the host's end of its socket.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -127,6 +129,33 @@ pub async fn serve(router: axum::Router) -> std::net::SocketAddr {
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
     addr
+}
+
+/// Start `agent` (a `brig-agent` binary, passed to the sandbox as an open
+/// file: it need not be in the template) as `brig-agent --stdio` in a new
+/// sandbox on `template`; `as_init`: as the sandbox's pid 1, as `brig
+/// serve` runs it. Returns the sandbox and the host's end of the agent's
+/// socket, for the caller's client to handshake on.
+#[cfg(feature = "jail")]
+pub fn agent_in_sandbox(
+    agent: &Path,
+    template: brig_core::TemplateRef,
+    as_init: bool,
+) -> (brig_jail::Sandbox, std::os::unix::net::UnixStream) {
+    use std::os::fd::OwnedFd;
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair().expect("socketpair");
+    let program = std::fs::File::open(agent).expect("open the agent binary");
+    let mut spec = brig_core::SandboxSpec::new(vec!["brig-agent".into(), "--stdio".into()]);
+    spec.template = template;
+    let extras = brig_jail::Extras {
+        program: Some(OwnedFd::from(program)),
+        stdio: Some(OwnedFd::from(theirs)),
+        as_init,
+    };
+    let opts = brig_jail::SpawnOptions::prepare().expect("prepare");
+    let sandbox =
+        brig_jail::Sandbox::spawn_with(&spec, &opts, extras).expect("spawn the agent in a sandbox");
+    (sandbox, ours)
 }
 
 #[cfg(feature = "runtime")]
