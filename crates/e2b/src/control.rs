@@ -12,7 +12,7 @@
 //! not found. Only sandboxes created through this plane exist here (they
 //! are in the [`Registry`](super::Registry)); an entry whose sandbox has
 //! ended (kill, expiry, death) is dropped when the runtime says it ended
-//! ([`on_end`](super::on_end), followed by a task the router starts when
+//! ([`on_end`], followed by a task the router starts when
 //! it is built inside a tokio runtime), and at once by any call that finds
 //! it ended.
 

@@ -19,9 +19,10 @@
 //!   is how the code interpreter (49999, a server brig starts in
 //!   `code-interpreter-v1` sandboxes, `control/interpreter.rs`) is reached.
 //!
-//! What E2B keeps per sandbox beyond brig's own record (its envd access
-//! token, default user, sandbox-wide env vars, metadata) lives in the
-//! [`Registry`]: in memory, because sandboxes do not outlive the daemon.
+//! Both routers are built from one [`E2bState`]: the runtime's manager and
+//! the [`Registry`] of [`E2bSandbox`]es. What E2B keeps per sandbox beyond
+//! brig's own record (its envd access token, default user, sandbox-wide
+//! env vars, metadata) lives there: in memory, because sandboxes do not outlive the daemon.
 //! It learns that a sandbox ended from the runtime's events ([`on_end`]),
 //! and so does envd's per-sandbox state.
 //!
