@@ -2,7 +2,8 @@
 //! on the sandbox's cgroups ([`brig_jail::CgroupControls`]).
 //!
 //! **Pause** freezes every process of the sandbox (the agent with them, so
-//! calls that need it answer 409 until it is resumed) and suspends its
+//! calls that need it fail with [`ManagerError::Paused`] until it is
+//! resumed) and suspends its
 //! time to live: the time it had left is kept here, and its record's
 //! `expires_at` becomes now + [`ManagerConfig::max_timeout`], so a paused
 //! sandbox that is never resumed is still ended by the sweeper eventually.
@@ -81,7 +82,8 @@ pub struct Resumed {
     pub rebooted: bool,
 }
 
-/// One sample of a sandbox's resource use (`GET /v1/sandboxes/{id}/metrics`).
+/// One sample of a sandbox's resource use (the native API serves it at
+/// `GET /v1/sandboxes/{id}/metrics`, E2B's at `GET /sandboxes/{id}/metrics`).
 #[derive(Debug, Clone, Serialize)]
 pub struct SandboxMetrics {
     /// CPU time used by all its processes since it started.

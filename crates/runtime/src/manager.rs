@@ -966,9 +966,9 @@ impl SandboxManager {
         lock(&self.live).get(id).cloned()
     }
 
-    /// The agent connection of a running sandbox of `tenant`'s. The HTTP
-    /// layer holds it weakly to tell when state it keeps per sandbox (a
-    /// parked process attachment) has outlived the sandbox.
+    /// The agent connection of a running sandbox of `tenant`'s. A front-end
+    /// may hold it weakly to tell when state it keeps per sandbox (the
+    /// native API's parked process attachments) has outlived the sandbox.
     pub fn connection(
         &self,
         tenant: &TenantId,
