@@ -39,10 +39,10 @@ cd "$work"
 #  - /v1/sandboxes/{id}/ports/{port}/... is a proxy to whatever listens in
 #    the sandbox: its 502 when nothing does is the right answer, not a
 #    server error, and its bodies are the sandbox server's.
-#    crates/server/tests/ports.rs covers it.
+#    crates/api/tests/ports.rs covers it.
 #  - GET /v1/sandboxes/{id}/pty is a WebSocket handshake, which schemathesis
 #    cannot speak (it answers 426 to plain HTTP, as it must);
-#    crates/server/tests/pty.rs covers it.
+#    crates/api/tests/pty.rs covers it.
 #  - GET /v1/sandboxes/{id}/files/watch is a stream that ends only when the
 #    client leaves; schemathesis reads a whole body and would time out.
 # An id no sandbox has, so the settings file reads without one.

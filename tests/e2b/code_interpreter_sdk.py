@@ -22,7 +22,7 @@ client (2.11.5), unmodified: the whole `run_code` surface.
   interrupted, the context and its state still work;
 - the AsyncSandbox client for a few calls.
 
-Run by crates/server/tests/e2b_control.rs with E2B_API_KEY, E2B_API_URL
+Run by crates/e2b/tests/e2b_control.rs with E2B_API_KEY, E2B_API_URL
 and E2B_SANDBOX_URL set. Prints one line per check, then
 `N passed, 0 failed`; the first failed check raises.
 """

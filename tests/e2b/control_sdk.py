@@ -1,6 +1,6 @@
 """The E2B control plane driven by the official Python SDK, unmodified.
 
-Run by crates/server/tests/e2b_control.rs with E2B_API_KEY (a brig key),
+Run by crates/e2b/tests/e2b_control.rs with E2B_API_KEY (a brig key),
 E2B_API_URL and E2B_SANDBOX_URL set, E2B_TEMPLATE (a brig template the
 test daemon accepts) and E2B_DEFAULT_USER (the user it should run
 commands as). Exercises the control plane: create, list (metadata and

@@ -1,6 +1,6 @@
 """File metadata, owners and watch entries through the official E2B Python SDK
 (driven by `official_python_sdk_metadata_and_owner` in
-crates/server/tests/e2b_envd.rs).
+crates/e2b/tests/e2b_envd.rs).
 
     python envd_metadata_sdk.py SANDBOX_ID
 

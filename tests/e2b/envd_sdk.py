@@ -1,4 +1,4 @@
-"""The official E2B Python SDK against brig's envd (driven by crates/server/tests/e2b_envd.rs).
+"""The official E2B Python SDK against brig's envd (driven by crates/e2b/tests/e2b_envd.rs).
 
     python envd_sdk.py SANDBOX_ID
 

@@ -1,7 +1,7 @@
 // The official JS code-interpreter client (npm `@e2b/code-interpreter`, from
 // tests/support/install-node-deps.sh's node_modules) against `brig serve --e2b`
 // on the `code-interpreter-v1` template: runCode and contexts. Run by
-// crates/server/tests/e2b_js.rs with E2B_API_KEY, E2B_API_URL and
+// crates/e2b/tests/e2b_js.rs with E2B_API_KEY, E2B_API_URL and
 // E2B_SANDBOX_URL pointing at brig.
 //
 // Prints "ok NAME" or "FAIL NAME ..." per check, then "N passed, M failed";

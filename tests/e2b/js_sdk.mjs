@@ -1,6 +1,6 @@
 // The official JS client (npm `e2b`, from tests/support/install-node-deps.sh's
 // node_modules) against `brig serve --e2b`: the lifecycle, commands, PTY and
-// files. Run by crates/server/tests/e2b_js.rs with E2B_API_KEY, E2B_API_URL and
+// files. Run by crates/e2b/tests/e2b_js.rs with E2B_API_KEY, E2B_API_URL and
 // E2B_SANDBOX_URL pointing at brig and E2B_TEMPLATE naming a template whose
 // default user is `user` with passwordless sudo (`base`).
 //

@@ -1,7 +1,7 @@
 """Pause, resume and the lifecycle options through the official Python
 client (e2b 2.63.0): pause on timeout and auto-resume on traffic, a
 filesystem-only pause, a resume that reboots. Run by
-crates/server/tests/e2b_control.rs (`python_sdk_lifecycle`) with
+crates/e2b/tests/e2b_control.rs (`python_sdk_lifecycle`) with
 E2B_API_KEY, E2B_API_URL, E2B_SANDBOX_URL and E2B_TEMPLATE set, against a
 daemon whose sweeper runs every 100 ms. Prints `N passed, 0 failed`.
 """

@@ -2,7 +2,7 @@
 //
 // `check` prints "ok NAME" or "FAIL NAME ..." and goes on; a `section` that
 // throws counts as one failure and the next section runs; `finish` prints
-// "N passed, M failed" (the line crates/server/tests/e2b_js.rs looks for,
+// "N passed, M failed" (the line crates/e2b/tests/e2b_js.rs looks for,
 // with the exact count it expects) and exits non-zero if anything failed.
 // The runner copies this file next to the script it runs.
 let passed = 0

@@ -19,8 +19,8 @@ packages=(
     iproute2        # `ip` to inspect network namespaces in tests
     ca-certificates # mmdebstrap over https mirrors
     python3-venv    # the venv schemathesis runs in (tests/support/install-python-deps.sh)
-    # The code interpreter (crates/server/resources/code-interpreter), tested on
-    # the host by crates/server/tests/code_interpreter.rs: its kernels and what
+    # The code interpreter (crates/e2b/resources/code-interpreter), tested on
+    # the host by crates/e2b/tests/code_interpreter.rs: its kernels and what
     # they need (bash_kernel itself comes from PyPI, into the test cache).
     python3-ipykernel python3-jupyter-client python3-numpy python3-pandas
     python3-matplotlib python3-pexpect python3-filetype

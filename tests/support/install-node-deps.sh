@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install the npm packages the tests use, in an isolated node_modules, and
 # nothing else: the official E2B JS clients, `e2b` and
-# `@e2b/code-interpreter`, which crates/server/tests/e2b_js.rs drives
+# `@e2b/code-interpreter`, which crates/e2b/tests/e2b_js.rs drives
 # against `brig serve --e2b` (tests/e2b/js_sdk.mjs,
 # tests/e2b/js_code_interpreter.mjs).
 #

@@ -64,7 +64,7 @@ install_schemathesis() {
 }
 
 # The official E2B clients, for the E2B compatibility tests
-# (crates/server/tests/e2b_control.rs, tests/e2b/): one venv per client
+# (crates/e2b/tests/e2b_control.rs, tests/e2b/): one venv per client
 # generation, each exactly the pinned packages.
 #   install_venv DIR PACKAGE==VERSION...
 install_venv() {

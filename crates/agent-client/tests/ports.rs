@@ -10,12 +10,11 @@ mod support;
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::os::fd::OwnedFd;
-use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use brig_agent_client::{ClientError, Connection, ErrorCode};
+use brig_test_support::root_or_skip;
 use support::{agent_bin, exec, pattern, within, Agent};
 
 /// A listener on a free port and a thread echoing every connection
@@ -315,18 +314,6 @@ fn socket2_free_linger_zero(s: TcpStream) -> TcpStream {
     s
 }
 
-fn root_or_skip() -> bool {
-    // SAFETY: geteuid cannot fail and touches no memory.
-    let root = unsafe { libc::geteuid() } == 0;
-    if !root {
-        if std::env::var("BRIG_TEST_STRICT").is_ok_and(|v| v == "1") {
-            panic!("BRIG_TEST_STRICT=1 and this test needs root");
-        }
-        eprintln!("skipping: sandboxes need root");
-    }
-    root
-}
-
 /// The agent as a sandbox's pid 1: a python3 echo server started there is
 /// reached on the sandbox's loopback, and a server on the host's loopback
 /// is not (the sandbox has its own network namespace).
@@ -336,20 +323,8 @@ fn a_port_inside_a_sandbox_is_reached_through_the_agent() {
         return;
     }
     within(60, || {
-        use brig_core::{SandboxSpec, TemplateRef};
-        use brig_jail::{Extras, Sandbox, SpawnOptions};
-        let (ours, theirs) = UnixStream::pair().expect("socketpair");
-        let program = std::fs::File::open(agent_bin()).expect("open the agent binary");
-        let mut spec = SandboxSpec::new(vec!["brig-agent".into(), "--stdio".into()]);
-        spec.template = TemplateRef::Host;
-        let extras = Extras {
-            program: Some(OwnedFd::from(program)),
-            stdio: Some(OwnedFd::from(theirs)),
-            as_init: true,
-            ..Default::default()
-        };
-        let opts = SpawnOptions::prepare().expect("prepare");
-        let sandbox = Sandbox::spawn_with(&spec, &opts, extras).expect("spawn");
+        let (sandbox, ours) =
+            brig_test_support::agent_in_sandbox(agent_bin(), brig_core::TemplateRef::Host, true);
         let conn = Connection::new(ours).expect("handshake");
 
         let host_port = echo_server();

@@ -7,25 +7,11 @@
 mod support;
 
 use std::io::Read;
-use std::os::fd::OwnedFd;
-use std::os::unix::net::UnixStream;
 
 use brig_agent_client::{Call, Connection, Reply};
-use brig_core::{SandboxSpec, TemplateRef};
-use brig_jail::{Extras, Sandbox, SpawnOptions};
+use brig_core::TemplateRef;
+use brig_test_support::{agent_in_sandbox, root_or_skip};
 use support::{agent_bin, exec, pattern, within};
-
-fn root_or_skip() -> bool {
-    // SAFETY: geteuid cannot fail and touches no memory.
-    let root = unsafe { libc::geteuid() } == 0;
-    if !root {
-        if std::env::var("BRIG_TEST_STRICT").is_ok_and(|v| v == "1") {
-            panic!("BRIG_TEST_STRICT=1 and this test needs root");
-        }
-        eprintln!("skipping: sandboxes need root");
-    }
-    root
-}
 
 #[test]
 fn the_client_drives_an_agent_inside_a_sandbox() {
@@ -33,20 +19,8 @@ fn the_client_drives_an_agent_inside_a_sandbox() {
         return;
     }
     within(60, || {
-        let (ours, theirs) = UnixStream::pair().expect("socketpair");
-        let program = std::fs::File::open(agent_bin()).expect("open the agent binary");
-        let mut spec = SandboxSpec::new(vec!["brig-agent".into(), "--stdio".into()]);
-        spec.template = TemplateRef::Host;
-        let extras = Extras {
-            program: Some(OwnedFd::from(program)),
-            stdio: Some(OwnedFd::from(theirs)),
-            // As the daemon runs it: the agent is the sandbox's pid 1.
-            as_init: true,
-            ..Default::default()
-        };
-        let opts = SpawnOptions::prepare().expect("prepare");
-        let sandbox =
-            Sandbox::spawn_with(&spec, &opts, extras).expect("spawn the agent in a sandbox");
+        // As the daemon runs it: the agent is the sandbox's pid 1.
+        let (sandbox, ours) = agent_in_sandbox(agent_bin(), TemplateRef::Host, true);
         let id = sandbox.id().to_string();
         let conn = Connection::new(ours).expect("handshake with the agent in the sandbox");
 

@@ -14,19 +14,8 @@ use std::time::Duration;
 use brig_agent_client::{Call, Connection, ExecRequest, Output, Reply};
 use brig_core::{Launch, Limits, NetworkAttachment, SandboxId, TemplateRef, Tier};
 use brig_jail::ProcessTier;
+use brig_test_support::root_or_skip;
 use support::{agent_bin, within};
-
-fn root_or_skip() -> bool {
-    // SAFETY: geteuid cannot fail and touches no memory.
-    let root = unsafe { libc::geteuid() } == 0;
-    if !root {
-        if std::env::var("BRIG_TEST_STRICT").is_ok_and(|v| v == "1") {
-            panic!("BRIG_TEST_STRICT=1 and this test needs root");
-        }
-        eprintln!("skipping: sandboxes need root");
-    }
-    root
-}
 
 fn launch(id: &SandboxId) -> Launch {
     Launch {

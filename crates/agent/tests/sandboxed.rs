@@ -6,54 +6,26 @@
 
 mod support;
 
-use std::os::fd::OwnedFd;
-use std::os::unix::net::UnixStream;
-
-use brig_core::{SandboxSpec, TemplateRef};
-use brig_jail::{Extras, Sandbox, SpawnOptions};
+use brig_core::TemplateRef;
+use brig_jail::Sandbox;
 use brig_protocol::message::Call;
 use brig_protocol::StreamClass;
+use brig_test_support::root_or_skip;
 use support::{exec, Agent};
-
-fn root_or_skip() -> bool {
-    // SAFETY: geteuid cannot fail.
-    let root = unsafe { libc::geteuid() } == 0;
-    if !root {
-        if std::env::var("BRIG_TEST_STRICT").is_ok_and(|v| v == "1") {
-            panic!("BRIG_TEST_STRICT=1 and this test needs root");
-        }
-        eprintln!("skipping: sandboxes need root");
-    }
-    root
-}
 
 /// Start brig-agent as the command of a sandbox on `template` and connect;
 /// `as_init`: as the sandbox's pid 1, as `brig serve` runs it.
 fn agent_in_sandbox(template: TemplateRef, as_init: bool) -> (Sandbox, Agent) {
-    let (ours, theirs) = UnixStream::pair().expect("socketpair");
-    let program =
-        std::fs::File::open(env!("CARGO_BIN_EXE_brig-agent")).expect("open the agent binary");
-    let mut spec = SandboxSpec::new(vec!["brig-agent".into(), "--stdio".into()]);
-    spec.template = template;
-    let extras = Extras {
-        program: Some(OwnedFd::from(program)),
-        stdio: Some(OwnedFd::from(theirs)),
-        as_init,
-        ..Default::default()
-    };
-    let opts = SpawnOptions::prepare().expect("prepare");
-    let sandbox = Sandbox::spawn_with(&spec, &opts, extras).expect("spawn the agent in a sandbox");
-    (sandbox, Agent::connect(ours))
+    let agent = std::path::Path::new(env!("CARGO_BIN_EXE_brig-agent"));
+    let (sandbox, sock) = brig_test_support::agent_in_sandbox(agent, template, as_init);
+    (sandbox, Agent::connect(sock))
 }
 
 fn templates() -> Vec<TemplateRef> {
     let mut t = vec![TemplateRef::Host];
-    match std::env::var_os("BRIG_TEST_ROOTFS") {
-        Some(r) => t.push(TemplateRef::Dir(r.into())),
-        None if std::env::var("BRIG_TEST_STRICT").is_ok_and(|v| v == "1") => {
-            panic!("BRIG_TEST_STRICT=1 and BRIG_TEST_ROOTFS is not set")
-        }
-        None => eprintln!("note: BRIG_TEST_ROOTFS not set; host template only"),
+    match brig_test_support::rootfs() {
+        Some(r) => t.push(TemplateRef::Dir(r)),
+        None => brig_test_support::skip("BRIG_TEST_ROOTFS not set; host template only"),
     }
     t
 }
@@ -156,14 +128,10 @@ fn processes_run_as_the_sandbox_s_users() {
     if !root_or_skip() {
         return;
     }
-    let Some(rootfs) = std::env::var_os("BRIG_TEST_ROOTFS") else {
-        if std::env::var("BRIG_TEST_STRICT").is_ok_and(|v| v == "1") {
-            panic!("BRIG_TEST_STRICT=1 and BRIG_TEST_ROOTFS is not set");
-        }
-        eprintln!("skipping: BRIG_TEST_ROOTFS not set (a template with its own /etc)");
+    let Some(rootfs) = brig_test_support::rootfs_or_skip() else {
         return;
     };
-    let (sandbox, mut agent) = agent_in_sandbox(TemplateRef::Dir(rootfs.into()), true);
+    let (sandbox, mut agent) = agent_in_sandbox(TemplateRef::Dir(rootfs), true);
     let run = |agent: &mut Agent, req: &brig_protocol::message::ExecRequest| {
         let s = agent.open(StreamClass::EXEC, req);
         agent.close(s);

@@ -7,6 +7,7 @@ mod support;
 use std::path::Path;
 use std::process::{Command, Output};
 
+use brig_test_support::is_root;
 use serde_json::Value;
 
 /// Every feature the report must carry. Clients read these names from
@@ -74,11 +75,6 @@ fn feature<'a>(report: &'a Value, name: &str) -> &'a Value {
         .iter()
         .find(|f| f["name"] == name)
         .unwrap_or_else(|| panic!("no feature {name} in {report:#}"))
-}
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() == 0 }
 }
 
 #[test]

@@ -3,7 +3,7 @@
 //! creates and kills a sandbox with the daemon's own key, the data plane
 //! answers an unknown sandbox with E2B's 502, and SIGTERM stops all three
 //! listeners cleanly. The E2B API itself is tested in
-//! crates/server/tests/e2b_control.rs.
+//! crates/e2b/tests/e2b_control.rs.
 
 mod support;
 

@@ -6,19 +6,7 @@
 
 mod support;
 
-use std::path::PathBuf;
-
 use support::*;
-
-fn template_home() -> PathBuf {
-    match std::env::var_os("BRIG_TEST_TEMPLATE_HOME") {
-        Some(h) => h.into(),
-        None => match std::env::var_os("BRIG_TEST_CACHE") {
-            Some(c) => PathBuf::from(c).join("home"),
-            None => PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/brig-test/home"),
-        },
-    }
-}
 
 #[test]
 fn run_on_the_base_template() {

@@ -9,18 +9,7 @@ use std::time::{Duration, Instant};
 
 use brig_core::{ByteSize, Limits, SandboxSpec};
 use brig_jail::{CgroupControls, Exit, Sandbox, SpawnOptions};
-
-fn root_or_skip() -> bool {
-    // SAFETY: geteuid cannot fail.
-    let root = unsafe { libc::geteuid() } == 0;
-    if !root {
-        if std::env::var("BRIG_TEST_STRICT").is_ok_and(|v| v == "1") {
-            panic!("BRIG_TEST_STRICT=1 and this test needs root");
-        }
-        eprintln!("skipping: spawning sandboxes needs root");
-    }
-    root
-}
+use brig_test_support::root_or_skip;
 
 fn pausable() -> SpawnOptions {
     SpawnOptions {

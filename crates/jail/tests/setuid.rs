@@ -10,28 +10,13 @@ use std::time::{Duration, Instant};
 
 use brig_core::{SandboxSpec, TemplateRef};
 use brig_jail::{Sandbox, SpawnOptions};
-
-fn skip(reason: &str) -> bool {
-    if std::env::var("BRIG_TEST_STRICT").is_ok_and(|v| v == "1") {
-        panic!("BRIG_TEST_STRICT=1 and {reason}");
-    }
-    eprintln!("skipping: {reason}");
-    true
-}
+use brig_test_support::{root_or_skip, rootfs_or_skip};
 
 fn rootfs() -> Option<PathBuf> {
-    // SAFETY: geteuid cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        skip("this test needs root");
+    if !root_or_skip() {
         return None;
     }
-    match std::env::var_os("BRIG_TEST_ROOTFS") {
-        Some(r) => Some(PathBuf::from(r)),
-        None => {
-            skip("BRIG_TEST_ROOTFS is not set (tests/support/build-rootfs.sh)");
-            None
-        }
-    }
+    rootfs_or_skip()
 }
 
 /// As sandbox root: make a setuid-root copy of `prog` in the writable

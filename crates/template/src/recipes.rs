@@ -83,7 +83,7 @@ const CODE_INTERPRETER_PACKAGES: &[&str] = &[
 ];
 
 /// What the in-sandbox code-interpreter server
-/// (crates/server/resources/code-interpreter/) needs on top of the above.
+/// (crates/e2b/resources/code-interpreter/) needs on top of the above.
 /// Add its packages here; the template rebuilds on next use.
 const CODE_INTERPRETER_SERVER_PACKAGES: &[&str] = &[
     // bash_kernel's dependencies (the kernel itself is below, from PyPI).

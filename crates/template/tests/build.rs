@@ -14,23 +14,10 @@ use std::time::{Duration, Instant};
 use brig_core::{SandboxSpec, TemplateRef, UserSpec};
 use brig_jail::{Sandbox, SpawnOptions};
 use brig_template::{ensure, Progress};
+use brig_test_support::{root_or_skip, template_home};
 
 fn home() -> Option<PathBuf> {
-    // SAFETY: geteuid cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        if std::env::var("BRIG_TEST_STRICT").is_ok_and(|v| v == "1") {
-            panic!("BRIG_TEST_STRICT=1 and building templates needs root");
-        }
-        eprintln!("skipping: building templates needs root");
-        return None;
-    }
-    Some(match std::env::var_os("BRIG_TEST_TEMPLATE_HOME") {
-        Some(h) => h.into(),
-        None => match std::env::var_os("BRIG_TEST_CACHE") {
-            Some(c) => PathBuf::from(c).join("home"),
-            None => PathBuf::from(std::env::var_os("HOME").unwrap()).join(".cache/brig-test/home"),
-        },
-    })
+    root_or_skip().then(template_home)
 }
 
 fn exists(root: &Path, p: &str) {

@@ -32,12 +32,7 @@ fn builds(count: &Path) -> usize {
 
 #[test]
 fn builds_once_under_concurrency_rebuilds_when_stale_and_reports_failures() {
-    // SAFETY: geteuid cannot fail.
-    if unsafe { libc::geteuid() } != 0 {
-        if std::env::var("BRIG_TEST_STRICT").is_ok_and(|v| v == "1") {
-            panic!("BRIG_TEST_STRICT=1 and building templates needs root");
-        }
-        eprintln!("skipping: building templates needs root");
+    if !brig_test_support::root_or_skip() {
         return;
     }
     let scratch = tempfile::tempdir().unwrap();

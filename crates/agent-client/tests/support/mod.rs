@@ -1,48 +1,18 @@
-//! Shared by the integration tests: the real `brig-agent` binary, started
-//! on the host with `--stdio` over a socketpair, and a watchdog so a hang
+//! Shared by the integration tests: the real `brig-agent` binary
+//! (brig-test-support's `agent_bin`), started on the host with `--stdio`
+//! over a socketpair, and a watchdog so a hang
 //! fails the test instead of stalling the run.
 #![allow(dead_code)] // each test file uses a different part
 
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{mpsc, OnceLock};
+use std::sync::mpsc;
 use std::time::Duration;
 
 use brig_agent_client::{Connection, ExecRequest};
 
-/// The `brig-agent` binary: `target/debug/brig-agent` (honouring
-/// `CARGO_TARGET_DIR`). scripts/test builds it in its build stage; if it is
-/// missing, it is built here once.
-pub fn agent_bin() -> &'static Path {
-    static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| {
-        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-        let target = match std::env::var_os("CARGO_TARGET_DIR") {
-            Some(t) if Path::new(&t).is_absolute() => PathBuf::from(t),
-            Some(t) => root.join(t),
-            None => root.join("target"),
-        };
-        let bin = target.join("debug/brig-agent");
-        if !bin.exists() {
-            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-            let out = Command::new(cargo)
-                .current_dir(&root)
-                .args(["build", "-p", "brig-agent"])
-                .env("CARGO_TARGET_DIR", &target)
-                .output()
-                .expect("spawn cargo to build brig-agent");
-            assert!(
-                out.status.success(),
-                "cargo build -p brig-agent failed:\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        assert!(bin.exists(), "{} missing after the build", bin.display());
-        bin
-    })
-}
+pub use brig_test_support::agent_bin;
 
 /// An agent on the host and a connection to it.
 #[derive(Debug)]

@@ -187,7 +187,7 @@ fn background(client: &Client, config: &ExecConfig) -> anyhow::Result<i32> {
 /// SIGWINCH, which becomes a resize).
 const FORWARDED: [libc::c_int; 4] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
 
-/// A WebSocket session (see `crates/server/src/http/pty.rs` for the
+/// A WebSocket session (see `crates/api/src/pty.rs` for the
 /// protocol): start, then one poll loop over the socket, stdin and a
 /// signalfd until the command's `exited` frame.
 fn session(client: &Client, config: &ExecConfig, tty: bool, stdin: bool) -> anyhow::Result<i32> {

@@ -1,8 +1,10 @@
 //! `brig serve`: the daemon. Opens the store under `--home`, reconciles
 //! what an earlier daemon left, creates the first API key if there is none
 //! (printed once and written to `$BRIG_HOME/local.key` for the local CLI),
-//! and serves the HTTP API until SIGINT or SIGTERM, then ends its
-//! sandboxes.
+//! and serves the front-ends over one runtime (brig-runtime's
+//! `SandboxManager`): the native API (brig-api) and, with `--e2b`, E2B's
+//! control and data planes (brig-e2b), until SIGINT or SIGTERM, then ends
+//! its sandboxes.
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -12,11 +14,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use brig_api::{app, AppState};
 use brig_core::parse_duration;
-use brig_server::http::{app, AppState};
-use brig_server::manager::{find_agent, ManagerConfig, DEFAULT_MAX_TIMEOUT};
-use brig_server::pool::{self, PoolTarget};
-use brig_server::{SandboxManager, Store};
+use brig_e2b::{control_router, data_router, E2bState};
+use brig_runtime::manager::{find_agent, ManagerConfig, DEFAULT_MAX_TIMEOUT};
+use brig_runtime::pool::{self, PoolTarget};
+use brig_runtime::{SandboxManager, Store};
 
 use super::client::{home_dir, LOCAL_KEY_FILE};
 use crate::exit;
@@ -165,11 +168,11 @@ async fn serve(
     };
     let mut servers = tokio::task::JoinSet::new();
     if let Some(((api, api_addr), (data, data_addr))) = e2b {
-        let e2b_state = brig_server::e2b::E2bState::new(state.clone());
+        let e2b_state = E2bState::new(Arc::clone(&state.manager));
         eprintln!("brig: e2b api on http://{api_addr}");
         eprintln!("brig: e2b sandboxes on http://{data_addr}");
-        let control = brig_server::e2b::control_router(e2b_state.clone());
-        let data_plane = brig_server::e2b::data_router(e2b_state);
+        let control = control_router(e2b_state.clone());
+        let data_plane = data_router(e2b_state);
         let stop = stopped.clone();
         servers.spawn(async move {
             axum::serve(api, control)

@@ -1,7 +1,8 @@
 //! Shared helpers for the `brig` end-to-end tests: finding the binary,
-//! skipping (loudly) where the host lacks what a test needs, and looking at
-//! the host after a sandbox is gone.
-#![allow(dead_code)] // each test file uses a different subset
+//! starting a daemon, and looking at the host after a sandbox is gone; on
+//! top of brig-test-support (skipping loudly where the host lacks what a
+//! test needs, the test rootfs).
+#![allow(dead_code, unused_imports)] // each test file uses a different subset
 
 use std::path::PathBuf;
 use std::process::{Command, Output};
@@ -9,15 +10,10 @@ use std::time::{Duration, Instant};
 
 pub const BRIG: &str = env!("CARGO_BIN_EXE_brig");
 
-/// Skip a test with `reason` on stderr — or, when `BRIG_TEST_STRICT=1`
-/// (scripts/test sets it), fail it: in CI a missing capability is a broken
-/// set-up, not a pass.
-pub fn skip(reason: &str) {
-    if std::env::var("BRIG_TEST_STRICT").is_ok_and(|v| v == "1") {
-        panic!("BRIG_TEST_STRICT=1 and this test cannot run: {reason}");
-    }
-    eprintln!("skipping: {reason}");
-}
+/// Skipping (loudly: a failure under `BRIG_TEST_STRICT=1`, which
+/// scripts/test sets), the test rootfs and the templates' home, as every
+/// crate's tests have them.
+pub use brig_test_support::{rootfs, skip, template_home};
 
 /// Skip the calling test, with the reason on stderr, unless we are root.
 #[macro_export]
@@ -50,7 +46,7 @@ macro_rules! require_rootfs {
 }
 
 pub fn euid() -> u32 {
-    // SAFETY: geteuid cannot fail.
+    // SAFETY: geteuid cannot fail and touches no memory.
     unsafe { libc::geteuid() }
 }
 
@@ -58,12 +54,6 @@ pub fn euid() -> u32 {
 pub fn signal(pid: u32, sig: libc::c_int) {
     // SAFETY: kill with a pid we spawned.
     unsafe { libc::kill(pid as libc::pid_t, sig) };
-}
-
-pub fn rootfs() -> Option<PathBuf> {
-    std::env::var_os("BRIG_TEST_ROOTFS")
-        .map(PathBuf::from)
-        .filter(|p| p.join("bin/sh").exists())
 }
 
 pub fn brig() -> Command {

@@ -1,0 +1,479 @@
+//! `GET /v1/sandboxes/{id}/pty`: an interactive process over a WebSocket,
+//! on a terminal (`brig exec -t`, a browser terminal) or on pipes
+//! (`brig exec -i`).
+//!
+//! The protocol (also in docs/server.md and api/openapi.yaml):
+//!
+//! 1. Authentication and the sandbox are checked before the upgrade, so a
+//!    bad key is a plain 401 and an unknown sandbox a 404. The key comes
+//!    from `Authorization: Bearer`, or, for browsers (which cannot set
+//!    headers on a WebSocket), from a `Sec-WebSocket-Protocol` value
+//!    `brig.key.<KEY>` offered together with `brig`; the server then
+//!    selects `brig` (never the key).
+//! 2. The client's first message is text: [`PtyStart`], `{argv, env?, cwd?,
+//!    user?, cols?, rows?, pty?}` (80×24 and `pty: true` by default).
+//! 3. The server answers `{"type":"started","pid":N}` (text), or
+//!    `{"type":"error","code":..,"message":..}` and a close if the process
+//!    could not start (`code` as in the API's error bodies, e.g.
+//!    `bad_request`, `command_not_found`).
+//! 4. Client → server: binary frames are input bytes; text frames are
+//!    control: `{"type":"resize","cols":..,"rows":..}`,
+//!    `{"type":"signal","signal":"SIGINT"}` (name or number),
+//!    `{"type":"eof"}` (end of input; on a terminal, ^D).
+//! 5. Server → client: binary frames are output. On a terminal they are
+//!    the terminal's bytes as they are; on pipes each frame starts with one
+//!    byte naming the stream, 1 = stdout, 2 = stderr, then the bytes.
+//! 6. The end: `{"type":"exited","code":N,"signal":S}` (one of the two is
+//!    null), then a close. A stream that broke ends with an `error` frame
+//!    instead.
+//!
+//! Flow control: output is taken from the agent only as fast as the client
+//! reads the socket (a few frames between the two), so a slow client pauses
+//! the process; input is read from the socket only as fast as the process's
+//! stdin takes it. A client that goes away (closes, or its connection
+//! drops) gets its process killed (SIGKILL to its process group), as with
+//! `POST /exec`.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::rejection::PathRejection;
+use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
+use axum::extract::{FromRequestParts, Path, State};
+use axum::http::header::{AUTHORIZATION, SEC_WEBSOCKET_PROTOCOL};
+use axum::http::request::Parts;
+use axum::http::StatusCode;
+use axum::response::Response;
+use brig_agent_client::{
+    Call, ClientError, Connection, ExecRequest, Output, Process, PtySize, Stdin,
+};
+use futures_util::{SinkExt, StreamExt};
+use serde::Deserialize;
+use serde_json::json;
+use tokio::sync::mpsc;
+
+use super::processes::SignalSpec;
+use super::{blocking, sandbox_id, ApiError, AppState, Auth};
+
+/// The subprotocol a browser offers (with `brig.key.<KEY>`) and gets back.
+pub const SUBPROTOCOL: &str = "brig";
+/// The prefix of the subprotocol value that carries an API key.
+pub const KEY_PROTOCOL_PREFIX: &str = "brig.key.";
+
+/// Output frames in flight between the agent and the socket.
+const FRAMES_IN_FLIGHT: usize = 8;
+/// Input frames in flight between the socket and the process's stdin.
+const INPUT_IN_FLIGHT: usize = 8;
+/// The largest message a client may send (input is streamed in frames).
+const MAX_MESSAGE: usize = 1 << 20;
+/// How long the client has to send its first message.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Pipes mode: the byte that starts an output frame.
+pub const STDOUT: u8 = 1;
+pub const STDERR: u8 = 2;
+
+/// The client's first message.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PtyStart {
+    /// Program and arguments; `argv[0]` is looked up on the sandbox's PATH.
+    pub argv: Vec<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    pub cwd: Option<String>,
+    /// A user from the sandbox's /etc/passwd (sets uid, gid and HOME).
+    pub user: Option<String>,
+    #[serde(default = "default_cols")]
+    pub cols: u16,
+    #[serde(default = "default_rows")]
+    pub rows: u16,
+    /// A terminal (the default) or pipes with tagged output.
+    #[serde(default = "yes")]
+    pub pty: bool,
+}
+
+fn default_cols() -> u16 {
+    80
+}
+fn default_rows() -> u16 {
+    24
+}
+fn yes() -> bool {
+    true
+}
+
+/// A control message from the client.
+#[derive(Debug, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+enum Control {
+    Resize { cols: u16, rows: u16 },
+    Signal { signal: SignalSpec },
+    Eof,
+}
+
+/// What the socket reader hands the blocking writer.
+#[derive(Debug)]
+enum Input {
+    Bytes(Bytes),
+    Eof,
+    Resize {
+        rows: u16,
+        cols: u16,
+    },
+    Signal(i32),
+    /// The client went away: kill the process.
+    Gone,
+}
+
+/// The tenant, from `Authorization: Bearer` or `Sec-WebSocket-Protocol:
+/// brig, brig.key.<KEY>` (only this route takes the latter).
+#[derive(Debug)]
+pub struct PtyAuth(Auth);
+
+impl FromRequestParts<AppState> for PtyAuth {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<PtyAuth, ApiError> {
+        if parts.headers.contains_key(AUTHORIZATION) {
+            return Ok(PtyAuth(Auth::from_request_parts(parts, state).await?));
+        }
+        let key = parts
+            .headers
+            .get_all(SEC_WEBSOCKET_PROTOCOL)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .find_map(|p| p.trim().strip_prefix(KEY_PROTOCOL_PREFIX))
+            .map(str::to_string)
+            .ok_or_else(ApiError::unauthorized)?;
+        Ok(PtyAuth(Auth::with_key(&state.manager, key).await?))
+    }
+}
+
+pub async fn pty(
+    State(state): State<AppState>,
+    PtyAuth(Auth(tenant)): PtyAuth,
+    id: Result<Path<String>, PathRejection>,
+    ws: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
+) -> Result<Response, ApiError> {
+    let id = sandbox_id(&id?.0)?;
+    let ws = ws.map_err(|r| {
+        ApiError::new(
+            StatusCode::UPGRADE_REQUIRED,
+            "upgrade_required",
+            format!(
+                "{}: this endpoint is a WebSocket (GET with `Upgrade: websocket`)",
+                r.body_text()
+            ),
+        )
+    })?;
+    // Unknown or ended sandboxes are answered before the upgrade.
+    let manager = Arc::clone(&state.manager);
+    let (t, i) = (tenant.clone(), id.clone());
+    blocking(move || manager.connection(&t, &i)).await?;
+    Ok(ws
+        .protocols([SUBPROTOCOL])
+        .max_message_size(MAX_MESSAGE)
+        .on_upgrade(move |socket| async move {
+            session(socket, state, tenant, id).await;
+        }))
+}
+
+/// One session: read the start message, start the process, then pump both
+/// ways until it exits or the client leaves.
+async fn session(
+    mut socket: WebSocket,
+    state: AppState,
+    tenant: brig_runtime::TenantId,
+    id: brig_core::SandboxId,
+) {
+    let start = match tokio::time::timeout(START_TIMEOUT, first_message(&mut socket)).await {
+        Ok(Ok(start)) => start,
+        Ok(Err(Some(e))) => return refuse(socket, e).await,
+        // The client left before saying anything.
+        Ok(Err(None)) => return,
+        Err(_) => {
+            let e = ApiError::bad_request(format!(
+                "no start message within {}s: send {{\"argv\": [...]}} first",
+                START_TIMEOUT.as_secs()
+            ));
+            return refuse(socket, e).await;
+        }
+    };
+    let pty = start.pty;
+    let req = ExecRequest {
+        argv: start.argv,
+        env: start.env,
+        cwd: start.cwd,
+        user: start.user,
+        pty: pty.then_some(PtySize {
+            rows: start.rows,
+            cols: start.cols,
+        }),
+        ..ExecRequest::default()
+    };
+    let manager = Arc::clone(&state.manager);
+    let started = tokio::task::spawn_blocking(move || {
+        let process = manager.exec(&tenant, &id, &req)?;
+        Ok((manager.connection(&tenant, &id)?, process))
+    });
+    let (conn, process) = match started.await {
+        Ok(Ok(p)) => p,
+        Ok(Err(e)) => return refuse(socket, ApiError::command_start(e)).await,
+        Err(e) => return refuse(socket, ApiError::from(e)).await,
+    };
+    let pid = process.pid().unwrap_or(0);
+    let started = json!({ "type": "started", "pid": pid }).to_string();
+    if socket.send(Message::text(started)).await.is_err() {
+        return; // dropping `process` kills it
+    }
+
+    let (mut sink, mut stream) = socket.split();
+    let (out_tx, mut out_rx) = mpsc::channel::<Message>(FRAMES_IN_FLIGHT);
+    let (in_tx, in_rx) = mpsc::channel::<Input>(INPUT_IN_FLIGHT);
+    let target = Target {
+        stdin: process.stdin(),
+        conn,
+        pid,
+        exited: Arc::new(AtomicBool::new(false)),
+    };
+    let exited = Arc::clone(&target.exited);
+    // Both block on the agent: its output (taken as the socket drains) and
+    // its stdin credit.
+    tokio::task::spawn_blocking(move || pump_output(process, pty, &exited, out_tx));
+    tokio::task::spawn_blocking(move || pump_input(target, in_rx));
+
+    let mut reader = tokio::spawn(async move {
+        while let Some(msg) = stream.next().await {
+            let input = match msg {
+                Ok(Message::Binary(b)) => Input::Bytes(b),
+                Ok(Message::Text(t)) => match serde_json::from_str::<Control>(t.as_str()) {
+                    Ok(Control::Eof) => Input::Eof,
+                    Ok(Control::Resize { cols, rows }) => Input::Resize { rows, cols },
+                    Ok(Control::Signal { signal }) => match signal.number() {
+                        Ok(sig) => Input::Signal(sig),
+                        Err(e) => {
+                            tracing::debug!("pty session: ignored a bad signal: {}", e.message);
+                            continue;
+                        }
+                    },
+                    Err(e) => {
+                        tracing::debug!("pty session: ignored a bad control message: {e}");
+                        continue;
+                    }
+                },
+                Ok(Message::Close(_)) | Err(_) => break,
+                Ok(Message::Ping(_) | Message::Pong(_)) => continue,
+            };
+            if in_tx.send(input).await.is_err() {
+                return; // the process's stdin is over
+            }
+        }
+        let _ = in_tx.send(Input::Gone).await;
+    });
+
+    // Output to the socket until the process's stream ends or the client
+    // stops taking it.
+    let mut ended = false;
+    while let Some(msg) = out_rx.recv().await {
+        ended = matches!(msg, Message::Close(_));
+        if sink.send(msg).await.is_err() {
+            break;
+        }
+    }
+    drop(out_rx); // a pump still sending learns the client is gone
+    if ended {
+        // Give the client a moment to answer the close; then stop reading.
+        if tokio::time::timeout(Duration::from_secs(2), &mut reader)
+            .await
+            .is_err()
+        {
+            reader.abort();
+        }
+    } else {
+        // The client is gone: the reader reports it (and so kills the
+        // process) once its half of the socket ends.
+        let _ = reader.await;
+    }
+}
+
+/// The start message, or the error to refuse with (`None`: the client
+/// left).
+async fn first_message(socket: &mut WebSocket) -> Result<PtyStart, Option<ApiError>> {
+    loop {
+        let text =
+            match socket.recv().await {
+                Some(Ok(Message::Text(t))) => t,
+                Some(Ok(Message::Ping(_) | Message::Pong(_))) => continue,
+                Some(Ok(Message::Binary(_))) => return Err(Some(ApiError::bad_request(
+                    "the first message must be text: {\"argv\": [...], \"cols\": .., \"rows\": ..}",
+                ))),
+                Some(Ok(Message::Close(_)) | Err(_)) | None => return Err(None),
+            };
+        let start: PtyStart = serde_json::from_str(text.as_str()).map_err(|e| {
+            Some(ApiError::bad_request(format!(
+                "the start message is not valid: {e}"
+            )))
+        })?;
+        if start.argv.first().is_none_or(|a| a.is_empty()) {
+            return Err(Some(ApiError::bad_request(
+                "argv must name a program, for example [\"bash\"]",
+            )));
+        }
+        super::exec::no_nul(&start.argv, &start.env, start.cwd.as_deref()).map_err(Some)?;
+        if start.pty && (start.cols == 0 || start.rows == 0) {
+            return Err(Some(ApiError::bad_request(
+                "cols and rows must be at least 1",
+            )));
+        }
+        return Ok(start);
+    }
+}
+
+/// An `error` frame for `err`, then a close.
+async fn refuse(mut socket: WebSocket, err: ApiError) {
+    let frame = json!({ "type": "error", "code": err.code, "message": err.message });
+    let _ = socket.send(Message::text(frame.to_string())).await;
+    let _ = socket.send(close(close_code::POLICY)).await;
+}
+
+/// WebSocket close codes (RFC 6455 §7.4.1).
+mod close_code {
+    pub const NORMAL: u16 = 1000;
+    pub const POLICY: u16 = 1008;
+    pub const ERROR: u16 = 1011;
+}
+
+fn close(code: u16) -> Message {
+    Message::Close(Some(CloseFrame {
+        code,
+        reason: "".into(),
+    }))
+}
+
+/// The process's output as frames, then `exited` (or `error`) and a close.
+/// Returns as soon as the socket side is gone; dropping `process` then
+/// kills it.
+fn pump_output(mut process: Process, pty: bool, exited: &AtomicBool, tx: mpsc::Sender<Message>) {
+    let mut code = close_code::ERROR;
+    for item in &mut process {
+        let msg = match item {
+            Ok(Output::Stdout(b)) if pty => Message::Binary(b.into()),
+            Ok(Output::Stdout(b)) => Message::Binary(tagged(STDOUT, b)),
+            Ok(Output::Stderr(b)) => Message::Binary(tagged(STDERR, b)),
+            Ok(Output::Exited { code: c, signal }) => {
+                exited.store(true, Ordering::Relaxed);
+                code = close_code::NORMAL;
+                Message::text(json!({ "type": "exited", "code": c, "signal": signal }).to_string())
+            }
+            Ok(Output::Started { .. } | Output::Attached { .. }) => continue,
+            Err(e) => Message::text(stream_error(&e)),
+        };
+        if tx.blocking_send(msg).is_err() {
+            return;
+        }
+    }
+    let _ = tx.blocking_send(close(code));
+}
+
+fn tagged(tag: u8, bytes: Vec<u8>) -> Bytes {
+    let mut v = Vec::with_capacity(bytes.len() + 1);
+    v.push(tag);
+    v.extend(bytes);
+    Bytes::from(v)
+}
+
+fn stream_error(e: &ClientError) -> String {
+    json!({ "type": "error", "code": "stream_failed", "message": e.to_string() }).to_string()
+}
+
+/// Where the client's input goes.
+struct Target {
+    stdin: Stdin,
+    /// For signals once stdin is closed (the stream then takes no control
+    /// messages from this side).
+    conn: Arc<Connection>,
+    pid: i32,
+    /// Set once the process's `exited` was read: its pid may then be
+    /// reused, so it is not signalled by pid any more.
+    exited: Arc<AtomicBool>,
+}
+
+impl Target {
+    fn signal(&self, sig: i32) -> Result<(), ClientError> {
+        match self.stdin.signal(sig) {
+            Err(_) if !self.exited.load(Ordering::Relaxed) && self.pid > 0 => self
+                .conn
+                .call(&Call::Signal { pid: self.pid, sig })
+                .map(drop),
+            other => other,
+        }
+    }
+}
+
+/// The client's input to the process, in order. Blocks on the stream's
+/// send credit, which is what backpressures the socket reader.
+fn pump_input(mut target: Target, mut rx: mpsc::Receiver<Input>) {
+    use std::io::Write;
+    while let Some(input) = rx.blocking_recv() {
+        let done = match input {
+            Input::Bytes(b) => target.stdin.write_all(&b).map_err(|e| e.to_string()),
+            Input::Eof => target.stdin.close().map_err(|e| e.to_string()),
+            Input::Resize { rows, cols } => {
+                target.stdin.resize(rows, cols).map_err(|e| e.to_string())
+            }
+            Input::Signal(sig) => target.signal(sig).map_err(|e| e.to_string()),
+            Input::Gone => {
+                let _ = target.signal(libc::SIGKILL);
+                return;
+            }
+        };
+        if let Err(e) = done {
+            // The process exited or closed its stdin; its output side
+            // reports how it ended. Keep draining so the reader never
+            // blocks on a full channel, but a departed client still kills.
+            tracing::debug!("pty session: input not delivered: {e}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_start_message_has_terminal_defaults() {
+        let s: PtyStart = serde_json::from_str(r#"{"argv": ["bash"]}"#).unwrap();
+        assert_eq!((s.cols, s.rows, s.pty), (80, 24, true));
+        assert!(serde_json::from_str::<PtyStart>(r#"{"argv": [], "bogus": 1}"#).is_err());
+    }
+
+    #[test]
+    fn control_messages_parse() {
+        let parse = |s: &str| serde_json::from_str::<Control>(s);
+        assert!(matches!(
+            parse(r#"{"type":"resize","cols":132,"rows":43}"#).unwrap(),
+            Control::Resize {
+                cols: 132,
+                rows: 43
+            }
+        ));
+        assert!(matches!(parse(r#"{"type":"eof"}"#).unwrap(), Control::Eof));
+        for (text, sig) in [
+            (r#"{"type":"signal","signal":"SIGINT"}"#, libc::SIGINT),
+            (r#"{"type":"signal","signal":"TERM"}"#, libc::SIGTERM),
+            (r#"{"type":"signal","signal":9}"#, libc::SIGKILL),
+        ] {
+            match parse(text).unwrap() {
+                Control::Signal { signal } => assert_eq!(signal.number().unwrap(), sig),
+                other => panic!("{text}: {other:?}"),
+            }
+        }
+        assert!(parse(r#"{"type":"resize","cols":-1,"rows":1}"#).is_err());
+        assert!(parse(r#"{"type":"dance"}"#).is_err());
+    }
+}

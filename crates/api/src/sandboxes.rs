@@ -1,0 +1,336 @@
+//! `/v1/sandboxes`: create, list, get, delete, extend the timeout, pause,
+//! resume, metrics.
+
+use std::collections::BTreeMap;
+
+use axum::extract::rejection::{JsonRejection, PathRejection};
+use axum::extract::{Path, RawQuery, State};
+use axum::http::StatusCode;
+use axum::Json;
+use brig_core::{parse_duration, parse_size, EnvVar, Limits, TemplateRef};
+use serde::{Deserialize, Serialize};
+
+use super::{blocking, sandbox_id, ApiError, AppState, Auth};
+use brig_runtime::CreateConfig;
+use brig_runtime::{Cursor, ListFilter, SandboxState};
+use brig_runtime::{PauseMode, SandboxMetrics, SandboxRecord, UnixMillis};
+
+/// Page size when the client names none, and the most it may ask for.
+const DEFAULT_PAGE: usize = 100;
+const MAX_PAGE: usize = 1000;
+
+/// The body of `POST /v1/sandboxes`. Every field is optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSandboxConfig {
+    /// `host` or `dir:/path/to/rootfs`.
+    pub template: Option<String>,
+    /// The isolation tier: `process` (the default, and today the only one
+    /// this daemon runs; `GET /v1/info` lists what the host could offer).
+    pub isolation: Option<String>,
+    /// A size such as `512M` or `1G`.
+    pub memory: Option<String>,
+    pub cpus: Option<f64>,
+    pub pids: Option<u32>,
+    pub disk: Option<String>,
+    /// A duration such as `90s`, `10m` or `1h30m`.
+    pub timeout: Option<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+impl CreateSandboxConfig {
+    /// Stage two: every field parsed, or a 400 naming the field.
+    fn parse(self) -> Result<CreateConfig, ApiError> {
+        let bad = |field: &str, e: &dyn std::fmt::Display| {
+            ApiError::bad_request(format!("invalid {field}: {e}"))
+        };
+        match self.isolation.as_deref() {
+            None | Some("process") => {}
+            Some(tier @ ("gvisor" | "vm")) => {
+                // A 4xx: the request asks for what this host cannot give,
+                // the server is not failing.
+                return Err(ApiError::new(
+                    axum::http::StatusCode::BAD_REQUEST,
+                    "unsupported",
+                    format!(
+                        "the {tier} isolation tier is not available from this daemon yet; \
+                         use \"process\" (GET /v1/info lists the tiers this host could offer)"
+                    ),
+                ));
+            }
+            Some(other) => {
+                return Err(bad(
+                    "isolation",
+                    &format!("{other:?}: expected \"process\", \"gvisor\" or \"vm\""),
+                ))
+            }
+        }
+        let mut limits = Limits::default();
+        if let Some(m) = &self.memory {
+            limits.memory = parse_size(m).map_err(|e| bad("memory", &e))?;
+        }
+        if let Some(d) = &self.disk {
+            limits.disk = parse_size(d).map_err(|e| bad("disk", &e))?;
+        }
+        if let Some(p) = self.pids {
+            limits.pids = p;
+        }
+        limits.cpus = self.cpus;
+        let template = match &self.template {
+            Some(t) => TemplateRef::parse(t).map_err(|e| ApiError::bad_request(e.to_string()))?,
+            None => TemplateRef::Host,
+        };
+        let timeout = self
+            .timeout
+            .as_deref()
+            .map(parse_duration)
+            .transpose()
+            .map_err(|e| bad("timeout", &e))?;
+        let env = self
+            .env
+            .iter()
+            .map(|(k, v)| EnvVar::parse(&format!("{k}={v}")))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        Ok(CreateConfig {
+            template,
+            limits,
+            env,
+            labels: self.labels,
+            timeout,
+            ..CreateConfig::default()
+        })
+    }
+}
+
+/// The body of `POST /v1/sandboxes/{id}/timeout`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TimeoutConfig {
+    /// New time to live from now, e.g. `10m`.
+    pub timeout: String,
+}
+
+/// A sandbox as the API shows it. Times are milliseconds since the epoch.
+#[derive(Debug, Serialize)]
+pub struct SandboxView {
+    pub id: String,
+    pub state: SandboxState,
+    pub template: String,
+    pub isolation: String,
+    pub labels: BTreeMap<String, String>,
+    pub created_at: UnixMillis,
+    pub expires_at: UnixMillis,
+    pub ended_at: Option<UnixMillis>,
+    pub exit_code: Option<i32>,
+}
+
+impl From<SandboxRecord> for SandboxView {
+    fn from(r: SandboxRecord) -> SandboxView {
+        SandboxView {
+            id: r.id.to_string(),
+            state: r.state,
+            template: r.template,
+            isolation: r.isolation,
+            labels: r.labels,
+            created_at: r.created_at,
+            expires_at: r.expires_at,
+            ended_at: r.ended_at,
+            exit_code: r.exit_code,
+        }
+    }
+}
+
+/// A page of sandboxes; pass `next` back as `cursor` for the following one.
+#[derive(Debug, Serialize)]
+pub struct SandboxList {
+    pub items: Vec<SandboxView>,
+    pub next: Option<String>,
+}
+
+pub async fn create(
+    State(state): State<AppState>,
+    Auth(tenant): Auth,
+    body: Result<Json<CreateSandboxConfig>, JsonRejection>,
+) -> Result<(StatusCode, Json<SandboxView>), ApiError> {
+    let config = body?.0.parse()?;
+    let manager = state.manager.clone();
+    let record = blocking(move || manager.create(&tenant, config)).await?;
+    Ok((StatusCode::CREATED, Json(record.into())))
+}
+
+/// `?state=running&label=k=v&label=k2=v2&limit=50&cursor=...`
+pub async fn list(
+    State(state): State<AppState>,
+    Auth(tenant): Auth,
+    RawQuery(query): RawQuery,
+) -> Result<Json<SandboxList>, ApiError> {
+    let pairs: Vec<(String, String)> =
+        serde_urlencoded::from_str(query.as_deref().unwrap_or(""))
+            .map_err(|e| ApiError::bad_request(format!("invalid query string: {e}")))?;
+    let mut filter = ListFilter::default();
+    let mut cursor = None;
+    let mut limit = DEFAULT_PAGE;
+    for (k, v) in pairs {
+        match k.as_str() {
+            "state" => {
+                filter.state = Some(SandboxState::parse(&v).ok_or_else(|| {
+                    ApiError::bad_request(format!(
+                        "invalid state {v:?}: use creating, running, paused, stopped or dead"
+                    ))
+                })?)
+            }
+            "label" => {
+                let (lk, lv) = v.split_once('=').ok_or_else(|| {
+                    ApiError::bad_request(format!(
+                        "invalid label filter {v:?}: use label=KEY=VALUE"
+                    ))
+                })?;
+                filter.labels.insert(lk.to_string(), lv.to_string());
+            }
+            "cursor" => {
+                cursor = Some(Cursor::parse(&v).map_err(|e| ApiError::bad_request(e.to_string()))?)
+            }
+            "limit" => {
+                limit = v
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| (1..=MAX_PAGE).contains(n))
+                    .ok_or_else(|| {
+                        ApiError::bad_request(format!(
+                            "invalid limit {v:?}: use a number from 1 to {MAX_PAGE}"
+                        ))
+                    })?
+            }
+            other => {
+                return Err(ApiError::bad_request(format!(
+                    "unknown query parameter {other:?}: use state, label, limit or cursor"
+                )))
+            }
+        }
+    }
+    let manager = state.manager.clone();
+    let page = blocking(move || manager.list(&tenant, &filter, cursor.as_ref(), limit)).await?;
+    Ok(Json(SandboxList {
+        items: page.items.into_iter().map(SandboxView::from).collect(),
+        next: page.next.map(|c| c.as_str().to_string()),
+    }))
+}
+
+pub async fn get(
+    State(state): State<AppState>,
+    Auth(tenant): Auth,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Json<SandboxView>, ApiError> {
+    let id = sandbox_id(&id?.0)?;
+    let manager = state.manager.clone();
+    let record = blocking(move || manager.get(&tenant, &id)).await?;
+    Ok(Json(record.into()))
+}
+
+/// Kill the sandbox; answers once it is torn down, with its final record.
+pub async fn delete(
+    State(state): State<AppState>,
+    Auth(tenant): Auth,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Json<SandboxView>, ApiError> {
+    let id = sandbox_id(&id?.0)?;
+    let manager = state.manager.clone();
+    let record = blocking(move || manager.delete(&tenant, &id)).await?;
+    Ok(Json(record.into()))
+}
+
+pub async fn extend(
+    State(state): State<AppState>,
+    Auth(tenant): Auth,
+    id: Result<Path<String>, PathRejection>,
+    body: Result<Json<TimeoutConfig>, JsonRejection>,
+) -> Result<Json<SandboxView>, ApiError> {
+    let id = sandbox_id(&id?.0)?;
+    let timeout = parse_duration(&body?.0.timeout)
+        .map_err(|e| ApiError::bad_request(format!("invalid timeout: {e}")))?;
+    let manager = state.manager.clone();
+    let record = blocking(move || manager.extend(&tenant, &id, timeout)).await?;
+    Ok(Json(record.into()))
+}
+
+/// The optional body of `POST /v1/sandboxes/{id}/resume`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResumeConfig {
+    /// Time to live from the resume, e.g. `10m`; by default the time the
+    /// sandbox had left when it was paused.
+    pub timeout: Option<String>,
+    /// End every process but the agent as it resumes (what a `filesystem`
+    /// pause did already).
+    #[serde(default)]
+    pub reboot: bool,
+}
+
+/// `POST /v1/sandboxes/{id}/pause` (body optional).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PauseConfig {
+    /// `full` (default) keeps memory and processes; `filesystem` ends
+    /// every process but the agent and keeps the files.
+    #[serde(default)]
+    pub mode: PauseMode,
+}
+
+/// An optional JSON body: absent or blank is the default.
+fn optional_body<T: Default + for<'de> Deserialize<'de>>(body: &[u8]) -> Result<T, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))
+}
+
+/// Freeze every process of the sandbox and suspend its timeout.
+pub async fn pause(
+    State(state): State<AppState>,
+    Auth(tenant): Auth,
+    id: Result<Path<String>, PathRejection>,
+    body: axum::body::Bytes,
+) -> Result<Json<SandboxView>, ApiError> {
+    let id = sandbox_id(&id?.0)?;
+    let config: PauseConfig = optional_body(&body)?;
+    let manager = state.manager.clone();
+    let record = blocking(move || manager.pause_with(&tenant, &id, config.mode)).await?;
+    Ok(Json(record.into()))
+}
+
+/// Thaw a paused sandbox. The body is optional.
+pub async fn resume(
+    State(state): State<AppState>,
+    Auth(tenant): Auth,
+    id: Result<Path<String>, PathRejection>,
+    body: axum::body::Bytes,
+) -> Result<Json<SandboxView>, ApiError> {
+    let id = sandbox_id(&id?.0)?;
+    let config: ResumeConfig = optional_body(&body)?;
+    let timeout = config
+        .timeout
+        .as_deref()
+        .map(parse_duration)
+        .transpose()
+        .map_err(|e| ApiError::bad_request(format!("invalid timeout: {e}")))?;
+    let manager = state.manager.clone();
+    let (record, _) =
+        blocking(move || manager.resume_with(&tenant, &id, timeout, config.reboot)).await?;
+    Ok(Json(record.into()))
+}
+
+/// A sample of the sandbox's CPU, memory, disk and task use.
+pub async fn metrics(
+    State(state): State<AppState>,
+    Auth(tenant): Auth,
+    id: Result<Path<String>, PathRejection>,
+) -> Result<Json<SandboxMetrics>, ApiError> {
+    let id = sandbox_id(&id?.0)?;
+    let manager = state.manager.clone();
+    Ok(Json(blocking(move || manager.metrics(&tenant, &id)).await?))
+}

@@ -1,0 +1,468 @@
+//! The HTTP API in process: `app(state)` driven with `tower::ServiceExt`,
+//! no socket. The manager behind it starts real sandboxes, so these need
+//! root; they skip with a printed reason otherwise, and fail instead under
+//! BRIG_TEST_STRICT=1.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use axum::http::{Method, StatusCode};
+use base64::Engine;
+use serde_json::{json, Value};
+use support::{assert_error, call, create, fixture, output, raw, root_or_skip, sh, Fixture};
+
+/// Exec through the API; the NDJSON events, parsed.
+async fn exec(f: &Fixture, key: &str, id: &str, body: Value) -> (StatusCode, Vec<Value>) {
+    let (status, raw) = call(
+        &f.app,
+        Method::POST,
+        &format!("/v1/sandboxes/{id}/exec"),
+        Some(key),
+        Some(&body.to_string()),
+    )
+    .await;
+    let events = match raw {
+        Value::String(s) => s
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("each line is JSON"))
+            .collect(),
+        other => vec![other],
+    };
+    (status, events)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_route_but_healthz_needs_a_valid_key() {
+    if !root_or_skip() {
+        return;
+    }
+    let f = fixture(|_| {});
+    let (status, body) = call(&f.app, Method::GET, "/healthz", None, None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+
+    let routes = [
+        (Method::GET, "/v1/info"),
+        (Method::GET, "/v1/sandboxes"),
+        (Method::POST, "/v1/sandboxes"),
+        (Method::GET, "/v1/sandboxes/0123456789ab"),
+        (Method::DELETE, "/v1/sandboxes/0123456789ab"),
+        (Method::POST, "/v1/sandboxes/0123456789ab/timeout"),
+        (Method::POST, "/v1/sandboxes/0123456789ab/exec"),
+        (
+            Method::GET,
+            "/v1/sandboxes/0123456789ab/files?path=/etc/hostname",
+        ),
+        (Method::PUT, "/v1/sandboxes/0123456789ab/files?path=/tmp/x"),
+    ];
+    let wrong = "brig_0123456789ab_0123456789012345678901234567890123456789012";
+    for (method, uri) in routes {
+        for key in [None, Some("not-a-key"), Some(wrong)] {
+            let (status, body) = call(&f.app, method.clone(), uri, key, Some("{}")).await;
+            assert_error(status, &body, StatusCode::UNAUTHORIZED, "unauthorized");
+        }
+    }
+    let (status, info) = call(&f.app, Method::GET, "/v1/info", Some(&f.key), None).await;
+    assert_eq!(status, StatusCode::OK, "{info}");
+    assert_eq!(info["tiers"]["process"], true, "{info}");
+    assert_eq!(info["limits"]["default_timeout_secs"], 300, "{info}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_input_is_400_with_a_message() {
+    if !root_or_skip() {
+        return;
+    }
+    let f = fixture(|_| {});
+    let cases = [
+        ("{not json", "JSON"),
+        (r#"{"bogus": 1}"#, "bogus"),
+        (r#"{"memory": "lots"}"#, "memory"),
+        (r#"{"template": "ubuntu"}"#, "template"),
+        (r#"{"timeout": "0s"}"#, "timeout"),
+        (r#"{"env": {"1BAD": "x"}}"#, "1BAD"),
+    ];
+    for (body, mentions) in cases {
+        let (status, err) = call(
+            &f.app,
+            Method::POST,
+            "/v1/sandboxes",
+            Some(&f.key),
+            Some(body),
+        )
+        .await;
+        assert_error(status, &err, StatusCode::BAD_REQUEST, "bad_request");
+        assert!(
+            err["message"].as_str().unwrap().contains(mentions),
+            "{body}: {err}"
+        );
+    }
+    for uri in [
+        "/v1/sandboxes?state=sleeping",
+        "/v1/sandboxes?limit=0",
+        "/v1/sandboxes?cursor=nonsense",
+        "/v1/sandboxes?colour=red",
+    ] {
+        let (status, err) = call(&f.app, Method::GET, uri, Some(&f.key), None).await;
+        assert_error(status, &err, StatusCode::BAD_REQUEST, "bad_request");
+    }
+    assert_eq!(
+        f.manager.live_count(),
+        0,
+        "no sandbox was made for bad input"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn unknown_ids_are_404() {
+    if !root_or_skip() {
+        return;
+    }
+    let f = fixture(|_| {});
+    for id in ["0123456789ab", "not-an-id", "..%2F..%2Fetc"] {
+        for (method, uri) in [
+            (Method::GET, format!("/v1/sandboxes/{id}")),
+            (Method::DELETE, format!("/v1/sandboxes/{id}")),
+        ] {
+            let (status, err) = call(&f.app, method, &uri, Some(&f.key), None).await;
+            assert_error(status, &err, StatusCode::NOT_FOUND, "not_found");
+        }
+    }
+    let (status, err) = call(&f.app, Method::GET, "/v2/nothing", Some(&f.key), None).await;
+    assert_error(status, &err, StatusCode::NOT_FOUND, "not_found");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_tenant_cannot_see_or_touch_another_tenants_sandbox() {
+    if !root_or_skip() {
+        return;
+    }
+    let f = fixture(|_| {});
+    let id = create(&f, r#"{"labels": {"owner": "first"}}"#).await;
+    let other = f.other_key.clone();
+
+    for (method, uri, body) in [
+        (Method::GET, format!("/v1/sandboxes/{id}"), None),
+        (Method::DELETE, format!("/v1/sandboxes/{id}"), None),
+        (
+            Method::POST,
+            format!("/v1/sandboxes/{id}/timeout"),
+            Some(r#"{"timeout": "1h"}"#),
+        ),
+        (
+            Method::POST,
+            format!("/v1/sandboxes/{id}/exec"),
+            Some(r#"{"argv": ["true"]}"#),
+        ),
+        (
+            Method::GET,
+            format!("/v1/sandboxes/{id}/files?path=/etc/hostname"),
+            None,
+        ),
+    ] {
+        let (status, err) = call(&f.app, method, &uri, Some(&other), body).await;
+        assert_error(status, &err, StatusCode::NOT_FOUND, "not_found");
+    }
+    let (_, list) = call(&f.app, Method::GET, "/v1/sandboxes", Some(&other), None).await;
+    assert_eq!(list["items"], json!([]), "{list}");
+
+    // The owner still has it, untouched.
+    let (_, list) = call(
+        &f.app,
+        Method::GET,
+        "/v1/sandboxes?label=owner=first&state=running",
+        Some(&f.key),
+        None,
+    )
+    .await;
+    assert_eq!(list["items"][0]["id"], id.as_str(), "{list}");
+    let (status, events) = exec(&f, &f.key, &id, json!({"argv": ["hostname"]})).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(output(&events, "stdout").trim(), id);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn exec_streams_output_and_exit_status_then_delete_ends_it() {
+    if !root_or_skip() {
+        return;
+    }
+    let f = fixture(|_| {});
+    let id = create(&f, r#"{"env": {"GREETING": "hi"}, "timeout": "2m"}"#).await;
+
+    let (status, events) = exec(
+        &f,
+        &f.key,
+        &id,
+        json!({"argv": ["sh", "-c", "echo $GREETING $X; echo oops >&2; exit 3"], "env": {"X": "there"}}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(events[0]["type"], "started", "{events:?}");
+    assert_eq!(output(&events, "stdout"), "hi there\n");
+    assert_eq!(output(&events, "stderr"), "oops\n");
+    let last = events.last().unwrap();
+    assert_eq!(
+        (last["type"].as_str(), last["code"].as_i64()),
+        (Some("exited"), Some(3))
+    );
+
+    let stdin = base64::engine::general_purpose::STANDARD.encode("from stdin");
+    let (_, events) = exec(&f, &f.key, &id, json!({"argv": ["cat"], "stdin": stdin})).await;
+    assert_eq!(output(&events, "stdout"), "from stdin");
+
+    let (status, err) = exec(&f, &f.key, &id, json!({"argv": ["/no/such"]})).await;
+    assert_error(status, &err[0], StatusCode::NOT_FOUND, "command_not_found");
+
+    // Files, both directions.
+    let uri = format!("/v1/sandboxes/{id}/files?path=/tmp/up");
+    let (status, _, _) = raw(
+        &f.app,
+        Method::PUT,
+        &uri,
+        &f.key,
+        None,
+        vec![0u8, 255, 1, 2],
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _, back) = raw(&f.app, Method::GET, &uri, &f.key, None, Vec::new()).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(back, [0u8, 255, 1, 2]);
+    let (status, err) = call(
+        &f.app,
+        Method::GET,
+        &format!("/v1/sandboxes/{id}/files?path=/no/such"),
+        Some(&f.key),
+        None,
+    )
+    .await;
+    assert_error(status, &err, StatusCode::NOT_FOUND, "not_found");
+
+    let (status, sb) = call(
+        &f.app,
+        Method::DELETE,
+        &format!("/v1/sandboxes/{id}"),
+        Some(&f.key),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{sb}");
+    assert_eq!(sb["state"], "stopped", "{sb}");
+    assert_eq!(f.manager.live_count(), 0);
+    let (status, err) = exec(&f, &f.key, &id, json!({"argv": ["true"]})).await;
+    assert_error(status, &err[0], StatusCode::CONFLICT, "conflict");
+    // Deleting again is harmless.
+    let (status, _) = call(
+        &f.app,
+        Method::DELETE,
+        &format!("/v1/sandboxes/{id}"),
+        Some(&f.key),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_expired_sandbox_is_killed_with_no_client_connected() {
+    if !root_or_skip() {
+        return;
+    }
+    let f = fixture(|c| c.sweep_interval = Duration::from_millis(100));
+    let id = create(&f, r#"{"timeout": "1s"}"#).await;
+    let kept = create(&f, r#"{"timeout": "1s"}"#).await;
+    let (status, sb) = call(
+        &f.app,
+        Method::POST,
+        &format!("/v1/sandboxes/{kept}/timeout"),
+        Some(&f.key),
+        Some(r#"{"timeout": "10m"}"#),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{sb}");
+
+    let end = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, sb) = call(
+            &f.app,
+            Method::GET,
+            &format!("/v1/sandboxes/{id}"),
+            Some(&f.key),
+            None,
+        )
+        .await;
+        if sb["state"] == "stopped" {
+            break;
+        }
+        assert!(Instant::now() < end, "never expired: {sb}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (_, sb) = call(
+        &f.app,
+        Method::GET,
+        &format!("/v1/sandboxes/{kept}"),
+        Some(&f.key),
+        None,
+    )
+    .await;
+    assert_eq!(sb["state"], "running", "the extended one lives on: {sb}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn dir_templates_are_allowed_only_under_a_template_root() {
+    if !root_or_skip() {
+        return;
+    }
+    let roots = tempfile::tempdir().unwrap();
+    let allowed = roots.path().join("t");
+    std::fs::create_dir_all(allowed.join("bin")).unwrap();
+    let f = fixture(|c| c.template_roots = vec![roots.path().to_path_buf()]);
+    // The host's root, a path that climbs out of the root, the root itself:
+    // each is refused with 403 and a message naming the fix.
+    for template in [
+        "dir:/".to_string(),
+        format!("dir:{}/t/../../..", roots.path().display()),
+        format!("dir:{}", roots.path().display()),
+    ] {
+        let body = json!({ "template": template }).to_string();
+        let (status, err) = call(
+            &f.app,
+            Method::POST,
+            "/v1/sandboxes",
+            Some(&f.key),
+            Some(&body),
+        )
+        .await;
+        assert_error(status, &err, StatusCode::FORBIDDEN, "forbidden");
+        assert!(
+            err["message"].as_str().unwrap().contains("--template-root"),
+            "{template}: {err}"
+        );
+    }
+    // A missing directory is the client's mistake, not a server error.
+    let body = json!({ "template": format!("dir:{}/nope", roots.path().display()) }).to_string();
+    let (status, err) = call(
+        &f.app,
+        Method::POST,
+        "/v1/sandboxes",
+        Some(&f.key),
+        Some(&body),
+    )
+    .await;
+    assert_error(status, &err, StatusCode::BAD_REQUEST, "bad_request");
+    // One inside a root gets past the check (this one is not a usable
+    // rootfs, so the jail refuses it, again as the client's mistake).
+    let body = json!({ "template": format!("dir:{}", allowed.display()) }).to_string();
+    let (status, err) = call(
+        &f.app,
+        Method::POST,
+        "/v1/sandboxes",
+        Some(&f.key),
+        Some(&body),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{err}");
+    assert!(
+        !err["message"].as_str().unwrap().contains("--template-root"),
+        "{err}"
+    );
+    assert_eq!(f.manager.live_count(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sandboxes_from_the_pool_get_the_limits_and_env_asked_for() {
+    if !root_or_skip() {
+        return;
+    }
+    let f = fixture(|c| {
+        c.pool = vec![brig_runtime::PoolTarget {
+            template: brig_core::TemplateRef::Host,
+            setuid: false,
+            size: 2,
+        }]
+    });
+    // Wait for the filler to make both.
+    for _ in 0..200 {
+        if f.manager.pool_sizes()[0].1 == 2 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    assert_eq!(f.manager.pool_sizes()[0].1, 2, "the pool filled up");
+    let id = create(
+        &f,
+        r#"{"memory": "64M", "pids": 40, "env": {"GREETING": "hi"}}"#,
+    )
+    .await;
+    assert_eq!(f.manager.pool_claims(), 1, "served from the pool");
+    assert_eq!(sh(&f, &id, "echo $GREETING").await, "hi\n");
+    // The limits asked for, on the pooled sandbox's live cgroups.
+    let (status, m) = call(
+        &f.app,
+        Method::GET,
+        &format!("/v1/sandboxes/{id}/metrics"),
+        Some(&f.key),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{m}");
+    assert_eq!(m["memory_limit_bytes"], 64u64 << 20, "{m}");
+    let pids_max = ["/sys/fs/cgroup/pids/brig", "/sys/fs/cgroup/brig"]
+        .iter()
+        .find_map(|d| std::fs::read_to_string(format!("{d}/{id}/pids.max")).ok())
+        .expect("the sandbox's pids cgroup");
+    assert_eq!(pids_max.trim(), "40");
+    // A request's own variable wins over the sandbox's.
+    let (_, events) = exec(
+        &f,
+        &f.key,
+        &id,
+        json!({"argv": ["sh", "-c", "echo $GREETING"], "env": {"GREETING": "yo"}}),
+    )
+    .await;
+    assert_eq!(output(&events, "stdout"), "yo\n");
+    // And the pool comes back to its size.
+    for _ in 0..200 {
+        if f.manager.pool_sizes()[0].1 == 2 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    assert_eq!(f.manager.pool_sizes()[0].1, 2, "the pool refilled");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_isolation_tier_is_checked() {
+    if !root_or_skip() {
+        return;
+    }
+    let f = fixture(|_| {});
+    for (tier, want, code) in [
+        ("vm", StatusCode::BAD_REQUEST, "unsupported"),
+        ("gvisor", StatusCode::BAD_REQUEST, "unsupported"),
+        ("firecracker", StatusCode::BAD_REQUEST, "bad_request"),
+    ] {
+        let body = json!({ "isolation": tier }).to_string();
+        let (status, err) = call(
+            &f.app,
+            Method::POST,
+            "/v1/sandboxes",
+            Some(&f.key),
+            Some(&body),
+        )
+        .await;
+        assert_error(status, &err, want, code);
+        assert!(err["message"].as_str().unwrap().contains(tier), "{err}");
+    }
+    let id = create(&f, r#"{"isolation": "process"}"#).await;
+    let (status, sb) = call(
+        &f.app,
+        Method::GET,
+        &format!("/v1/sandboxes/{id}"),
+        Some(&f.key),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(sb["isolation"], "process", "{sb}");
+}

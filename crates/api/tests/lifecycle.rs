@@ -1,0 +1,578 @@
+//! Pause, resume, per-sandbox metrics and the Prometheus `/metrics`, in
+//! process. Needs root (see `support`).
+
+mod support;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::http::{Method, StatusCode};
+use brig_api::{app, AppState};
+use serde_json::{json, Value};
+use support::{assert_error, call, create, fixture, root_or_skip, sh, Fixture};
+
+async fn post(f: &Fixture, key: &str, uri: &str, body: Option<&str>) -> (StatusCode, Value) {
+    call(&f.app, Method::POST, uri, Some(key), body).await
+}
+
+async fn pause(f: &Fixture, id: &str) -> Value {
+    let (status, sb) = post(f, &f.key, &format!("/v1/sandboxes/{id}/pause"), None).await;
+    assert_eq!(status, StatusCode::OK, "{sb}");
+    assert_eq!(sb["state"], "paused", "{sb}");
+    sb
+}
+
+async fn resume(f: &Fixture, id: &str, body: Option<&str>) -> Value {
+    let (status, sb) = post(f, &f.key, &format!("/v1/sandboxes/{id}/resume"), body).await;
+    assert_eq!(status, StatusCode::OK, "{sb}");
+    assert_eq!(sb["state"], "running", "{sb}");
+    sb
+}
+
+async fn metrics(f: &Fixture, id: &str) -> Value {
+    let (status, m) = call(
+        &f.app,
+        Method::GET,
+        &format!("/v1/sandboxes/{id}/metrics"),
+        Some(&f.key),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{m}");
+    m
+}
+
+fn cpu(m: &Value) -> u64 {
+    m["cpu_usage_ns"].as_u64().expect("cpu_usage_ns")
+}
+
+async fn start(f: &Fixture, id: &str, script: &str) -> i64 {
+    let (status, body) = post(
+        f,
+        &f.key,
+        &format!("/v1/sandboxes/{id}/processes"),
+        Some(&json!({ "argv": ["sh", "-c", script] }).to_string()),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    body["pid"].as_i64().expect("a pid")
+}
+
+async fn count(f: &Fixture, id: &str) -> u64 {
+    sh(f, id, "cat /tmp/count")
+        .await
+        .trim()
+        .parse()
+        .expect("a number in /tmp/count")
+}
+
+/// The sandbox's cgroup directories that exist now.
+fn cgroup_dirs(id: &str) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/sys/fs/cgroup").unwrap().flatten() {
+        for d in [entry.path().join("brig").join(id), entry.path().join(id)] {
+            if d.is_dir() {
+                found.push(d);
+            }
+        }
+    }
+    found
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn pause_freezes_the_sandbox_and_resume_continues_the_same_processes() {
+    if !root_or_skip() {
+        return;
+    }
+    let f = fixture(|_| {});
+    let id = create(&f, r#"{"timeout": "10m"}"#).await;
+    // A counter ten times a second, and a busy loop.
+    let counter = start(
+        &f,
+        &id,
+        "i=0; while :; do i=$((i+1)); echo $i > /tmp/count.new; mv /tmp/count.new /tmp/count; sleep 0.1; done",
+    )
+    .await;
+    start(&f, &id, "while :; do :; done").await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sh(&f, &id, "cat /tmp/count 2>/dev/null || echo 0")
+        .await
+        .trim()
+        .parse::<u64>()
+        .unwrap_or(0)
+        < 3
+    {
+        assert!(Instant::now() < deadline, "the counter never started");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let before = count(&f, &id).await;
+    let running = metrics(&f, &id).await;
+    let paused = pause(&f, &id).await;
+    // While paused its timeout is suspended; it only expires after the
+    // server's maximum (24 h by default).
+    let now = paused["created_at"].as_i64().unwrap();
+    assert!(
+        paused["expires_at"].as_i64().unwrap() > now + 23 * 3600 * 1000,
+        "{paused}"
+    );
+    let (status, sb) = call(
+        &f.app,
+        Method::GET,
+        &format!("/v1/sandboxes/{id}"),
+        Some(&f.key),
+        None,
+    )
+    .await;
+    assert_eq!((status, &sb["state"]), (StatusCode::OK, &json!("paused")));
+
+    // The agent is frozen too: calls that need it say so at once.
+    let t = Instant::now();
+    let (status, body) = post(
+        &f,
+        &f.key,
+        &format!("/v1/sandboxes/{id}/exec"),
+        Some(r#"{"argv": ["true"]}"#),
+    )
+    .await;
+    assert_error(status, &body, StatusCode::CONFLICT, "conflict");
+    let msg = body["message"].as_str().unwrap();
+    assert!(msg.contains("paused") && msg.contains("/resume"), "{msg}");
+    assert!(t.elapsed() < Duration::from_secs(2), "answered, not hung");
+
+    // Pausing again is a conflict, with a message saying what to do.
+    let (status, body) = post(&f, &f.key, &format!("/v1/sandboxes/{id}/pause"), None).await;
+    assert_error(status, &body, StatusCode::CONFLICT, "conflict");
+    assert!(
+        body["message"].as_str().unwrap().contains("already paused"),
+        "{body}"
+    );
+
+    // No CPU time while frozen; metrics still answer.
+    let a = metrics(&f, &id).await;
+    assert_eq!(a["state"], "paused", "{a}");
+    assert!(cpu(&a) >= cpu(&running));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let b = metrics(&f, &id).await;
+    assert_eq!(cpu(&b), cpu(&a), "CPU time advanced while paused");
+    assert_eq!(b["cpu_percent"].as_f64(), Some(0.0), "{b}");
+
+    let resumed = resume(&f, &id, None).await;
+    // Back to the (almost ten minutes) it had left.
+    let left = resumed["expires_at"].as_i64().unwrap() - now;
+    assert!(
+        (9 * 60 * 1000..=10 * 60 * 1000 + 5000).contains(&left),
+        "expires {left} ms after creation: {resumed}"
+    );
+    // The same counter goes on from where it stopped: it was not
+    // restarted (it would be back near 1) and did not count while paused
+    // (it would be ~15 further).
+    let after = count(&f, &id).await;
+    assert!(
+        after >= before && after < before + 8,
+        "counter was {before} before the pause and {after} right after the resume"
+    );
+    let (_, procs) = call(
+        &f.app,
+        Method::GET,
+        &format!("/v1/sandboxes/{id}/processes"),
+        Some(&f.key),
+        None,
+    )
+    .await;
+    assert!(
+        procs["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["pid"] == counter && p["running"] == true),
+        "{procs}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while cpu(&metrics(&f, &id).await) < cpu(&b) + 100_000_000 {
+        assert!(
+            Instant::now() < deadline,
+            "CPU time never advanced after resume"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        count(&f, &id).await > after || {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            count(&f, &id).await > after
+        }
+    );
+
+    // Resuming a running sandbox is a conflict.
+    let (status, body) = post(&f, &f.key, &format!("/v1/sandboxes/{id}/resume"), None).await;
+    assert_error(status, &body, StatusCode::CONFLICT, "conflict");
+    assert!(
+        body["message"].as_str().unwrap().contains("not paused"),
+        "{body}"
+    );
+
+    // A timeout given with the resume replaces the time left; bad ones are
+    // 400.
+    pause(&f, &id).await;
+    let (status, body) = post(
+        &f,
+        &f.key,
+        &format!("/v1/sandboxes/{id}/resume"),
+        Some(r#"{"timeout": "soon"}"#),
+    )
+    .await;
+    assert_error(status, &body, StatusCode::BAD_REQUEST, "bad_request");
+    let resumed = resume(&f, &id, Some(r#"{"timeout": "30s"}"#)).await;
+    let ttl = resumed["expires_at"].as_i64().unwrap() - now;
+    assert!(ttl < 5 * 60 * 1000, "{resumed}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn metrics_report_plausible_numbers() {
+    if !root_or_skip() {
+        return;
+    }
+    let f = fixture(|_| {});
+    let id = create(&f, r#"{"memory": "256M", "disk": "128M"}"#).await;
+    sh(
+        &f,
+        &id,
+        "dd if=/dev/zero of=/fill bs=1M count=4 2>/dev/null",
+    )
+    .await;
+    let m = metrics(&f, &id).await;
+    assert!(
+        m["memory_bytes"].as_u64().unwrap() > 4 << 20,
+        "the file is in memory: {m}"
+    );
+    assert_eq!(m["memory_limit_bytes"], 256u64 << 20, "{m}");
+    assert!(m["pids"].as_u64().unwrap() >= 1, "{m}");
+    assert_eq!(m["disk_total_bytes"], 128u64 << 20, "{m}");
+    assert!(m["disk_used_bytes"].as_u64().unwrap() >= 4 << 20, "{m}");
+    assert!(cpu(&m) > 0, "the agent has run: {m}");
+    let pct = m["cpu_percent"].as_f64().expect("cpu_percent");
+    assert!((0.0..=100.0 * 64.0).contains(&pct), "{m}");
+    let ts = m["timestamp"].as_i64().unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    assert!((now - ts).abs() < 10_000, "{m}");
+
+    // An ended sandbox has no metrics: 409, with its state.
+    let (status, _) = call(
+        &f.app,
+        Method::DELETE,
+        &format!("/v1/sandboxes/{id}"),
+        Some(&f.key),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, body) = call(
+        &f.app,
+        Method::GET,
+        &format!("/v1/sandboxes/{id}/metrics"),
+        Some(&f.key),
+        None,
+    )
+    .await;
+    assert_error(status, &body, StatusCode::CONFLICT, "conflict");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn another_tenant_can_neither_pause_resume_nor_read_metrics() {
+    if !root_or_skip() {
+        return;
+    }
+    let f = fixture(|_| {});
+    let id = create(&f, "{}").await;
+    for (method, path) in [
+        (Method::POST, "pause"),
+        (Method::POST, "resume"),
+        (Method::GET, "metrics"),
+    ] {
+        let uri = format!("/v1/sandboxes/{id}/{path}");
+        let (status, body) = call(&f.app, method.clone(), &uri, Some(&f.other_key), None).await;
+        assert_error(status, &body, StatusCode::NOT_FOUND, "not_found");
+        let (status, body) = call(&f.app, method, &uri, None, None).await;
+        assert_error(status, &body, StatusCode::UNAUTHORIZED, "unauthorized");
+    }
+    // Untouched: still running, and its owner can pause it.
+    assert_eq!(sh(&f, &id, "echo ok").await, "ok\n");
+    pause(&f, &id).await;
+    let (status, body) = post(
+        &f,
+        &f.other_key,
+        &format!("/v1/sandboxes/{id}/resume"),
+        None,
+    )
+    .await;
+    assert_error(status, &body, StatusCode::NOT_FOUND, "not_found");
+    let (status, body) = post(&f, &f.key, "/v1/sandboxes/0123456789ab/pause", None).await;
+    assert_error(status, &body, StatusCode::NOT_FOUND, "not_found");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_paused_sandbox_is_torn_down_by_delete_expiry_and_shutdown() {
+    if !root_or_skip() {
+        return;
+    }
+    let f = fixture(|c| {
+        c.sweep_interval = Duration::from_millis(100);
+        c.max_timeout = Duration::from_secs(3);
+    });
+
+    // Delete.
+    let id = create(&f, "{}").await;
+    sh(&f, &id, "sleep 1000 >/dev/null 2>&1 & echo").await;
+    pause(&f, &id).await;
+    assert!(
+        cgroup_dirs(&id)
+            .iter()
+            .any(|d| d.starts_with("/sys/fs/cgroup/freezer") || d.join("cgroup.freeze").exists()),
+        "a freezable group exists: {:?}",
+        cgroup_dirs(&id)
+    );
+    let t = Instant::now();
+    let (status, sb) = call(
+        &f.app,
+        Method::DELETE,
+        &format!("/v1/sandboxes/{id}"),
+        Some(&f.key),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{sb}");
+    assert_eq!(sb["state"], "stopped", "{sb}");
+    assert!(t.elapsed() < Duration::from_secs(10));
+    assert_eq!(cgroup_dirs(&id), Vec::<PathBuf>::new(), "left behind");
+
+    // Expiry: a paused sandbox outlives its own timeout (1 s) but not the
+    // server's maximum (3 s here).
+    let id = create(&f, r#"{"timeout": "1s"}"#).await;
+    pause(&f, &id).await;
+    let paused_at = Instant::now();
+    tokio::time::sleep(Duration::from_millis(1800)).await;
+    let (_, sb) = call(
+        &f.app,
+        Method::GET,
+        &format!("/v1/sandboxes/{id}"),
+        Some(&f.key),
+        None,
+    )
+    .await;
+    assert_eq!(
+        sb["state"], "paused",
+        "did not expire by its running timeout: {sb}"
+    );
+    loop {
+        let (_, sb) = call(
+            &f.app,
+            Method::GET,
+            &format!("/v1/sandboxes/{id}"),
+            Some(&f.key),
+            None,
+        )
+        .await;
+        if sb["state"] == "stopped" {
+            break;
+        }
+        assert!(
+            paused_at.elapsed() < Duration::from_secs(15),
+            "never expired: {sb}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(paused_at.elapsed() >= Duration::from_millis(2500));
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !cgroup_dirs(&id).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "left behind: {:?}",
+            cgroup_dirs(&id)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // Shutdown.
+    let id = create(&f, "{}").await;
+    pause(&f, &id).await;
+    f.manager.shutdown();
+    assert_eq!(cgroup_dirs(&id), Vec::<PathBuf>::new(), "left behind");
+}
+
+/// `brig_name{labels} value` lines: every sample, parsed; panics on a line
+/// that is not valid text exposition.
+fn parse_prometheus(text: &str) -> Vec<(String, f64)> {
+    assert!(
+        text.ends_with("# EOF\n"),
+        "OpenMetrics text ends with # EOF"
+    );
+    let mut samples = Vec::new();
+    for line in text.lines() {
+        if line.starts_with('#') {
+            let mut parts = line.splitn(4, ' ');
+            let _hash = parts.next();
+            let kind = parts.next().unwrap_or_default();
+            assert!(
+                ["HELP", "TYPE", "UNIT", "EOF"].contains(&kind),
+                "bad comment line {line:?}"
+            );
+            continue;
+        }
+        let (series, value) = line
+            .rsplit_once(' ')
+            .unwrap_or_else(|| panic!("no value: {line:?}"));
+        let name_end = series.find('{').unwrap_or(series.len());
+        let name = &series[..name_end];
+        assert!(
+            !name.is_empty()
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
+            "bad metric name in {line:?}"
+        );
+        if name_end < series.len() {
+            assert!(series.ends_with('}'), "bad labels in {line:?}");
+        }
+        let value: f64 = value
+            .parse()
+            .unwrap_or_else(|_| panic!("bad value in {line:?}"));
+        samples.push((series.to_string(), value));
+    }
+    samples
+}
+
+fn sample(samples: &[(String, f64)], series: &str) -> f64 {
+    samples
+        .iter()
+        .find(|(s, _)| s == series)
+        .unwrap_or_else(|| panic!("no {series} in {samples:?}"))
+        .1
+}
+
+async fn scrape(app: &axum::Router, key: Option<&str>) -> Vec<(String, f64)> {
+    let (status, body) = call(app, Method::GET, "/metrics", key, None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    parse_prometheus(body.as_str().expect("text"))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn prometheus_metrics_count_creates_execs_and_live_sandboxes() {
+    if !root_or_skip() {
+        return;
+    }
+    let f = fixture(|_| {});
+    // A key is needed by default.
+    let (status, body) = call(&f.app, Method::GET, "/metrics", None, None).await;
+    assert_error(status, &body, StatusCode::UNAUTHORIZED, "unauthorized");
+
+    let before = scrape(&f.app, Some(&f.key)).await;
+    assert_eq!(sample(&before, "brig_sandbox_creates_total"), 0.0);
+    assert_eq!(sample(&before, r#"brig_sandboxes{state="running"}"#), 0.0);
+    assert_eq!(
+        sample(
+            &before,
+            &format!(
+                r#"brig_build_info{{version="{}"}}"#,
+                env!("CARGO_PKG_VERSION")
+            )
+        ),
+        1.0
+    );
+
+    let id = create(&f, "{}").await;
+    sh(&f, &id, "true").await;
+    let other = create(&f, "{}").await;
+    pause(&f, &other).await;
+    let (status, _) = call(
+        &f.app,
+        Method::GET,
+        "/v1/sandboxes/0123456789ab",
+        Some(&f.key),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+
+    let after = scrape(&f.app, Some(&f.key)).await;
+    assert_eq!(sample(&after, "brig_sandbox_creates_total"), 2.0);
+    assert_eq!(sample(&after, "brig_sandbox_create_seconds_count"), 2.0);
+    assert!(sample(&after, "brig_sandbox_create_seconds_sum") > 0.0);
+    assert_eq!(sample(&after, "brig_execs_total"), 1.0);
+    assert_eq!(sample(&after, r#"brig_sandboxes{state="running"}"#), 1.0);
+    assert_eq!(sample(&after, r#"brig_sandboxes{state="paused"}"#), 1.0);
+    assert!(sample(&after, r#"brig_http_requests_total{code="2xx"}"#) >= 5.0);
+    assert!(sample(&after, r#"brig_http_requests_total{code="4xx"}"#) >= 2.0);
+
+    // `--metrics-public`: no key needed.
+    let public = app(AppState::new(Arc::clone(&f.manager)).with_public_metrics(true));
+    let open = scrape(&public, None).await;
+    assert_eq!(sample(&open, r#"brig_sandboxes{state="paused"}"#), 1.0);
+}
+
+/// `mode: filesystem` ends every process but the agent and keeps the
+/// files; memory drops to what the agent and the files hold. `reboot` on
+/// a resume does the same to a full pause. Bad bodies are 400s.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_filesystem_pause_keeps_files_and_ends_processes() {
+    if !root_or_skip() {
+        return;
+    }
+    let f = fixture(|_| {});
+    let id = create(&f, r#"{"timeout": "10m"}"#).await;
+    let probe = "cat /tmp/mark; ps -eo comm= | grep -c '^sleep$' || true";
+    let uri = format!("/v1/sandboxes/{id}/pause");
+    // A hungry process: 64 MiB held in memory.
+    sh(&f, &id, "echo kept > /tmp/mark").await;
+    start(&f, &id, "exec sleep 1000").await;
+    start(&f, &id, "python3 -c 'import time; b = bytearray(64 << 20); b[::4096] = b\"x\" * (len(b) // 4096); time.sleep(1000)'").await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metrics(&f, &id).await["memory_bytes"].as_u64().unwrap() < 64 << 20 {
+        assert!(Instant::now() < deadline, "the hungry process never grew");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (status, sb) = post(&f, &f.key, &uri, Some(r#"{"mode": "filesystem"}"#)).await;
+    assert_eq!(
+        (status, &sb["state"]),
+        (StatusCode::OK, &json!("paused")),
+        "{sb}"
+    );
+    let m = metrics(&f, &id).await;
+    assert_eq!(m["pids"], 1, "only the agent is left: {m}");
+    assert!(m["memory_bytes"].as_u64().unwrap() < 32 << 20, "{m}");
+    resume(&f, &id, None).await;
+    assert_eq!(sh(&f, &id, probe).await, "kept\n0\n");
+
+    // A full pause resumed with reboot.
+    start(&f, &id, "exec sleep 1000").await;
+    let (status, _) = post(&f, &f.key, &uri, Some(r#"{"mode": "full"}"#)).await;
+    assert_eq!(status, StatusCode::OK);
+    resume(&f, &id, Some(r#"{"reboot": true}"#)).await;
+    assert_eq!(sh(&f, &id, probe).await, "kept\n0\n");
+    // And a plain one keeps them.
+    start(&f, &id, "exec sleep 1000").await;
+    pause(&f, &id).await;
+    resume(&f, &id, Some("{}")).await;
+    assert_eq!(sh(&f, &id, probe).await, "kept\n1\n");
+
+    for bad in [
+        r#"{"mode": "disk"}"#,
+        r#"{"mode": 1}"#,
+        r#"{"extra": 1}"#,
+        "nope",
+    ] {
+        let (status, body) = post(&f, &f.key, &uri, Some(bad)).await;
+        assert_error(status, &body, StatusCode::BAD_REQUEST, "bad_request");
+    }
+    let (status, body) = post(
+        &f,
+        &f.key,
+        &format!("/v1/sandboxes/{id}/resume"),
+        Some(r#"{"reboot": "yes"}"#),
+    )
+    .await;
+    assert_error(status, &body, StatusCode::BAD_REQUEST, "bad_request");
+}

@@ -1,0 +1,751 @@
+//! The E2B control plane (`E2B_API_URL`): E2B's REST API on the manager.
+//!
+//! Every route of the `Sandbox` lifecycle the official clients call
+//! (reference §1.3), v1 and v2: create, connect (resumes a paused
+//! sandbox), the legacy resume, kill, timeout, get, list (v2 with metadata
+//! and state filters and `X-Next-Token` paging; the legacy running-only
+//! list), metrics and pause. Status codes and field names are E2B's
+//! exactly (`wire.rs`); every error is `{"code": <int>, "message"}`.
+//!
+//! `X-API-KEY` is a brig API key, checked like the native API's bearer
+//! key, and scopes every call to its tenant: another tenant's sandbox is
+//! not found. Only sandboxes created through this plane exist here (they
+//! are in the [`Registry`](super::Registry)); an entry whose sandbox has
+//! ended (kill, expiry, death) is dropped when the runtime says it ended
+//! ([`on_end`], followed by a task the router starts when
+//! it is built inside a tokio runtime), and at once by any call that finds
+//! it ended.
+
+mod interpreter;
+mod time;
+mod wire;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{FromRequestParts, Path, RawQuery, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use brig_core::{EnvVar, Limits, SandboxId, TemplateRef};
+use rand::distributions::{Alphanumeric, DistString};
+
+pub use interpreter::InterpreterError;
+pub use time::{parse_rfc3339, rfc3339};
+pub use wire::E2bError;
+use wire::{Detail, Metric};
+
+use super::{on_end, E2bLifecycle, E2bSandbox, E2bState, Ended, Registry};
+use brig_http::{blocking, Auth, AuthRejection};
+use brig_runtime::{CreateConfig, ManagerError, SandboxManager};
+use brig_runtime::{PauseMode, Resumed, SandboxRecord, SandboxState, TenantId};
+
+/// A sandbox's time to live when create names none (E2B's default).
+pub const DEFAULT_TIMEOUT_SECS: i64 = 300;
+/// Page size of `GET /v2/sandboxes` when the client names none, and the
+/// most it may ask for.
+const MAX_PAGE: usize = 100;
+
+/// Every control-plane route.
+pub fn router(state: E2bState) -> Router {
+    on_end(&state.manager, &state.sandboxes, forget);
+    Router::new()
+        .route("/sandboxes", post(create).get(list_legacy))
+        .route("/v2/sandboxes", post(create).get(list))
+        .route("/sandboxes/{id}", get(info).delete(kill))
+        .route("/sandboxes/{id}/connect", post(connect))
+        .route("/v2/sandboxes/{id}/connect", post(connect))
+        .route("/sandboxes/{id}/resume", post(resume))
+        .route("/sandboxes/{id}/timeout", post(set_timeout))
+        .route("/sandboxes/{id}/pause", post(pause))
+        .route("/sandboxes/{id}/metrics", get(metrics))
+        .fallback(|| async {
+            E2bError::new(
+                StatusCode::NOT_FOUND,
+                "no such endpoint: brig serves E2B's sandbox lifecycle API (docs/e2b.md)",
+            )
+        })
+        .method_not_allowed_fallback(|| async {
+            E2bError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "this endpoint does not take that method",
+            )
+        })
+        .with_state(state)
+}
+
+/// Drop the registry entries of sandboxes that have ended.
+fn forget(registry: &Registry, ended: Ended<'_>) {
+    match ended {
+        Ended::One(id) => drop(registry.remove(id.as_str())),
+        Ended::Missed(manager) => registry.retain(|sb| manager.is_live(&sb.id)),
+    }
+}
+
+/// The tenant of a control-plane request, from `X-API-KEY` (a brig key).
+#[derive(Debug, Clone)]
+pub struct ApiKey(pub TenantId);
+
+impl FromRequestParts<E2bState> for ApiKey {
+    type Rejection = E2bError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &E2bState) -> Result<ApiKey, E2bError> {
+        let key = parts
+            .headers
+            .get("x-api-key")
+            .and_then(|v| v.to_str().ok())
+            .map(|k| k.trim().to_string())
+            .filter(|k| !k.is_empty())
+            .ok_or_else(|| {
+                E2bError::new(
+                    StatusCode::UNAUTHORIZED,
+                    "missing X-API-KEY: set E2B_API_KEY to a brig API key",
+                )
+            })?;
+        match Auth::with_key(&state.manager, key).await {
+            Ok(Auth(tenant)) => Ok(ApiKey(tenant)),
+            Err(AuthRejection::Key(e)) if !e.is_rejection() => Err(E2bError::internal(&e)),
+            Err(AuthRejection::Task(e)) => Err(E2bError::internal(&e)),
+            // Refused (brig-http logged why).
+            Err(_) => Err(E2bError::new(
+                StatusCode::UNAUTHORIZED,
+                "invalid X-API-KEY: set E2B_API_KEY to a brig API key (brig keys create)",
+            )),
+        }
+    }
+}
+
+/// One of `tenant`'s E2B sandboxes that is still live; 404 otherwise (and
+/// an ended one leaves the registry).
+fn lookup(state: &E2bState, tenant: &TenantId, id: &str) -> Result<Arc<E2bSandbox>, E2bError> {
+    let sb = state
+        .sandboxes
+        .get(id)
+        .filter(|sb| &sb.tenant == tenant)
+        .ok_or_else(|| E2bError::not_found(id))?;
+    if !state.manager.is_live(&sb.id) {
+        state.sandboxes.remove(id);
+        return Err(E2bError::not_found(id));
+    }
+    Ok(sb)
+}
+
+/// A timeout in seconds from a request: positive, or a 400.
+fn seconds(t: i64) -> Result<Duration, E2bError> {
+    if t <= 0 {
+        return Err(E2bError::bad_request(format!(
+            "invalid timeout {t}: give a positive number of seconds"
+        )));
+    }
+    Ok(Duration::from_secs(t as u64))
+}
+
+/// envd's access token: 32 random alphanumerics from the OS.
+fn access_token() -> String {
+    Alphanumeric.sample_string(&mut rand::rngs::OsRng, 32)
+}
+
+/// `POST /v2/sandboxes` and `POST /sandboxes`: 201 + `Sandbox`.
+async fn create(
+    State(state): State<E2bState>,
+    ApiKey(tenant): ApiKey,
+    body: axum::body::Bytes,
+) -> Result<Response, E2bError> {
+    let req: wire::NewSandbox = wire::body(&body)?;
+    let lifecycle = lifecycle(&req)?;
+    let template_id = req
+        .template_id
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| E2bError::bad_request("templateID is required (e.g. \"base\")"))?;
+    let template = TemplateRef::parse(&template_id)
+        .map_err(|e| E2bError::bad_request(format!("templateID {template_id:?}: {e}")))?;
+    let timeout = seconds(req.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS))?;
+    let env: BTreeMap<String, String> = req.env_vars.unwrap_or_default();
+    let env_vars = env
+        .iter()
+        .map(|(k, v)| EnvVar::parse(&format!("{k}={v}")))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| E2bError::bad_request(format!("envVars: {e}")))?;
+    let metadata = req.metadata.unwrap_or_default();
+    let config = CreateConfig {
+        template,
+        env: env_vars,
+        labels: metadata.clone(),
+        timeout: Some(timeout),
+        // E2B's `user` has passwordless sudo, which needs setuid binaries
+        // to work (they can only become the sandbox's own root).
+        allow_setuid: true,
+        limits: Limits {
+            memory: if interpreter::wanted(&template_id) {
+                interpreter::MEMORY
+            } else {
+                Limits::default().memory
+            },
+            ..Limits::default()
+        },
+    };
+
+    // All of it on one blocking task, which runs to its end even if the
+    // client goes away meanwhile: the sandbox is then registered (and
+    // listed, killable, ended by its timeout) rather than unreachable.
+    let manager = Arc::clone(&state.manager);
+    let registry = Arc::clone(&state.sandboxes);
+    let users = Arc::clone(&state.users);
+    let sb = tokio::task::spawn_blocking(move || -> Result<Arc<E2bSandbox>, E2bError> {
+        let record = manager.create(&tenant, config)?;
+        if lifecycle.on_timeout.is_some() {
+            manager.pause_on_timeout(&tenant, &record.id, lifecycle.on_timeout, timeout)?;
+        }
+        // A named template's versioned build (`…/rootfs-N`, what the spec
+        // names) never changes.
+        let build = record
+            .spec
+            .get("template")
+            .filter(|t| {
+                brig_template::recipe(&template_id).is_ok()
+                    && t["path"].as_str().is_some_and(|p| {
+                        std::path::Path::new(p)
+                            .file_name()
+                            .is_some_and(|n| n.to_string_lossy().starts_with("rootfs-"))
+                    })
+            })
+            .cloned();
+        let cached = build.as_ref().and_then(|b| lock(&users).get(b).cloned());
+        let (default_user, home) = match cached {
+            Some(known) => known,
+            None => {
+                let found = default_user(&manager, &tenant, &record.id);
+                if let Some(b) = build {
+                    lock(&users).insert(b, found.clone());
+                }
+                found
+            }
+        };
+        let sb = registry.insert(E2bSandbox {
+            id: record.id,
+            tenant,
+            template: template_id,
+            access_token: access_token(),
+            default_user,
+            home,
+            lifecycle,
+            env,
+            metadata,
+        });
+        // Ended before it was registered: its end was published before
+        // (or while) it went in, so the registry's follower may have missed
+        // it; not live is the same as gone.
+        if !manager.is_live(&sb.id) {
+            registry.remove(sb.id.as_str());
+        }
+        if interpreter::wanted(&sb.template) {
+            if let Err(e) = interpreter::start(&manager, &sb) {
+                tracing::warn!("{e}");
+                registry.remove(sb.id.as_str());
+                let _ = manager.delete(&sb.tenant, &sb.id);
+                return Err(E2bError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    error_chain(&e),
+                ));
+            }
+        }
+        Ok(sb)
+    })
+    .await
+    .map_err(E2bError::from)??;
+    Ok((StatusCode::CREATED, Json(wire::Sandbox::new(&sb))).into_response())
+}
+
+/// What create's `autoPause`, `autoPauseMemory` and `autoResume` ask for,
+/// checked as the clients check them.
+fn lifecycle(req: &wire::NewSandbox) -> Result<E2bLifecycle, E2bError> {
+    let pause = req.auto_pause == Some(true);
+    let memory = req.auto_pause_memory.unwrap_or(true);
+    let auto_resume = req.auto_resume.as_ref().is_some_and(|a| a.enabled);
+    if !pause && req.auto_pause_memory.is_some() {
+        return Err(E2bError::bad_request(
+            "autoPauseMemory needs autoPause: true (it says what the pause on timeout keeps)",
+        ));
+    }
+    if auto_resume && !pause {
+        return Err(E2bError::bad_request(
+            "autoResume.enabled needs autoPause: true (only a sandbox paused on timeout can be resumed by traffic)",
+        ));
+    }
+    if auto_resume && !memory {
+        return Err(E2bError::bad_request(
+            "autoResume cannot be combined with autoPauseMemory: false: a filesystem-only pause is resumed only by connect",
+        ));
+    }
+    Ok(E2bLifecycle {
+        on_timeout: pause.then_some(if memory {
+            PauseMode::Full
+        } else {
+            PauseMode::Filesystem
+        }),
+        auto_resume,
+    })
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `err: its source`, for a message that says what went wrong inside.
+fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = err.to_string();
+    let mut next = err.source();
+    while let Some(e) = next {
+        out.push_str(": ");
+        out.push_str(&e.to_string());
+        next = e.source();
+    }
+    out
+}
+
+/// The user commands run as by default, and its home: `user` if the
+/// template's /etc/passwd has it (E2B's templates do), else `root`. Read
+/// inside the new sandbox, which sees exactly its template's files
+/// whatever kind of template it is.
+fn default_user(manager: &SandboxManager, tenant: &TenantId, id: &SandboxId) -> (String, String) {
+    let mut passwd = String::new();
+    if let Ok(mut f) = manager.read_file(tenant, id, "/etc/passwd") {
+        let _ = std::io::Read::read_to_string(&mut f, &mut passwd);
+    }
+    passwd
+        .lines()
+        .map(|l| l.split(':').collect::<Vec<_>>())
+        .find(|f| f.len() >= 7 && f[0] == "user")
+        .map(|f| ("user".to_string(), f[5].to_string()))
+        .unwrap_or_else(|| ("root".to_string(), "/root".to_string()))
+}
+
+/// `POST /v2/sandboxes/{id}/connect` and `POST /sandboxes/{id}/connect`:
+/// a running sandbox answers 200 and its time to live is only ever
+/// extended; a paused one is resumed (201).
+async fn connect(
+    State(state): State<E2bState>,
+    ApiKey(tenant): ApiKey,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<Response, E2bError> {
+    let req: wire::Connect = wire::body(&body)?;
+    let timeout = seconds(req.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS))?;
+    let reboot = req.memory == Some(false);
+    let (sb, resumed) = on_sandbox(&state, tenant, &id, move |manager, tenant, sid| {
+        let record = manager.get(tenant, sid)?;
+        if record.state == SandboxState::Paused {
+            let (_, resumed) = manager.resume_with(tenant, sid, Some(timeout), reboot)?;
+            return Ok(Some(resumed));
+        }
+        let wanted = now_millis() + timeout.as_millis() as i64;
+        if wanted > record.expires_at {
+            manager.extend(tenant, sid, timeout)?;
+        }
+        Ok(None)
+    })
+    .await?;
+    let status = match resumed {
+        Some(resumed) => {
+            restart_after(&state, &sb, resumed).await?;
+            StatusCode::CREATED
+        }
+        None => StatusCode::OK,
+    };
+    Ok((status, Json(wire::Sandbox::new(&sb))).into_response())
+}
+
+/// After a resume that ended the sandbox's processes (a filesystem-only
+/// pause, or `memory: false`), start again what brig runs in it: the code
+/// interpreter, as on create.
+pub(crate) async fn restart_after(
+    state: &E2bState,
+    sb: &Arc<E2bSandbox>,
+    resumed: Resumed,
+) -> Result<(), E2bError> {
+    if !resumed.rebooted || !interpreter::wanted(&sb.template) {
+        return Ok(());
+    }
+    let (manager, sb) = (Arc::clone(&state.manager), Arc::clone(sb));
+    tokio::task::spawn_blocking(move || interpreter::start(&manager, &sb))
+        .await
+        .map_err(E2bError::from)?
+        .map_err(|e| E2bError::new(StatusCode::INTERNAL_SERVER_ERROR, error_chain(&e)))
+}
+
+/// `POST /sandboxes/{id}/resume` (Python 2.0–2.3): 201, or 409 if it is
+/// not paused.
+async fn resume(
+    State(state): State<E2bState>,
+    ApiKey(tenant): ApiKey,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<Response, E2bError> {
+    let req: wire::Connect = wire::body(&body)?;
+    let timeout = seconds(req.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS))?;
+    let reboot = req.memory == Some(false);
+    let (sb, (_, resumed)) = on_sandbox(&state, tenant, &id, move |manager, tenant, sid| {
+        manager.resume_with(tenant, sid, Some(timeout), reboot)
+    })
+    .await?;
+    restart_after(&state, &sb, resumed).await?;
+    Ok((StatusCode::CREATED, Json(wire::Sandbox::new(&sb))).into_response())
+}
+
+/// A sandbox that ended during the call is not found, as it will be from
+/// now on.
+fn ended_is_not_found(state: &E2bState, id: &str, e: E2bError) -> E2bError {
+    let gone = state
+        .sandboxes
+        .get(id)
+        .is_none_or(|sb| !state.manager.is_live(&sb.id));
+    if gone {
+        state.sandboxes.remove(id);
+        E2bError::not_found(id)
+    } else {
+        e
+    }
+}
+
+/// Run `f` on a blocking thread on one of `tenant`'s E2B sandboxes (given
+/// the manager, the tenant and its brig id); a sandbox that ended during
+/// the call is not found.
+async fn on_sandbox<T: Send + 'static>(
+    state: &E2bState,
+    tenant: TenantId,
+    id: &str,
+    f: impl FnOnce(&SandboxManager, &TenantId, &SandboxId) -> Result<T, ManagerError> + Send + 'static,
+) -> Result<(Arc<E2bSandbox>, T), E2bError> {
+    let sb = lookup(state, &tenant, id)?;
+    let (manager, sid) = (Arc::clone(&state.manager), sb.id.clone());
+    let out = blocking(move || f(&manager, &tenant, &sid))
+        .await
+        .map_err(|e| ended_is_not_found(state, id, e.into()))?;
+    Ok((sb, out))
+}
+
+/// `DELETE /sandboxes/{id}`: 204 once it is torn down.
+async fn kill(
+    State(state): State<E2bState>,
+    ApiKey(tenant): ApiKey,
+    Path(id): Path<String>,
+) -> Result<StatusCode, E2bError> {
+    on_sandbox(&state, tenant, &id, |manager, tenant, sid| {
+        manager.delete(tenant, sid)
+    })
+    .await?;
+    state.sandboxes.remove(&id);
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `POST /sandboxes/{id}/timeout`: the sandbox ends `timeout` seconds from
+/// now (this may shorten its life). 204.
+async fn set_timeout(
+    State(state): State<E2bState>,
+    ApiKey(tenant): ApiKey,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<StatusCode, E2bError> {
+    let req: wire::SetTimeout = wire::body(&body)?;
+    let timeout = seconds(
+        req.timeout
+            .ok_or_else(|| E2bError::bad_request("timeout (seconds) is required"))?,
+    )?;
+    on_sandbox(&state, tenant, &id, move |manager, tenant, sid| {
+        manager.extend(tenant, sid, timeout)
+    })
+    .await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `POST /sandboxes/{id}/pause` (`{memory?}`; `false` keeps the files
+/// only): 204; 409 if already paused (the SDK then returns `False`).
+async fn pause(
+    State(state): State<E2bState>,
+    ApiKey(tenant): ApiKey,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<StatusCode, E2bError> {
+    let req: wire::Pause = wire::body(&body)?;
+    let mode = match req.memory {
+        Some(false) => PauseMode::Filesystem,
+        _ => PauseMode::Full,
+    };
+    on_sandbox(&state, tenant, &id, move |manager, tenant, sid| {
+        manager.pause_with(tenant, sid, mode)
+    })
+    .await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `GET /sandboxes/{id}`: `SandboxDetail`.
+async fn info(
+    State(state): State<E2bState>,
+    ApiKey(tenant): ApiKey,
+    Path(id): Path<String>,
+) -> Result<Json<Detail>, E2bError> {
+    let (sb, (record, paused)) = on_sandbox(&state, tenant, &id, |manager, tenant, sid| {
+        Ok((manager.get(tenant, sid)?, manager.pause_mode(sid)))
+    })
+    .await?;
+    Ok(Json(Detail::with_pause(&sb, &record, true, paused)))
+}
+
+/// `GET /sandboxes/{id}/metrics`: one `SandboxMetric`, taken now (`start`
+/// and `end` are accepted and ignored: brig keeps no history).
+async fn metrics(
+    State(state): State<E2bState>,
+    ApiKey(tenant): ApiKey,
+    Path(id): Path<String>,
+) -> Result<Json<Vec<Metric>>, E2bError> {
+    let (sb, (sample, record)) = on_sandbox(&state, tenant, &id, |manager, tenant, sid| {
+        Ok((manager.metrics(tenant, sid)?, manager.get(tenant, sid)?))
+    })
+    .await?;
+    let cpus = Detail::new(&sb, &record, false).cpu_count;
+    Ok(Json(vec![Metric::new(&sample, cpus)]))
+}
+
+/// What a listing selects.
+#[derive(Debug)]
+struct ListQuery {
+    metadata: BTreeMap<String, String>,
+    running: bool,
+    paused: bool,
+    template: Option<String>,
+    started_after: Option<i64>,
+    limit: usize,
+    /// `(startedAt ms, id)` of the last item of the previous page.
+    after: Option<(i64, String)>,
+    descending: bool,
+}
+
+impl ListQuery {
+    /// Parse `GET /v2/sandboxes`' query (reference §1.4, "List query
+    /// details"). Unknown parameters are ignored, as upstream does.
+    fn parse(query: Option<&str>) -> Result<ListQuery, E2bError> {
+        let pairs: Vec<(String, String)> = serde_urlencoded::from_str(query.unwrap_or(""))
+            .map_err(|e| E2bError::bad_request(format!("invalid query string: {e}")))?;
+        let mut q = ListQuery {
+            metadata: BTreeMap::new(),
+            running: false,
+            paused: false,
+            template: None,
+            started_after: None,
+            limit: MAX_PAGE,
+            after: None,
+            descending: true,
+        };
+        let mut any_state = false;
+        for (k, v) in pairs {
+            match k.as_str() {
+                // `k=v&k2=v2`, keys and values percent-encoded, sent as one
+                // value: decoded by the query parser, then as a form, then
+                // each key and value once more (as upstream does).
+                "metadata" => {
+                    let inner: Vec<(String, String)> =
+                        serde_urlencoded::from_str(&v).map_err(|e| {
+                            E2bError::bad_request(format!("invalid metadata filter {v:?}: {e}"))
+                        })?;
+                    for (mk, mv) in inner {
+                        match (unescape(&mk), unescape(&mv)) {
+                            (Some(mk), Some(mv)) => q.metadata.insert(mk, mv),
+                            _ => {
+                                return Err(E2bError::bad_request(format!(
+                                    "invalid metadata filter {v:?}: bad percent-encoding"
+                                )))
+                            }
+                        };
+                    }
+                }
+                "state" => {
+                    for s in v.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+                        any_state = true;
+                        match s {
+                            "running" => q.running = true,
+                            "paused" => q.paused = true,
+                            _ => {
+                                return Err(E2bError::bad_request(format!(
+                                    "invalid state {s:?}: use running, paused or both \
+                                     (state=running,paused)"
+                                )));
+                            }
+                        }
+                    }
+                }
+                "template" => q.template = Some(v),
+                "startedAfter" => {
+                    q.started_after = Some(parse_rfc3339(&v).ok_or_else(|| {
+                        E2bError::bad_request(format!(
+                            "invalid startedAfter {v:?}: use RFC 3339, e.g. 2026-01-01T00:00:00Z"
+                        ))
+                    })?)
+                }
+                "limit" => {
+                    q.limit = v
+                        .parse::<usize>()
+                        .ok()
+                        .filter(|n| (1..=MAX_PAGE).contains(n))
+                        .ok_or_else(|| {
+                            E2bError::bad_request(format!(
+                                "invalid limit {v:?}: use a number from 1 to {MAX_PAGE}"
+                            ))
+                        })?
+                }
+                "nextToken" if !v.is_empty() => {
+                    let bad = || {
+                        E2bError::bad_request(format!(
+                            "invalid nextToken {v:?}: pass back the X-Next-Token of the previous \
+                             page unchanged"
+                        ))
+                    };
+                    let (at, id) = v.split_once('.').ok_or_else(bad)?;
+                    q.after = Some((at.parse().map_err(|_| bad())?, id.to_string()));
+                }
+                "order" => {
+                    q.descending = match v.as_str() {
+                        "desc" => true,
+                        "asc" => false,
+                        _ => {
+                            return Err(E2bError::bad_request(format!(
+                                "invalid order {v:?}: use asc or desc"
+                            )));
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        if !any_state {
+            (q.running, q.paused) = (true, true);
+        }
+        Ok(q)
+    }
+
+    fn selects(&self, sb: &E2bSandbox, record: &SandboxRecord) -> bool {
+        let state_ok = match record.state {
+            SandboxState::Running => self.running,
+            SandboxState::Paused => self.paused,
+            _ => false,
+        };
+        state_ok
+            && self
+                .metadata
+                .iter()
+                .all(|(k, v)| sb.metadata.get(k) == Some(v))
+            && self.template.as_ref().is_none_or(|t| t == &sb.template)
+            && self.started_after.is_none_or(|t| record.created_at >= t)
+    }
+}
+
+/// The tenant's sandboxes the query selects, in its order, one page: the
+/// items and the next page's token.
+async fn select(
+    state: &E2bState,
+    tenant: TenantId,
+    q: ListQuery,
+) -> Result<(Vec<Detail>, Option<String>), E2bError> {
+    let mine: Vec<Arc<E2bSandbox>> = state.sandboxes.of_tenant(&tenant);
+    let manager = Arc::clone(&state.manager);
+    blocking(move || {
+        let mut rows: Vec<(Arc<E2bSandbox>, SandboxRecord)> = Vec::new();
+        for sb in mine {
+            // Ended meanwhile: skipped; its end event drops it.
+            let Ok(record) = manager.get(&tenant, &sb.id) else {
+                continue;
+            };
+            if q.selects(&sb, &record) {
+                rows.push((sb, record));
+            }
+        }
+        let key = |r: &SandboxRecord| (r.created_at, r.id.as_str().to_string());
+        rows.sort_by_key(|(_, r)| key(r));
+        if q.descending {
+            rows.reverse();
+        }
+        if let Some(after) = &q.after {
+            rows.retain(|(_, r)| {
+                if q.descending {
+                    key(r) < *after
+                } else {
+                    key(r) > *after
+                }
+            });
+        }
+        let next = (rows.len() > q.limit).then(|| {
+            let (_, r) = &rows[q.limit - 1];
+            format!("{}.{}", r.created_at, r.id)
+        });
+        rows.truncate(q.limit);
+        let items = rows
+            .iter()
+            .map(|(sb, r)| Detail::new(sb, r, false))
+            .collect();
+        Ok::<_, ManagerError>((items, next))
+    })
+    .await
+    .map_err(E2bError::from)
+}
+
+/// `GET /v2/sandboxes`: `ListedSandbox[]`, the next page's token in
+/// `X-Next-Token` (absent on the last page).
+async fn list(
+    State(state): State<E2bState>,
+    ApiKey(tenant): ApiKey,
+    RawQuery(query): RawQuery,
+) -> Result<Response, E2bError> {
+    let q = ListQuery::parse(query.as_deref())?;
+    let (items, next) = select(&state, tenant, q).await?;
+    let mut headers = HeaderMap::new();
+    if let Some(next) = next.and_then(|n| HeaderValue::from_str(&n).ok()) {
+        headers.insert("x-next-token", next);
+    }
+    Ok((headers, Json(items)).into_response())
+}
+
+/// `GET /sandboxes` (deprecated; Python 1.x): every running sandbox,
+/// optionally filtered by `metadata`, in one answer.
+async fn list_legacy(
+    State(state): State<E2bState>,
+    ApiKey(tenant): ApiKey,
+    RawQuery(query): RawQuery,
+) -> Result<Json<Vec<Detail>>, E2bError> {
+    let mut q = ListQuery::parse(query.as_deref())?;
+    (q.running, q.paused, q.limit, q.after) = (true, false, usize::MAX - 1, None);
+    Ok(Json(select(&state, tenant, q).await?.0))
+}
+
+/// Undo percent-encoding (`+` is a space, as in a query string); `None`
+/// if an escape is malformed or the result is not UTF-8.
+fn unescape(s: &str) -> Option<String> {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' => {
+                let hex = s.get(i + 1..i + 3)?;
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            c => {
+                out.push(c);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+fn now_millis() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}

@@ -1,0 +1,333 @@
+//! brig-e2b: E2B compatibility, so the official E2B SDKs, unmodified, work
+//! against brig.
+//!
+//! A client is pointed at brig with environment variables alone
+//! (`E2B_API_KEY` = a brig key, `E2B_API_URL`, `E2B_SANDBOX_URL`; see
+//! `/work/shared/reference/e2b-protocol.md` and `docs/e2b.md`). Two
+//! listeners, both started by `brig serve --e2b`:
+//!
+//! - the **control plane** ([`control_router`], default 127.0.0.1:3000):
+//!   E2B's REST API (create, connect, kill, list, get, timeout, pause,
+//!   resume, metrics), authenticated with `X-API-KEY`, mapped onto the
+//!   runtime's [`SandboxManager`] (`control.rs`);
+//! - the **data plane** ([`data_router`], default 127.0.0.1:49983): every
+//!   in-sandbox request, routed by the `E2b-Sandbox-Id` and
+//!   `E2b-Sandbox-Port` headers: port 49983 is envd (`envd/`: Connect-JSON
+//!   `process.Process` and `filesystem.Filesystem`, `/files`, `/health`,
+//!   `/metrics`, `/envs`), any other port is proxied to that port inside
+//!   the sandbox (brig-http's [`proxy`](brig_http::ports::proxy)), which
+//!   is how the code interpreter (49999, a server brig starts in
+//!   `code-interpreter-v1` sandboxes, `control/interpreter.rs`) is reached.
+//!
+//! Both routers are built from one [`E2bState`]: the runtime's manager and
+//! the [`Registry`] of [`E2bSandbox`]es. What E2B keeps per sandbox beyond
+//! brig's own record (its envd access token, default user, sandbox-wide
+//! env vars, metadata) lives there: in memory, because sandboxes do not outlive the daemon.
+//! It learns that a sandbox ended from the runtime's events ([`on_end`]),
+//! and so does envd's per-sandbox state.
+//!
+//! Runtime errors are answered in E2B's shapes: [`control::E2bError`] on the
+//! control plane, Connect errors ([`envd::connect::ConnectError`]) in envd,
+//! both chosen by the runtime's [`ErrorKind`](brig_runtime::ErrorKind).
+#![forbid(unsafe_code)]
+
+pub mod control;
+pub mod envd;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, Weak};
+
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use brig_core::SandboxId;
+
+use brig_runtime::{EventKind, SandboxManager, TenantId};
+use tokio::sync::broadcast::error::RecvError;
+
+/// The `envdVersion` brig reports: the clients enable features by it
+/// (reference §3.8). Raise it only with the feature it gates.
+///
+/// 0.6.4: every feature the clients gate up to it is implemented in
+/// `envd/` (recursive watches 0.1.4, metrics 0.1.5/0.2.4, the `stdin` flag
+/// 0.3.0, the server-side default user 0.4.0, `CloseStdin` 0.5.2,
+/// octet-stream and gzip uploads 0.5.7, file metadata as `user.e2b.*`
+/// xattrs 0.6.2, `includeEntry` on watch events 0.6.3, and
+/// `allowNetworkMounts` 0.6.4, accepted and ignored: a sandbox has no
+/// network mounts). The clients (Python e2b 2.63, JS e2b 2.51) gate
+/// nothing above 0.6.4, so a higher number would claim behaviour of later
+/// envd releases that no client asks about and nothing here checks.
+pub const ENVD_VERSION: &str = "0.6.4";
+
+/// The envd port the SDKs address (`E2b-Sandbox-Port: 49983`).
+pub const ENVD_PORT: u16 = 49983;
+/// The code interpreter's port.
+pub const CODE_INTERPRETER_PORT: u16 = 49999;
+
+/// What both E2B routers share.
+#[derive(Debug, Clone)]
+pub struct E2bState {
+    pub manager: Arc<SandboxManager>,
+    pub sandboxes: Arc<Registry>,
+    /// The default user and its home per build of a named template (builds
+    /// never change: `brig_template` makes a new one instead), so a create
+    /// need not read the sandbox's /etc/passwd again.
+    pub(crate) users: Arc<Mutex<HashMap<serde_json::Value, (String, String)>>>,
+}
+
+impl E2bState {
+    pub fn new(manager: Arc<SandboxManager>) -> E2bState {
+        E2bState {
+            manager,
+            sandboxes: Arc::new(Registry::default()),
+            users: Arc::default(),
+        }
+    }
+}
+
+/// What the E2B planes know about a sandbox they created.
+#[derive(Debug, Clone)]
+pub struct E2bSandbox {
+    pub id: SandboxId,
+    pub tenant: TenantId,
+    /// `templateID` as the client gave it.
+    pub template: String,
+    /// envd's `X-Access-Token` (the API's `envdAccessToken`), also the key
+    /// of signed `/files` URLs.
+    pub access_token: String,
+    /// Commands and files run as this user unless a request names one
+    /// (`user` in E2B templates, else `root`).
+    pub default_user: String,
+    /// The default user's home (the code interpreter's working directory).
+    pub home: String,
+    /// What happens when its time to live runs out, and on traffic while
+    /// paused (create's `autoPause`, `autoPauseMemory`, `autoResume`).
+    pub lifecycle: E2bLifecycle,
+    /// Sandbox-wide environment variables (create's `envVars`, `GET /envs`).
+    pub env: BTreeMap<String, String>,
+    /// E2B's `metadata` (brig labels).
+    pub metadata: BTreeMap<String, String>,
+}
+
+/// E2B's `lifecycle` of a sandbox.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct E2bLifecycle {
+    /// `Some`: paused (keeping what it says) rather than killed when its
+    /// time to live runs out.
+    pub on_timeout: Option<brig_runtime::PauseMode>,
+    /// A request to its data plane while it is paused (fully) resumes it.
+    pub auto_resume: bool,
+}
+
+/// The E2B sandboxes of this daemon, by id.
+#[derive(Debug, Default)]
+pub struct Registry {
+    map: Mutex<HashMap<String, Arc<E2bSandbox>>>,
+}
+
+impl Registry {
+    pub fn get(&self, id: &str) -> Option<Arc<E2bSandbox>> {
+        self.lock().get(id).cloned()
+    }
+
+    pub fn insert(&self, sandbox: E2bSandbox) -> Arc<E2bSandbox> {
+        let sandbox = Arc::new(sandbox);
+        self.lock()
+            .insert(sandbox.id.to_string(), Arc::clone(&sandbox));
+        sandbox
+    }
+
+    pub fn remove(&self, id: &str) -> Option<Arc<E2bSandbox>> {
+        self.lock().remove(id)
+    }
+
+    /// Keep only the sandboxes `keep` says to (the control plane drops
+    /// those that have ended).
+    pub fn retain(&self, mut keep: impl FnMut(&E2bSandbox) -> bool) {
+        self.lock().retain(|_, sb| keep(sb));
+    }
+
+    /// Every sandbox of `tenant`'s.
+    pub fn of_tenant(&self, tenant: &TenantId) -> Vec<Arc<E2bSandbox>> {
+        self.lock()
+            .values()
+            .filter(|sb| &sb.tenant == tenant)
+            .cloned()
+            .collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.lock().is_empty()
+    }
+
+    /// Every registered sandbox (the data plane routes a signed `/files`
+    /// URL, which names no sandbox, by the token its signature validates).
+    pub fn all(&self) -> Vec<Arc<E2bSandbox>> {
+        self.lock().values().cloned().collect()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<E2bSandbox>>> {
+        self.map.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The data plane's answer for an unknown or ended sandbox: exactly the
+/// body the SDKs key on ("was not found" → `SandboxNotRunningException`,
+/// and `is_running()` is false on any 502), reference §2.4.
+pub fn sandbox_not_found(id: &str) -> Response {
+    (
+        StatusCode::BAD_GATEWAY,
+        Json(serde_json::json!({
+            "sandboxId": id,
+            "message": "The sandbox was not found",
+            "code": 502,
+        })),
+    )
+        .into_response()
+}
+
+/// The sandbox and port of a data-plane request: the routing headers
+/// (`E2b-Sandbox-Id`, `E2b-Sandbox-Port`; names are case-insensitive), or,
+/// when neither is there, a `Host` of the form `{port}-{id}.{domain}` as
+/// `get_host(port)` builds it (E2B's host routing; with
+/// `E2B_DOMAIN=localhost`, `http://8000-ID.localhost:49983/` reaches port
+/// 8000 of sandbox ID from a browser or curl).
+pub fn routing(headers: &HeaderMap) -> (Option<&str>, Option<u16>) {
+    let id = headers.get("e2b-sandbox-id").and_then(|v| v.to_str().ok());
+    let port = headers
+        .get("e2b-sandbox-port")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|p| p.trim().parse().ok());
+    if id.is_none() && port.is_none() {
+        if let Some(routed) = headers
+            .get(axum::http::header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .and_then(host_routing)
+        {
+            return (Some(routed.0), Some(routed.1));
+        }
+    }
+    (id, port)
+}
+
+/// `{port}-{id}.{domain}[:port]` → (id, port).
+fn host_routing(host: &str) -> Option<(&str, u16)> {
+    let (label, _domain) = host.split_once('.')?;
+    let (port, id) = label.split_once('-')?;
+    let port = port.parse().ok()?;
+    let id_ok = !id.is_empty()
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+    id_ok.then_some((id, port))
+}
+
+/// The sandbox an envd request is for, from `E2b-Sandbox-Id`, known to
+/// this daemon and still live; a 502 ([`sandbox_not_found`]) otherwise.
+/// It does **not** check `X-Access-Token`: envd handlers do, as each
+/// endpoint's rules differ (`/health` and signed `/files` need none).
+#[derive(Debug, Clone)]
+pub struct RoutedSandbox(pub Arc<E2bSandbox>);
+
+impl FromRequestParts<E2bState> for RoutedSandbox {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &E2bState) -> Result<Self, Response> {
+        let (id, _) = routing(&parts.headers);
+        let id = id.unwrap_or_default();
+        match state.sandboxes.get(id) {
+            Some(sb) if state.manager.is_live(&sb.id) => Ok(RoutedSandbox(sb)),
+            _ => Err(sandbox_not_found(id)),
+        }
+    }
+}
+
+impl RoutedSandbox {
+    /// Whether the request carries this sandbox's access token.
+    pub fn token_ok(&self, headers: &HeaderMap) -> bool {
+        headers
+            .get("x-access-token")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|t| constant_time_eq(t.as_bytes(), self.0.access_token.as_bytes()))
+    }
+}
+
+/// envd's answer to a missing or wrong `X-Access-Token` (reference §3.5).
+pub fn unauthorized_token() -> Response {
+    (
+        StatusCode::UNAUTHORIZED,
+        Json(serde_json::json!({
+            "code": 401,
+            "message": "unauthorized access, please provide a valid access token or method signing if supported",
+        })),
+    )
+        .into_response()
+}
+
+/// Compare secrets without leaking where they differ through timing.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// What a follower of sandbox ends ([`on_end`]) is told.
+#[derive(Debug)]
+pub enum Ended<'a> {
+    /// This sandbox ended: forget it.
+    One(&'a SandboxId),
+    /// Some ends were missed (the follower fell behind the runtime's
+    /// events): forget every sandbox the manager no longer runs.
+    Missed(&'a SandboxManager),
+}
+
+/// Tell `forget` about every sandbox that ends from now on, on a task of the
+/// current tokio runtime (none outside one), for as long as `holder` (what
+/// keeps per-sandbox state) and the manager live. Subscribes before it
+/// returns: no end after this call is missed.
+pub fn on_end<T: Send + Sync + 'static>(
+    manager: &Arc<SandboxManager>,
+    holder: &Arc<T>,
+    forget: impl Fn(&T, Ended<'_>) + Send + 'static,
+) {
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let mut events = manager.subscribe();
+    let (holder, manager): (Weak<T>, Weak<SandboxManager>) =
+        (Arc::downgrade(holder), Arc::downgrade(manager));
+    rt.spawn(async move {
+        loop {
+            let event = events.recv().await;
+            let Some(holder) = holder.upgrade() else {
+                return;
+            };
+            match event {
+                Ok(e) if matches!(e.kind, EventKind::Ended { .. }) => {
+                    forget(&holder, Ended::One(&e.id))
+                }
+                Ok(_) => {}
+                Err(RecvError::Lagged(_)) => match manager.upgrade() {
+                    Some(m) => forget(&holder, Ended::Missed(&m)),
+                    None => return,
+                },
+                // The manager and its supervisors are gone.
+                Err(RecvError::Closed) => return,
+            }
+        }
+    });
+}
+
+/// The control plane (`E2B_API_URL`).
+pub fn control_router(state: E2bState) -> axum::Router {
+    control::router(state)
+}
+
+/// The data plane (`E2B_SANDBOX_URL`).
+pub fn data_router(state: E2bState) -> axum::Router {
+    envd::data_plane(state)
+}

@@ -1,0 +1,185 @@
+//! The official JS clients (npm `e2b` and `@e2b/code-interpreter`, from
+//! tests/support/install-node-deps.sh) drive `brig serve --e2b`'s two
+//! planes, served in process (support/planes.rs), on the named templates of
+//! the shared test home (`base`, `code-interpreter-v1`). Needs root (real
+//! sandboxes), the node_modules and the templates; skips otherwise, fails
+//! under BRIG_TEST_STRICT=1.
+
+mod support;
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use brig_runtime::ListFilter;
+use support::root_or_skip;
+use support::{planes_with, skip, template_home, test_cache, Planes};
+
+/// The pinned clients (tests/support/install-node-deps.sh).
+const E2B_JS: &str = "2.51.0";
+const CODE_INTERPRETER_JS: &str = "2.8.0";
+
+/// The node_modules dir if it holds the package at the pinned version, else
+/// a skip (or a failure under BRIG_TEST_STRICT=1) and `None`.
+fn node_modules(package: &str, version: &str) -> Option<std::path::PathBuf> {
+    let dir = test_cache().join("e2b-node");
+    let manifest = dir.join("node_modules").join(package).join("package.json");
+    let have = std::fs::read_to_string(&manifest)
+        .ok()
+        .and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok())
+        .and_then(|v| v["version"].as_str().map(str::to_string));
+    if have.as_deref() != Some(version) {
+        skip(&format!(
+            "{} has no {package} {version} (found {have:?}): run tests/support/install-node-deps.sh",
+            dir.display()
+        ));
+        return None;
+    }
+    Some(dir)
+}
+
+/// Planes over the shared template home with `template` built (or waited
+/// for) before any client clock starts; `None` after a skip.
+fn planes_for(template: &str) -> Option<Planes> {
+    if let Err(e) =
+        brig_template::ensure(&template_home(), template, brig_template::Progress::Lines)
+    {
+        skip(&format!("cannot build the {template} template: {e}"));
+        return None;
+    }
+    Some(planes_with(|c| c.home = Some(template_home())))
+}
+
+/// Runs tests/e2b/`script` with node from `dir` (where node resolves the
+/// clients), pointed at the planes.
+fn node(dir: &Path, script: &str, p: &Planes, template: &str) -> Output {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/e2b")
+        .join(script);
+    // Each run its own copies: tests may run side by side. The script
+    // imports the shared checks (tests/e2b/sdk_checks.mjs) by their name.
+    let pid = std::process::id();
+    let copy = dir.join(format!("{pid}-{script}"));
+    let checks = format!("sdk_checks-{pid}.mjs");
+    let text = std::fs::read_to_string(&src)
+        .unwrap()
+        .replace("'./sdk_checks.mjs'", &format!("'./{checks}'"));
+    std::fs::write(&copy, text).unwrap();
+    std::fs::copy(src.with_file_name("sdk_checks.mjs"), dir.join(&checks)).unwrap();
+    let out = Command::new("node")
+        .arg(&copy)
+        .current_dir(dir)
+        .env("E2B_API_KEY", &p.f.key)
+        .env("E2B_API_URL", format!("http://{}", p.api))
+        .env("E2B_SANDBOX_URL", format!("http://{}", p.data))
+        .env("E2B_TEMPLATE", template)
+        .env_remove("E2B_DEBUG")
+        .env_remove("E2B_DOMAIN")
+        // The clients' "ci" source: error messages carry the server's
+        // answer body (`400 Bad Request: <why>`), so a failure says why.
+        .env("E2B_USER_AGENT_SOURCE", "ci")
+        .output();
+    let _ = std::fs::remove_file(&copy);
+    let _ = std::fs::remove_file(dir.join(&checks));
+    out.expect("run node")
+}
+
+/// Every sandbox the script made has ended: none left in the E2B registry,
+/// and `made` records in the store, all ended.
+fn all_killed(p: &Planes, made: usize, log: &str) {
+    assert!(
+        p.state.sandboxes.is_empty(),
+        "still registered after the script: {log}"
+    );
+    let tenant = p.f.manager.authenticate(&p.f.key).unwrap();
+    let page =
+        p.f.manager
+            .list(&tenant, &ListFilter::default(), None, 1000)
+            .unwrap();
+    assert_eq!(page.items.len(), made, "{:?}", page.items);
+    for s in &page.items {
+        assert!(s.ended_at.is_some(), "{} still runs: {log}", s.id);
+    }
+}
+
+/// `e2b` 2.51.0 runs tests/e2b/js_sdk.mjs on `base` (default user `user`
+/// with sudo): commands (foreground, background, stdin, list, connect, kill,
+/// envs, cwd, user, exit codes, timeouts, multi-MB output), PTY (create,
+/// input, resize, kill, cwd/envs), files (text, bytes, blob, stream, gzip,
+/// many, list depth, exists, info, makeDir, rename, remove, users), watchDir,
+/// signed upload/download URLs, and the lifecycle (getInfo, setTimeout,
+/// getMetrics, connect, list paging and filters, pause/betaPause and resume
+/// through connect, expiry, kill).
+#[test]
+fn js_sdk_current_generation() {
+    if !root_or_skip() {
+        return;
+    }
+    let Some(dir) = node_modules("e2b", E2B_JS) else {
+        return;
+    };
+    let Some(p) = planes_for("base") else {
+        return;
+    };
+    let out = node(&dir, "js_sdk.mjs", &p, "base");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let log = format!("{stdout}\n{stderr}");
+    assert!(out.status.success(), "{log}");
+    assert!(stdout.contains(&format!("e2b {E2B_JS} (js)")), "{log}");
+    assert!(stdout.lines().any(|l| l == "101 passed, 0 failed"), "{log}");
+    // The current generation's create and connect paths; pause and resume
+    // went through the control plane.
+    let seen = p.seen.lock().unwrap().clone();
+    assert!(seen.iter().any(|l| l == "POST /v2/sandboxes"), "{seen:?}");
+    assert!(
+        seen.iter()
+            .any(|l| l.starts_with("POST /v2/sandboxes/") && l.ends_with("/connect")),
+        "{seen:?}"
+    );
+    assert!(
+        seen.iter()
+            .any(|l| l.starts_with("POST /sandboxes/") && l.ends_with("/pause")),
+        "{seen:?}"
+    );
+    assert!(
+        !seen.iter().any(|l| l == "POST /sandboxes"),
+        "the old create path: {seen:?}"
+    );
+    all_killed(&p, 3, &log);
+}
+
+/// `@e2b/code-interpreter` 2.8.0 runs tests/e2b/js_code_interpreter.mjs on
+/// `code-interpreter-v1`: state across calls, execution counts, errors,
+/// stdout/stderr, matplotlib PNG, display_data, rich formats, streaming
+/// callbacks, contexts (create with cwd/language, list, restart, remove),
+/// bash, env vars (per call and create-time), timeouts.
+#[test]
+fn js_code_interpreter() {
+    if !root_or_skip() {
+        return;
+    }
+    let Some(dir) = node_modules("@e2b/code-interpreter", CODE_INTERPRETER_JS) else {
+        return;
+    };
+    if node_modules("e2b", E2B_JS).is_none() {
+        return;
+    }
+    let Some(p) = planes_for("code-interpreter-v1") else {
+        return;
+    };
+    let out = node(&dir, "js_code_interpreter.mjs", &p, "code-interpreter-v1");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let log = format!("{stdout}\n{stderr}");
+    assert!(out.status.success(), "{log}");
+    assert!(
+        stdout.contains(&format!(
+            "@e2b/code-interpreter {CODE_INTERPRETER_JS} (e2b {E2B_JS}, js)"
+        )),
+        "{log}"
+    );
+    assert!(stdout.lines().any(|l| l == "55 passed, 0 failed"), "{log}");
+    let seen = p.seen.lock().unwrap().clone();
+    assert!(seen.iter().any(|l| l == "POST /v2/sandboxes"), "{seen:?}");
+    all_killed(&p, 1, &log);
+}

@@ -1,0 +1,131 @@
+//! Shared by the E2B tests: both E2B routers (brig-e2b) served in process on
+//! loopback sockets over a test manager ([`Planes`]), a sandbox made and
+//! driven through the manager itself ([`create`], [`sh`]), and where the
+//! official clients live: the venvs and node_modules that
+//! tests/support/install-*-deps.sh make ([`venv`], [`test_cache`]), and the
+//! home where scripts/test builds the named templates ([`template_home`]).
+
+#![allow(dead_code, unused_imports)] // each test binary uses a different part of it
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use brig_agent_client::ExecRequest;
+use brig_core::SandboxId;
+use brig_e2b::{control_router, data_router, E2bState};
+use brig_runtime::{CreateConfig, ManagerConfig, SandboxState};
+use brig_test_support::{manager_fixture, serve, ManagerFixture};
+
+pub use brig_test_support::{root_or_skip, skip, template_home, test_cache};
+
+/// The manager's fixture and both E2B planes on loopback sockets.
+pub struct Planes {
+    pub f: ManagerFixture,
+    pub state: E2bState,
+    /// `METHOD /path` of every control-plane request, in order.
+    pub seen: Arc<Mutex<Vec<String>>>,
+    pub api: SocketAddr,
+    pub data: SocketAddr,
+    // Dropped last: the servers' tasks run on it.
+    _rt: tokio::runtime::Runtime,
+}
+
+pub fn planes() -> Planes {
+    planes_with(|_| {})
+}
+
+pub fn planes_with(tweak: impl FnOnce(&mut ManagerConfig)) -> Planes {
+    let f = manager_fixture(tweak);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let state = E2bState::new(Arc::clone(&f.manager));
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let record = {
+        let seen = Arc::clone(&seen);
+        axum::middleware::from_fn(
+            move |req: axum::extract::Request, next: axum::middleware::Next| {
+                let seen = Arc::clone(&seen);
+                async move {
+                    let line = format!("{} {}", req.method(), req.uri().path());
+                    seen.lock().unwrap().push(line);
+                    next.run(req).await
+                }
+            },
+        )
+    };
+    let (api, data) = rt.block_on(async {
+        (
+            serve(control_router(state.clone()).layer(record)).await,
+            serve(data_router(state.clone())).await,
+        )
+    });
+    Planes {
+        f,
+        state,
+        seen,
+        api,
+        data,
+        _rt: rt,
+    }
+}
+
+/// A test venv's Python.
+pub fn venv(name: &str) -> PathBuf {
+    test_cache().join(name).join("bin/python")
+}
+
+/// A new sandbox of the fixture's first tenant, with the defaults (the
+/// `host` template); its id.
+pub async fn create(f: &ManagerFixture) -> String {
+    let manager = Arc::clone(&f.manager);
+    let tenant = manager.authenticate(&f.key).unwrap();
+    let record =
+        tokio::task::spawn_blocking(move || manager.create(&tenant, CreateConfig::default()))
+            .await
+            .unwrap()
+            .expect("create a sandbox");
+    assert_eq!(record.state, SandboxState::Running, "{record:?}");
+    record.id.to_string()
+}
+
+/// End sandbox `id` of the fixture's first tenant and wait for its
+/// teardown.
+pub async fn delete(f: &ManagerFixture, id: &str) {
+    let manager = Arc::clone(&f.manager);
+    let tenant = manager.authenticate(&f.key).unwrap();
+    let id = SandboxId::parse(id).unwrap();
+    tokio::task::spawn_blocking(move || manager.delete(&tenant, &id))
+        .await
+        .unwrap()
+        .expect("delete the sandbox");
+}
+
+/// Run a shell script in the sandbox as root to its end; its stdout. It
+/// must exit 0.
+pub async fn sh(f: &ManagerFixture, id: &str, script: &str) -> String {
+    let manager = Arc::clone(&f.manager);
+    let tenant = manager.authenticate(&f.key).unwrap();
+    let id = SandboxId::parse(id).unwrap();
+    let req = ExecRequest {
+        argv: ["sh", "-c", script].map(String::from).to_vec(),
+        ..ExecRequest::default()
+    };
+    let script = script.to_string();
+    tokio::task::spawn_blocking(move || {
+        let process = manager.exec(&tenant, &id, &req).expect("start sh");
+        let (stdout, stderr, status) = process.wait_with_output().expect("wait for sh");
+        assert_eq!(
+            status.code,
+            Some(0),
+            "{script}: {}",
+            String::from_utf8_lossy(&stderr)
+        );
+        String::from_utf8(stdout).unwrap()
+    })
+    .await
+    .unwrap()
+}

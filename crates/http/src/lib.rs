@@ -1,0 +1,117 @@
+//! brig-http: what every HTTP front-end of the runtime shares.
+//!
+//! A front-end (the native API, brig-api; E2B's planes, brig-e2b) turns
+//! requests into calls on the [`SandboxManager`] and answers in its own
+//! wire format. What they have in common is here, and none of it decides
+//! what an error looks like on the wire: each piece returns a typed error
+//! the front-end maps.
+//!
+//! - [`Auth`]: the tenant a request acts for, from `Authorization: Bearer
+//!   <key>` (an axum extractor over any state that is an [`AuthState`]),
+//!   or from a key found elsewhere ([`Auth::with_key`]). Refusals are
+//!   [`AuthRejection`]s, turned into the front-end's own error by
+//!   [`AuthState::Rejection`].
+//! - [`blocking`]: run a blocking manager call (SQLite, the agent, the
+//!   spawner) off the async workers; [`BlockingError`] if the task failed.
+//! - [`ports`]: HTTP and WebSocket to a port inside a sandbox, through its
+//!   agent ([`ports::proxy`], failing with a [`ports::ProxyError`]).
+#![forbid(unsafe_code)]
+
+pub mod ports;
+
+use std::sync::Arc;
+
+use axum::extract::FromRequestParts;
+use axum::http::header::AUTHORIZATION;
+use axum::http::request::Parts;
+use axum::response::IntoResponse;
+use brig_runtime::{AuthError, SandboxManager, TenantId};
+use tokio::task::JoinError;
+
+/// A front-end's router state, as [`Auth`] needs it.
+pub trait AuthState: Send + Sync {
+    /// How the front-end answers a refused key (its 401, its 500).
+    type Rejection: IntoResponse + From<AuthRejection>;
+
+    fn manager(&self) -> &Arc<SandboxManager>;
+}
+
+/// The tenant a request acts for.
+#[derive(Debug, Clone)]
+pub struct Auth(pub TenantId);
+
+/// Why a request has no tenant.
+#[derive(Debug, thiserror::Error)]
+pub enum AuthRejection {
+    /// No `Authorization: Bearer <key>` header.
+    #[error("no api key")]
+    Missing,
+    /// The key was refused ([`AuthError::is_rejection`]), or could not be
+    /// checked (the store failed).
+    #[error(transparent)]
+    Key(#[from] AuthError),
+    /// The check's blocking task failed.
+    #[error("the api key check failed")]
+    Task(#[source] JoinError),
+}
+
+impl<S: AuthState> FromRequestParts<S> for Auth {
+    type Rejection = S::Rejection;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Auth, S::Rejection> {
+        let key = parts
+            .headers
+            .get(AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(|k| k.trim().to_string())
+            .ok_or(AuthRejection::Missing)?;
+        Ok(Auth::with_key(state.manager(), key).await?)
+    }
+}
+
+impl Auth {
+    /// Check a key however it arrived (the native PTY route also takes one
+    /// from `Sec-WebSocket-Protocol`, E2B's control plane from
+    /// `X-API-KEY`). A refused key is logged here, once.
+    pub async fn with_key(
+        manager: &Arc<SandboxManager>,
+        key: String,
+    ) -> Result<Auth, AuthRejection> {
+        let manager = Arc::clone(manager);
+        let checked = tokio::task::spawn_blocking(move || manager.authenticate(&key))
+            .await
+            .map_err(AuthRejection::Task)?;
+        match checked {
+            Ok(tenant) => Ok(Auth(tenant)),
+            Err(e) => {
+                if e.is_rejection() {
+                    tracing::info!("refused an api key: {e}");
+                }
+                Err(e.into())
+            }
+        }
+    }
+}
+
+/// Why a [`blocking`] call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BlockingError<E> {
+    /// The call itself failed.
+    #[error(transparent)]
+    Call(E),
+    /// The blocking task panicked or was cancelled.
+    #[error(transparent)]
+    Task(JoinError),
+}
+
+/// Run a blocking manager call (SQLite, the agent, the spawner) off the
+/// async workers.
+pub async fn blocking<T: Send + 'static, E: Send + 'static>(
+    f: impl FnOnce() -> Result<T, E> + Send + 'static,
+) -> Result<T, BlockingError<E>> {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(result) => result.map_err(BlockingError::Call),
+        Err(e) => Err(BlockingError::Task(e)),
+    }
+}

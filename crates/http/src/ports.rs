@@ -1,0 +1,502 @@
+//! [`proxy`]: HTTP and WebSocket to a server listening on a port inside a
+//! sandbox, for every front-end (the native API's
+//! `ANY /v1/sandboxes/{id}/ports/{port}/{*path}`; the E2B data plane, for
+//! every port that is not envd's).
+//!
+//! A sandbox's network is loopback only, so the daemon cannot connect to
+//! its servers; the agent does, and relays the bytes over a `CONNECT`
+//! stream ([`PortStream`]). Each proxied request gets its own connection
+//! inside the sandbox, and hyper's HTTP/1.1 client speaks over it:
+//!
+//! - Bodies are streamed both ways, never held whole: the request body
+//!   goes up as the client sends it, the response body comes down as the
+//!   server writes it, paced by the stream's credit (a slow client slows
+//!   the server inside the sandbox, not the daemon's memory).
+//! - `Upgrade` (WebSocket and anything else): the request goes up with its
+//!   `Upgrade`/`Connection` headers; on `101 Switching Protocols` both
+//!   connections are spliced byte for byte until either side closes
+//!   (each direction's EOF is passed on as a half-close).
+//! - Headers: `Authorization` (the brig key) and hop-by-hop headers are not
+//!   forwarded; `Host` becomes `127.0.0.1:PORT`, as the server would see
+//!   from a local client.
+//! - Nothing listening on the port: [`ProxyError::PortClosed`]. The server
+//!   closing without an answer: [`ProxyError::BadGateway`]. Each front-end
+//!   answers them in its own shape.
+//!
+//! A connection whose exchange ended cleanly is kept (HTTP/1.1
+//! keep-alive) for the next request to the same port of the same sandbox
+//! ([`idle`]): a new one costs an agent stream, two threads and a TCP
+//! connect inside the sandbox, about a millisecond, which every
+//! `run_code` through the E2B data plane paid. Kept connections are
+//! dropped after [`IDLE_FOR`], and go with their sandbox.
+//!
+//! The bridge between the blocking [`PortStream`] and hyper's async IO
+//! ([`PortIo`]) is two threads per connection, one per direction, joined
+//! to the async side by small bounded channels: at most a few chunks are
+//! in flight in each direction, on top of the stream's window.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::pin::Pin;
+use std::sync::{Arc, LazyLock, Mutex};
+use std::task::{ready, Context, Poll};
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::Request;
+use axum::http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use axum::http::{StatusCode, Uri};
+use axum::response::Response;
+use brig_agent_client::{ClientError, ErrorCode, PortStream};
+use brig_core::SandboxId;
+use brig_runtime::{ManagerError, SandboxManager, TenantId};
+use bytes::Bytes;
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::mpsc;
+use tokio_util::sync::PollSender;
+
+/// Bytes per chunk between a connection's threads and hyper.
+const CHUNK: usize = 64 << 10;
+/// Chunks in flight per direction.
+const IN_FLIGHT: usize = 4;
+/// How long a kept connection waits for its next request.
+const IDLE_FOR: Duration = Duration::from_secs(30);
+/// Connections kept per port of a sandbox (busy or idle).
+const KEPT_PER_PORT: usize = 4;
+
+/// Why a request could not be proxied.
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    /// Nothing listens on the port inside the sandbox.
+    #[error("sandbox {id}: nothing listens on port {port}")]
+    PortClosed { id: SandboxId, port: u16 },
+    /// The server inside the sandbox broke the exchange (closed without an
+    /// answer, sent something that is not HTTP).
+    #[error("sandbox {id}: port {port}: {reason}")]
+    BadGateway {
+        id: SandboxId,
+        port: u16,
+        reason: String,
+    },
+    /// The sandbox is unknown (or another tenant's), not running, paused,
+    /// or its agent failed.
+    #[error(transparent)]
+    Manager(#[from] ManagerError),
+}
+
+/// Forward `req` to `port` on the loopback of sandbox `id` (which must be
+/// `tenant`'s and running) and stream the answer back; WebSocket and other
+/// upgrades included. `req`'s URI is sent as its path and query (the
+/// caller strips any prefix of its own); `Authorization` is not forwarded,
+/// `Host` becomes `127.0.0.1:PORT`. A failure is a [`ProxyError`], which
+/// each front-end answers in its own shape (the native API's
+/// `502 port_closed`, E2B's `port is not open`).
+pub async fn proxy(
+    manager: Arc<SandboxManager>,
+    tenant: TenantId,
+    id: SandboxId,
+    port: u16,
+    mut req: Request,
+) -> Result<Response, ProxyError> {
+    let upgrade = req.headers().contains_key(header::UPGRADE);
+    let client_side = upgrade.then(|| hyper::upgrade::on(&mut req));
+    let (mut parts, body) = req.into_parts();
+    let upgrade_to = parts.headers.get(header::UPGRADE).cloned();
+    strip_hop_by_hop(&mut parts.headers);
+    parts.headers.remove(header::AUTHORIZATION);
+    if let Some(proto) = upgrade_to {
+        parts.headers.insert(header::UPGRADE, proto);
+        parts
+            .headers
+            .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    }
+    parts.headers.insert(
+        header::HOST,
+        HeaderValue::from_str(&format!("127.0.0.1:{port}")).expect("a valid header value"),
+    );
+    parts.uri = parts
+        .uri
+        .path_and_query()
+        .map_or_else(|| Uri::from_static("/"), |pq| Uri::from(pq.clone()));
+    parts.version = axum::http::Version::HTTP_11;
+    let out = Request::from_parts(parts, body);
+
+    // A kept connection, if the sandbox is still the tenant's and running
+    // (an upgrade takes its connection for good: always a new one).
+    let usable = !upgrade && manager.is_running(&tenant, &id);
+    let kept = if usable { idle::take(&id, port) } else { None };
+    let reused = kept.is_some();
+    let mut sender = match kept {
+        Some(s) => s,
+        None => connect(&manager, &tenant, &id, port).await?,
+    };
+    let mut resp = match sender.try_send_request(out).await {
+        Ok(resp) => resp,
+        // The kept connection was closed by the server meanwhile, before
+        // the request went out: send it on a new one.
+        Err(mut e) if reused && e.message().is_some() => {
+            let out = e.take_message().expect("checked above");
+            sender = connect(&manager, &tenant, &id, port).await?;
+            sender
+                .send_request(out)
+                .await
+                .map_err(|e| bad_gateway(&id, port, describe(&e)))?
+        }
+        Err(e) => return Err(bad_gateway(&id, port, describe(e.error()))),
+    };
+    if !upgrade {
+        // Ready again once this response's body has been read whole.
+        idle::put(&id, port, sender);
+    }
+    if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+        let Some(client_side) = client_side else {
+            return Err(bad_gateway(
+                &id,
+                port,
+                "the server switched protocols without being asked to".into(),
+            ));
+        };
+        let server_side = hyper::upgrade::on(&mut resp);
+        tokio::spawn(async move {
+            let (Ok(client), Ok(server)) = tokio::join!(client_side, server_side) else {
+                return;
+            };
+            let (mut client, mut server) = (TokioIo::new(client), TokioIo::new(server));
+            let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+        });
+        let (parts, _) = resp.into_parts();
+        return Ok(Response::from_parts(parts, Body::empty()));
+    }
+    let (mut parts, body) = resp.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    Ok(Response::from_parts(parts, Body::new(body)))
+}
+
+/// A new HTTP/1.1 connection to `port` inside the sandbox, through its
+/// agent.
+async fn connect(
+    manager: &Arc<SandboxManager>,
+    tenant: &TenantId,
+    id: &SandboxId,
+    port: u16,
+) -> Result<hyper::client::conn::http1::SendRequest<Body>, ProxyError> {
+    let stream = {
+        let (manager, tenant) = (Arc::clone(manager), tenant.clone());
+        let sandbox = id.clone();
+        tokio::task::spawn_blocking(move || -> Result<PortStream, ProxyError> {
+            let id = sandbox;
+            let conn = manager.connection(&tenant, &id)?;
+            conn.connect_port(port).map_err(|source| {
+                if source.agent_code() == Some(ErrorCode::ConnectionRefused) {
+                    ProxyError::PortClosed {
+                        id: id.clone(),
+                        port,
+                    }
+                } else if let ClientError::Agent { message, .. } = &source {
+                    // The agent could not connect (a connect timeout):
+                    // the server's fault, not the daemon's.
+                    bad_gateway(&id, port, message.clone())
+                } else {
+                    ManagerError::Agent {
+                        id: id.clone(),
+                        source,
+                    }
+                    .into()
+                }
+            })
+        })
+        .await
+        .map_err(|e| bad_gateway(id, port, format!("connect task failed: {e}")))??
+    };
+    let io = PortIo::new(stream);
+    let (sender, conn) = hyper::client::conn::http1::handshake::<_, Body>(TokioIo::new(io))
+        .await
+        .map_err(|e| bad_gateway(id, port, e.to_string()))?;
+    tokio::spawn(async move {
+        // Ends when the server closes, the sender is dropped with no
+        // exchange left, or the upgraded IO is taken.
+        let _ = conn.with_upgrades().await;
+    });
+    Ok(sender)
+}
+
+/// The kept connections: by sandbox and port, with when each was put back.
+mod idle {
+    use super::*;
+    use hyper::client::conn::http1::SendRequest;
+
+    type Kept = Vec<(Instant, SendRequest<Body>)>;
+
+    static KEPT: LazyLock<Mutex<HashMap<(SandboxId, u16), Kept>>> = LazyLock::new(|| {
+        // Drops what waited too long, even if no request comes again.
+        std::thread::Builder::new()
+            .name("brig-port-idle".into())
+            .spawn(|| loop {
+                std::thread::sleep(IDLE_FOR / 2);
+                let mut kept = lock();
+                kept.retain(|_, v| {
+                    v.retain(|(since, s)| !s.is_closed() && since.elapsed() < IDLE_FOR);
+                    !v.is_empty()
+                });
+            })
+            .expect("start the idle-connection sweeper");
+        Mutex::default()
+    });
+
+    fn lock() -> std::sync::MutexGuard<'static, HashMap<(SandboxId, u16), Kept>> {
+        KEPT.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A kept connection ready for a request now.
+    pub(super) fn take(id: &SandboxId, port: u16) -> Option<SendRequest<Body>> {
+        let mut kept = lock();
+        let key = (id.clone(), port);
+        let list = kept.get_mut(&key)?;
+        list.retain(|(since, s)| !s.is_closed() && since.elapsed() < IDLE_FOR);
+        let found = list
+            .iter()
+            .position(|(_, s)| s.is_ready())
+            .map(|i| list.swap_remove(i).1);
+        if list.is_empty() {
+            kept.remove(&key);
+        }
+        found
+    }
+
+    /// Keep `sender` for the next request (it serves one once its current
+    /// exchange is over); the oldest goes beyond [`KEPT_PER_PORT`].
+    pub(super) fn put(id: &SandboxId, port: u16, sender: SendRequest<Body>) {
+        if sender.is_closed() {
+            return;
+        }
+        let mut kept = lock();
+        let list = kept.entry((id.clone(), port)).or_default();
+        list.push((Instant::now(), sender));
+        if list.len() > KEPT_PER_PORT {
+            list.remove(0);
+        }
+    }
+}
+
+fn bad_gateway(id: &SandboxId, port: u16, reason: String) -> ProxyError {
+    ProxyError::BadGateway {
+        id: id.clone(),
+        port,
+        reason,
+    }
+}
+
+/// hyper's error with its cause (`connection closed before message
+/// completed`, …).
+fn describe(e: &hyper::Error) -> String {
+    let mut out = e.to_string();
+    let mut next = std::error::Error::source(e);
+    while let Some(s) = next {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        next = s.source();
+    }
+    out
+}
+
+/// Headers about one connection, not the message (RFC 9110 §7.6.1), and
+/// those the `Connection` header names.
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in [
+        header::CONNECTION,
+        header::TE,
+        header::TRAILER,
+        header::TRANSFER_ENCODING,
+        header::UPGRADE,
+        header::PROXY_AUTHORIZATION,
+    ] {
+        headers.remove(name);
+    }
+    headers.remove("keep-alive");
+    headers.remove("proxy-connection");
+}
+
+/// What goes to the writing thread.
+enum ToPort {
+    Bytes(Bytes),
+    /// The async side shut its write half: half-close the connection.
+    Shutdown,
+}
+
+/// A [`PortStream`] as tokio IO, for hyper: one thread reads the stream
+/// into a bounded channel, another writes what the channel brings. Dropped,
+/// it aborts the connection (which wakes both threads).
+struct PortIo {
+    from_port: mpsc::Receiver<std::io::Result<Bytes>>,
+    pending: Bytes,
+    to_port: PollSender<ToPort>,
+    stream: PortStream,
+}
+
+impl PortIo {
+    fn new(stream: PortStream) -> PortIo {
+        let (in_tx, in_rx) = mpsc::channel(IN_FLIGHT);
+        let (out_tx, mut out_rx) = mpsc::channel::<ToPort>(IN_FLIGHT);
+        let port = stream.port();
+        let mut reader = stream.try_clone().expect("port streams clone");
+        let mut writer = stream.try_clone().expect("port streams clone");
+        let spawned = std::thread::Builder::new()
+            .name(format!("port-{port}-read"))
+            .spawn(move || {
+                let mut buf = vec![0u8; CHUNK];
+                loop {
+                    match reader.read(&mut buf) {
+                        Ok(0) => return,
+                        Ok(n) => {
+                            if in_tx
+                                .blocking_send(Ok(Bytes::copy_from_slice(&buf[..n])))
+                                .is_err()
+                            {
+                                return;
+                            }
+                        }
+                        Err(e) => {
+                            let _ = in_tx.blocking_send(Err(e));
+                            return;
+                        }
+                    }
+                }
+            })
+            .and_then(|_| {
+                std::thread::Builder::new()
+                    .name(format!("port-{port}-write"))
+                    .spawn(move || {
+                        while let Some(msg) = out_rx.blocking_recv() {
+                            match msg {
+                                ToPort::Bytes(b) => {
+                                    if writer.write_all(&b).is_err() {
+                                        return;
+                                    }
+                                }
+                                ToPort::Shutdown => {
+                                    let _ = writer.shutdown_write();
+                                }
+                            }
+                        }
+                    })
+            });
+        if let Err(e) = spawned {
+            // Out of threads: the connection fails as if the sandbox had
+            // gone (dropping the channels ends the other thread).
+            tracing::error!("port {port}: cannot start its relay threads: {e}");
+            stream.abort();
+        }
+        PortIo {
+            from_port: in_rx,
+            pending: Bytes::new(),
+            to_port: PollSender::new(out_tx),
+            stream,
+        }
+    }
+}
+
+impl Drop for PortIo {
+    fn drop(&mut self) {
+        // A finished exchange whose both sides closed is left alone; one
+        // still open (a keep-alive server) is reset.
+        self.stream.abort();
+    }
+}
+
+impl AsyncRead for PortIo {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        if self.pending.is_empty() {
+            match ready!(self.from_port.poll_recv(cx)) {
+                Some(Ok(bytes)) => self.pending = bytes,
+                Some(Err(e)) => return Poll::Ready(Err(e)),
+                // The server's EOF.
+                None => return Poll::Ready(Ok(())),
+            }
+        }
+        let n = buf.remaining().min(self.pending.len());
+        let chunk = self.pending.split_to(n);
+        buf.put_slice(&chunk);
+        Poll::Ready(Ok(()))
+    }
+}
+
+fn gone() -> std::io::Error {
+    std::io::Error::new(
+        std::io::ErrorKind::BrokenPipe,
+        "the connection into the sandbox is closed",
+    )
+}
+
+impl AsyncWrite for PortIo {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        ready!(self.to_port.poll_reserve(cx)).map_err(|_| gone())?;
+        let n = buf.len().min(CHUNK);
+        self.to_port
+            .send_item(ToPort::Bytes(Bytes::copy_from_slice(&buf[..n])))
+            .map_err(|_| gone())?;
+        Poll::Ready(Ok(n))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        // The writing thread sends each chunk as it gets it.
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        if self.to_port.is_closed() {
+            return Poll::Ready(Ok(()));
+        }
+        ready!(self.to_port.poll_reserve(cx)).map_err(|_| gone())?;
+        self.to_port
+            .send_item(ToPort::Shutdown)
+            .map_err(|_| gone())?;
+        self.to_port.close();
+        Poll::Ready(Ok(()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_headers_and_those_connection_names_are_dropped() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, X-Hop"),
+        );
+        h.insert("x-hop", HeaderValue::from_static("1"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert(
+            header::TRANSFER_ENCODING,
+            HeaderValue::from_static("chunked"),
+        );
+        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+        h.insert(header::CONTENT_LENGTH, HeaderValue::from_static("3"));
+        strip_hop_by_hop(&mut h);
+        let mut left: Vec<_> = h.keys().map(|k| k.as_str().to_string()).collect();
+        left.sort();
+        assert_eq!(left, ["content-length", "content-type"]);
+    }
+}

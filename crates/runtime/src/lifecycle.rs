@@ -1,0 +1,408 @@
+//! Pause, resume and per-sandbox metrics: more [`SandboxManager`] methods,
+//! on the sandbox's cgroups ([`brig_jail::CgroupControls`]).
+//!
+//! **Pause** freezes every process of the sandbox (the agent with them, so
+//! calls that need it fail with [`ManagerError::Paused`] until it is
+//! resumed) and suspends its
+//! time to live: the time it had left is kept here, and its record's
+//! `expires_at` becomes now + [`ManagerConfig::max_timeout`], so a paused
+//! sandbox that is never resumed is still ended by the sweeper eventually.
+//! **Resume** thaws it and gives it back the time it had left (or the
+//! timeout the request names). Both hold the sandbox's [`Lifecycle`] lock
+//! throughout, so concurrent pauses and resumes are serialised.
+//!
+//! A pause keeps everything ([`PauseMode::Full`]: memory, processes, open
+//! connections inside) or only the filesystem ([`PauseMode::Filesystem`]:
+//! every process but the agent is killed first, so the sandbox holds no
+//! memory but its files; its resume is a "reboot" with the same files). A
+//! resume may also ask to reboot a fully paused sandbox. A sandbox can be
+//! told to pause instead of ending when its time to live runs out
+//! ([`SandboxManager::pause_on_timeout`]); the sweeper then pauses it, and
+//! it ends only if it stays paused for [`ManagerConfig::max_timeout`].
+//!
+//! [`ManagerConfig::max_timeout`]: crate::ManagerConfig::max_timeout
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use brig_core::SandboxId;
+use serde::{Deserialize, Serialize};
+
+use crate::events::EventKind;
+use crate::manager::{lock, Live, ManagerError, SandboxManager};
+use crate::sandboxes::{SandboxError, SandboxState, Scope};
+use crate::{SandboxRecord, TenantId, UnixMillis};
+
+/// What a pause keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PauseMode {
+    /// Memory and processes: a resume goes on where it stopped.
+    #[default]
+    Full,
+    /// Only the files: every process but the agent is ended by the pause,
+    /// and a resume starts from the files alone.
+    Filesystem,
+}
+
+/// What the manager keeps per live sandbox for this module.
+#[derive(Debug, Default)]
+pub(crate) struct Lifecycle {
+    /// `Some` while paused: the time to live it had when paused.
+    paused: Option<Duration>,
+    /// What the current (or last) pause kept.
+    mode: PauseMode,
+    /// `Some`: pause like this, rather than end, when the time to live
+    /// runs out.
+    on_timeout: Option<PauseMode>,
+    /// The time to live a resume gives when the request names none, after
+    /// a pause on timeout (which had no time left).
+    timeout: Option<Duration>,
+    /// The previous metrics sample (when, CPU ns), for `cpu_percent`.
+    last_sample: Option<(Instant, u64)>,
+}
+
+impl Live {
+    pub(crate) fn is_paused(&self) -> bool {
+        lock(&self.lifecycle).paused.is_some()
+    }
+
+    /// How it is paused; `None` if it is not.
+    pub(crate) fn pause_mode(&self) -> Option<PauseMode> {
+        let lc = lock(&self.lifecycle);
+        lc.paused.map(|_| lc.mode)
+    }
+}
+
+/// What a resume did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Resumed {
+    /// Its processes are gone (a filesystem-only pause, or a resume that
+    /// asked to reboot): whatever the sandbox runs must be started again.
+    pub rebooted: bool,
+}
+
+/// One sample of a sandbox's resource use (the native API serves it at
+/// `GET /v1/sandboxes/{id}/metrics`, E2B's at `GET /sandboxes/{id}/metrics`).
+#[derive(Debug, Clone, Serialize)]
+pub struct SandboxMetrics {
+    /// CPU time used by all its processes since it started.
+    pub cpu_usage_ns: u64,
+    /// CPU use since the previous sample (or since the sandbox started), in
+    /// percent of one core: 200 is two cores busy.
+    pub cpu_percent: Option<f64>,
+    /// Memory charged to it now, including the files in its tmpfs layers.
+    pub memory_bytes: u64,
+    pub memory_peak_bytes: Option<u64>,
+    pub memory_limit_bytes: u64,
+    /// Its writable root filesystem (the `disk` limit is its size).
+    pub disk_used_bytes: Option<u64>,
+    pub disk_total_bytes: Option<u64>,
+    /// Tasks (processes and threads) alive, the agent included.
+    pub pids: u64,
+    pub state: SandboxState,
+    /// When the sample was taken, milliseconds since the epoch.
+    pub timestamp: UnixMillis,
+}
+
+/// Live sandboxes by state, for `/metrics`.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct LiveCounts {
+    pub running: u64,
+    pub paused: u64,
+}
+
+fn cgroup_err<'a>(
+    id: &'a SandboxId,
+    op: &'static str,
+) -> impl FnOnce(brig_jail::cgroup::CgroupError) -> ManagerError + 'a {
+    move |source| ManagerError::Cgroup {
+        id: id.clone(),
+        op,
+        source,
+    }
+}
+
+fn now_millis() -> UnixMillis {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as UnixMillis)
+}
+
+impl SandboxManager {
+    /// A live sandbox of `tenant`'s; another tenant's is not found, and one
+    /// that is not live answers with its state.
+    fn owned_live(&self, tenant: &TenantId, id: &SandboxId) -> Result<Arc<Live>, ManagerError> {
+        match self.live_sandbox(id) {
+            Some(live) if &live.tenant == tenant => Ok(live),
+            Some(_) => Err(SandboxError::NotFound { id: id.clone() }.into()),
+            None => {
+                let record = self.get(tenant, id)?;
+                Err(ManagerError::NotRunning {
+                    id: id.clone(),
+                    state: record.state,
+                })
+            }
+        }
+    }
+
+    /// Freeze a running sandbox and suspend its time to live.
+    pub fn pause(&self, tenant: &TenantId, id: &SandboxId) -> Result<SandboxRecord, ManagerError> {
+        self.pause_with(tenant, id, PauseMode::Full)
+    }
+
+    /// Pause a running sandbox, keeping what `mode` says.
+    pub fn pause_with(
+        &self,
+        tenant: &TenantId,
+        id: &SandboxId,
+        mode: PauseMode,
+    ) -> Result<SandboxRecord, ManagerError> {
+        let live = self.owned_live(tenant, id)?;
+        self.pause_live(tenant, id, &live, mode, None)
+    }
+
+    /// Pause `live` (a sandbox of `tenant`'s). `left`: the time to live to
+    /// keep for its resume, instead of what its record has left.
+    fn pause_live(
+        &self,
+        tenant: &TenantId,
+        id: &SandboxId,
+        live: &Live,
+        mode: PauseMode,
+        left: Option<Duration>,
+    ) -> Result<SandboxRecord, ManagerError> {
+        let mut lc = lock(&live.lifecycle);
+        if lc.paused.is_some() {
+            return Err(ManagerError::AlreadyPaused { id: id.clone() });
+        }
+        let record = self.get(tenant, id)?;
+        if record.state != SandboxState::Running {
+            return Err(ManagerError::NotRunning {
+                id: id.clone(),
+                state: record.state,
+            });
+        }
+        let left = left.unwrap_or_else(|| {
+            Duration::from_millis(record.expires_at.saturating_sub(now_millis()).max(1000) as u64)
+        });
+        live.controls
+            .freeze()
+            .map_err(cgroup_err(id, "freeze the sandbox"))?;
+        if mode == PauseMode::Filesystem {
+            // Frozen, so nothing forks away meanwhile; then the agent alone
+            // is frozen again.
+            let ended = live
+                .controls
+                .end_all_but_init()
+                .map_err(cgroup_err(id, "end the sandbox's processes"));
+            if let Err(e) = ended.and_then(|_| {
+                live.controls
+                    .freeze()
+                    .map_err(cgroup_err(id, "freeze the sandbox"))
+            }) {
+                let _ = live.controls.thaw();
+                return Err(e);
+            }
+        }
+        let stored = {
+            let store = self.store();
+            store
+                .transition(Scope::Tenant(tenant), id, SandboxState::Paused, None)
+                .and_then(|_| {
+                    store.extend_timeout(Scope::Tenant(tenant), id, self.config().max_timeout)
+                })
+        };
+        match stored {
+            Ok(record) => {
+                lc.paused = Some(left);
+                lc.mode = mode;
+                self.events().publish(id, tenant, EventKind::Paused);
+                Ok(record)
+            }
+            Err(e) => {
+                // Ended meanwhile (delete, expiry): leave it as it was.
+                let _ = live.controls.thaw();
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Thaw a paused sandbox. It runs for `timeout` from now (capped at the
+    /// server's maximum), or by default for the time it had left when it
+    /// was paused.
+    pub fn resume(
+        &self,
+        tenant: &TenantId,
+        id: &SandboxId,
+        timeout: Option<Duration>,
+    ) -> Result<SandboxRecord, ManagerError> {
+        self.resume_with(tenant, id, timeout, false).map(|(r, _)| r)
+    }
+
+    /// [`Self::resume`], ending every process but the agent first if
+    /// `reboot` (what a filesystem-only pause already did).
+    pub fn resume_with(
+        &self,
+        tenant: &TenantId,
+        id: &SandboxId,
+        timeout: Option<Duration>,
+        reboot: bool,
+    ) -> Result<(SandboxRecord, Resumed), ManagerError> {
+        let live = self.owned_live(tenant, id)?;
+        let mut lc = lock(&live.lifecycle);
+        let Some(left) = lc.paused else {
+            let record = self.get(tenant, id)?;
+            return Err(ManagerError::NotPaused {
+                id: id.clone(),
+                state: record.state,
+            });
+        };
+        let timeout = match timeout {
+            Some(t) => self.cap_timeout(t)?,
+            None => left,
+        };
+        let rebooted = reboot || lc.mode == PauseMode::Filesystem;
+        if reboot && lc.mode == PauseMode::Full {
+            // Still frozen: killed before any of them runs again.
+            live.controls
+                .end_all_but_init()
+                .map_err(cgroup_err(id, "end the sandbox's processes"))?;
+        }
+        live.controls
+            .thaw()
+            .map_err(cgroup_err(id, "thaw the sandbox"))?;
+        lc.paused = None;
+        self.events().publish(id, tenant, EventKind::Resumed);
+        let store = self.store();
+        store.transition(Scope::Tenant(tenant), id, SandboxState::Running, None)?;
+        let record = store.extend_timeout(Scope::Tenant(tenant), id, timeout)?;
+        Ok((record, Resumed { rebooted }))
+    }
+
+    /// Pause the sandbox (keeping what `mode` says) instead of ending it
+    /// when its time to live runs out; `None` ends it (the default). A
+    /// resume without a timeout then gives it `timeout` again.
+    pub fn pause_on_timeout(
+        &self,
+        tenant: &TenantId,
+        id: &SandboxId,
+        mode: Option<PauseMode>,
+        timeout: Duration,
+    ) -> Result<(), ManagerError> {
+        let live = self.owned_live(tenant, id)?;
+        let mut lc = lock(&live.lifecycle);
+        lc.on_timeout = mode;
+        lc.timeout = Some(timeout);
+        Ok(())
+    }
+
+    /// How the sandbox is paused; `None` if it is not (or has ended).
+    pub fn pause_mode(&self, id: &SandboxId) -> Option<PauseMode> {
+        self.live_sandbox(id)?.pause_mode()
+    }
+
+    /// The sweeper found `live`'s time to live over: pause it if it asked
+    /// for that and is running. `false`: end it.
+    pub(crate) fn paused_on_timeout(&self, id: &SandboxId, live: &Live) -> bool {
+        let (mode, timeout) = {
+            let lc = lock(&live.lifecycle);
+            match lc.on_timeout {
+                Some(mode) if lc.paused.is_none() => (mode, lc.timeout),
+                _ => return false,
+            }
+        };
+        match self.pause_live(&live.tenant, id, live, mode, timeout) {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::warn!("sandbox {id}: pause on timeout failed, ending it: {e}");
+                false
+            }
+        }
+    }
+
+    /// `extend` on a paused sandbox: the new time to live counts from its
+    /// resume. `None` if the sandbox is not one of `tenant`'s paused ones.
+    pub(crate) fn extend_paused(
+        &self,
+        tenant: &TenantId,
+        id: &SandboxId,
+        timeout: Duration,
+    ) -> Result<Option<SandboxRecord>, ManagerError> {
+        let Some(live) = self.live_sandbox(id).filter(|l| &l.tenant == tenant) else {
+            return Ok(None);
+        };
+        let mut lc = lock(&live.lifecycle);
+        match &mut lc.paused {
+            Some(left) => {
+                *left = timeout;
+                Ok(Some(self.get(tenant, id)?))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// A sample of the sandbox's resource use (running or paused).
+    pub fn metrics(
+        &self,
+        tenant: &TenantId,
+        id: &SandboxId,
+    ) -> Result<SandboxMetrics, ManagerError> {
+        let live = self.owned_live(tenant, id)?;
+        let record = self.get(tenant, id)?;
+        let stats = live
+            .controls
+            .stats()
+            .map_err(cgroup_err(id, "read the sandbox's cgroups"))?;
+        // Gone with a sandbox that ended during this call: report none.
+        let disk = live.controls.disk().ok();
+        let now = Instant::now();
+        let timestamp = now_millis();
+        let cpu = stats.cpu_usage_ns.unwrap_or(0);
+        let mut lc = lock(&live.lifecycle);
+        let since = match lc.last_sample {
+            Some((at, before)) => Some((now.duration_since(at), cpu.saturating_sub(before))),
+            None => {
+                let wall = timestamp.saturating_sub(record.created_at).max(0) as u64;
+                Some((Duration::from_millis(wall), cpu))
+            }
+        };
+        lc.last_sample = Some((now, cpu));
+        let cpu_percent = since
+            .filter(|(wall, _)| !wall.is_zero() && stats.cpu_usage_ns.is_some())
+            .map(|(wall, used)| {
+                let pct = used as f64 / wall.as_nanos() as f64 * 100.0;
+                (pct * 100.0).round() / 100.0
+            });
+        Ok(SandboxMetrics {
+            cpu_usage_ns: cpu,
+            cpu_percent,
+            memory_bytes: stats.memory_bytes,
+            memory_peak_bytes: stats.memory_peak_bytes,
+            memory_limit_bytes: stats.memory_limit,
+            disk_used_bytes: disk.map(|d| d.used_bytes),
+            disk_total_bytes: disk.map(|d| d.total_bytes),
+            pids: stats.pids,
+            state: if lc.paused.is_some() {
+                SandboxState::Paused
+            } else {
+                record.state
+            },
+            timestamp,
+        })
+    }
+
+    /// How many of this daemon's sandboxes are running and paused.
+    pub fn live_counts(&self) -> LiveCounts {
+        let live: Vec<Arc<Live>> = lock(&self.live).values().cloned().collect();
+        let mut counts = LiveCounts::default();
+        for l in live {
+            if l.is_paused() {
+                counts.paused += 1;
+            } else {
+                counts.running += 1;
+            }
+        }
+        counts
+    }
+}

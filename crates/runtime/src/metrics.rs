@@ -1,0 +1,183 @@
+//! The daemon's Prometheus metrics, rendered in the OpenMetrics text format
+//! (which Prometheus scrapes natively; the native API serves it at
+//! `GET /metrics`).
+//!
+//! | metric | type | what |
+//! |---|---|---|
+//! | `brig_sandboxes{state}` | gauge | this daemon's live sandboxes, `running` or `paused` |
+//! | `brig_sandbox_creates_total` | counter | sandboxes created (answered 201) |
+//! | `brig_sandbox_create_seconds` | histogram | time to answer a successful create |
+//! | `brig_execs_total` | counter | commands started (exec and background processes) |
+//! | `brig_http_requests_total{code}` | counter | HTTP requests answered, by status class (`2xx`…) |
+//! | `brig_build_info{version}` | info | always 1 |
+//!
+//! The registry knows nothing of HTTP: a front-end reports what it answered
+//! ([`Metrics::answered`], [`Metrics::created`], [`Metrics::exec_started`];
+//! the native API does it in one middleware, so its handlers do not know
+//! about metrics), and the sandbox and pool gauges are read from the
+//! [`SandboxManager`] at scrape time ([`Metrics::encode`]).
+
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::info::Info;
+use prometheus_client::registry::Registry;
+
+use crate::SandboxManager;
+
+/// The content type of [`Metrics::encode`]'s output.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabel {
+    state: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TemplateLabel {
+    template: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CodeLabel {
+    code: &'static str,
+}
+
+/// The registry and the metrics the daemon keeps.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    sandboxes: Family<StateLabel, Gauge>,
+    pool_idle: Family<TemplateLabel, Gauge>,
+    pool_claims: Counter,
+    /// Scrapes copy the manager's numbers into the registry one at a time.
+    scrape: std::sync::Mutex<()>,
+    creates: Counter,
+    create_seconds: Histogram,
+    execs: Counter,
+    http_requests: Family<CodeLabel, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::default();
+        let sandboxes = Family::<StateLabel, Gauge>::default();
+        registry.register(
+            "brig_sandboxes",
+            "Live sandboxes of this daemon, by state",
+            sandboxes.clone(),
+        );
+        let pool_idle = Family::<TemplateLabel, Gauge>::default();
+        registry.register(
+            "brig_pool_idle",
+            "Pre-made sandboxes waiting to be claimed, by template",
+            pool_idle.clone(),
+        );
+        let pool_claims = Counter::default();
+        registry.register(
+            "brig_pool_claims",
+            "Creates served from the pool of pre-made sandboxes",
+            pool_claims.clone(),
+        );
+        let creates = Counter::default();
+        registry.register("brig_sandbox_creates", "Sandboxes created", creates.clone());
+        // A create is a spawn plus the agent's handshake: milliseconds on a
+        // warm host, seconds when the host is loaded.
+        let create_seconds = Histogram::new([
+            0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+        ]);
+        registry.register(
+            "brig_sandbox_create_seconds",
+            "Time to create a sandbox, until its agent answered",
+            create_seconds.clone(),
+        );
+        let execs = Counter::default();
+        registry.register(
+            "brig_execs",
+            "Commands started in sandboxes (exec and background processes)",
+            execs.clone(),
+        );
+        let http_requests = Family::<CodeLabel, Counter>::default();
+        registry.register(
+            "brig_http_requests",
+            "HTTP requests answered, by status class",
+            http_requests.clone(),
+        );
+        registry.register(
+            "brig_build",
+            "The running brig's version",
+            Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]),
+        );
+        Metrics {
+            registry,
+            sandboxes,
+            pool_idle,
+            pool_claims,
+            scrape: std::sync::Mutex::new(()),
+            creates,
+            create_seconds,
+            execs,
+            http_requests,
+        }
+    }
+
+    /// The text exposition of every metric, with the sandbox gauges read
+    /// from `manager` now.
+    pub fn encode(&self, manager: &SandboxManager) -> String {
+        let _one_at_a_time = self.scrape.lock().unwrap_or_else(|e| e.into_inner());
+        let counts = manager.live_counts();
+        for (state, n) in [("running", counts.running), ("paused", counts.paused)] {
+            self.sandboxes
+                .get_or_create(&StateLabel { state })
+                .set(n as i64);
+        }
+        for (template, idle, _) in manager.pool_sizes() {
+            self.pool_idle
+                .get_or_create(&TemplateLabel { template })
+                .set(idle as i64);
+        }
+        // A counter only goes up: add what was served since the last scrape.
+        let served = manager.pool_claims();
+        let seen = self.pool_claims.get();
+        if served > seen {
+            self.pool_claims.inc_by(served - seen);
+        }
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+
+    /// An HTTP answer with this status was sent (any front-end).
+    pub fn answered(&self, status: u16) {
+        let code = match status {
+            100..=199 => "1xx",
+            200..=299 => "2xx",
+            300..=399 => "3xx",
+            400..=499 => "4xx",
+            _ => "5xx",
+        };
+        self.http_requests.get_or_create(&CodeLabel { code }).inc();
+    }
+
+    /// A create was answered successfully, `took` after it arrived.
+    pub fn created(&self, took: Duration) {
+        self.creates.inc();
+        self.create_seconds.observe(took.as_secs_f64());
+    }
+
+    /// A command was started (an exec or a background process).
+    pub fn exec_started(&self) {
+        self.execs.inc();
+    }
+}

@@ -1,0 +1,1035 @@
+//! Sandbox records: what exists, who owns it, what state it is in, and when
+//! it expires.
+//!
+//! A record is inserted as `creating` before any host resource is made, so
+//! a crash at any later point leaves a row that [`Store::reconcile`] will
+//! find. Every state change goes through [`Store::transition`] (or
+//! [`Store::set_running`], which also records the init pid), which applies
+//! the state machine in [`SandboxState::can_become`] in a single conditional
+//! `UPDATE`, so two racing changes cannot both win.
+//!
+//! Reads and changes made on behalf of an API caller take
+//! [`Scope::Tenant`]: another tenant's sandbox is then [`SandboxError::NotFound`],
+//! exactly like an id that does not exist, so ids cannot be probed across
+//! tenants. The daemon's own sweeps (expiry, reconcile) use [`Scope::Daemon`].
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use brig_core::SandboxId;
+use rusqlite::types::Value;
+use rusqlite::OptionalExtension;
+
+use crate::error::ErrorKind;
+use crate::store::{Store, StoreError, UnixMillis};
+use crate::tenants::TenantId;
+
+/// Where a sandbox is in its life.
+///
+/// ```text
+///            set_running(pid)          pause
+///  creating ─────────────────▶ running ◀─────▶ paused
+///     │                          │      resume    │
+///     │                          ▼                │
+///     └──────────────────▶ stopped | dead ◀───────┘
+/// ```
+///
+/// `stopped` is an end brig chose (delete, timeout); `dead` is an end brig
+/// found (the process exited or vanished, creation failed, reconcile). Both
+/// are final.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SandboxState {
+    Creating,
+    Running,
+    Paused,
+    Stopped,
+    Dead,
+}
+
+impl SandboxState {
+    pub const ALL: [SandboxState; 5] = [
+        SandboxState::Creating,
+        SandboxState::Running,
+        SandboxState::Paused,
+        SandboxState::Stopped,
+        SandboxState::Dead,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SandboxState::Creating => "creating",
+            SandboxState::Running => "running",
+            SandboxState::Paused => "paused",
+            SandboxState::Stopped => "stopped",
+            SandboxState::Dead => "dead",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<SandboxState> {
+        SandboxState::ALL.into_iter().find(|st| st.as_str() == s)
+    }
+
+    /// Stopped and dead sandboxes never change again.
+    pub fn is_final(self) -> bool {
+        matches!(self, SandboxState::Stopped | SandboxState::Dead)
+    }
+
+    /// The state machine. `creating → running` is allowed only through
+    /// [`Store::set_running`], which records the pid with it.
+    pub fn can_become(self, to: SandboxState) -> bool {
+        use SandboxState::*;
+        matches!(
+            (self, to),
+            (Creating, Running)
+                | (Creating, Stopped | Dead)
+                | (Running, Paused)
+                | (Paused, Running)
+                | (Running | Paused, Stopped | Dead)
+        )
+    }
+}
+
+impl fmt::Display for SandboxState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// On whose behalf a record is read or changed.
+#[derive(Debug, Clone, Copy)]
+pub enum Scope<'a> {
+    /// An API caller: only this tenant's sandboxes exist.
+    Tenant(&'a TenantId),
+    /// The daemon itself (expiry, reconcile, process exit): all sandboxes.
+    Daemon,
+}
+
+impl Scope<'_> {
+    fn tenant(&self) -> Option<&str> {
+        match self {
+            Scope::Tenant(t) => Some(t.as_str()),
+            Scope::Daemon => None,
+        }
+    }
+}
+
+/// What is known when a sandbox is first recorded.
+#[derive(Debug, Clone)]
+pub struct NewSandbox {
+    pub id: SandboxId,
+    pub tenant: TenantId,
+    /// The template as the user named it (`host`, `dir:/…`, a template name).
+    pub template: String,
+    /// The isolation tier (`process`, `vm`, …).
+    pub isolation: String,
+    /// The full validated spec, as the daemon serialises it; kept so a
+    /// sandbox can be inspected, and re-created after a restart.
+    pub spec: serde_json::Value,
+    pub labels: BTreeMap<String, String>,
+    /// Time to live from now.
+    pub timeout: Duration,
+}
+
+/// A row of `sandboxes`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct SandboxRecord {
+    pub id: SandboxId,
+    pub tenant: TenantId,
+    pub template: String,
+    pub isolation: String,
+    pub spec: serde_json::Value,
+    pub labels: BTreeMap<String, String>,
+    pub state: SandboxState,
+    pub init_pid: Option<u32>,
+    pub created_at: UnixMillis,
+    pub expires_at: UnixMillis,
+    pub ended_at: Option<UnixMillis>,
+    pub exit_code: Option<i32>,
+}
+
+/// Which sandboxes a listing returns.
+#[derive(Debug, Clone, Default)]
+pub struct ListFilter {
+    /// Every pair must be among the sandbox's labels (subset match).
+    pub labels: BTreeMap<String, String>,
+    pub state: Option<SandboxState>,
+}
+
+/// Where the next page starts: the (created_at, id) of the last row served.
+/// Opaque to clients; they hand back [`Cursor::as_str`] verbatim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cursor {
+    created_at: UnixMillis,
+    id: String,
+    text: String,
+}
+
+impl Cursor {
+    fn after(record: &SandboxRecord) -> Cursor {
+        Cursor {
+            created_at: record.created_at,
+            id: record.id.as_str().to_string(),
+            text: format!("{}.{}", record.created_at, record.id),
+        }
+    }
+
+    /// Accept a cursor a client sent back.
+    pub fn parse(s: &str) -> Result<Cursor, SandboxError> {
+        let bad = || SandboxError::BadCursor {
+            cursor: s.chars().take(64).collect(),
+        };
+        let (at, id) = s.split_once('.').ok_or_else(bad)?;
+        let created_at = at.parse().map_err(|_| bad())?;
+        let id = SandboxId::parse(id).ok_or_else(bad)?;
+        Ok(Cursor {
+            created_at,
+            id: id.as_str().to_string(),
+            text: s.to_string(),
+        })
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+}
+
+/// One page of a listing.
+#[derive(Debug, Clone)]
+pub struct Page {
+    pub items: Vec<SandboxRecord>,
+    /// `None` on the last page.
+    pub next: Option<Cursor>,
+}
+
+/// Why a sandbox operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error("no sandbox {id}")]
+    NotFound { id: SandboxId },
+    #[error("sandbox {id} already exists")]
+    AlreadyExists { id: SandboxId },
+    #[error("sandbox {id} is {from} and cannot become {to}")]
+    InvalidTransition {
+        id: SandboxId,
+        from: SandboxState,
+        to: SandboxState,
+    },
+    #[error("sandbox {id} has ended ({state}); its timeout cannot change")]
+    Ended { id: SandboxId, state: SandboxState },
+    #[error(
+        "invalid page cursor {cursor:?}: pass back the `next` value of the previous page unchanged"
+    )]
+    BadCursor { cursor: String },
+    #[error("cannot encode the spec or labels of sandbox {id}")]
+    Encode {
+        id: SandboxId,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl SandboxError {
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            SandboxError::NotFound { .. } => ErrorKind::NotFound,
+            SandboxError::InvalidTransition { .. } | SandboxError::Ended { .. } => {
+                ErrorKind::Conflict
+            }
+            SandboxError::BadCursor { .. } => ErrorKind::BadRequest,
+            // Ids are random: a clash is a bug, not the client's doing.
+            SandboxError::AlreadyExists { .. } | SandboxError::Encode { .. } => ErrorKind::Internal,
+            SandboxError::Store(e) => e.kind(),
+        }
+    }
+}
+
+const COLUMNS: &str = "id, tenant_id, template, isolation, spec_json, labels_json, state, \
+                       init_pid, created_at, expires_at, ended_at, exit_code";
+
+/// A row as SQLite hands it over, before the checks that turn it into a
+/// [`SandboxRecord`] (done outside rusqlite's closure so a bad row becomes a
+/// [`StoreError::Corrupt`] naming the row, not an opaque conversion error).
+struct RawRow {
+    id: String,
+    tenant: String,
+    template: String,
+    isolation: String,
+    spec_json: String,
+    labels_json: String,
+    state: String,
+    init_pid: Option<i64>,
+    created_at: i64,
+    expires_at: i64,
+    ended_at: Option<i64>,
+    exit_code: Option<i64>,
+}
+
+fn raw_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawRow> {
+    Ok(RawRow {
+        id: r.get(0)?,
+        tenant: r.get(1)?,
+        template: r.get(2)?,
+        isolation: r.get(3)?,
+        spec_json: r.get(4)?,
+        labels_json: r.get(5)?,
+        state: r.get(6)?,
+        init_pid: r.get(7)?,
+        created_at: r.get(8)?,
+        expires_at: r.get(9)?,
+        ended_at: r.get(10)?,
+        exit_code: r.get(11)?,
+    })
+}
+
+impl RawRow {
+    fn into_record(self) -> Result<SandboxRecord, StoreError> {
+        let corrupt = |reason: String| StoreError::Corrupt {
+            table: "sandboxes",
+            id: self.id.clone(),
+            reason,
+        };
+        let id =
+            SandboxId::parse(&self.id).ok_or_else(|| corrupt("id is not 12 hex digits".into()))?;
+        let state = SandboxState::parse(&self.state)
+            .ok_or_else(|| corrupt(format!("unknown state {:?}", self.state)))?;
+        let spec = serde_json::from_str(&self.spec_json)
+            .map_err(|e| corrupt(format!("spec_json: {e}")))?;
+        let labels = serde_json::from_str(&self.labels_json)
+            .map_err(|e| corrupt(format!("labels_json: {e}")))?;
+        let init_pid = self
+            .init_pid
+            .map(u32::try_from)
+            .transpose()
+            .map_err(|_| corrupt("init_pid out of range".into()))?;
+        let exit_code = self
+            .exit_code
+            .map(i32::try_from)
+            .transpose()
+            .map_err(|_| corrupt("exit_code out of range".into()))?;
+        Ok(SandboxRecord {
+            id,
+            tenant: TenantId(self.tenant),
+            template: self.template,
+            isolation: self.isolation,
+            spec,
+            labels,
+            state,
+            init_pid,
+            created_at: self.created_at,
+            expires_at: self.expires_at,
+            ended_at: self.ended_at,
+            exit_code,
+        })
+    }
+}
+
+/// `'a', 'b'` for the states `to` may be reached from: our own constants,
+/// so safe to put in SQL text.
+fn sources_sql(to: SandboxState) -> String {
+    SandboxState::ALL
+        .into_iter()
+        .filter(|from| {
+            from.can_become(to) && !(*from == SandboxState::Creating && to == SandboxState::Running)
+        })
+        .map(|s| format!("'{}'", s.as_str()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn duration_ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+impl Store {
+    /// Record a new sandbox in state `creating`, expiring `timeout` from now.
+    pub fn insert_sandbox(&self, new: &NewSandbox) -> Result<SandboxRecord, SandboxError> {
+        let encode = |source| SandboxError::Encode {
+            id: new.id.clone(),
+            source,
+        };
+        let spec_json = serde_json::to_string(&new.spec).map_err(encode)?;
+        let labels_json = serde_json::to_string(&new.labels).map_err(encode)?;
+        let now = self.now();
+        let expires_at = now.saturating_add(duration_ms(new.timeout));
+        let inserted = self.conn.execute(
+            "INSERT INTO sandboxes (id, tenant_id, template, isolation, spec_json, labels_json,
+                                    state, created_at, expires_at)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'creating', ?7, ?8)",
+            (
+                new.id.as_str(),
+                new.tenant.as_str(),
+                &new.template,
+                &new.isolation,
+                &spec_json,
+                &labels_json,
+                now,
+                expires_at,
+            ),
+        );
+        match inserted {
+            Ok(_) => {}
+            Err(rusqlite::Error::SqliteFailure(e, _))
+                if e.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY =>
+            {
+                return Err(SandboxError::AlreadyExists { id: new.id.clone() })
+            }
+            Err(source) => {
+                return Err(StoreError::Query {
+                    op: "insert sandbox",
+                    source,
+                }
+                .into())
+            }
+        }
+        Ok(SandboxRecord {
+            id: new.id.clone(),
+            tenant: new.tenant.clone(),
+            template: new.template.clone(),
+            isolation: new.isolation.clone(),
+            spec: new.spec.clone(),
+            labels: new.labels.clone(),
+            state: SandboxState::Creating,
+            init_pid: None,
+            created_at: now,
+            expires_at,
+            ended_at: None,
+            exit_code: None,
+        })
+    }
+
+    /// One sandbox. In [`Scope::Tenant`], another tenant's sandbox is
+    /// [`SandboxError::NotFound`].
+    pub fn get_sandbox(
+        &self,
+        scope: Scope<'_>,
+        id: &SandboxId,
+    ) -> Result<SandboxRecord, SandboxError> {
+        self.find_sandbox(scope, id)?
+            .ok_or_else(|| SandboxError::NotFound { id: id.clone() })
+    }
+
+    fn find_sandbox(
+        &self,
+        scope: Scope<'_>,
+        id: &SandboxId,
+    ) -> Result<Option<SandboxRecord>, StoreError> {
+        let raw = self
+            .conn
+            .query_row(
+                &format!(
+                    "SELECT {COLUMNS} FROM sandboxes
+                     WHERE id = ?1 AND (?2 IS NULL OR tenant_id = ?2)"
+                ),
+                (id.as_str(), scope.tenant()),
+                raw_row,
+            )
+            .optional()
+            .map_err(StoreError::query("get sandbox"))?;
+        raw.map(RawRow::into_record).transpose()
+    }
+
+    /// A page of `tenant`'s sandboxes in (created_at, id) order, starting
+    /// after `after`. At most `limit` rows (at least one).
+    ///
+    /// Keyset pagination: each page is "rows after the last one served", so
+    /// rows inserted or ended between pages never shift the window — every
+    /// row that existed when the listing began is served exactly once.
+    pub fn list_sandboxes(
+        &self,
+        tenant: &TenantId,
+        filter: &ListFilter,
+        after: Option<&Cursor>,
+        limit: usize,
+    ) -> Result<Page, SandboxError> {
+        let limit = limit.max(1);
+        let (after_at, after_id) = match after {
+            Some(c) => (c.created_at, c.id.clone()),
+            None => (i64::MIN, String::new()),
+        };
+        let mut sql = format!(
+            "SELECT {COLUMNS} FROM sandboxes
+             WHERE tenant_id = ?1 AND (?2 IS NULL OR state = ?2)
+               AND (created_at, id) > (?3, ?4)"
+        );
+        let mut params: Vec<Value> = vec![
+            Value::Text(tenant.as_str().to_string()),
+            filter
+                .state
+                .map_or(Value::Null, |s| Value::Text(s.as_str().to_string())),
+            Value::Integer(after_at),
+            Value::Text(after_id),
+        ];
+        for (k, v) in &filter.labels {
+            params.push(Value::Text(k.clone()));
+            params.push(Value::Text(v.clone()));
+            let (pk, pv) = (params.len() - 1, params.len());
+            // json_each over the labels object: one row per label, `key` and
+            // `value` bound as parameters, so no label text reaches the SQL.
+            sql.push_str(&format!(
+                " AND EXISTS (SELECT 1 FROM json_each(labels_json) AS l
+                              WHERE l.key = ?{pk} AND l.value = ?{pv} AND l.type = 'text')"
+            ));
+        }
+        // One extra row says whether there is a next page without a
+        // trailing empty page.
+        sql.push_str(&format!(" ORDER BY created_at, id LIMIT {}", limit + 1));
+
+        let op = "list sandboxes";
+        let mut stmt = self.conn.prepare(&sql).map_err(StoreError::query(op))?;
+        let raws = stmt
+            .query_map(rusqlite::params_from_iter(params), raw_row)
+            .map_err(StoreError::query(op))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(StoreError::query(op))?;
+        let mut items = raws
+            .into_iter()
+            .map(RawRow::into_record)
+            .collect::<Result<Vec<_>, _>>()?;
+        let next = if items.len() > limit {
+            items.truncate(limit);
+            items.last().map(Cursor::after)
+        } else {
+            None
+        };
+        Ok(Page { items, next })
+    }
+
+    /// `creating → running`, recording the sandbox's init pid.
+    pub fn set_running(&self, id: &SandboxId, pid: u32) -> Result<SandboxRecord, SandboxError> {
+        let updated = self
+            .conn
+            .query_row(
+                &format!(
+                    "UPDATE sandboxes SET state = 'running', init_pid = ?2
+                     WHERE id = ?1 AND state = 'creating' RETURNING {COLUMNS}"
+                ),
+                (id.as_str(), pid),
+                raw_row,
+            )
+            .optional()
+            .map_err(StoreError::query("mark sandbox running"))?;
+        match updated {
+            Some(raw) => Ok(raw.into_record()?),
+            None => Err(self.explain_refusal(Scope::Daemon, id, SandboxState::Running)),
+        }
+    }
+
+    /// Move a sandbox to `to` if the state machine allows it from its
+    /// current state. Entering `stopped` or `dead` records `ended_at` and
+    /// `exit_code` (when known).
+    pub fn transition(
+        &self,
+        scope: Scope<'_>,
+        id: &SandboxId,
+        to: SandboxState,
+        exit_code: Option<i32>,
+    ) -> Result<SandboxRecord, SandboxError> {
+        let sources = sources_sql(to);
+        if sources.is_empty() {
+            return Err(self.explain_refusal(scope, id, to));
+        }
+        let ending = if to.is_final() {
+            ", ended_at = ?4, exit_code = ?5"
+        } else {
+            ""
+        };
+        let sql = format!(
+            "UPDATE sandboxes SET state = ?3{ending}
+             WHERE id = ?1 AND (?2 IS NULL OR tenant_id = ?2) AND state IN ({sources})
+             RETURNING {COLUMNS}"
+        );
+        let mut params = vec![
+            Value::Text(id.as_str().to_string()),
+            scope
+                .tenant()
+                .map_or(Value::Null, |t| Value::Text(t.to_string())),
+            Value::Text(to.as_str().to_string()),
+        ];
+        if to.is_final() {
+            params.push(Value::Integer(self.now()));
+            params.push(exit_code.map_or(Value::Null, |c| Value::Integer(c.into())));
+        }
+        let updated = self
+            .conn
+            .query_row(&sql, rusqlite::params_from_iter(params), raw_row)
+            .optional()
+            .map_err(StoreError::query("change sandbox state"))?;
+        match updated {
+            Some(raw) => Ok(raw.into_record()?),
+            None => Err(self.explain_refusal(scope, id, to)),
+        }
+    }
+
+    /// The daemon found the sandbox's process gone.
+    pub fn mark_dead(
+        &self,
+        id: &SandboxId,
+        exit_code: Option<i32>,
+    ) -> Result<SandboxRecord, SandboxError> {
+        self.transition(Scope::Daemon, id, SandboxState::Dead, exit_code)
+    }
+
+    /// A conditional update changed nothing: say whether the sandbox is
+    /// missing (or another tenant's) or in a state that forbids the change.
+    fn explain_refusal(&self, scope: Scope<'_>, id: &SandboxId, to: SandboxState) -> SandboxError {
+        match self.find_sandbox(scope, id) {
+            Ok(Some(r)) => SandboxError::InvalidTransition {
+                id: id.clone(),
+                from: r.state,
+                to,
+            },
+            Ok(None) => SandboxError::NotFound { id: id.clone() },
+            Err(e) => e.into(),
+        }
+    }
+
+    /// Make a live sandbox expire `timeout` from now (which may be sooner
+    /// than before). Capping it at the server's maximum is the caller's job.
+    pub fn extend_timeout(
+        &self,
+        scope: Scope<'_>,
+        id: &SandboxId,
+        timeout: Duration,
+    ) -> Result<SandboxRecord, SandboxError> {
+        let expires_at = self.now().saturating_add(duration_ms(timeout));
+        let updated = self
+            .conn
+            .query_row(
+                &format!(
+                    "UPDATE sandboxes SET expires_at = ?3
+                     WHERE id = ?1 AND (?2 IS NULL OR tenant_id = ?2)
+                       AND state IN ('creating', 'running', 'paused')
+                     RETURNING {COLUMNS}"
+                ),
+                (id.as_str(), scope.tenant(), expires_at),
+                raw_row,
+            )
+            .optional()
+            .map_err(StoreError::query("extend sandbox timeout"))?;
+        match updated {
+            Some(raw) => Ok(raw.into_record()?),
+            None => match self.find_sandbox(scope, id)? {
+                Some(r) => Err(SandboxError::Ended {
+                    id: id.clone(),
+                    state: r.state,
+                }),
+                None => Err(SandboxError::NotFound { id: id.clone() }),
+            },
+        }
+    }
+
+    /// Running or paused sandboxes whose `expires_at` has passed, oldest
+    /// deadline first: the expiry sweep kills these and marks them stopped.
+    pub fn expired_sandboxes(&self) -> Result<Vec<SandboxRecord>, SandboxError> {
+        self.select_records(
+            "expired sandboxes",
+            &format!(
+                "SELECT {COLUMNS} FROM sandboxes
+                 WHERE state IN ('running', 'paused') AND expires_at < ?1
+                 ORDER BY expires_at, id"
+            ),
+            &[Value::Integer(self.now())],
+        )
+    }
+
+    /// Daemon start: mark dead every record whose sandbox cannot still be
+    /// there, and return them (now `dead`) so the caller can kill leftovers
+    /// and remove their mounts, cgroups and directories.
+    ///
+    /// - `creating`: dead. Creation runs inside the daemon; a daemon that is
+    ///   starting has no creation in flight, so these were cut off by a crash.
+    /// - `running`/`paused` without a pid: dead (cannot be checked).
+    /// - `running`/`paused` with a pid: dead if `is_alive(id, pid)` says so.
+    ///   The caller decides what alive means (the pid exists *and* is still
+    ///   that sandbox's init, e.g. by its cgroup, not a recycled pid).
+    ///
+    /// `is_alive` runs outside any transaction, so a slow check holds no
+    /// lock; each row is then marked dead only if its state and pid are still
+    /// what was checked.
+    pub fn reconcile(
+        &self,
+        mut is_alive: impl FnMut(&SandboxId, u32) -> bool,
+    ) -> Result<Vec<SandboxRecord>, SandboxError> {
+        let live = self.select_records(
+            "reconcile: list live sandboxes",
+            &format!(
+                "SELECT {COLUMNS} FROM sandboxes
+                 WHERE state IN ('creating', 'running', 'paused') ORDER BY created_at, id"
+            ),
+            &[],
+        )?;
+        let gone: Vec<SandboxRecord> = live
+            .into_iter()
+            .filter(|r| match (r.state, r.init_pid) {
+                (SandboxState::Creating, _) | (_, None) => true,
+                (_, Some(pid)) => !is_alive(&r.id, pid),
+            })
+            .collect();
+
+        let now = self.now();
+        self.immediate("reconcile: mark sandboxes dead", |s| {
+            let mut marked = Vec::with_capacity(gone.len());
+            for r in gone {
+                let updated = s
+                    .conn
+                    .query_row(
+                        &format!(
+                            "UPDATE sandboxes SET state = 'dead', ended_at = ?4
+                             WHERE id = ?1 AND state = ?2 AND init_pid IS ?3
+                             RETURNING {COLUMNS}"
+                        ),
+                        (r.id.as_str(), r.state.as_str(), r.init_pid, now),
+                        raw_row,
+                    )
+                    .optional()
+                    .map_err(StoreError::query("reconcile: mark sandbox dead"))?;
+                if let Some(raw) = updated {
+                    marked.push(raw.into_record()?);
+                }
+            }
+            Ok::<_, SandboxError>(marked)
+        })
+    }
+
+    fn select_records(
+        &self,
+        op: &'static str,
+        sql: &str,
+        params: &[Value],
+    ) -> Result<Vec<SandboxRecord>, SandboxError> {
+        let mut stmt = self
+            .conn
+            .prepare_cached(sql)
+            .map_err(StoreError::query(op))?;
+        let raws = stmt
+            .query_map(rusqlite::params_from_iter(params), raw_row)
+            .map_err(StoreError::query(op))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(StoreError::query(op))?;
+        Ok(raws
+            .into_iter()
+            .map(RawRow::into_record)
+            .collect::<Result<Vec<_>, _>>()?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicI64, Ordering};
+    use std::sync::Arc;
+
+    struct Fixture {
+        _dir: tempfile::TempDir,
+        store: Store,
+        now: Arc<AtomicI64>,
+        tenant: TenantId,
+        next: u64,
+    }
+
+    fn fixture() -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let mut store = Store::open_in(dir.path()).unwrap();
+        let now = Arc::new(AtomicI64::new(1_000_000));
+        let clock = now.clone();
+        store.set_clock(Arc::new(move || clock.load(Ordering::SeqCst)));
+        let tenant = store.create_tenant("acme").unwrap();
+        Fixture {
+            _dir: dir,
+            store,
+            now,
+            tenant,
+            next: 1,
+        }
+    }
+
+    impl Fixture {
+        fn insert(&mut self, labels: &[(&str, &str)], timeout: Duration) -> SandboxId {
+            let id = SandboxId::from_random(self.next);
+            self.next += 1;
+            let new = NewSandbox {
+                id: id.clone(),
+                tenant: self.tenant.clone(),
+                template: "host".into(),
+                isolation: "process".into(),
+                spec: serde_json::json!({"argv": ["/bin/true"]}),
+                labels: labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+                timeout,
+            };
+            let rec = self.store.insert_sandbox(&new).unwrap();
+            assert_eq!(rec.state, SandboxState::Creating);
+            id
+        }
+    }
+
+    #[test]
+    fn state_machine_table() {
+        use SandboxState::*;
+        for from in SandboxState::ALL {
+            assert!(!from.can_become(from), "{from} -> itself");
+            if from.is_final() {
+                assert!(SandboxState::ALL.iter().all(|&to| !from.can_become(to)));
+            }
+        }
+        assert!(Creating.can_become(Running));
+        assert!(Running.can_become(Paused));
+        assert!(Paused.can_become(Running));
+        assert!(!Creating.can_become(Paused));
+    }
+
+    #[test]
+    fn insert_get_and_duplicate() {
+        let mut f = fixture();
+        let id = f.insert(&[("team", "a")], Duration::from_secs(300));
+        let rec = f.store.get_sandbox(Scope::Tenant(&f.tenant), &id).unwrap();
+        assert_eq!(rec.labels["team"], "a");
+        assert_eq!(rec.expires_at, rec.created_at + 300_000);
+        assert_eq!(rec.spec["argv"][0], "/bin/true");
+        let dup = NewSandbox {
+            id: id.clone(),
+            tenant: f.tenant.clone(),
+            template: "host".into(),
+            isolation: "process".into(),
+            spec: serde_json::Value::Null,
+            labels: BTreeMap::new(),
+            timeout: Duration::from_secs(1),
+        };
+        let err = f.store.insert_sandbox(&dup).unwrap_err();
+        assert!(matches!(err, SandboxError::AlreadyExists { .. }), "{err:?}");
+    }
+
+    #[test]
+    fn transitions_follow_the_state_machine() {
+        let mut f = fixture();
+        let id = f.insert(&[], Duration::from_secs(60));
+        let t = Scope::Tenant(&f.tenant);
+        // creating -> running only with a pid.
+        let err = f
+            .store
+            .transition(t, &id, SandboxState::Running, None)
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                SandboxError::InvalidTransition {
+                    from: SandboxState::Creating,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        let err = f
+            .store
+            .transition(t, &id, SandboxState::Paused, None)
+            .unwrap_err();
+        assert!(
+            matches!(err, SandboxError::InvalidTransition { .. }),
+            "{err:?}"
+        );
+        assert_eq!(
+            err.to_string(),
+            format!("sandbox {id} is creating and cannot become paused")
+        );
+
+        let rec = f.store.set_running(&id, 4242).unwrap();
+        assert_eq!(
+            (rec.state, rec.init_pid),
+            (SandboxState::Running, Some(4242))
+        );
+        assert!(f.store.set_running(&id, 1).is_err());
+        f.store
+            .transition(t, &id, SandboxState::Paused, None)
+            .unwrap();
+        f.store
+            .transition(t, &id, SandboxState::Running, None)
+            .unwrap();
+        f.now.fetch_add(5, Ordering::SeqCst);
+        let rec = f
+            .store
+            .transition(t, &id, SandboxState::Stopped, Some(137))
+            .unwrap();
+        assert_eq!(rec.ended_at, Some(f.now.load(Ordering::SeqCst)));
+        assert_eq!(rec.exit_code, Some(137));
+        for to in SandboxState::ALL {
+            let err = f.store.transition(t, &id, to, None).unwrap_err();
+            assert!(
+                matches!(
+                    err,
+                    SandboxError::InvalidTransition {
+                        from: SandboxState::Stopped,
+                        ..
+                    }
+                ),
+                "{err:?}"
+            );
+        }
+        let missing = SandboxId::from_random(0xffff);
+        assert!(matches!(
+            f.store.transition(t, &missing, SandboxState::Dead, None),
+            Err(SandboxError::NotFound { .. })
+        ));
+    }
+
+    #[test]
+    fn list_filters_by_labels_and_state() {
+        let mut f = fixture();
+        let a = f.insert(&[("team", "a"), ("env", "prod")], Duration::from_secs(60));
+        let b = f.insert(&[("team", "a")], Duration::from_secs(60));
+        let _c = f.insert(&[("team", "b"), ("env", "prod")], Duration::from_secs(60));
+        f.store.set_running(&b, 10).unwrap();
+
+        let list = |labels: &[(&str, &str)], state| {
+            let filter = ListFilter {
+                labels: labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+                state,
+            };
+            let page = f
+                .store
+                .list_sandboxes(&f.tenant, &filter, None, 100)
+                .unwrap();
+            assert!(page.next.is_none());
+            page.items.into_iter().map(|r| r.id).collect::<Vec<_>>()
+        };
+        assert_eq!(list(&[("team", "a")], None), vec![a.clone(), b.clone()]);
+        assert_eq!(
+            list(&[("team", "a"), ("env", "prod")], None),
+            vec![a.clone()]
+        );
+        assert_eq!(list(&[("team", "a")], Some(SandboxState::Running)), vec![b]);
+        assert_eq!(list(&[("nope", "x")], None), Vec::<SandboxId>::new());
+        // Label text is data, never SQL.
+        assert_eq!(
+            list(&[("team' OR 1=1 --", "a")], None),
+            Vec::<SandboxId>::new()
+        );
+        assert_eq!(list(&[], None).len(), 3);
+    }
+
+    #[test]
+    fn bad_cursor_is_rejected() {
+        for s in ["", "abc", "12.xyz", "x.0123456789ab"] {
+            assert!(
+                matches!(Cursor::parse(s), Err(SandboxError::BadCursor { .. })),
+                "{s}"
+            );
+        }
+        assert!(Cursor::parse("5.0123456789ab").is_ok());
+    }
+
+    #[test]
+    fn expiry_and_extend() {
+        let mut f = fixture();
+        let short = f.insert(&[], Duration::from_secs(10));
+        let long = f.insert(&[], Duration::from_secs(100));
+        let never_started = f.insert(&[], Duration::from_secs(1));
+        f.store.set_running(&short, 1).unwrap();
+        f.store.set_running(&long, 2).unwrap();
+        f.store
+            .transition(Scope::Daemon, &long, SandboxState::Paused, None)
+            .unwrap();
+        assert!(f.store.expired_sandboxes().unwrap().is_empty());
+
+        f.now.fetch_add(50_000, Ordering::SeqCst);
+        let ids: Vec<_> = f
+            .store
+            .expired_sandboxes()
+            .unwrap()
+            .into_iter()
+            .map(|r| r.id)
+            .collect();
+        // `creating` is reconcile's business, not the sweep's.
+        assert_eq!(ids, vec![short.clone()]);
+        let _ = never_started;
+
+        f.store
+            .extend_timeout(Scope::Tenant(&f.tenant), &short, Duration::from_secs(60))
+            .unwrap();
+        assert!(f.store.expired_sandboxes().unwrap().is_empty());
+
+        f.now.fetch_add(100_000, Ordering::SeqCst);
+        let ids: Vec<_> = f
+            .store
+            .expired_sandboxes()
+            .unwrap()
+            .into_iter()
+            .map(|r| r.id)
+            .collect();
+        assert_eq!(ids, vec![long.clone(), short.clone()]);
+
+        f.store
+            .transition(Scope::Daemon, &short, SandboxState::Stopped, None)
+            .unwrap();
+        let err = f
+            .store
+            .extend_timeout(Scope::Daemon, &short, Duration::from_secs(60))
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                SandboxError::Ended {
+                    state: SandboxState::Stopped,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn reconcile_marks_only_the_gone() {
+        let mut f = fixture();
+        let creating = f.insert(&[], Duration::from_secs(60));
+        let alive = f.insert(&[], Duration::from_secs(60));
+        let gone = f.insert(&[], Duration::from_secs(60));
+        let paused_gone = f.insert(&[], Duration::from_secs(60));
+        let stopped = f.insert(&[], Duration::from_secs(60));
+        f.store.set_running(&alive, 100).unwrap();
+        f.store.set_running(&gone, 200).unwrap();
+        f.store.set_running(&paused_gone, 300).unwrap();
+        f.store
+            .transition(Scope::Daemon, &paused_gone, SandboxState::Paused, None)
+            .unwrap();
+        f.store
+            .transition(Scope::Daemon, &stopped, SandboxState::Stopped, Some(0))
+            .unwrap();
+
+        let mut asked = Vec::new();
+        let dead = f
+            .store
+            .reconcile(|id, pid| {
+                asked.push((id.clone(), pid));
+                pid == 100
+            })
+            .unwrap();
+        let mut dead_ids: Vec<_> = dead.iter().map(|r| r.id.clone()).collect();
+        dead_ids.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        let mut want = vec![creating, gone, paused_gone];
+        want.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        assert_eq!(dead_ids, want);
+        assert!(dead
+            .iter()
+            .all(|r| r.state == SandboxState::Dead && r.ended_at.is_some()));
+        assert_eq!(asked.len(), 3, "only running/paused with a pid are checked");
+        let d = Scope::Daemon;
+        assert_eq!(
+            f.store.get_sandbox(d, &alive).unwrap().state,
+            SandboxState::Running
+        );
+        assert_eq!(
+            f.store.get_sandbox(d, &stopped).unwrap().state,
+            SandboxState::Stopped
+        );
+        // A second pass finds nothing new.
+        assert!(f.store.reconcile(|_, _| true).unwrap().is_empty());
+    }
+}

@@ -1,0 +1,209 @@
+//! brig-test-support: the helpers every crate's tests share, in one place.
+//! A dev-dependency only; never published.
+//!
+//! - **Skipping loudly.** A test that cannot run here calls [`skip`]: it
+//!   prints why and returns, or, under `BRIG_TEST_STRICT=1` ([`strict`];
+//!   scripts/test sets it), fails, since on a machine set up for the tests
+//!   a skip means the set-up is broken. [`root_or_skip`] is the usual
+//!   first line of a test that starts sandboxes.
+//! - **What the test script prepared.** [`rootfs`] (the Debian rootfs of
+//!   `BRIG_TEST_ROOTFS`), [`test_cache`] (venvs, node_modules) and
+//!   [`template_home`] (the named templates), and [`agent_bin`], the
+//!   `brig-agent` binary cargo built.
+//! - With the `http` feature, [`serve`]: a router on a `127.0.0.1:0`
+//!   socket, as `brig serve` would serve it.
+//! - With the `runtime` feature, [`ManagerFixture`]: a sandbox manager on a
+//!   fresh home, with API keys of two tenants.
+//! - With the `jail` feature, [`agent_in_sandbox`]: `brig-agent --stdio` as
+//!   the command of a real sandbox, and the host's end of its socket.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+/// Whether `BRIG_TEST_STRICT=1`: a test that cannot run fails instead of
+/// skipping.
+pub fn strict() -> bool {
+    std::env::var("BRIG_TEST_STRICT").is_ok_and(|v| v == "1")
+}
+
+/// Skip the calling test with `reason` on stderr (the caller returns), or,
+/// under [`strict`], fail it.
+pub fn skip(reason: &str) {
+    if strict() {
+        panic!("BRIG_TEST_STRICT=1 and this test cannot run: {reason}");
+    }
+    eprintln!("skipping: {reason}");
+}
+
+/// Whether the tests run as root.
+pub fn is_root() -> bool {
+    // SAFETY: geteuid cannot fail and touches no memory.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// True when running as root; otherwise [`skip`]s (sandboxes need root).
+pub fn root_or_skip() -> bool {
+    let root = is_root();
+    if !root {
+        skip("this test needs root (it starts sandboxes)");
+    }
+    root
+}
+
+/// The Debian rootfs the test script builds (`BRIG_TEST_ROOTFS`), if it is
+/// set and looks like one. Does not skip: see [`rootfs_or_skip`].
+pub fn rootfs() -> Option<PathBuf> {
+    std::env::var_os("BRIG_TEST_ROOTFS")
+        .map(PathBuf::from)
+        .filter(|p| p.join("bin/sh").exists())
+}
+
+/// [`rootfs`], or a [`skip`] saying it is missing.
+pub fn rootfs_or_skip() -> Option<PathBuf> {
+    let found = rootfs();
+    if found.is_none() {
+        skip("BRIG_TEST_ROOTFS is not set (tests/support/build-rootfs.sh builds it; scripts/test sets it)");
+    }
+    found
+}
+
+/// The tests' cache, shared by every run on this machine:
+/// `$BRIG_TEST_CACHE`, else `~/.cache/brig-test` (the rootfs, the venvs of
+/// tests/support/install-python-deps.sh, the node_modules of
+/// install-node-deps.sh).
+pub fn test_cache() -> PathBuf {
+    std::env::var_os("BRIG_TEST_CACHE").map_or_else(
+        || PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/brig-test"),
+        PathBuf::from,
+    )
+}
+
+/// Where scripts/test builds the named templates (`base`,
+/// `code-interpreter-v1`): `$BRIG_TEST_TEMPLATE_HOME`, else
+/// `home` in the [`test_cache`].
+pub fn template_home() -> PathBuf {
+    match std::env::var_os("BRIG_TEST_TEMPLATE_HOME") {
+        Some(h) => h.into(),
+        None => test_cache().join("home"),
+    }
+}
+
+/// The `brig-agent` binary: `target/debug/brig-agent` (honouring
+/// `CARGO_TARGET_DIR`). scripts/test builds it in its build stage; if it is
+/// missing, it is built here once.
+pub fn agent_bin() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let target = match std::env::var_os("CARGO_TARGET_DIR") {
+            Some(t) if Path::new(&t).is_absolute() => PathBuf::from(t),
+            Some(t) => root.join(t),
+            None => root.join("target"),
+        };
+        let bin = target.join("debug/brig-agent");
+        if !bin.exists() {
+            let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+            let out = Command::new(cargo)
+                .current_dir(&root)
+                .args(["build", "-p", "brig-agent"])
+                .env("CARGO_TARGET_DIR", &target)
+                .output()
+                .expect("spawn cargo to build brig-agent");
+            assert!(
+                out.status.success(),
+                "cargo build -p brig-agent failed:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        assert!(bin.exists(), "{} missing after the build", bin.display());
+        bin
+    })
+}
+
+/// Serve `router` on a fresh `127.0.0.1:0` socket from a task of the
+/// current runtime, as `brig serve` does; its address.
+#[cfg(feature = "http")]
+pub async fn serve(router: axum::Router) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    addr
+}
+
+/// Start `agent` (a `brig-agent` binary, passed to the sandbox as an open
+/// file: it need not be in the template) as `brig-agent --stdio` in a new
+/// sandbox on `template`; `as_init`: as the sandbox's pid 1, as `brig
+/// serve` runs it. Returns the sandbox and the host's end of the agent's
+/// socket, for the caller's client to handshake on.
+#[cfg(feature = "jail")]
+pub fn agent_in_sandbox(
+    agent: &Path,
+    template: brig_core::TemplateRef,
+    as_init: bool,
+) -> (brig_jail::Sandbox, std::os::unix::net::UnixStream) {
+    use std::os::fd::OwnedFd;
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair().expect("socketpair");
+    let program = std::fs::File::open(agent).expect("open the agent binary");
+    let mut spec = brig_core::SandboxSpec::new(vec!["brig-agent".into(), "--stdio".into()]);
+    spec.template = template;
+    let extras = brig_jail::Extras {
+        program: Some(OwnedFd::from(program)),
+        stdio: Some(OwnedFd::from(theirs)),
+        as_init,
+        ..Default::default()
+    };
+    let opts = brig_jail::SpawnOptions::prepare().expect("prepare");
+    let sandbox =
+        brig_jail::Sandbox::spawn_with(&spec, &opts, extras).expect("spawn the agent in a sandbox");
+    (sandbox, ours)
+}
+
+#[cfg(feature = "runtime")]
+pub use fixture::{manager_fixture, ManagerFixture};
+
+#[cfg(feature = "runtime")]
+mod fixture {
+    use std::sync::Arc;
+
+    use brig_runtime::{ManagerConfig, SandboxManager, Store};
+
+    /// A sandbox manager on a fresh home (the real agent, [`super::agent_bin`]),
+    /// and the keys of two tenants. The manager starts real sandboxes, so
+    /// tests that use it need root ([`super::root_or_skip`]). Shut down
+    /// when dropped.
+    #[derive(Debug)]
+    pub struct ManagerFixture {
+        pub home: tempfile::TempDir,
+        pub manager: Arc<SandboxManager>,
+        /// The first tenant's key (the one `brig serve` prints at its
+        /// first start).
+        pub key: String,
+        /// A key of another tenant, `other`.
+        pub other_key: String,
+    }
+
+    impl Drop for ManagerFixture {
+        fn drop(&mut self) {
+            self.manager.shutdown();
+        }
+    }
+
+    /// A [`ManagerFixture`] whose manager is configured by `tweak` first.
+    pub fn manager_fixture(tweak: impl FnOnce(&mut ManagerConfig)) -> ManagerFixture {
+        let home = tempfile::tempdir().unwrap();
+        let store = Store::open_in(home.path()).unwrap();
+        let key = store.ensure_initial_key().unwrap().unwrap();
+        let other = store.create_tenant("other").unwrap();
+        let (_, other_key) = store.create_key(&other).unwrap();
+        let mut config = ManagerConfig::new(super::agent_bin().to_path_buf());
+        tweak(&mut config);
+        let manager = SandboxManager::start(store, config).unwrap();
+        ManagerFixture {
+            home,
+            manager,
+            key,
+            other_key,
+        }
+    }
+}
