@@ -51,7 +51,7 @@ fn a_sandbox_outlives_its_launcher_and_is_adopted_again() {
         return;
     }
     within(60, || {
-        let tier = ProcessTier::new(agent_bin().to_path_buf()).expect("prepare the tier");
+        let tier = ProcessTier::new(agent_bin().to_path_buf(), "tier-test").expect("prepare the tier");
         let id = SandboxId::from_random(rand_bits());
         let inst = tier.launch(&launch(&id)).expect("launch");
         assert_eq!(inst.id(), &id);
@@ -85,7 +85,7 @@ fn a_sandbox_outlives_its_launcher_and_is_adopted_again() {
         );
 
         // A new daemon: a new tier, adopting by id.
-        let tier = ProcessTier::new(agent_bin().to_path_buf()).expect("prepare again");
+        let tier = ProcessTier::new(agent_bin().to_path_buf(), "tier-test").expect("prepare again");
         let inst = tier.adopt(&id).expect("adopt").expect("still running");
         assert_eq!(inst.pid(), Some(pid));
         let conn = Connection::new(inst.connect_agent().unwrap()).expect("handshake again");
@@ -148,7 +148,7 @@ fn launch_refuses_a_taken_id_and_discard_is_idempotent() {
         return;
     }
     within(60, || {
-        let tier = ProcessTier::new(agent_bin().to_path_buf()).expect("prepare the tier");
+        let tier = ProcessTier::new(agent_bin().to_path_buf(), "tier-test").expect("prepare the tier");
         let id = SandboxId::from_random(rand_bits());
         let inst = tier.launch(&launch(&id)).expect("launch");
         let err = tier.launch(&launch(&id)).unwrap_err();

@@ -220,8 +220,8 @@ pub trait Tier: Send + Sync + fmt::Debug {
     /// host. Idempotent: discarding a sandbox that is gone is `Ok`.
     fn discard(&self, id: &SandboxId) -> Result<(), TierError>;
 
-    /// Sandboxes of this tier running on the host (whoever launched them),
-    /// so that reconcile can tell leftovers no record names.
+    /// Sandboxes this tier (for this daemon) launched that run on the
+    /// host, so that reconcile can tell leftovers no record names.
     fn running(&self) -> Vec<SandboxId>;
 }
 

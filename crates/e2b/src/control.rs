@@ -186,6 +186,7 @@ async fn create(
             },
             ..Limits::default()
         },
+        ..CreateConfig::default()
     };
 
     // All of it on one blocking task, which runs to its end even if the

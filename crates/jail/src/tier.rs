@@ -10,7 +10,12 @@
 //! ```text
 //! /run/brig/sb/<id>/agent.sock   the agent's listening socket (0700 dir)
 //! /run/brig/sb/<id>/init         "<pid> <start time>" of its pid 1
+//! /run/brig/sb/<id>/owner        which daemon launched it (its home)
 //! ```
+//!
+//! `/run/brig` is host-wide (uid ranges and cgroups are); the owner tag
+//! keeps two daemons on one host (two homes, or parallel tests) from
+//! taking each other's sandboxes for leftovers.
 //!
 //! [`Tier::launch`] binds the socket, hands the listener to the agent as
 //! its stdio, spawns, and records the init; [`Instance::connect_agent`]
@@ -47,16 +52,24 @@ pub struct ProcessTier {
     opts: SpawnOptions,
     /// The brig-agent executable started in every sandbox.
     agent: PathBuf,
+    /// Names the launching daemon (see the module documentation).
+    owner: String,
 }
 
 impl ProcessTier {
-    /// A tier whose sandboxes run `agent`. Prepares the host (runtime
-    /// directory, cgroup detection, removal of what dead sandboxes left).
-    pub fn new(agent: PathBuf) -> Result<ProcessTier, JailError> {
+    /// A tier whose sandboxes run `agent`, for the daemon `owner` names
+    /// (its home; [`Tier::running`] lists only the owner's sandboxes).
+    /// Prepares the host (runtime directory, cgroup detection, removal of
+    /// what dead sandboxes left).
+    pub fn new(agent: PathBuf, owner: &str) -> Result<ProcessTier, JailError> {
         let mut opts = SpawnOptions::prepare()?;
         // Every daemon sandbox can be paused and reports its CPU use.
         opts.pausable = true;
-        Ok(ProcessTier { opts, agent })
+        Ok(ProcessTier {
+            opts,
+            agent,
+            owner: owner.to_string(),
+        })
     }
 
     pub fn options(&self) -> &SpawnOptions {
@@ -82,6 +95,7 @@ impl ProcessTier {
             .recursive(true)
             .create(dir)
             .map_err(io("create its runtime directory"))?;
+        fs::write(dir.join(OWNER_FILE), &self.owner).map_err(io("record its owner"))?;
         let listener =
             UnixListener::bind(dir.join(AGENT_SOCKET)).map_err(io("bind the agent's socket"))?;
         let program = File::open(&self.agent).map_err(|e| {
@@ -127,6 +141,7 @@ pub fn sandboxes_dir(run_dir: &Path) -> PathBuf {
 
 const AGENT_SOCKET: &str = "agent.sock";
 const INIT_FILE: &str = "init";
+const OWNER_FILE: &str = "owner";
 
 impl Tier for ProcessTier {
     fn isolation(&self) -> Isolation {
@@ -190,6 +205,9 @@ impl Tier for ProcessTier {
         };
         entries
             .flatten()
+            .filter(|e| {
+                fs::read_to_string(e.path().join(OWNER_FILE)).is_ok_and(|o| o == self.owner)
+            })
             .filter_map(|e| e.file_name().to_str().and_then(SandboxId::parse))
             .collect()
     }

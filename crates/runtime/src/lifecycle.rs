@@ -62,6 +62,60 @@ pub(crate) struct Lifecycle {
     last_sample: Option<(Instant, u64)>,
 }
 
+/// The part of a [`Lifecycle`] a restarted daemon needs, as the record
+/// keeps it (`lifecycle_json`).
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Kept {
+    paused_ms: Option<u64>,
+    #[serde(default)]
+    mode: PauseMode,
+    on_timeout: Option<PauseMode>,
+    timeout_ms: Option<u64>,
+}
+
+impl Lifecycle {
+    /// What a daemon re-adopting `record`'s sandbox knows of it: what the
+    /// record kept, and paused if the record says so (with the default
+    /// time to live, if the pause itself was not kept).
+    pub(crate) fn restored(record: &SandboxRecord) -> Lifecycle {
+        let kept: Kept = record
+            .lifecycle
+            .clone()
+            .and_then(|v| serde_json::from_value(v).ok())
+            .unwrap_or_default();
+        let paused = (record.state == SandboxState::Paused).then(|| {
+            kept.paused_ms
+                .map_or(crate::manager::DEFAULT_TIMEOUT, Duration::from_millis)
+        });
+        Lifecycle {
+            paused,
+            mode: kept.mode,
+            on_timeout: kept.on_timeout,
+            timeout: kept.timeout_ms.map(Duration::from_millis),
+            last_sample: None,
+        }
+    }
+
+    fn kept(&self) -> serde_json::Value {
+        let kept = Kept {
+            paused_ms: self.paused.map(|d| d.as_millis() as u64),
+            mode: self.mode,
+            on_timeout: self.on_timeout,
+            timeout_ms: self.timeout.map(|d| d.as_millis() as u64),
+        };
+        serde_json::to_value(kept).unwrap_or(serde_json::Value::Null)
+    }
+}
+
+impl SandboxManager {
+    /// Write `lc` to the sandbox's record, for a daemon that re-adopts it.
+    fn keep_lifecycle(&self, id: &SandboxId, lc: &Lifecycle) {
+        if let Err(e) = self.store().set_lifecycle(id, &lc.kept()) {
+            tracing::warn!("sandbox {id}: cannot keep its pause state: {e}");
+        }
+    }
+}
+
 impl Live {
     pub(crate) fn is_paused(&self) -> bool {
         lock(&self.lifecycle).paused.is_some()
@@ -112,11 +166,11 @@ pub struct LiveCounts {
     pub paused: u64,
 }
 
-fn cgroup_err<'a>(
+fn tier_err<'a>(
     id: &'a SandboxId,
     op: &'static str,
-) -> impl FnOnce(brig_jail::cgroup::CgroupError) -> ManagerError + 'a {
-    move |source| ManagerError::Cgroup {
+) -> impl FnOnce(brig_core::TierError) -> ManagerError + 'a {
+    move |source| ManagerError::Tier {
         id: id.clone(),
         op,
         source,
@@ -186,22 +240,18 @@ impl SandboxManager {
         let left = left.unwrap_or_else(|| {
             Duration::from_millis(record.expires_at.saturating_sub(now_millis()).max(1000) as u64)
         });
-        live.controls
-            .freeze()
-            .map_err(cgroup_err(id, "freeze the sandbox"))?;
+        live.instance.pause()
+            .map_err(tier_err(id, "freeze the sandbox"))?;
         if mode == PauseMode::Filesystem {
             // Frozen, so nothing forks away meanwhile; then the agent alone
             // is frozen again.
-            let ended = live
-                .controls
-                .end_all_but_init()
-                .map_err(cgroup_err(id, "end the sandbox's processes"));
+            let ended = live.instance.end_all_but_agent()
+                .map_err(tier_err(id, "end the sandbox's processes"));
             if let Err(e) = ended.and_then(|_| {
-                live.controls
-                    .freeze()
-                    .map_err(cgroup_err(id, "freeze the sandbox"))
+                live.instance.pause()
+                    .map_err(tier_err(id, "freeze the sandbox"))
             }) {
-                let _ = live.controls.thaw();
+                let _ = live.instance.resume();
                 return Err(e);
             }
         }
@@ -217,12 +267,13 @@ impl SandboxManager {
             Ok(record) => {
                 lc.paused = Some(left);
                 lc.mode = mode;
+                self.keep_lifecycle(id, &lc);
                 self.events().publish(id, tenant, EventKind::Paused);
                 Ok(record)
             }
             Err(e) => {
                 // Ended meanwhile (delete, expiry): leave it as it was.
-                let _ = live.controls.thaw();
+                let _ = live.instance.resume();
                 Err(e.into())
             }
         }
@@ -265,14 +316,13 @@ impl SandboxManager {
         let rebooted = reboot || lc.mode == PauseMode::Filesystem;
         if reboot && lc.mode == PauseMode::Full {
             // Still frozen: killed before any of them runs again.
-            live.controls
-                .end_all_but_init()
-                .map_err(cgroup_err(id, "end the sandbox's processes"))?;
+            live.instance.end_all_but_agent()
+                .map_err(tier_err(id, "end the sandbox's processes"))?;
         }
-        live.controls
-            .thaw()
-            .map_err(cgroup_err(id, "thaw the sandbox"))?;
+        live.instance.resume()
+            .map_err(tier_err(id, "thaw the sandbox"))?;
         lc.paused = None;
+        self.keep_lifecycle(id, &lc);
         self.events().publish(id, tenant, EventKind::Resumed);
         let store = self.store();
         store.transition(Scope::Tenant(tenant), id, SandboxState::Running, None)?;
@@ -294,6 +344,7 @@ impl SandboxManager {
         let mut lc = lock(&live.lifecycle);
         lc.on_timeout = mode;
         lc.timeout = Some(timeout);
+        self.keep_lifecycle(id, &lc);
         Ok(())
     }
 
@@ -336,6 +387,7 @@ impl SandboxManager {
         match &mut lc.paused {
             Some(left) => {
                 *left = timeout;
+                self.keep_lifecycle(id, &lc);
                 Ok(Some(self.get(tenant, id)?))
             }
             None => Ok(None),
@@ -351,14 +403,12 @@ impl SandboxManager {
         let live = self.owned_live(tenant, id)?;
         let record = self.get(tenant, id)?;
         let stats = live
-            .controls
-            .stats()
-            .map_err(cgroup_err(id, "read the sandbox's cgroups"))?;
-        // Gone with a sandbox that ended during this call: report none.
-        let disk = live.controls.disk().ok();
+            .instance
+            .usage()
+            .map_err(tier_err(id, "read the sandbox's resource use"))?;
         let now = Instant::now();
         let timestamp = now_millis();
-        let cpu = stats.cpu_usage_ns.unwrap_or(0);
+        let cpu = stats.cpu_ns.unwrap_or(0);
         let mut lc = lock(&live.lifecycle);
         let since = match lc.last_sample {
             Some((at, before)) => Some((now.duration_since(at), cpu.saturating_sub(before))),
@@ -369,7 +419,7 @@ impl SandboxManager {
         };
         lc.last_sample = Some((now, cpu));
         let cpu_percent = since
-            .filter(|(wall, _)| !wall.is_zero() && stats.cpu_usage_ns.is_some())
+            .filter(|(wall, _)| !wall.is_zero() && stats.cpu_ns.is_some())
             .map(|(wall, used)| {
                 let pct = used as f64 / wall.as_nanos() as f64 * 100.0;
                 (pct * 100.0).round() / 100.0
@@ -379,9 +429,9 @@ impl SandboxManager {
             cpu_percent,
             memory_bytes: stats.memory_bytes,
             memory_peak_bytes: stats.memory_peak_bytes,
-            memory_limit_bytes: stats.memory_limit,
-            disk_used_bytes: disk.map(|d| d.used_bytes),
-            disk_total_bytes: disk.map(|d| d.total_bytes),
+            memory_limit_bytes: stats.memory_limit_bytes,
+            disk_used_bytes: stats.disk_used_bytes,
+            disk_total_bytes: stats.disk_total_bytes,
             pids: stats.pids,
             state: if lc.paused.is_some() {
                 SandboxState::Paused

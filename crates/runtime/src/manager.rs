@@ -1,34 +1,38 @@
 //! [`SandboxManager`]: the daemon's live sandboxes, drivable without HTTP.
 //!
-//! Every sandbox is `brig-agent --stdio` in a process-tier sandbox, spoken
-//! to over one end of a socketpair through a [`Connection`]; the other end
-//! is the agent's stdin/stdout ([`brig_jail::Extras`]). The manager owns
-//! three kinds of thread, all plain `std::thread`s:
+//! Every sandbox runs `brig-agent` and is started by an isolation tier
+//! behind brig-core's [`Tier`] boundary (the process tier, `brig_jail::
+//! ProcessTier`, unless a caller hands in others, such as the fake tier of
+//! the unit tests). The manager speaks to a sandbox only through its
+//! [`Instance`] (pause, resume, usage, limits, kill, wait) and its agent
+//! [`Connection`].
 //!
-//! - **the spawner** (one, `brig-spawner`): every sandbox is cloned from
-//!   it. `PR_SET_PDEATHSIG` fires when the *thread* that cloned a sandbox's
-//!   init exits, so sandboxes must come from a thread that lives as long as
-//!   the daemon — not from tokio's blocking pool, whose idle threads exit
-//!   and would take their sandboxes with them. The thread lives until
-//!   [`SandboxManager::shutdown`] (or the daemon's death, which is then
-//!   exactly when the sandboxes should die).
-//! - **a supervisor per sandbox** (`brig-sb-<id>`): owns the
-//!   [`Sandbox`], blocks until it is told to end it (delete, expiry, the
-//!   agent gone, shutdown), then kills it, waits for the whole teardown
-//!   (cgroups removed, slot released) and records how it ended.
-//! - **the sweeper** (one, `brig-sweeper`): every
+//! **Sandboxes outlive the daemon.** The manager picks a sandbox's id and
+//! writes its record (`creating`) before the tier starts anything; the
+//! record becomes `running` once the agent answered. A daemon that dies
+//! (crash, `kill -9`, an upgrade, `shutdown(Keep)`) leaves its sandboxes
+//! running; the next one re-adopts each running or paused record through
+//! [`Tier::adopt`] (records, deadlines, pause state, create-time
+//! environment), discards what a `creating` record names (a create the
+//! crash cut short), and discards running sandboxes no record names (the
+//! pool's). See [`SandboxManager::start_with`].
+//!
+//! **No thread per sandbox.** An idle sandbox costs the daemon no thread:
+//! agent connections are read by one reactor (brig-agent-client), and a
+//! sandbox's end is a short-lived thread that kills it, waits for its
+//! teardown and records the end. The long-lived threads are few:
+//!
+//! - **the sweeper** (`brig-sweeper`): every
 //!   [`ManagerConfig::sweep_interval`] it ends sandboxes whose timeout
-//!   passed (even with no client connected) and those whose agent hung up.
+//!   passed (even with no client connected) and those whose agent hung up;
+//! - **the pool fillers** (`brig-pool-N`): they keep pre-made sandboxes
+//!   ready (`pool.rs`).
 //!
-//! State goes to the [`Store`] as it changes: a record is inserted once the
-//! sandbox exists (the jail picks the id), `running` once the agent has
-//! answered the handshake, `stopped` when brig ended it (delete, timeout,
-//! shutdown) and `dead` when it ended by itself.
+//! State goes to the [`Store`] as it changes: `creating` before the launch,
+//! `running` once the agent has answered the handshake, `stopped` when brig
+//! ended it (delete, timeout, shutdown) and `dead` when it ended by itself.
 
-use std::collections::{BTreeMap, HashMap};
-use std::fs::File;
-use std::os::fd::OwnedFd;
-use std::os::unix::net::UnixStream;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
@@ -36,18 +40,21 @@ use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
 use brig_agent_client::{Call, ClientError, Connection, ExecRequest, FileReader, Process, Reply};
-use brig_core::{EnvVar, Limits, SandboxId, SandboxSpec, SpecError, TemplateRef};
-use brig_jail::{Extras, JailError, Sandbox, SpawnOptions};
+use brig_core::{
+    EnvVar, Instance, Isolation, Launch, Limits, NetworkAttachment, SandboxId, SandboxSpec,
+    SpecError, TemplateRef, Tier, TierError, TierErrorKind,
+};
 
-use crate::error::ErrorKind;
+use crate::error::{chain, ErrorKind};
 use crate::events::{Event, EventKind, Events};
 use crate::pool::{Pool, PoolTarget, Warm};
 use crate::sandboxes::{Cursor, ListFilter, NewSandbox, Page, SandboxError, SandboxState, Scope};
 use crate::{AuthError, SandboxRecord, Store, StoreError, TenantId};
 
-/// Threads that clone sandboxes (see `SandboxManager::start`).
-const SPAWNERS: usize = 4;
-/// Threads that keep the pool full, each one spawn at a time.
+/// Threads that keep the pool full, each one spawn at a time: most of a
+/// spawn's time is spent waiting, not computing (moving the init into its
+/// first cgroup waits for an RCU grace period, 3-15 ms on this VM, on
+/// cgroup v1), and concurrent spawns share those waits.
 const FILLERS: usize = 2;
 
 /// Pre-made sandboxes kept for the `host` template unless configured.
@@ -61,14 +68,14 @@ pub const DEFAULT_MAX_TIMEOUT: Duration = Duration::from_secs(24 * 60 * 60);
 /// How long `delete` and `shutdown` wait for one sandbox's teardown.
 const TEARDOWN_WAIT: Duration = Duration::from_secs(30);
 
-/// A supervisor only waits, kills and cleans up: a small stack keeps a
-/// thousand of them cheap.
-const SUPERVISOR_STACK: usize = 128 * 1024;
+/// A sandbox's teardown thread only kills, waits and records: a small
+/// stack.
+const TEARDOWN_STACK: usize = 128 * 1024;
 
 /// The sandbox every agent runs in: the agent as its command, no time
 /// limit of its own (the manager ends it).
 fn agent_spec(template: TemplateRef, limits: Limits) -> SandboxSpec {
-    let mut spec = SandboxSpec::new(vec!["brig-agent".into(), "--stdio".into()]);
+    let mut spec = SandboxSpec::new(vec!["brig-agent".into(), "--listen".into()]);
     spec.template = template;
     spec.limits = limits;
     spec.limits.timeout = None;
@@ -150,6 +157,8 @@ pub struct CreateConfig {
     /// ([`SandboxSpec::allow_setuid`]). For E2B sandboxes, whose user
     /// `user` has passwordless sudo; off otherwise.
     pub allow_setuid: bool,
+    /// The isolation tier to start it on.
+    pub isolation: Isolation,
 }
 
 impl Default for CreateConfig {
@@ -161,6 +170,7 @@ impl Default for CreateConfig {
             labels: BTreeMap::new(),
             timeout: None,
             allow_setuid: false,
+            isolation: Isolation::Process,
         }
     }
 }
@@ -179,7 +189,18 @@ pub enum ManagerError {
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error("cannot start a sandbox")]
-    Spawn(#[source] JailError),
+    Spawn(#[source] TierError),
+    /// A tier operation on a live sandbox failed (pause, usage, limits).
+    #[error("sandbox {id}: cannot {op}")]
+    Tier {
+        id: SandboxId,
+        op: &'static str,
+        #[source]
+        source: TierError,
+    },
+    /// No tier of this daemon offers the isolation asked for.
+    #[error("the {isolation} isolation tier is not available on this daemon (see brig doctor)")]
+    NoTier { isolation: Isolation },
     #[error(
         "the agent binary {path} does not exist: build it (cargo build -p brig-agent) or set \
          BRIG_AGENT to its path"
@@ -224,15 +245,6 @@ pub enum ManagerError {
     AlreadyPaused { id: SandboxId },
     #[error("sandbox {id} is {state}, not paused; only a paused sandbox can be resumed")]
     NotPaused { id: SandboxId, state: SandboxState },
-    #[error("sandbox {id}: cannot {op}")]
-    Cgroup {
-        id: SandboxId,
-        op: &'static str,
-        #[source]
-        source: brig_jail::cgroup::CgroupError,
-    },
-    #[error("the spawner thread is gone")]
-    SpawnerGone,
     #[error("template {name} is not available")]
     Template {
         name: String,
@@ -274,55 +286,58 @@ impl ManagerError {
             ManagerError::AlreadyPaused { .. } | ManagerError::NotPaused { .. } => {
                 ErrorKind::Conflict
             }
-            ManagerError::Cgroup {
-                source: brig_jail::cgroup::CgroupError::NoGroup { .. },
-                ..
-            } => ErrorKind::Unsupported,
+            ManagerError::Spawn(e) | ManagerError::Tier { source: e, .. } => match e.kind() {
+                TierErrorKind::Invalid => ErrorKind::BadRequest,
+                TierErrorKind::Unsupported => ErrorKind::Unsupported,
+                TierErrorKind::Unavailable => ErrorKind::Unavailable,
+                TierErrorKind::Gone => ErrorKind::NotRunning,
+                TierErrorKind::Failed => ErrorKind::Internal,
+            },
+            ManagerError::NoTier { .. } => ErrorKind::Unsupported,
             ManagerError::TemplateNotAllowed { .. } => ErrorKind::Forbidden,
-            ManagerError::Spawn(
-                JailError::Spec(_) | JailError::Template(_) | JailError::NoCpuController,
-            ) => ErrorKind::BadRequest,
             ManagerError::Template { .. } | ManagerError::ShuttingDown => ErrorKind::Unavailable,
-            ManagerError::Spawn(_)
-            | ManagerError::NoAgent { .. }
+            ManagerError::NoAgent { .. }
             | ManagerError::Handshake { .. }
-            | ManagerError::Io { .. }
-            | ManagerError::Cgroup { .. }
-            | ManagerError::SpawnerGone => ErrorKind::Internal,
+            | ManagerError::Io { .. } => ErrorKind::Internal,
         }
     }
 }
 
-/// How a supervisor is told to end its sandbox.
+/// A sandbox's end, once asked for: who waits for its teardown.
+#[derive(Debug, Default)]
 struct Ending {
-    /// `stopped` (brig's choice) or `dead` (the agent went away).
-    state: SandboxState,
+    /// The teardown has started (only the first end request starts it).
+    started: bool,
+    /// The teardown is over.
+    done: bool,
     /// Told once the sandbox is fully torn down.
-    done: Option<mpsc::Sender<()>>,
+    waiters: Vec<mpsc::Sender<()>>,
 }
 
-/// A sandbox this daemon started and that has not ended yet.
+/// A sandbox of this daemon that has not ended yet.
 pub(crate) struct Live {
     pub(crate) tenant: TenantId,
     pub(crate) conn: Arc<Connection>,
-    end: Mutex<mpsc::Sender<Ending>>,
+    /// Its tier's handle: pause, resume, usage, limits, kill, wait.
+    pub(crate) instance: Arc<dyn Instance>,
+    ending: Mutex<Ending>,
     /// Create-time environment variables, given to every process it
     /// starts (under the request's own).
     env: BTreeMap<String, String>,
-    /// Its cgroups (freeze, thaw, statistics), usable while the supervisor
-    /// owns the [`Sandbox`].
-    pub(crate) controls: brig_jail::CgroupControls,
     /// Paused or not, and the last metrics sample (see `lifecycle.rs`).
     pub(crate) lifecycle: Mutex<crate::lifecycle::Lifecycle>,
 }
 
 type LiveMap = Arc<Mutex<HashMap<SandboxId, Arc<Live>>>>;
 
-/// A request to the spawner thread.
-struct SpawnJob {
-    spec: SandboxSpec,
-    extras: Extras,
-    reply: mpsc::SyncSender<Result<Sandbox, JailError>>,
+/// What a daemon does with its sandboxes when it stops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnStop {
+    /// End every sandbox and wait for its teardown.
+    End,
+    /// Leave them running, for the next daemon to adopt (the pre-made
+    /// ones of the pool are ended: they hold nothing of anyone's).
+    Keep,
 }
 
 /// The daemon's sandboxes: create, inspect, drive and end them.
@@ -332,7 +347,8 @@ pub struct SandboxManager {
     /// Shared with the supervisors, which remove their own entry once the
     /// end is recorded.
     pub(crate) live: LiveMap,
-    spawner: Mutex<Option<mpsc::Sender<SpawnJob>>>,
+    /// The isolation tiers this daemon offers.
+    tiers: Vec<Arc<dyn Tier>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
     closing: AtomicBool,
     /// Pre-made sandboxes, filled by the `brig-pool` thread.
@@ -354,19 +370,44 @@ impl std::fmt::Debug for SandboxManager {
 }
 
 impl SandboxManager {
-    /// Reconcile what an earlier daemon left behind, then start the spawner
-    /// and the sweeper.
-    ///
-    /// Sandboxes of an earlier daemon died with it (`PR_SET_PDEATHSIG`), so
-    /// every record still live is marked dead, and
-    /// [`SpawnOptions::prepare`] removes their leftover cgroups.
+    /// Start on the process tier (running [`ManagerConfig::agent`]); see
+    /// [`SandboxManager::start_with`].
     pub fn start(store: Store, config: ManagerConfig) -> Result<Arc<SandboxManager>, ManagerError> {
-        let mut opts = SpawnOptions::prepare().map_err(ManagerError::Spawn)?;
-        // Every daemon sandbox can be paused and reports its CPU use.
-        opts.pausable = true;
-        store.reconcile(|_, _| false)?;
+        // The database names this daemon: sandboxes of another home on the
+        // same host are none of its business.
+        let owner = store.path().display().to_string();
+        let tier = brig_jail::ProcessTier::new(config.agent.clone(), &owner).map_err(|e| {
+            ManagerError::Spawn(TierError::Unavailable {
+                tier: Isolation::Process,
+                reason: chain(&e),
+            })
+        })?;
+        // Every sandbox holds a handful of descriptors here (pidfd, agent
+        // socket, OOM eventfd): thousands need more than the usual soft
+        // limit of 1024.
+        if let Err(e) = brig_jail::raise_fd_limit() {
+            tracing::warn!("cannot raise the open-file limit: {e}");
+        }
+        Self::start_with(store, config, vec![Arc::new(tier)])
+    }
+
+    /// Re-adopt what an earlier daemon left running, then start the
+    /// sweeper and the pool fillers. `tiers`: the isolation tiers to offer.
+    ///
+    /// Each record still live is settled: `running` and `paused` ones are
+    /// adopted from their tier (a new agent connection; the record's
+    /// deadline and pause state as they were), or marked `dead` if the
+    /// sandbox is gone; a `creating` one (a create a crash cut short) is
+    /// discarded and marked `dead`. Sandboxes a tier runs that no record
+    /// names (pre-made ones of the old pool) are discarded.
+    pub fn start_with(
+        store: Store,
+        config: ManagerConfig,
+        tiers: Vec<Arc<dyn Tier>>,
+    ) -> Result<Arc<SandboxManager>, ManagerError> {
         // Builds of named templates that a rebuild replaced: no sandbox of
-        // this daemon runs on them yet (`brig run`s hold leases).
+        // this daemon runs on them yet (`brig run`s hold leases; adopted
+        // sandboxes keep theirs, see brig_template::prune).
         if let Some(home) = &config.home {
             let freed = brig_template::prune(home);
             if freed > 0 {
@@ -374,54 +415,21 @@ impl SandboxManager {
             }
         }
         let pool = Arc::new(Pool::new(config.pool.clone(), config.home.as_deref()));
-        // Every sandbox holds a handful of descriptors here (pidfd, agent
-        // socket, slot and liveness locks, OOM eventfd): a thousand need
-        // more than the usual soft limit of 1024.
-        if let Err(e) = brig_jail::raise_fd_limit() {
-            tracing::warn!("cannot raise the open-file limit: {e}");
-        }
-
-        // Several spawners: most of a spawn's time is spent waiting, not
-        // computing (moving the init into its first cgroup waits for an RCU
-        // grace period, 3-15 ms on this VM, on cgroup v1), and concurrent
-        // spawns share those waits.
-        let (spawn_tx, spawn_rx) = mpsc::channel::<SpawnJob>();
-        let (opts, jobs) = (Arc::new(opts), Arc::new(Mutex::new(spawn_rx)));
-        let mut spawners = Vec::new();
-        for n in 0..SPAWNERS {
-            let (opts, jobs) = (Arc::clone(&opts), Arc::clone(&jobs));
-            let spawner = thread::Builder::new()
-                .name(format!("brig-spawner-{n}"))
-                .spawn(move || loop {
-                    let job = match lock(&jobs).recv() {
-                        Ok(job) => job,
-                        Err(_) => return,
-                    };
-                    // A job whose requester went away drops its Sandbox
-                    // here, which kills and reaps it.
-                    let result = Sandbox::spawn_with(&job.spec, &opts, job.extras);
-                    let _ = job.reply.send(result);
-                })
-                .map_err(|source| ManagerError::Io {
-                    op: "start a spawner thread",
-                    source,
-                })?;
-            spawners.push(spawner);
-        }
-
         let (stop_tx, stop_rx) = mpsc::channel::<()>();
         let manager = Arc::new(SandboxManager {
             config,
             store: Mutex::new(store),
             live: Arc::new(Mutex::new(HashMap::new())),
-            spawner: Mutex::new(Some(spawn_tx)),
-            threads: Mutex::new(spawners),
+            tiers,
+            threads: Mutex::new(Vec::new()),
             closing: AtomicBool::new(false),
             sweeper_stop: Mutex::new(Some(stop_tx)),
             pool,
             waiting: AtomicUsize::new(0),
             events: Events::new(),
         });
+        manager.readopt()?;
+
         // The sweeper holds only a weak reference, so dropping the manager
         // without `shutdown` still lets it go.
         let weak = Arc::downgrade(&manager);
@@ -443,8 +451,7 @@ impl SandboxManager {
         lock(&manager.threads).push(sweeper);
 
         // The fillers, like the sweeper, hold the manager weakly; they wait
-        // on the pool itself, which they hold strongly. Two, so that their
-        // spawns overlap (see SPAWNERS).
+        // on the pool itself, which they hold strongly.
         for n in 0..FILLERS {
             let weak = Arc::downgrade(&manager);
             let pool = Arc::clone(&manager.pool);
@@ -466,6 +473,99 @@ impl SandboxManager {
             lock(&manager.threads).push(filler);
         }
         Ok(manager)
+    }
+
+    /// Settle every live record an earlier daemon left (see
+    /// [`SandboxManager::start_with`]).
+    fn readopt(&self) -> Result<(), ManagerError> {
+        let records = self.store().live_sandboxes()?;
+        let mut known: HashSet<SandboxId> = HashSet::new();
+        let (mut adopted, mut gone) = (0usize, 0usize);
+        for record in records {
+            known.insert(record.id.clone());
+            let id = record.id.clone();
+            match self.readopt_one(record) {
+                Ok(true) => adopted += 1,
+                Ok(false) => gone += 1,
+                Err(e) => {
+                    gone += 1;
+                    tracing::warn!("sandbox {id}: cannot adopt it: {}", chain(&e));
+                    let _ = self.store().mark_dead(&id, None);
+                }
+            }
+        }
+        let mut strays = 0usize;
+        for tier in &self.tiers {
+            for id in tier.running() {
+                if !known.contains(&id) {
+                    strays += 1;
+                    if let Err(e) = tier.discard(&id) {
+                        tracing::warn!("sandbox {id}: cannot discard it: {e}");
+                    }
+                }
+            }
+        }
+        if adopted + gone + strays > 0 {
+            tracing::info!(
+                "re-adopted {adopted} sandboxes; {gone} had ended; {strays} unrecorded removed"
+            );
+        }
+        Ok(())
+    }
+
+    /// Adopt one record's sandbox: `Ok(true)` if it runs on, `Ok(false)`
+    /// if it had ended (its record now says so).
+    fn readopt_one(&self, record: SandboxRecord) -> Result<bool, ManagerError> {
+        let id = record.id.clone();
+        let isolation: Isolation = record.isolation.parse().unwrap_or_default();
+        let tier = self.tier(isolation)?;
+        if record.state == SandboxState::Creating {
+            // Cut short by the crash: nothing half-made may stay.
+            tier.discard(&id).map_err(ManagerError::Spawn)?;
+            self.store().mark_dead(&id, None)?;
+            return Ok(false);
+        }
+        let Some(instance) = tier.adopt(&id).map_err(ManagerError::Spawn)? else {
+            self.store().mark_dead(&id, None)?;
+            return Ok(false);
+        };
+        let instance: Arc<dyn Instance> = Arc::from(instance);
+        let conn = match self.connect(&*instance) {
+            Ok(conn) => conn,
+            Err(e) => {
+                // An agent that does not answer serves nobody: end it.
+                instance.kill();
+                let _ = instance.wait();
+                return Err(e);
+            }
+        };
+        let spec: Option<SandboxSpec> = serde_json::from_value(record.spec.clone()).ok();
+        let env = spec
+            .map(|s| s.env.into_iter().map(|e| (e.key, e.value)).collect())
+            .unwrap_or_default();
+        let live = Arc::new(Live {
+            tenant: record.tenant.clone(),
+            conn: Arc::new(conn),
+            instance,
+            ending: Mutex::default(),
+            env,
+            lifecycle: Mutex::new(crate::lifecycle::Lifecycle::restored(&record)),
+        });
+        lock(&self.live).insert(id, live);
+        Ok(true)
+    }
+
+    /// The tier of `isolation`, if this daemon offers it.
+    fn tier(&self, isolation: Isolation) -> Result<&Arc<dyn Tier>, ManagerError> {
+        self.tiers
+            .iter()
+            .find(|t| t.isolation() == isolation)
+            .ok_or(ManagerError::NoTier { isolation })
+    }
+
+    /// The isolation tiers this daemon offers.
+    pub fn tiers(&self) -> Vec<Isolation> {
+        self.tiers.iter().map(|t| t.isolation()).collect()
     }
 
     pub fn config(&self) -> &ManagerConfig {
@@ -503,19 +603,41 @@ impl SandboxManager {
         spec.allow_setuid = req.allow_setuid;
         spec.validate()?;
 
-        let warm = match self.claim(&spec)? {
-            Some(warm) => warm,
-            None => {
-                let mut fresh = spec.clone();
-                fresh.env.clear();
-                // The filler steps aside while a client waits on a spawn.
-                self.waiting.fetch_add(1, Ordering::SeqCst);
-                let made = self.spawn_agent(&fresh);
-                self.waiting.fetch_sub(1, Ordering::SeqCst);
-                made?
-            }
+        let tier = Arc::clone(self.tier(req.isolation)?);
+        let new = |id: SandboxId| NewSandbox {
+            id,
+            tenant: tenant.clone(),
+            template: spec.template.to_string(),
+            isolation: req.isolation.to_string(),
+            spec: serde_json::to_value(&spec).unwrap_or(serde_json::Value::Null),
+            labels: req.labels.clone(),
+            timeout,
         };
-        self.adopt(tenant, warm, &spec, req.labels, timeout)
+        if req.isolation == Isolation::Process {
+            if let Some(warm) = self.claim(&spec)? {
+                // A pre-made sandbox: its id was picked when it was made;
+                // its record is written now.
+                self.store().insert_sandbox(&new(warm.instance.id().clone()))?;
+                return self.register(tenant, warm, &spec);
+            }
+        }
+        // The record first, so a crash from here on leaves a name for the
+        // next daemon to clean up after.
+        let id = SandboxId::from_random(rand::random());
+        self.store().insert_sandbox(&new(id.clone()))?;
+        let mut fresh = spec.clone();
+        fresh.env.clear();
+        // The filler steps aside while a client waits on a spawn.
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        let made = self.launch(&*tier, &id, &fresh);
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
+        match made {
+            Ok(warm) => self.register(tenant, warm, &spec),
+            Err(e) => {
+                let _ = self.store().mark_dead(&id, None);
+                Err(e)
+            }
+        }
     }
 
     /// `template` if this daemon lets clients use it: `host` always, a
@@ -591,141 +713,85 @@ impl SandboxManager {
         };
         let made = Pool::limits();
         if spec.limits.memory != made.memory || spec.limits.pids != made.pids {
-            if let Some(controls) = warm.sandbox.controls() {
-                controls
-                    .set_limits(&spec.limits)
-                    .map_err(|source| ManagerError::Cgroup {
-                        id: warm.sandbox.id().clone(),
-                        op: "set the limits of a pre-made sandbox",
-                        source,
-                    })?;
-            }
+            warm.instance
+                .set_limits(&spec.limits)
+                .map_err(|source| ManagerError::Tier {
+                    id: warm.instance.id().clone(),
+                    op: "set the limits of a pre-made sandbox",
+                    source,
+                })?;
         }
         Ok(Some(warm))
     }
 
-    /// Start the agent in a new sandbox (on the spawner thread) and wait
-    /// for its handshake. Nothing is recorded: an error drops the sandbox,
-    /// which kills and reaps it.
-    fn spawn_agent(&self, spec: &SandboxSpec) -> Result<Warm, ManagerError> {
-        let program = File::open(&self.config.agent).map_err(|source| {
-            if source.kind() == std::io::ErrorKind::NotFound {
-                ManagerError::NoAgent {
-                    path: self.config.agent.clone(),
-                }
-            } else {
-                ManagerError::Io {
-                    op: "open the agent binary",
-                    source,
-                }
-            }
-        })?;
-        let (ours, theirs) = UnixStream::pair().map_err(|source| ManagerError::Io {
-            op: "create the agent's socketpair",
-            source,
-        })?;
-        let (reply_tx, reply_rx) = mpsc::sync_channel(1);
-        let job = SpawnJob {
-            spec: spec.clone(),
-            extras: Extras {
-                program: Some(OwnedFd::from(program)),
-                stdio: Some(OwnedFd::from(theirs)),
-                // The agent reaps orphans itself; as pid 1 it leaves no
-                // copy of the daemon's memory in the sandbox.
-                as_init: true,
-                ..Default::default()
-            },
-            reply: reply_tx,
+    /// Start the agent in a new sandbox `id` on `tier` and wait for its
+    /// handshake. Nothing is recorded: an error drops the instance, which
+    /// ends the sandbox.
+    fn launch(&self, tier: &dyn Tier, id: &SandboxId, spec: &SandboxSpec) -> Result<Warm, ManagerError> {
+        let launch = Launch {
+            id: id.clone(),
+            template: spec.template.clone(),
+            limits: spec.limits.clone(),
+            allow_setuid: spec.allow_setuid,
+            network: NetworkAttachment::Loopback,
         };
-        lock(&self.spawner)
-            .as_ref()
-            .ok_or(ManagerError::ShuttingDown)?
-            .send(job)
-            .map_err(|_| ManagerError::SpawnerGone)?;
-        let sandbox = reply_rx
-            .recv()
-            .map_err(|_| ManagerError::SpawnerGone)?
-            .map_err(ManagerError::Spawn)?;
-        let conn = Connection::new(ours).map_err(|source| ManagerError::Handshake {
-            id: sandbox.id().clone(),
-            source,
-        })?;
-        Ok(Warm { sandbox, conn })
+        let instance = tier.launch(&launch).map_err(ManagerError::Spawn)?;
+        let conn = self.connect(&*instance)?;
+        Ok(Warm { instance, conn })
     }
 
-    /// Make a running sandbox `tenant`'s: its record, its place among the
-    /// live ones, its supervisor.
-    fn adopt(
+    /// A new connection to a sandbox's agent, handshake done.
+    fn connect(&self, instance: &dyn Instance) -> Result<Connection, ManagerError> {
+        let stream = instance
+            .connect_agent()
+            .map_err(|source| ManagerError::Tier {
+                id: instance.id().clone(),
+                op: "connect to its agent",
+                source,
+            })?;
+        Connection::new(stream).map_err(|source| ManagerError::Handshake {
+            id: instance.id().clone(),
+            source,
+        })
+    }
+
+    /// Make a running sandbox whose record exists (`creating`) `tenant`'s:
+    /// `running`, among the live ones, announced. On error the sandbox is
+    /// ended and its record marked dead.
+    fn register(
         &self,
         tenant: &TenantId,
         warm: Warm,
         spec: &SandboxSpec,
-        labels: BTreeMap<String, String>,
-        timeout: Duration,
     ) -> Result<SandboxRecord, ManagerError> {
-        let Warm { sandbox, conn } = warm;
-        let id = sandbox.id().clone();
-        let Some(controls) = sandbox.controls() else {
-            return Err(ManagerError::Io {
-                op: "find the new sandbox's cgroups",
-                source: std::io::Error::other("the sandbox has no cgroups"),
-            });
-        };
-
-        // From here on, an error return drops `sandbox`, which kills and
-        // reaps it; a record already written is then marked dead.
-        let spec_json = serde_json::to_value(spec).unwrap_or(serde_json::Value::Null);
-        self.store().insert_sandbox(&NewSandbox {
-            id: id.clone(),
-            tenant: tenant.clone(),
-            template: spec.template.to_string(),
-            isolation: "process".into(),
-            spec: spec_json,
-            labels,
-            timeout,
-        })?;
-        let record = match self.store().set_running(&id, sandbox.pid() as u32) {
+        let Warm { instance, conn } = warm;
+        let instance: Arc<dyn Instance> = Arc::from(instance);
+        let id = instance.id().clone();
+        let record = match self
+            .store()
+            .set_running(&id, instance.pid().unwrap_or(0))
+        {
             Ok(record) => record,
             Err(e) => {
-                drop(sandbox);
+                instance.kill();
+                let _ = instance.wait();
                 let _ = self.store().mark_dead(&id, None);
                 return Err(e.into());
             }
         };
-
-        let (end_tx, end_rx) = mpsc::channel();
         let live = Arc::new(Live {
             tenant: tenant.clone(),
             conn: Arc::new(conn),
-            end: Mutex::new(end_tx),
+            instance,
+            ending: Mutex::default(),
             env: spec
                 .env
                 .iter()
                 .map(|e| (e.key.clone(), e.value.clone()))
                 .collect(),
-            controls,
             lifecycle: Mutex::default(),
         });
         lock(&self.live).insert(id.clone(), live);
-        let supervisor = {
-            let id = id.clone();
-            let store_path = self.store().path().to_path_buf();
-            let live = Arc::clone(&self.live);
-            let (events, tenant) = (self.events.clone(), tenant.clone());
-            thread::Builder::new()
-                .name(format!("brig-sb-{id}"))
-                .stack_size(SUPERVISOR_STACK)
-                .spawn(move || supervise(sandbox, end_rx, &store_path, &live, &events, &tenant))
-        };
-        if let Err(source) = supervisor {
-            // The sandbox went down with the closure; record it.
-            lock(&self.live).remove(&id);
-            let _ = self.store().mark_dead(&id, None);
-            return Err(ManagerError::Io {
-                op: "start a sandbox supervisor thread",
-                source,
-            });
-        }
         self.events.publish(&id, tenant, EventKind::Created);
         Ok(record)
     }
@@ -742,7 +808,11 @@ impl SandboxManager {
         };
         let mut spec = agent_spec(reserved.template.clone(), Pool::limits());
         spec.allow_setuid = reserved.setuid;
-        match self.spawn_agent(&spec) {
+        let made = match self.tier(Isolation::Process) {
+            Ok(tier) => self.launch(&**tier, &SandboxId::from_random(rand::random()), &spec),
+            Err(e) => Err(e),
+        };
+        match made {
             Ok(warm) => {
                 // Put and unreserve at once: no other filler sees a gap. One
                 // of a rootfs rebuilt meanwhile comes back and is dropped.
@@ -896,23 +966,41 @@ impl SandboxManager {
     /// Refuse new sandboxes, end every live one (waiting for each
     /// teardown), and stop the manager's threads.
     pub fn shutdown(&self) {
+        self.stop(OnStop::End);
+    }
+
+    /// Refuse new sandboxes, stop the manager's threads, and end or keep
+    /// the live sandboxes (see [`OnStop`]). Pre-made sandboxes are ended
+    /// either way.
+    pub fn stop(&self, on_stop: OnStop) {
         self.closing.store(true, Ordering::SeqCst);
         lock(&self.sweeper_stop).take();
         self.pool.wake();
         let live: Vec<Arc<Live>> = lock(&self.live).values().cloned().collect();
-        let waits: Vec<_> = live
-            .iter()
-            .filter_map(|l| self.end(l, SandboxState::Stopped))
-            .collect();
-        for done in waits {
-            let _ = done.recv_timeout(TEARDOWN_WAIT);
+        match on_stop {
+            OnStop::End => {
+                let waits: Vec<_> = live
+                    .iter()
+                    .filter_map(|l| self.end(l, SandboxState::Stopped))
+                    .collect();
+                for done in waits {
+                    let _ = done.recv_timeout(TEARDOWN_WAIT);
+                }
+            }
+            OnStop::Keep => {
+                for l in &live {
+                    l.instance.release();
+                }
+                if !live.is_empty() {
+                    tracing::info!("left {} sandboxes running for the next daemon", live.len());
+                }
+            }
         }
-        lock(&self.spawner).take();
         let threads = std::mem::take(&mut *lock(&self.threads));
         for t in threads {
             let _ = t.join();
         }
-        // Dropping a pre-made sandbox kills it and waits for its teardown.
+        // Dropping a pre-made sandbox ends it and waits for its teardown.
         drop(self.pool.drain());
     }
 
@@ -993,18 +1081,43 @@ impl SandboxManager {
         }
     }
 
-    /// Tell a sandbox's supervisor to end it; returns where to wait for the
-    /// teardown (`None` if the supervisor is already gone).
-    fn end(&self, live: &Live, state: SandboxState) -> Option<mpsc::Receiver<()>> {
+    /// End a sandbox: kill it, wait for its teardown and record the end, on
+    /// a short-lived thread of its own (only the first request starts one).
+    /// Returns where to wait for the teardown (`None` if it is over).
+    fn end(&self, live: &Arc<Live>, state: SandboxState) -> Option<mpsc::Receiver<()>> {
         let (done_tx, done_rx) = mpsc::channel();
-        let sent = lock(&live.end).send(Ending {
-            state,
-            done: Some(done_tx),
-        });
-        sent.is_ok().then_some(done_rx)
+        {
+            let mut ending = lock(&live.ending);
+            if ending.done {
+                return None;
+            }
+            ending.waiters.push(done_tx);
+            if ending.started {
+                return Some(done_rx);
+            }
+            ending.started = true;
+        }
+        let store_path = self.store().path().to_path_buf();
+        let job = {
+            let (live, map, events) = (Arc::clone(live), Arc::clone(&self.live), self.events.clone());
+            move || teardown(&live, state, &store_path, &map, &events)
+        };
+        let thread = thread::Builder::new()
+            .name(format!("brig-end-{}", live.instance.id()))
+            .stack_size(TEARDOWN_STACK)
+            .spawn(job);
+        if let Err(e) = thread {
+            // No thread to be had: the sweeper tries again next pass.
+            tracing::warn!("sandbox {}: cannot start its teardown: {e}", live.instance.id());
+            let mut ending = lock(&live.ending);
+            ending.started = false;
+            ending.waiters.clear();
+            return None;
+        }
+        Some(done_rx)
     }
 
-    fn end_and_wait(&self, live: &Live, state: SandboxState) {
+    fn end_and_wait(&self, live: &Arc<Live>, state: SandboxState) {
         if let Some(done) = self.end(live, state) {
             let _ = done.recv_timeout(TEARDOWN_WAIT);
         }
@@ -1046,52 +1159,36 @@ impl SandboxManager {
     }
 }
 
-/// A supervisor thread: own the sandbox until told to end it, then kill it,
-/// wait for the teardown, record the end and publish it.
+/// A sandbox's end: kill it, wait for the whole teardown, record how it
+/// ended, forget it, announce it, and wake whoever waits.
 ///
 /// The record is written through a store of its own: the manager may be
 /// gone (or its store lock held by a caller waiting on this teardown).
-fn supervise(
-    sandbox: Sandbox,
-    end: mpsc::Receiver<Ending>,
-    store_path: &Path,
-    live: &LiveMap,
-    events: &Events,
-    tenant: &TenantId,
-) {
-    let id = sandbox.id().clone();
-    // Every sender gone (the manager dropped without shutdown) ends it too.
-    let ending = end.recv().unwrap_or(Ending {
-        state: SandboxState::Stopped,
-        done: None,
-    });
-    sandbox.kill();
-    let exit = sandbox.wait();
-    let code = exit.as_ref().ok().map(|e| e.code);
-    if let Err(e) = &exit {
-        tracing::warn!("sandbox {id}: teardown: {e}");
+fn teardown(live: &Live, state: SandboxState, store_path: &Path, map: &LiveMap, events: &Events) {
+    let id = live.instance.id().clone();
+    live.instance.kill();
+    let ended = live.instance.wait();
+    let code = ended.as_ref().ok().and_then(|e| e.code);
+    if let Err(e) = &ended {
+        tracing::warn!("sandbox {id}: teardown: {}", chain(e));
     }
     match Store::open(store_path) {
         Ok(store) => {
-            let _ = store.transition(Scope::Daemon, &id, ending.state, code);
+            let _ = store.transition(Scope::Daemon, &id, state, code);
         }
         Err(e) => tracing::warn!("sandbox {id}: cannot record its end: {e}"),
     }
     // No longer live before anyone hears of the end: a listener that checks
     // `is_live` after the event never finds it live again.
-    lock(live).remove(&id);
-    events.publish(
-        &id,
-        tenant,
-        EventKind::Ended {
-            state: ending.state,
-            code,
-        },
-    );
-    // Later endings (a sweep racing a delete) must not wait forever.
-    drop(end);
-    if let Some(done) = ending.done {
-        let _ = done.send(());
+    lock(map).remove(&id);
+    events.publish(&id, &live.tenant, EventKind::Ended { state, code });
+    let waiters = {
+        let mut ending = lock(&live.ending);
+        ending.done = true;
+        std::mem::take(&mut ending.waiters)
+    };
+    for w in waiters {
+        let _ = w.send(());
     }
 }
 

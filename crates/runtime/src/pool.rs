@@ -39,7 +39,7 @@ use std::time::Duration;
 
 use brig_agent_client::Connection;
 use brig_core::{Limits, TemplateRef};
-use brig_jail::Sandbox;
+use brig_core::Instance;
 
 /// What `--pool` keys on after the template: sandboxes in which setuid
 /// binaries work.
@@ -137,7 +137,7 @@ pub fn merge(defaults: Vec<PoolTarget>, flags: Vec<PoolTarget>) -> Vec<PoolTarge
 /// A sandbox whose agent has answered its handshake and that nobody owns
 /// yet.
 pub(crate) struct Warm {
-    pub sandbox: Sandbox,
+    pub instance: Box<dyn Instance>,
     pub conn: Connection,
 }
 

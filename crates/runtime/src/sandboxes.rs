@@ -147,6 +147,12 @@ pub struct SandboxRecord {
     pub expires_at: UnixMillis,
     pub ended_at: Option<UnixMillis>,
     pub exit_code: Option<i32>,
+    /// The manager's pause state, kept for a daemon that re-adopts it.
+    #[serde(skip)]
+    pub lifecycle: Option<serde_json::Value>,
+    /// What front-ends keep about it, by front-end (`{"e2b": {...}}`).
+    #[serde(skip)]
+    pub attrs: serde_json::Map<String, serde_json::Value>,
 }
 
 /// Which sandboxes a listing returns.
@@ -248,7 +254,8 @@ impl SandboxError {
 }
 
 const COLUMNS: &str = "id, tenant_id, template, isolation, spec_json, labels_json, state, \
-                       init_pid, created_at, expires_at, ended_at, exit_code";
+                       init_pid, created_at, expires_at, ended_at, exit_code, lifecycle_json, \
+                       attrs_json";
 
 /// A row as SQLite hands it over, before the checks that turn it into a
 /// [`SandboxRecord`] (done outside rusqlite's closure so a bad row becomes a
@@ -266,6 +273,8 @@ struct RawRow {
     expires_at: i64,
     ended_at: Option<i64>,
     exit_code: Option<i64>,
+    lifecycle_json: Option<String>,
+    attrs_json: Option<String>,
 }
 
 fn raw_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawRow> {
@@ -282,6 +291,8 @@ fn raw_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawRow> {
         expires_at: r.get(9)?,
         ended_at: r.get(10)?,
         exit_code: r.get(11)?,
+        lifecycle_json: r.get(12)?,
+        attrs_json: r.get(13)?,
     })
 }
 
@@ -310,6 +321,17 @@ impl RawRow {
             .map(i32::try_from)
             .transpose()
             .map_err(|_| corrupt("exit_code out of range".into()))?;
+        // Both written by this daemon's code only; unreadable means
+        // "nothing kept", not a corrupt row.
+        let lifecycle = self
+            .lifecycle_json
+            .as_deref()
+            .and_then(|j| serde_json::from_str(j).ok());
+        let attrs = self
+            .attrs_json
+            .as_deref()
+            .and_then(|j| serde_json::from_str(j).ok())
+            .unwrap_or_default();
         Ok(SandboxRecord {
             id,
             tenant: TenantId(self.tenant),
@@ -323,6 +345,8 @@ impl RawRow {
             expires_at: self.expires_at,
             ended_at: self.ended_at,
             exit_code,
+            lifecycle,
+            attrs,
         })
     }
 }
@@ -398,6 +422,8 @@ impl Store {
             expires_at,
             ended_at: None,
             exit_code: None,
+            lifecycle: None,
+            attrs: serde_json::Map::new(),
         })
     }
 
@@ -693,6 +719,53 @@ impl Store {
             }
             Ok::<_, SandboxError>(marked)
         })
+    }
+
+    /// Every sandbox in a live state (`creating`, `running`, `paused`): what
+    /// a starting daemon settles.
+    pub fn live_sandboxes(&self) -> Result<Vec<SandboxRecord>, SandboxError> {
+        self.select_records(
+            "list live sandboxes",
+            &format!(
+                "SELECT {COLUMNS} FROM sandboxes
+                 WHERE state IN ('creating', 'running', 'paused') ORDER BY created_at, id"
+            ),
+            &[],
+        )
+    }
+
+    /// Keep the manager's pause state of a live sandbox (see
+    /// [`SandboxRecord::lifecycle`]).
+    pub fn set_lifecycle(
+        &self,
+        id: &SandboxId,
+        lifecycle: &serde_json::Value,
+    ) -> Result<(), SandboxError> {
+        self.conn
+            .execute(
+                "UPDATE sandboxes SET lifecycle_json = ?2 WHERE id = ?1",
+                (id.as_str(), lifecycle.to_string()),
+            )
+            .map_err(StoreError::query("keep a sandbox's lifecycle"))?;
+        Ok(())
+    }
+
+    /// Keep what front-end `frontend` needs about a sandbox (see
+    /// [`SandboxRecord::attrs`]); replaces what it kept before.
+    pub fn set_attrs(
+        &self,
+        id: &SandboxId,
+        frontend: &str,
+        value: &serde_json::Value,
+    ) -> Result<(), SandboxError> {
+        self.conn
+            .execute(
+                "UPDATE sandboxes SET attrs_json = json_set(coalesce(attrs_json, '{}'), '$.' || ?2, json(?3))
+                 WHERE id = ?1",
+                (id.as_str(), frontend, value.to_string()),
+            )
+            .map_err(StoreError::query("keep a front-end's data on a sandbox"))?;
+        Ok(())
     }
 
     fn select_records(

@@ -86,6 +86,14 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE api_keys ADD COLUMN name TEXT;
     ALTER TABLE api_keys ADD COLUMN last_used_at INTEGER;
     ",
+    // 3: what a daemon needs to re-adopt a live sandbox after a restart,
+    // beyond its spec: its pause state and pause-on-timeout setting (JSON,
+    // the manager's), and what a front-end keeps about it (JSON, keyed by
+    // front-end: E2B's access token, default user, lifecycle options).
+    "
+    ALTER TABLE sandboxes ADD COLUMN lifecycle_json TEXT;
+    ALTER TABLE sandboxes ADD COLUMN attrs_json TEXT;
+    ",
 ];
 
 /// The schema version this code writes and understands.

@@ -144,7 +144,8 @@ fn a_version_1_database_is_upgraded() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join(brig_runtime::DB_FILE);
     {
-        // The tables of migration 1 that migration 2 touches, as committed.
+        // The tables of migration 1 that migrations 2 and 3 touch, as
+        // committed.
         let conn = rusqlite::Connection::open(&path).unwrap();
         conn.execute_batch(
             "
@@ -160,6 +161,21 @@ fn a_version_1_database_is_upgraded() {
                 prefix      TEXT NOT NULL,
                 created_at  INTEGER NOT NULL,
                 revoked_at  INTEGER
+            ) STRICT;
+            CREATE TABLE sandboxes (
+                id          TEXT PRIMARY KEY CHECK (length(id) = 12),
+                tenant_id   TEXT NOT NULL REFERENCES tenants(id),
+                template    TEXT NOT NULL,
+                isolation   TEXT NOT NULL,
+                spec_json   TEXT NOT NULL,
+                labels_json TEXT NOT NULL DEFAULT '{}',
+                state       TEXT NOT NULL
+                            CHECK (state IN ('creating', 'running', 'paused', 'stopped', 'dead')),
+                init_pid    INTEGER,
+                created_at  INTEGER NOT NULL,
+                expires_at  INTEGER NOT NULL,
+                ended_at    INTEGER,
+                exit_code   INTEGER
             ) STRICT;
             INSERT INTO tenants VALUES ('00000000000a', 'old', 5);
             INSERT INTO api_keys VALUES ('00000000000b', '00000000000a', x'00', 'brig_00000000000b_abcd', 7, NULL);
