@@ -713,7 +713,10 @@ fn orphaned_sandbox_processes() -> Vec<String> {
             // (Another test binary's live sandboxes are not this test's
             // business: the suites run side by side.)
             if status_number(parent, "Uid:").is_none_or(|u| u < SANDBOX_UID_BASE) {
-                break parent != 1;
+                // A daemon's sandbox outlives the daemon by design (it
+                // waits to be re-adopted): not an orphan while the home
+                // that owns it exists; once that is gone, nobody will.
+                break parent != 1 || daemon_owned(p);
             }
             p = parent;
         };
@@ -723,6 +726,22 @@ fn orphaned_sandbox_processes() -> Vec<String> {
         }
     }
     found
+}
+
+/// Whether `pid` (a sandbox's top process) is a daemon's sandbox whose
+/// daemon home still exists: `/run/brig/sb/<id>/owner` names the daemon's
+/// database.
+fn daemon_owned(pid: u32) -> bool {
+    let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
+    let Some(id) = cgroups.lines().find_map(|l| {
+        let path = l.rsplit(':').next()?;
+        let after = &path[path.find("/brig/")? + "/brig/".len()..];
+        after.split('/').next().map(str::to_string)
+    }) else {
+        return false;
+    };
+    std::fs::read_to_string(format!("/run/brig/sb/{id}/owner"))
+        .is_ok_and(|db| std::path::Path::new(db.trim()).exists())
 }
 
 /// Host processes whose argv carries `id`, with their uid.

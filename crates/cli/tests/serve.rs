@@ -68,9 +68,10 @@ impl Daemon {
 }
 
 impl Drop for Daemon {
+    /// SIGTERM: the daemon ends its sandboxes (a SIGKILL would leave them
+    /// running for a next daemon that never comes).
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        support::stop_daemon(&mut self.child);
     }
 }
 

@@ -236,6 +236,15 @@ async fn create(
             env,
             metadata,
         });
+        // Kept on its record: a restarted daemon knows it again.
+        match serde_json::to_value(&*sb) {
+            Ok(kept) => {
+                if let Err(e) = manager.store().set_attrs(&sb.id, crate::ATTRS_KEY, &kept) {
+                    tracing::warn!("sandbox {}: cannot keep its E2B state: {e}", sb.id);
+                }
+            }
+            Err(e) => tracing::warn!("sandbox {}: cannot encode its E2B state: {e}", sb.id),
+        }
         // Ended before it was registered: its end was published before
         // (or while) it went in, so the registry's follower may have missed
         // it; not live is the same as gone.

@@ -78,17 +78,40 @@ pub struct E2bState {
 }
 
 impl E2bState {
+    /// The E2B planes over `manager`, knowing again every E2B sandbox an
+    /// earlier daemon created that the manager re-adopted (what the planes
+    /// know of a sandbox is kept on its record, [`ATTRS_KEY`]).
     pub fn new(manager: Arc<SandboxManager>) -> E2bState {
+        let sandboxes = Arc::new(Registry::default());
+        let records = manager.store().live_sandboxes();
+        match records {
+            Ok(records) => {
+                for r in records {
+                    let known = r
+                        .attrs
+                        .get(ATTRS_KEY)
+                        .and_then(|v| serde_json::from_value::<E2bSandbox>(v.clone()).ok());
+                    if let Some(sb) = known.filter(|sb| manager.is_live(&sb.id)) {
+                        sandboxes.insert(sb);
+                    }
+                }
+            }
+            Err(e) => tracing::warn!("cannot list the sandboxes to re-adopt: {e}"),
+        }
         E2bState {
             manager,
-            sandboxes: Arc::new(Registry::default()),
+            sandboxes,
             users: Arc::default(),
         }
     }
 }
 
-/// What the E2B planes know about a sandbox they created.
-#[derive(Debug, Clone)]
+/// Where a sandbox's record keeps what the E2B planes know of it.
+pub const ATTRS_KEY: &str = "e2b";
+
+/// What the E2B planes know about a sandbox they created. Kept on its
+/// record too ([`ATTRS_KEY`]), so a restarted daemon knows it again.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct E2bSandbox {
     pub id: SandboxId,
     pub tenant: TenantId,
@@ -112,7 +135,7 @@ pub struct E2bSandbox {
 }
 
 /// E2B's `lifecycle` of a sandbox.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct E2bLifecycle {
     /// `Some`: paused (keeping what it says) rather than killed when its
     /// time to live runs out.

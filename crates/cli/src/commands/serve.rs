@@ -4,7 +4,13 @@
 //! and serves the front-ends over one runtime (brig-runtime's
 //! `SandboxManager`): the native API (brig-api) and, with `--e2b`, E2B's
 //! control and data planes (brig-e2b), until SIGINT or SIGTERM, then ends
-//! its sandboxes.
+//! its sandboxes — or, with `--keep-sandboxes`, leaves them running for the
+//! next daemon on this home to re-adopt (as it does after a crash or a
+//! `kill -9`: sandboxes outlive the daemon, see brig-runtime's manager).
+//!
+//! A panic while serving a request answers that request with a 500 and
+//! leaves the daemon and every sandbox running ([`harden`]; the release
+//! profile unwinds).
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -17,7 +23,7 @@ use anyhow::Context;
 use brig_api::{app, AppState};
 use brig_core::parse_duration;
 use brig_e2b::{control_router, data_router, E2bState};
-use brig_runtime::manager::{find_agent, ManagerConfig, DEFAULT_MAX_TIMEOUT};
+use brig_runtime::manager::{find_agent, ManagerConfig, OnStop, DEFAULT_MAX_TIMEOUT};
 use brig_runtime::pool::{self, PoolTarget};
 use brig_runtime::{SandboxManager, Store};
 
@@ -68,6 +74,12 @@ pub struct ServeArgs {
     /// interpreter (E2B_SANDBOX_URL).
     #[arg(long, default_value = "127.0.0.1:49983", value_name = "ADDR:PORT")]
     e2b_sandbox: SocketAddr,
+    /// On SIGTERM or SIGINT, leave the sandboxes running (with their
+    /// processes, files and timeouts) for the next `brig serve` on this
+    /// home to re-adopt, instead of ending them: for restarts and
+    /// upgrades. A crash or `kill -9` always leaves them running.
+    #[arg(long)]
+    keep_sandboxes: bool,
 }
 
 /// What serving needs, checked before anything starts.
@@ -79,6 +91,7 @@ struct ServeConfig {
     metrics_public: bool,
     /// (control plane, data plane) when --e2b is given.
     e2b: Option<(SocketAddr, SocketAddr)>,
+    on_stop: OnStop,
 }
 
 impl ServeArgs {
@@ -111,6 +124,11 @@ impl ServeArgs {
             manager,
             metrics_public: self.metrics_public,
             e2b: self.e2b.then_some((self.e2b_api, self.e2b_sandbox)),
+            on_stop: if self.keep_sandboxes {
+                OnStop::Keep
+            } else {
+                OnStop::End
+            },
         })
     }
 }
@@ -136,10 +154,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<i32> {
         .build()
         .context("cannot start the async runtime")?;
     let state = AppState::new(Arc::clone(&manager)).with_public_metrics(config.metrics_public);
-    let served = runtime.block_on(serve(config.listen, state, config.e2b));
+    let served = runtime.block_on(serve(config.listen, state, config.e2b, config.on_stop));
     // Sandboxes end before the runtime goes: their teardown is blocking
     // work that must finish before brig exits.
-    manager.shutdown();
+    manager.stop(config.on_stop);
     runtime.shutdown_timeout(Duration::from_secs(5));
     served?;
     Ok(0)
@@ -149,6 +167,7 @@ async fn serve(
     listen: SocketAddr,
     state: AppState,
     e2b: Option<(SocketAddr, SocketAddr)>,
+    on_stop: OnStop,
 ) -> anyhow::Result<()> {
     // Every listener is bound before any address is printed, so a wrapper
     // that waits for the last line finds all of them ready.
@@ -171,8 +190,8 @@ async fn serve(
         let e2b_state = E2bState::new(Arc::clone(&state.manager));
         eprintln!("brig: e2b api on http://{api_addr}");
         eprintln!("brig: e2b sandboxes on http://{data_addr}");
-        let control = control_router(e2b_state.clone());
-        let data_plane = data_router(e2b_state);
+        let control = harden(control_router(e2b_state.clone()));
+        let data_plane = harden(data_router(e2b_state));
         let stop = stopped.clone();
         servers.spawn(async move {
             axum::serve(api, control)
@@ -190,7 +209,7 @@ async fn serve(
     }
     let stop = stopped.clone();
     servers.spawn(async move {
-        axum::serve(main, app(state))
+        axum::serve(main, harden(app(state)))
             .with_graceful_shutdown(stop())
             .await
             .context("the HTTP server failed")
@@ -214,8 +233,65 @@ async fn serve(
             }
         }
     }
-    eprintln!("brig: shutting down; ending sandboxes");
+    match on_stop {
+        OnStop::End => eprintln!("brig: shutting down; ending sandboxes"),
+        OnStop::Keep => eprintln!("brig: shutting down; leaving sandboxes running"),
+    }
     result
+}
+
+/// A router whose handlers may panic without taking anything down: the
+/// panic is caught, logged, and answered with a 500; the daemon, other
+/// requests and the sandboxes go on.
+pub fn harden(router: axum::Router) -> axum::Router {
+    router.layer(tower_http::catch_panic::CatchPanicLayer::custom(
+        |panic: Box<dyn std::any::Any + Send + 'static>| {
+            let what = panic
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| panic.downcast_ref::<&str>().copied())
+                .unwrap_or("a panic");
+            tracing::error!("a request handler panicked: {what}");
+            let body = serde_json::json!({
+                "code": "internal",
+                "message": "internal error: the request failed inside brig (a bug; the daemon's \
+                            log has details); retry, and report it if it happens again",
+            });
+            axum::response::IntoResponse::into_response((
+                axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                axum::Json(body),
+            ))
+        },
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::routing::get;
+    use tower::ServiceExt;
+
+    #[tokio::test]
+    async fn a_panicking_handler_answers_500_and_the_router_serves_on() {
+        let router = harden(
+            axum::Router::new()
+                .route("/boom", get(|| async { panic!("boom") }))
+                .route("/ok", get(|| async { "fine" })),
+        );
+        let req = |path: &str| {
+            axum::http::Request::builder()
+                .uri(path)
+                .body(axum::body::Body::empty())
+                .unwrap()
+        };
+        let boom = router.clone().oneshot(req("/boom")).await.unwrap();
+        assert_eq!(boom.status(), 500);
+        let body = axum::body::to_bytes(boom.into_body(), 1 << 16).await.unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["code"], "internal");
+        let ok = router.oneshot(req("/ok")).await.unwrap();
+        assert_eq!(ok.status(), 200);
+    }
 }
 
 type Listener = axum::serve::TapIo<tokio::net::TcpListener, fn(&mut tokio::net::TcpStream)>;

@@ -186,3 +186,22 @@ pub fn start_daemon(
     };
     (child, url, lines)
 }
+
+/// Stop a `brig serve` the way an operator does, with SIGTERM (it ends its
+/// sandboxes and waits for their teardown), and wait for it; SIGKILL only
+/// if it has not exited within 30 s.
+pub fn stop_daemon(child: &mut std::process::Child) {
+    if matches!(child.try_wait(), Ok(Some(_))) {
+        return;
+    }
+    signal(child.id(), libc::SIGTERM);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        if matches!(child.try_wait(), Ok(Some(_)) | Err(_)) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
