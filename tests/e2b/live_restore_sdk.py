@@ -17,6 +17,7 @@ one line per check and `N passed, 0 failed` at the end.
 """
 
 import json
+import os
 import sys
 import time
 
@@ -29,7 +30,7 @@ phase, state_file = sys.argv[1], sys.argv[2]
 COUNTER = "i=0; while :; do echo $i >> /tmp/counter; echo tick-$i; i=$((i+1)); sleep 0.05; done"
 
 if phase == "before":
-    sbx = Sandbox.create(timeout=300)
+    sbx = Sandbox.create(os.environ.get("E2B_TEMPLATE", "base"), timeout=300)
     cmd = sbx.commands.run(COUNTER, background=True, timeout=0)
     pty = sbx.pty.create(PtySize(rows=24, cols=80), timeout=0)
     sbx.pty.send_stdin(pty.pid, b"echo pty-be''fore\n")

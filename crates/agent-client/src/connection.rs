@@ -347,9 +347,16 @@ impl Connection {
     /// (the pid is then [`Process::pid`]) or an error such as
     /// `cannot start /no/such: no such file or directory`.
     pub fn exec(&self, req: &ExecRequest) -> Result<Process, ClientError> {
-        let handle = self
-            .shared
-            .open(StreamClass::EXEC, message::encode_header(req))?;
+        // `meta` is version 2: an older agent would refuse the field.
+        let header = if req.meta.is_some() && self.version < 2 {
+            message::encode_header(&ExecRequest {
+                meta: None,
+                ..req.clone()
+            })
+        } else {
+            message::encode_header(req)
+        };
+        let handle = self.shared.open(StreamClass::EXEC, header)?;
         Process::start(handle)
     }
 

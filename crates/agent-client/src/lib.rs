@@ -52,7 +52,7 @@ pub mod watch;
 use brig_protocol::ResetCode;
 
 pub use brig_protocol::message::{
-    Call, ChangeKind, Entry, ErrorCode, ExecRequest, FileKind, ProcessInfo, PtySize,
+    Call, ChangeKind, Entry, ErrorCode, ExecRequest, FileKind, ProcessInfo, PtySize, MAX_META,
 };
 pub use call::Reply;
 pub use connection::Connection;

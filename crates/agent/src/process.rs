@@ -21,7 +21,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 
-use brig_protocol::message::{ExecRequest, CHANNEL_STDERR, CHANNEL_STDOUT};
+use brig_protocol::message::{ExecRequest, CHANNEL_STDERR, CHANNEL_STDOUT, MAX_META};
 
 use crate::sys::{self, WaitStatus};
 use crate::users;
@@ -44,6 +44,8 @@ pub enum Pipe {
 pub struct Proc {
     pub pid: i32,
     pub argv: Vec<String>,
+    /// The host's note about it (`ExecRequest::meta`).
+    pub meta: Option<String>,
     pub background: bool,
     /// The stream the process's output goes to, if a client is attached.
     pub attached: Option<u32>,
@@ -75,6 +77,11 @@ impl Proc {
         let Some(program) = req.argv.first() else {
             return Err(SpawnError::Invalid("argv is empty".into()));
         };
+        if req.meta.as_ref().is_some_and(|m| m.len() > MAX_META) {
+            return Err(SpawnError::Invalid(format!(
+                "meta is longer than {MAX_META} bytes"
+            )));
+        }
         let mut cmd = Command::new(program);
         cmd.args(&req.argv[1..]);
         let identity = Identity::resolve(req)?;
@@ -107,6 +114,7 @@ impl Proc {
         let mut proc = Proc {
             pid: 0,
             argv: req.argv.clone(),
+            meta: req.meta.clone(),
             background: req.background,
             attached: None,
             status: None,

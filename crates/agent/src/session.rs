@@ -136,6 +136,8 @@ pub struct Session {
     decoder: Decoder,
     out: Vec<u8>,
     peer_hello: bool,
+    /// The version negotiated with the current host.
+    version: u16,
     streams: BTreeMap<u32, Stream>,
     highest_host_stream: u32,
     next_agent_stream: u32,
@@ -178,6 +180,7 @@ impl Session {
             decoder: Decoder::new(),
             out: Vec::new(),
             peer_hello: false,
+            version: 0,
             streams: BTreeMap::new(),
             highest_host_stream: 0,
             next_agent_stream: 2,
@@ -465,7 +468,8 @@ impl Session {
                 if self.peer_hello {
                     return Err(End::Protocol("second hello on the connection".into()));
                 }
-                negotiate(SUPPORTED, (min, max)).map_err(|e| End::Protocol(e.to_string()))?;
+                self.version =
+                    negotiate(SUPPORTED, (min, max)).map_err(|e| End::Protocol(e.to_string()))?;
                 self.peer_hello = true;
                 return Ok(());
             }
@@ -723,6 +727,8 @@ impl Session {
                         background: p.background,
                         running: p.status.is_none(),
                         attached: p.attached.is_some(),
+                        // A host that speaks version 1 knows no such field.
+                        meta: p.meta.clone().filter(|_| self.version >= 2),
                     })
                     .collect(),
             }],

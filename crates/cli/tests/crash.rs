@@ -1,20 +1,20 @@
-//! `kill -9` of `brig serve` at any moment leaks nothing (issue 3).
+//! `kill -9` of `brig serve` at any moment loses nothing and leaks nothing.
 //!
-//! Each round starts the real daemon on a fresh home, gives it work (live
-//! sandboxes with a streaming `exec`, a background process and an upload
-//! in flight; in some rounds creates in flight too), SIGKILLs it after a
-//! different delay, and then checks the host:
+//! Sandboxes outlive the daemon (brig-runtime's manager): each round starts
+//! the real daemon on a fresh home, gives it work (live sandboxes with a
+//! streaming `exec`, a background process and an upload in flight; in some
+//! rounds creates in flight too), SIGKILLs it after a different delay, and
+//! starts a new daemon on the same home. Then:
 //!
-//! - every process the daemon had started (its descendants, looked up just
-//!   before the kill) is gone;
-//! - no process is left in the network or mount namespaces those processes
-//!   had, so the namespaces are gone too (a namespace with no process and
-//!   no mount holding it is freed by the kernel; `ip netns` cannot show
-//!   these anonymous ones);
-//! - no mount on the host names one of the sandboxes;
-//! - after a restart on the same home (which reconciles): every record is
-//!   `dead` (none `running` or `creating`), `brig ls --json` answers, and no
-//!   cgroup of those sandboxes remains.
+//! - every record is `running` or `dead`, none `creating`: a create the
+//!   kill cut short left nothing half-made (its processes, namespaces,
+//!   mounts and cgroups are gone), and every create that was answered is
+//!   `running`, adopted, with its background process still there;
+//! - every process the old daemon had started that is still alive belongs
+//!   to a `running` sandbox;
+//! - a SIGTERM of the new daemon ends them all, and then nothing is left:
+//!   no process, no process in the sandboxes' network or mount namespaces
+//!   (so the namespaces are gone), no mount naming a sandbox, no cgroup.
 //!
 //! Needs root.
 
@@ -54,6 +54,13 @@ impl Daemon {
         Daemon { child, url, key }
     }
 
+    fn get(&self, path: &str) -> Result<Value, Box<ureq::Error>> {
+        let resp = ureq::get(&format!("{}{path}", self.url))
+            .set("Authorization", &format!("Bearer {}", self.key))
+            .call()?;
+        Ok(resp.into_json().unwrap_or(Value::Null))
+    }
+
     fn post(&self, path: &str, body: Value) -> Result<Value, Box<ureq::Error>> {
         let resp = ureq::post(&format!("{}{path}", self.url))
             .set("Authorization", &format!("Bearer {}", self.key))
@@ -64,8 +71,7 @@ impl Daemon {
 
 impl Drop for Daemon {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        support::stop_daemon(&mut self.child);
     }
 }
 
@@ -167,6 +173,31 @@ fn id_of(cgroup: &str) -> Option<String> {
     Some(after.split('/').next()?.to_string())
 }
 
+/// `brig ls --json -a` against `daemon`: every record.
+fn ls(daemon: &Daemon, home: &Path, round: u64) -> Value {
+    let out = Command::new(BRIG)
+        .args(["ls", "--json"])
+        .env("BRIG_URL", &daemon.url)
+        .env("BRIG_HOME", home)
+        .env_remove("BRIG_API_KEY")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "round {round}: brig ls: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The cgroup directories of sandbox `id` that exist.
+fn cgroups_left(id: &str) -> Vec<PathBuf> {
+    support::cgroup_dirs(id)
+        .into_iter()
+        .filter(|d| d.exists())
+        .collect()
+}
+
 /// A request body that is written slowly and never ends on its own.
 struct Trickle(Arc<AtomicBool>);
 
@@ -258,25 +289,82 @@ fn kill_9_of_the_daemon_at_any_moment_leaks_nothing() {
             seen.iter().any(|s| !s.cgroups.is_empty()),
             "round {round}: the daemon had no sandbox when it was killed: {seen:?}"
         );
+        let ids: BTreeSet<String> = seen
+            .iter()
+            .flat_map(|s| s.cgroups.iter().filter_map(|c| id_of(c)))
+            .collect();
 
-        // Its processes die with it (PR_SET_PDEATHSIG, then the kernel
-        // kills a pid namespace with its init).
+        // A new daemon on the same home settles every record.
+        let mut daemon = Daemon::start(home.path());
+        let list = ls(&daemon, home.path(), round);
+        let records = list.as_array().unwrap();
+        let running: BTreeSet<&str> = records
+            .iter()
+            .filter(|r| r["state"] == "running")
+            .filter_map(|r| r["id"].as_str())
+            .collect();
+        for r in records {
+            assert!(
+                r["state"] == "running" || r["state"] == "dead",
+                "round {round}: not settled: {r}"
+            );
+        }
+        for id in &created {
+            assert!(
+                running.contains(id.as_str()),
+                "round {round}: {id} was created but is not running after the restart: {list}"
+            );
+            let procs = daemon
+                .get(&format!("/v1/sandboxes/{id}/processes"))
+                .expect("list the processes of an adopted sandbox");
+            assert!(
+                procs.to_string().contains("sleep"),
+                "round {round}: {id} lost its background process: {procs}"
+            );
+        }
+        // Whatever still runs is an adopted sandbox's; the rest is gone.
         let alive = |s: &Seen| start_time(s.pid).is_some_and(|t| t == s.start_time);
+        let stray = |s: &&Seen| {
+            alive(s)
+                && !s.cgroups.is_empty()
+                && !s
+                    .cgroups
+                    .iter()
+                    .filter_map(|c| id_of(c))
+                    .any(|id| running.contains(id.as_str()))
+        };
+        assert!(
+            eventually(Duration::from_secs(10), || !seen.iter().any(|s| stray(&s))),
+            "round {round}: processes of no running sandbox: {:?}",
+            seen.iter().filter(stray).collect::<Vec<_>>()
+        );
+        for id in ids.iter().filter(|id| !running.contains(id.as_str())) {
+            assert_eq!(
+                cgroups_left(id),
+                Vec::<PathBuf>::new(),
+                "round {round}: {id}"
+            );
+            assert!(
+                host_mounts_matching(id).is_empty(),
+                "round {round}: mounts of {id}"
+            );
+        }
+
+        // SIGTERM ends them all; then nothing of any of them is left.
+        support::stop_daemon(&mut daemon.child);
         assert!(
             eventually(Duration::from_secs(10), || !seen.iter().any(alive)),
             "round {round}: processes left: {:?}",
             seen.iter().filter(|s| alive(s)).collect::<Vec<_>>()
         );
-        // And with the processes, their namespaces.
         let sandbox_ns: BTreeSet<&str> = seen
             .iter()
             .flat_map(|s| [s.net.as_str(), s.mnt.as_str()])
             .filter(|n| !n.is_empty() && *n != host_net && *n != host_mnt)
             .collect();
-        // Processes forked after the look-up (a sandbox being set up) die
-        // with the rest, a moment later. Only processes started before the
-        // kill count: the kernel reuses a freed namespace's inode number,
-        // and another test's new sandbox may get one of these.
+        // Only processes started before the kill count: the kernel reuses a
+        // freed namespace's inode number, and another test's new sandbox
+        // may get one of these.
         let in_sandbox_ns = || -> Vec<(u32, String, String)> {
             all_pids()
                 .into_iter()
@@ -294,64 +382,30 @@ fn kill_9_of_the_daemon_at_any_moment_leaks_nothing() {
             "round {round}: processes still in a sandbox's namespaces: {:?}",
             in_sandbox_ns()
         );
-        let ids: BTreeSet<String> = seen
-            .iter()
-            .flat_map(|s| s.cgroups.iter().filter_map(|c| id_of(c)))
-            .collect();
-        for id in &ids {
-            let mounts = host_mounts_matching(id);
-            assert!(
-                mounts.is_empty(),
-                "round {round}: mounts left for {id}: {mounts:?}"
-            );
-        }
-
-        // A restart reconciles: the records are dead, the cgroups gone.
-        let daemon = Daemon::start(home.path());
-        let out = Command::new(BRIG)
-            .args(["ls", "--json"])
-            .env("BRIG_URL", &daemon.url)
-            .env("BRIG_HOME", home.path())
-            .env_remove("BRIG_API_KEY")
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "round {round}: brig ls: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let list: Value = serde_json::from_slice(&out.stdout).unwrap();
-        let records = list.as_array().unwrap();
-        for r in records {
-            assert_eq!(r["state"], "dead", "round {round}: {r}");
-        }
-        // Every sandbox a create answered for has its record.
         let recorded: BTreeSet<&str> = records.iter().filter_map(|r| r["id"].as_str()).collect();
-        for id in &created {
-            assert!(
-                recorded.contains(id.as_str()),
-                "round {round}: no record of {id}: {list}"
-            );
-        }
         for id in ids
             .iter()
             .map(String::as_str)
             .chain(recorded.iter().copied())
         {
-            let left: Vec<_> = support::cgroup_dirs(id)
-                .into_iter()
-                .filter(|d| d.exists())
-                .collect();
+            assert_eq!(
+                cgroups_left(id),
+                Vec::<PathBuf>::new(),
+                "round {round}: {id}"
+            );
             assert!(
-                left.is_empty(),
-                "round {round}: cgroups left for {id}: {left:?}"
+                host_mounts_matching(id).is_empty(),
+                "round {round}: mounts of {id}"
+            );
+            assert!(
+                !Path::new(&format!("/run/brig/sb/{id}")).exists(),
+                "round {round}: runtime directory of {id} left"
             );
         }
-        support::signal(daemon.child.id(), libc::SIGTERM);
         eprintln!(
-            "round {round}: {} sandboxes killed, {} recorded, {:?} so far",
+            "round {round}: {} sandboxes through the kill, {} adopted, {:?} so far",
             ids.len(),
-            recorded.len(),
+            running.len(),
             started.elapsed()
         );
     }

@@ -38,7 +38,10 @@ pub use frame::{
 };
 
 /// The newest protocol version this build speaks.
-pub const PROTOCOL_VERSION: u16 = 1;
+///
+/// 2: `ExecRequest::meta` and `ProcessInfo::meta` (a host's note about a
+/// process, kept by the agent across reconnections).
+pub const PROTOCOL_VERSION: u16 = 2;
 
 /// The oldest protocol version this build still speaks.
 pub const MIN_SUPPORTED: u16 = 1;

@@ -232,7 +232,17 @@ pub struct ExecRequest {
     /// resetting the stream detaches; the process goes on.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub attached: bool,
+    /// Since version 2: the host's own note about the process (at most
+    /// [`MAX_META`] bytes), kept by the agent for as long as it keeps the
+    /// process and reported in [`ProcessInfo::meta`], so that a host that
+    /// reconnects (a restarted daemon) knows again what it started. Sent
+    /// only when the negotiated version is at least 2.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub meta: Option<String>,
 }
+
+/// The longest [`ExecRequest::meta`] an agent keeps.
+pub const MAX_META: usize = 4096;
 
 /// Re-attach to a process by pid. Header of an `ATTACH` stream.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -428,6 +438,9 @@ pub struct ProcessInfo {
     pub background: bool,
     pub running: bool,
     pub attached: bool,
+    /// Its [`ExecRequest::meta`], if it was started with one (version 2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub meta: Option<String>,
 }
 
 /// Machine-readable error class.
@@ -562,11 +575,21 @@ mod tests {
             pty: Some(PtySize { rows: 3, cols: 4 }),
             background: true,
             attached: true,
+            meta: Some("{\"tag\":\"t\"}".into()),
         };
         assert_eq!(
             decode::<ExecRequest>("exec request", &encode_header(&full)).unwrap(),
             full
         );
+        // Without meta, a version 2 request reads the same to an agent of
+        // version 1 (which refuses unknown fields).
+        let plain = ExecRequest {
+            meta: None,
+            ..full.clone()
+        };
+        assert!(!String::from_utf8(encode_header(&plain))
+            .unwrap()
+            .contains("meta"));
         let call: Call = decode("call", br#"{"op":"list","path":"/"}"#).unwrap();
         assert_eq!(
             call,

@@ -240,15 +240,19 @@ impl SandboxManager {
         let left = left.unwrap_or_else(|| {
             Duration::from_millis(record.expires_at.saturating_sub(now_millis()).max(1000) as u64)
         });
-        live.instance.pause()
+        live.instance
+            .pause()
             .map_err(tier_err(id, "freeze the sandbox"))?;
         if mode == PauseMode::Filesystem {
             // Frozen, so nothing forks away meanwhile; then the agent alone
             // is frozen again.
-            let ended = live.instance.end_all_but_agent()
+            let ended = live
+                .instance
+                .end_all_but_agent()
                 .map_err(tier_err(id, "end the sandbox's processes"));
             if let Err(e) = ended.and_then(|_| {
-                live.instance.pause()
+                live.instance
+                    .pause()
                     .map_err(tier_err(id, "freeze the sandbox"))
             }) {
                 let _ = live.instance.resume();
@@ -316,10 +320,12 @@ impl SandboxManager {
         let rebooted = reboot || lc.mode == PauseMode::Filesystem;
         if reboot && lc.mode == PauseMode::Full {
             // Still frozen: killed before any of them runs again.
-            live.instance.end_all_but_agent()
+            live.instance
+                .end_all_but_agent()
                 .map_err(tier_err(id, "end the sandbox's processes"))?;
         }
-        live.instance.resume()
+        live.instance
+            .resume()
             .map_err(tier_err(id, "thaw the sandbox"))?;
         lc.paused = None;
         self.keep_lifecycle(id, &lc);

@@ -326,6 +326,8 @@ pub(crate) struct Live {
     env: BTreeMap<String, String>,
     /// Paused or not, and the last metrics sample (see `lifecycle.rs`).
     pub(crate) lifecycle: Mutex<crate::lifecycle::Lifecycle>,
+    /// Started by an earlier daemon and re-adopted by this one.
+    adopted: bool,
 }
 
 type LiveMap = Arc<Mutex<HashMap<SandboxId, Arc<Live>>>>;
@@ -550,6 +552,7 @@ impl SandboxManager {
             ending: Mutex::default(),
             env,
             lifecycle: Mutex::new(crate::lifecycle::Lifecycle::restored(&record)),
+            adopted: true,
         });
         lock(&self.live).insert(id, live);
         Ok(true)
@@ -617,7 +620,8 @@ impl SandboxManager {
             if let Some(warm) = self.claim(&spec)? {
                 // A pre-made sandbox: its id was picked when it was made;
                 // its record is written now.
-                self.store().insert_sandbox(&new(warm.instance.id().clone()))?;
+                self.store()
+                    .insert_sandbox(&new(warm.instance.id().clone()))?;
                 return self.register(tenant, warm, &spec);
             }
         }
@@ -727,7 +731,12 @@ impl SandboxManager {
     /// Start the agent in a new sandbox `id` on `tier` and wait for its
     /// handshake. Nothing is recorded: an error drops the instance, which
     /// ends the sandbox.
-    fn launch(&self, tier: &dyn Tier, id: &SandboxId, spec: &SandboxSpec) -> Result<Warm, ManagerError> {
+    fn launch(
+        &self,
+        tier: &dyn Tier,
+        id: &SandboxId,
+        spec: &SandboxSpec,
+    ) -> Result<Warm, ManagerError> {
         let launch = Launch {
             id: id.clone(),
             template: spec.template.clone(),
@@ -767,10 +776,7 @@ impl SandboxManager {
         let Warm { instance, conn } = warm;
         let instance: Arc<dyn Instance> = Arc::from(instance);
         let id = instance.id().clone();
-        let record = match self
-            .store()
-            .set_running(&id, instance.pid().unwrap_or(0))
-        {
+        let record = match self.store().set_running(&id, instance.pid().unwrap_or(0)) {
             Ok(record) => record,
             Err(e) => {
                 instance.kill();
@@ -790,6 +796,7 @@ impl SandboxManager {
                 .map(|e| (e.key.clone(), e.value.clone()))
                 .collect(),
             lifecycle: Mutex::default(),
+            adopted: false,
         });
         lock(&self.live).insert(id.clone(), live);
         self.events.publish(&id, tenant, EventKind::Created);
@@ -1025,6 +1032,13 @@ impl SandboxManager {
         lock(&self.live).contains_key(id)
     }
 
+    /// Whether `id` is live and was started by an earlier daemon (re-adopted
+    /// at this one's start): a front-end's state about it must come back
+    /// from its record or its agent.
+    pub fn was_adopted(&self, id: &SandboxId) -> bool {
+        self.live_sandbox(id).is_some_and(|l| l.adopted)
+    }
+
     /// Whether `id` is one of `tenant`'s live sandboxes and is not paused:
     /// whether a call into it would be answered now.
     pub fn is_running(&self, tenant: &TenantId, id: &SandboxId) -> bool {
@@ -1099,7 +1113,11 @@ impl SandboxManager {
         }
         let store_path = self.store().path().to_path_buf();
         let job = {
-            let (live, map, events) = (Arc::clone(live), Arc::clone(&self.live), self.events.clone());
+            let (live, map, events) = (
+                Arc::clone(live),
+                Arc::clone(&self.live),
+                self.events.clone(),
+            );
             move || teardown(&live, state, &store_path, &map, &events)
         };
         let thread = thread::Builder::new()
@@ -1108,7 +1126,10 @@ impl SandboxManager {
             .spawn(job);
         if let Err(e) = thread {
             // No thread to be had: the sweeper tries again next pass.
-            tracing::warn!("sandbox {}: cannot start its teardown: {e}", live.instance.id());
+            tracing::warn!(
+                "sandbox {}: cannot start its teardown: {e}",
+                live.instance.id()
+            );
             let mut ending = lock(&live.ending);
             ending.started = false;
             ending.waiters.clear();

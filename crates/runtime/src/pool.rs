@@ -38,8 +38,8 @@ use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 use brig_agent_client::Connection;
-use brig_core::{Limits, TemplateRef};
 use brig_core::Instance;
+use brig_core::{Limits, TemplateRef};
 
 /// What `--pool` keys on after the template: sandboxes in which setuid
 /// binaries work.

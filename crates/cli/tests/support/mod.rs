@@ -160,10 +160,19 @@ pub fn start_daemon(
     home: &std::path::Path,
     extra: &[&str],
 ) -> (std::process::Child, String, DaemonLog) {
-    use std::io::BufRead;
-    use std::path::Path;
     let mut cmd = Command::new(BRIG);
     cmd.args(["serve", "--listen", "127.0.0.1:0"]).args(extra);
+    start_daemon_with(cmd, home)
+}
+
+/// [`start_daemon`] with a command of the caller's (`brig serve …`, from
+/// any binary): the home, the agent and the template root are added.
+pub fn start_daemon_with(
+    mut cmd: Command,
+    home: &std::path::Path,
+) -> (std::process::Child, String, DaemonLog) {
+    use std::io::BufRead;
+    use std::path::Path;
     if let Some(parent) = rootfs().and_then(|r| r.parent().map(Path::to_path_buf)) {
         cmd.arg("--template-root").arg(parent);
     }

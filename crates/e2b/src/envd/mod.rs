@@ -38,7 +38,7 @@ use axum::{Extension, Json, Router};
 use base64::Engine;
 use brig_agent_client::{Connection, ExecRequest};
 use brig_core::SandboxId;
-use brig_runtime::{ErrorKind, ManagerError, PauseMode, SandboxManager};
+use brig_runtime::{ErrorKind, ManagerError, PauseMode, SandboxManager, TenantId};
 
 use self::connect::{Code, ConnectError};
 use super::{
@@ -307,8 +307,15 @@ pub struct Envd {
 }
 
 impl Envd {
-    /// This sandbox's envd state, made on first use.
-    fn for_sandbox(&self, manager: &SandboxManager, id: &SandboxId) -> Arc<SandboxEnvd> {
+    /// This sandbox's envd state, made on first use. For a sandbox an
+    /// earlier daemon created (re-adopted after a restart), first use takes
+    /// back the processes that daemon started (see `process::Table::restore`).
+    fn for_sandbox(
+        &self,
+        manager: &SandboxManager,
+        tenant: &TenantId,
+        id: &SandboxId,
+    ) -> Arc<SandboxEnvd> {
         let mut map = lock(&self.sandboxes);
         if let Some(s) = map.get(id) {
             return Arc::clone(s);
@@ -323,6 +330,9 @@ impl Envd {
         // sandbox not live here, one published after it removes the entry.
         if manager.is_live(id) {
             map.insert(id.clone(), Arc::clone(&s));
+            if manager.was_adopted(id) {
+                s.processes.restore(manager, tenant, id);
+            }
         }
         s
     }
@@ -426,7 +436,7 @@ async fn dispatch(
         return unauthorized_token();
     }
     let ctx = Ctx {
-        envd: envd.for_sandbox(&state.manager, &sandbox.id),
+        envd: envd.for_sandbox(&state.manager, &sandbox.tenant, &sandbox.id),
         state,
         sandbox,
     };

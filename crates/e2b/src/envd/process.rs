@@ -37,7 +37,9 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
 use base64::Engine;
-use brig_agent_client::{Call, ExecRequest, Output, Process, PtySize, Stdin};
+use brig_agent_client::{Call, ExecRequest, Output, Process, PtySize, Reply, Stdin};
+use brig_core::SandboxId;
+use brig_runtime::{SandboxManager, TenantId};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
@@ -241,6 +243,9 @@ impl InputMsg {
 
 // ---- the table of processes ----
 
+/// The key of envd's note in a process's `meta` (kept by the agent).
+const NOTE_KEY: &str = "e2b";
+
 /// The processes envd started in one sandbox.
 #[derive(Debug, Default)]
 pub struct Table {
@@ -306,6 +311,60 @@ impl Table {
             )));
         }
         Ok(p)
+    }
+
+    /// After a daemon restart: take back the processes an earlier daemon
+    /// started in this sandbox. The agent kept them running, and with each
+    /// the note `start` gave it ([`NOTE_KEY`]: tag and config); each one
+    /// still running is re-attached and pumped as `start` does, so `List`
+    /// shows it and `Connect`, input and signals reach it again. Output it
+    /// wrote while no daemon ran was kept by the agent (its last 1 MiB) and
+    /// is dropped here like any output nobody is subscribed to.
+    pub(crate) fn restore(&self, manager: &SandboxManager, tenant: &TenantId, id: &SandboxId) {
+        let list = match manager.call(tenant, id, &Call::ListProcesses) {
+            Ok(Reply::Processes(list)) => list,
+            Ok(_) => return,
+            Err(e) => {
+                tracing::warn!("sandbox {id}: cannot list its processes to restore them: {e}");
+                return;
+            }
+        };
+        for info in list.into_iter().filter(|p| p.running && p.background) {
+            let Some(note) = info
+                .meta
+                .as_deref()
+                .and_then(|m| serde_json::from_str::<Value>(m).ok())
+                .and_then(|mut v| v.get_mut(NOTE_KEY).map(Value::take))
+            else {
+                continue;
+            };
+            let attached = match manager.attach(tenant, id, info.pid) {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(
+                        "sandbox {id}: cannot re-attach to process {}: {e}",
+                        info.pid
+                    );
+                    continue;
+                }
+            };
+            let tracked = Arc::new(Tracked {
+                pid: info.pid as u32,
+                tag: note["tag"].as_str().map(str::to_string),
+                config: note["config"].clone(),
+                pty: info.pty,
+                stdin: Mutex::new(attached.stdin()),
+                stdin_closed: std::sync::atomic::AtomicBool::new(false),
+                fanout: Mutex::new(Fanout::default()),
+            });
+            self.insert(Arc::clone(&tracked));
+            let spawned = std::thread::Builder::new()
+                .name(format!("envd-process-{}", info.pid))
+                .spawn(move || pump(&tracked, attached));
+            if let Err(e) = spawned {
+                tracing::warn!("sandbox {id}: cannot pump process {}: {e}", info.pid);
+            }
+        }
     }
 
     fn insert(&self, p: Arc<Tracked>) {
@@ -516,6 +575,15 @@ fn spawn(
     let mut argv = vec![config.cmd.clone()];
     argv.extend(config.args.iter().cloned());
     let pty = req.pty.as_ref().map(PtyMsg::size);
+    let config_json = json!({
+        "cmd": config.cmd,
+        "args": config.args,
+        "envs": config.envs,
+        "cwd": config.cwd,
+    });
+    // What a restarted daemon needs to list and re-attach it: kept by the
+    // agent with the process (see `Table::restore`).
+    let note = json!({ NOTE_KEY: { "tag": req.tag, "config": config_json } });
     let exec = ExecRequest {
         argv,
         env,
@@ -528,6 +596,7 @@ fn spawn(
         // agent's buffer for unattached processes.
         background: true,
         attached: true,
+        meta: Some(note.to_string()).filter(|m| m.len() <= brig_agent_client::MAX_META),
         ..ExecRequest::default()
     };
     let manager = ctx.manager();
@@ -549,12 +618,6 @@ fn spawn(
             .close_stdin()
             .map_err(|e| ConnectError::internal(format!("close stdin: {e}")))?;
     }
-    let config_json = json!({
-        "cmd": config.cmd,
-        "args": config.args,
-        "envs": config.envs,
-        "cwd": config.cwd,
-    });
     let tracked = Arc::new(Tracked {
         pid: pid as u32,
         tag: req.tag,

@@ -1,0 +1,310 @@
+//! Sandboxes outlive the daemon: `kill -9` of `brig serve`, twice, and a
+//! new daemon on the same home each time (the second time a copy of the
+//! binary at another path, as an upgrade in place installs a new file).
+//!
+//! Before the first kill: 20 native sandboxes, each with a background
+//! process appending a counter to a file every 20 ms, one of them with a
+//! short timeout; and an E2B sandbox (through the official Python SDK,
+//! tests/e2b/live_restore_sdk.py) with a background command streaming a
+//! counter and a PTY running a shell. After each restart:
+//!
+//! - every sandbox is listed `running` with its record unchanged (id,
+//!   labels, creation time, deadline);
+//! - every counter kept counting while no daemon ran: no gap, no restart;
+//! - files written before are still there;
+//! - after the last restart, the E2B command and PTY are re-attached
+//!   through the SDK and stream (the script checks);
+//! - the short-timeout sandbox is stopped at its original deadline, not
+//!   one counted from a restart.
+//!
+//! Finally a SIGTERM ends everything and nothing is left on the host.
+//! Needs root and the E2B SDK venv (scripts/test installs it).
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::{json, Value};
+use support::{eventually, BRIG};
+
+const SANDBOXES: usize = 20;
+/// The short-lived sandbox's time to live.
+const SHORT_TTL: Duration = Duration::from_secs(25);
+
+struct Daemon {
+    child: Child,
+    url: String,
+    e2b_api: String,
+    e2b_data: String,
+    key: String,
+}
+
+impl Daemon {
+    fn start(bin: &Path, home: &Path) -> Daemon {
+        let mut cmd = Command::new(bin);
+        cmd.args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--e2b",
+            "--e2b-api",
+            "127.0.0.1:0",
+            "--e2b-sandbox",
+            "127.0.0.1:0",
+            // Pre-made sandboxes are not what this test is about.
+            "--pool",
+            "host=0",
+            "--pool",
+            "base+setuid=0",
+        ]);
+        let (child, url, mut lines) = support::start_daemon_with(cmd, home);
+        let mut addr = |prefix: &str| loop {
+            let line = lines.next().expect("brig serve exited").unwrap();
+            if let Some(a) = line.strip_prefix(prefix) {
+                break a.to_string();
+            }
+        };
+        let e2b_api = addr("brig: e2b api on ");
+        let e2b_data = addr("brig: e2b sandboxes on ");
+        std::thread::spawn(move || for _ in lines {});
+        let key = std::fs::read_to_string(home.join("local.key"))
+            .unwrap()
+            .trim()
+            .to_string();
+        Daemon {
+            child,
+            url,
+            e2b_api,
+            e2b_data,
+            key,
+        }
+    }
+
+    fn call(&self, method: &str, path: &str, body: Option<Value>) -> Value {
+        let req = ureq::request(method, &format!("{}{path}", self.url))
+            .set("Authorization", &format!("Bearer {}", self.key));
+        let resp = match body {
+            Some(b) => req.send_json(b),
+            None => req.call(),
+        };
+        match resp {
+            Ok(r) => r.into_json().unwrap_or(Value::Null),
+            Err(e) => panic!("{method} {path}: {e}"),
+        }
+    }
+
+    fn read(&self, id: &str, path: &str) -> String {
+        ureq::get(&format!("{}/v1/sandboxes/{id}/files?path={path}", self.url))
+            .set("Authorization", &format!("Bearer {}", self.key))
+            .call()
+            .unwrap_or_else(|e| panic!("read {path} in {id}: {e}"))
+            .into_string()
+            .unwrap()
+    }
+
+    fn sdk(&self, phase: &str, state: &Path) {
+        let python = brig_test_support::test_cache().join("e2b-venv/bin/python");
+        assert!(
+            python.exists(),
+            "{} is missing: tests/support/install-python-deps.sh makes it",
+            python.display()
+        );
+        let script =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/e2b/live_restore_sdk.py");
+        let out = Command::new(python)
+            .arg(script)
+            .arg(phase)
+            .arg(state)
+            .env("E2B_API_KEY", &self.key)
+            .env("E2B_API_URL", &self.e2b_api)
+            .env("E2B_SANDBOX_URL", &self.e2b_data)
+            .env("E2B_TEMPLATE", "host")
+            .env_remove("E2B_DEBUG")
+            .env_remove("E2B_DOMAIN")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains(" passed, 0 failed"),
+            "live_restore_sdk.py {phase}:\n{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        eprint!("{stdout}");
+    }
+
+    fn kill9(mut self) {
+        support::signal(self.child.id(), libc::SIGKILL);
+        self.child.wait().unwrap();
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        support::stop_daemon(&mut self.child);
+    }
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+/// The counter file's numbers, which must be 0, 1, 2, … without a gap.
+fn counted(daemon: &Daemon, id: &str) -> usize {
+    let text = daemon.read(id, "/tmp/counter");
+    let numbers: Vec<usize> = text
+        .split_whitespace()
+        .map(|n| n.parse().unwrap())
+        .collect();
+    assert!(
+        numbers.iter().enumerate().all(|(i, n)| i == *n),
+        "{id}: the counter restarted or skipped: ...{:?}",
+        &numbers[numbers.len().saturating_sub(5)..]
+    );
+    numbers.len()
+}
+
+/// The records of `ids`, by id.
+fn records(daemon: &Daemon, ids: &[String]) -> Vec<Value> {
+    ids.iter()
+        .map(|id| daemon.call("GET", &format!("/v1/sandboxes/{id}"), None))
+        .collect()
+}
+
+#[test]
+fn sandboxes_and_their_processes_survive_kill_9_and_an_upgrade() {
+    require_root!();
+    let home = tempfile::tempdir().unwrap();
+    let state_file = home.path().join("e2b-state.json");
+    let daemon = Daemon::start(Path::new(BRIG), home.path());
+
+    let mut ids = Vec::new();
+    for n in 0..SANDBOXES {
+        let timeout = if n == 0 {
+            format!("{}s", SHORT_TTL.as_secs())
+        } else {
+            "10m".into()
+        };
+        let sb = daemon.call(
+            "POST",
+            "/v1/sandboxes",
+            Some(json!({"timeout": timeout, "labels": {"n": n.to_string()}})),
+        );
+        let id = sb["id"].as_str().unwrap().to_string();
+        daemon.call(
+            "POST",
+            &format!("/v1/sandboxes/{id}/processes"),
+            Some(json!({
+                "argv": ["sh", "-c", "i=0; while :; do echo $i >> /tmp/counter; i=$((i+1)); sleep 0.02; done"],
+                "background": true,
+            })),
+        );
+        ids.push(id);
+    }
+    let short = ids[0].clone();
+    let short_deadline = daemon.call("GET", &format!("/v1/sandboxes/{short}"), None)["expires_at"]
+        .as_i64()
+        .unwrap();
+    // A file written before: it must be there after.
+    ureq::put(&format!(
+        "{}/v1/sandboxes/{}/files?path=/tmp/kept",
+        daemon.url, ids[1]
+    ))
+    .set("Authorization", &format!("Bearer {}", daemon.key))
+    .send_string("written before the kill")
+    .unwrap();
+    daemon.sdk("before", &state_file);
+    std::thread::sleep(Duration::from_millis(500));
+    let before = records(&daemon, &ids);
+    let mut counts: Vec<usize> = ids.iter().map(|id| counted(&daemon, id)).collect();
+
+    // Two restarts: the same binary, then a copy at another path.
+    let next = home.path().join("brig-next");
+    std::fs::copy(BRIG, &next).unwrap();
+    let mut daemon = daemon;
+    for (round, bin) in [PathBuf::from(BRIG), next.clone()].iter().enumerate() {
+        daemon.kill9();
+        // Nobody serves for a while; the sandboxes go on.
+        let down = Instant::now();
+        std::thread::sleep(Duration::from_secs(2));
+        daemon = Daemon::start(bin, home.path());
+        let down = down.elapsed();
+
+        let after = records(&daemon, &ids);
+        for (b, a) in before.iter().zip(&after) {
+            assert_eq!(a["state"], "running", "round {round}: {a}");
+            for field in ["id", "labels", "created_at", "expires_at", "template"] {
+                assert_eq!(
+                    a[field], b[field],
+                    "round {round}: {field} changed: {b} -> {a}"
+                );
+            }
+        }
+        for (i, id) in ids.iter().enumerate() {
+            let now = counted(&daemon, id);
+            // 20 ms per tick: the daemon was down `down`; allow for a
+            // loaded host, but demand that it counted through the gap.
+            let least = counts[i] + (down.as_millis() as usize / 20) / 4;
+            assert!(
+                now >= least,
+                "round {round}: {id} counted {} -> {now} across {down:?} without a daemon",
+                counts[i]
+            );
+            counts[i] = now;
+        }
+        assert_eq!(daemon.read(&ids[1], "/tmp/kept"), "written before the kill");
+        // New work in an adopted sandbox works as in a new one.
+        let out = Command::new(BRIG)
+            .args(["exec", &ids[2], "--", "sh", "-c", "echo adopted-$((6*7))"])
+            .env("BRIG_URL", &daemon.url)
+            .env("BRIG_HOME", home.path())
+            .env_remove("BRIG_API_KEY")
+            .output()
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "adopted-42\n",
+            "{out:?}"
+        );
+    }
+    daemon.sdk("after", &state_file);
+
+    // The short-lived sandbox ends at the deadline it got at creation.
+    assert!(
+        eventually(Duration::from_secs(40), || {
+            daemon.call("GET", &format!("/v1/sandboxes/{short}"), None)["state"] == "stopped"
+        }),
+        "the short-lived sandbox outlived its deadline"
+    );
+    let ended_at = daemon.call("GET", &format!("/v1/sandboxes/{short}"), None)["ended_at"]
+        .as_i64()
+        .unwrap();
+    assert!(
+        (ended_at - short_deadline).abs() < 3_000,
+        "ended at {ended_at}, deadline {short_deadline} (now {})",
+        now_ms()
+    );
+
+    // SIGTERM ends the rest; nothing of them is left.
+    drop(daemon);
+    for id in &ids {
+        assert!(
+            eventually(Duration::from_secs(10), || support::processes_of(id)
+                .is_empty()),
+            "processes of {id} left"
+        );
+        assert!(
+            !Path::new(&format!("/run/brig/sb/{id}")).exists(),
+            "{id}'s directory left"
+        );
+        let cgroups: Vec<PathBuf> = support::cgroup_dirs(id)
+            .into_iter()
+            .filter(|d| d.exists())
+            .collect();
+        assert!(cgroups.is_empty(), "{id}: cgroups left: {cgroups:?}");
+    }
+}
