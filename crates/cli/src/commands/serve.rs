@@ -265,44 +265,6 @@ pub fn harden(router: axum::Router) -> axum::Router {
     ))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use axum::routing::get;
-    use tower::ServiceExt;
-
-    #[tokio::test]
-    async fn a_panicking_handler_answers_500_and_the_router_serves_on() {
-        let router = harden(
-            axum::Router::new()
-                .route(
-                    "/boom",
-                    get(|| async {
-                        if std::hint::black_box(true) {
-                            panic!("boom");
-                        }
-                        "unreachable"
-                    }),
-                )
-                .route("/ok", get(|| async { "fine" })),
-        );
-        let req = |path: &str| {
-            axum::http::Request::builder()
-                .uri(path)
-                .body(axum::body::Body::empty())
-                .unwrap()
-        };
-        let boom = router.clone().oneshot(req("/boom")).await.unwrap();
-        assert_eq!(boom.status(), 500);
-        let body = axum::body::to_bytes(boom.into_body(), 1 << 16)
-            .await
-            .unwrap();
-        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
-        assert_eq!(v["code"], "internal");
-        let ok = router.oneshot(req("/ok")).await.unwrap();
-        assert_eq!(ok.status(), 200);
-    }
-}
 
 type Listener = axum::serve::TapIo<tokio::net::TcpListener, fn(&mut tokio::net::TcpStream)>;
 
@@ -350,4 +312,43 @@ fn write_key(path: &Path, key: &str) -> anyhow::Result<()> {
         .open(path)
         .with_context(|| format!("cannot write the api key to {}", path.display()))?;
     writeln!(f, "{key}").with_context(|| format!("cannot write the api key to {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::routing::get;
+    use tower::ServiceExt;
+
+    #[tokio::test]
+    async fn a_panicking_handler_answers_500_and_the_router_serves_on() {
+        let router = harden(
+            axum::Router::new()
+                .route(
+                    "/boom",
+                    get(|| async {
+                        if std::hint::black_box(true) {
+                            panic!("boom");
+                        }
+                        "unreachable"
+                    }),
+                )
+                .route("/ok", get(|| async { "fine" })),
+        );
+        let req = |path: &str| {
+            axum::http::Request::builder()
+                .uri(path)
+                .body(axum::body::Body::empty())
+                .unwrap()
+        };
+        let boom = router.clone().oneshot(req("/boom")).await.unwrap();
+        assert_eq!(boom.status(), 500);
+        let body = axum::body::to_bytes(boom.into_body(), 1 << 16)
+            .await
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["code"], "internal");
+        let ok = router.oneshot(req("/ok")).await.unwrap();
+        assert_eq!(ok.status(), 200);
+    }
 }
