@@ -15,7 +15,9 @@
 //! - after the last restart, the E2B command and PTY are re-attached
 //!   through the SDK and stream (the script checks);
 //! - the short-timeout sandbox is stopped at its original deadline, not
-//!   one counted from a restart.
+//!   one counted from a restart;
+//! - a sandbox paused before the kill is still paused (its counter stood
+//!   still) and resumes where it stopped.
 //!
 //! Finally a SIGTERM ends everything and nothing is left on the host.
 //! Needs root and the E2B SDK venv (scripts/test installs it).
@@ -219,8 +221,25 @@ fn sandboxes_and_their_processes_survive_kill_9_and_an_upgrade() {
     .unwrap();
     daemon.sdk("before", &state_file);
     std::thread::sleep(Duration::from_millis(500));
+    let paused = ids[3].clone();
+    let counted_before_pause = counted(&daemon, &paused);
+    let before_pause_ms = Instant::now();
+    daemon.call(
+        "POST",
+        &format!("/v1/sandboxes/{paused}/pause"),
+        Some(json!({})),
+    );
     let before = records(&daemon, &ids);
-    let mut counts: Vec<usize> = ids.iter().map(|id| counted(&daemon, id)).collect();
+    let mut counts: Vec<usize> = ids
+        .iter()
+        .map(|id| {
+            if *id == paused {
+                0
+            } else {
+                counted(&daemon, id)
+            }
+        })
+        .collect();
 
     // Two restarts: the same binary, then a copy at another path.
     let next = home.path().join("brig-next");
@@ -236,7 +255,12 @@ fn sandboxes_and_their_processes_survive_kill_9_and_an_upgrade() {
 
         let after = records(&daemon, &ids);
         for (b, a) in before.iter().zip(&after) {
-            assert_eq!(a["state"], "running", "round {round}: {a}");
+            let want = if a["id"] == paused.as_str() {
+                "paused"
+            } else {
+                "running"
+            };
+            assert_eq!(a["state"], want, "round {round}: {a}");
             for field in ["id", "labels", "created_at", "expires_at", "template"] {
                 assert_eq!(
                     a[field], b[field],
@@ -245,6 +269,10 @@ fn sandboxes_and_their_processes_survive_kill_9_and_an_upgrade() {
             }
         }
         for (i, id) in ids.iter().enumerate() {
+            if *id == paused {
+                // Frozen: its agent answers nothing until resumed.
+                continue;
+            }
             let now = counted(&daemon, id);
             // 20 ms per tick: the daemon was down `down`; allow for a
             // loaded host, but demand that it counted through the gap.
@@ -272,6 +300,25 @@ fn sandboxes_and_their_processes_survive_kill_9_and_an_upgrade() {
         );
     }
     daemon.sdk("after", &state_file);
+
+    // The paused one stood still through both restarts (a frozen process
+    // does not count), and resumes.
+    daemon.call(
+        "POST",
+        &format!("/v1/sandboxes/{paused}/resume"),
+        Some(json!({})),
+    );
+    let resumed_at = counted(&daemon, &paused);
+    let paused_for = before_pause_ms.elapsed();
+    assert!(
+        resumed_at < counted_before_pause + paused_for.as_millis() as usize / 20 / 4,
+        "the paused sandbox counted on: {counted_before_pause} -> {resumed_at} in {paused_for:?}"
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || counted(&daemon, &paused)
+            > resumed_at + 5),
+        "the resumed sandbox does not count"
+    );
 
     // The short-lived sandbox ends at the deadline it got at creation.
     assert!(

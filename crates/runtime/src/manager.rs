@@ -532,7 +532,30 @@ impl SandboxManager {
             return Ok(false);
         };
         let instance: Arc<dyn Instance> = Arc::from(instance);
-        let conn = match self.connect(&*instance) {
+        // A paused sandbox's agent is frozen and cannot answer the
+        // handshake: thawed for that moment (a few milliseconds in which
+        // its processes run), then frozen again.
+        let frozen = instance.is_paused().unwrap_or(false);
+        if frozen {
+            instance.resume().map_err(|source| ManagerError::Tier {
+                id: id.clone(),
+                op: "thaw it to reconnect",
+                source,
+            })?;
+        }
+        let conn = self.connect(&*instance);
+        if frozen {
+            if let Err(source) = instance.pause() {
+                instance.kill();
+                let _ = instance.wait();
+                return Err(ManagerError::Tier {
+                    id,
+                    op: "freeze it again after reconnecting",
+                    source,
+                });
+            }
+        }
+        let conn = match conn {
             Ok(conn) => conn,
             Err(e) => {
                 // An agent that does not answer serves nobody: end it.

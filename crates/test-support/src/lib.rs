@@ -16,6 +16,9 @@
 //!   fresh home, with API keys of two tenants.
 //! - With the `jail` feature, [`agent_in_sandbox`]: `brig-agent --stdio` as
 //!   the command of a real sandbox, and the host's end of its socket.
+//! - With the `fake-tier` feature, [`fake_tier::FakeTier`]: an isolation
+//!   tier without isolation (the real agent as a plain host process), so
+//!   the runtime's logic is tested without root.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -161,6 +164,9 @@ pub fn agent_in_sandbox(
 
 #[cfg(feature = "runtime")]
 pub use fixture::{manager_fixture, ManagerFixture};
+
+#[cfg(feature = "fake-tier")]
+pub mod fake_tier;
 
 #[cfg(feature = "runtime")]
 mod fixture {

@@ -265,7 +265,6 @@ pub fn harden(router: axum::Router) -> axum::Router {
     ))
 }
 
-
 type Listener = axum::serve::TapIo<tokio::net::TcpListener, fn(&mut tokio::net::TcpStream)>;
 
 /// Bind one listener (port 0 picks a free one) with TCP_NODELAY on every
