@@ -65,11 +65,32 @@ impl ProcessTier {
         let mut opts = SpawnOptions::prepare()?;
         // Every daemon sandbox can be paused and reports its CPU use.
         opts.pausable = true;
-        Ok(ProcessTier {
+        let tier = ProcessTier {
             opts,
             agent,
             owner: owner.to_string(),
-        })
+        };
+        tier.discard_orphans();
+        Ok(tier)
+    }
+
+    /// Discard the sandboxes of daemons whose home is gone (deleted while
+    /// they ran): no daemon will ever adopt them. Owners are paths to
+    /// their database; one that no longer exists names nobody.
+    fn discard_orphans(&self) {
+        let Ok(entries) = fs::read_dir(sandboxes_dir(&self.opts.run_dir)) else {
+            return;
+        };
+        for e in entries.flatten() {
+            let Some(id) = e.file_name().to_str().and_then(SandboxId::parse) else {
+                continue;
+            };
+            let orphaned = fs::read_to_string(e.path().join(OWNER_FILE))
+                .is_ok_and(|owner| !Path::new(owner.trim()).exists());
+            if orphaned {
+                let _ = self.discard(&id);
+            }
+        }
     }
 
     pub fn options(&self) -> &SpawnOptions {

@@ -1,7 +1,12 @@
 //! A thousand sandboxes at once, on the manager (no HTTP): all of them
-//! start, answer and end, and nothing of them is left on the host. Needs
-//! root; skips with a printed reason otherwise, and fails instead under
-//! BRIG_TEST_STRICT=1.
+//! start, answer and end, and nothing of them is left on the host. While
+//! they are idle, the daemon's thread count does not grow with them (one
+//! reactor reads every agent connection; nothing else waits per sandbox)
+//! and each costs the host one process, its agent. Needs root; skips with
+//! a printed reason otherwise, and fails instead under BRIG_TEST_STRICT=1.
+//!
+//! `BRIG_SCALE_SANDBOXES=10000` runs the same at ten thousand (opt-in: a
+//! few minutes; figures in bench/README.md).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -11,8 +16,36 @@ use brig_agent_client::ExecRequest;
 use brig_runtime::{CreateConfig, SandboxManager, TenantId};
 use brig_test_support::{manager_fixture, root_or_skip};
 
-const SANDBOXES: usize = 1000;
 const CLIENTS: usize = 8;
+/// Threads the process may have with every sandbox idle: the test
+/// harness's, the manager's few (sweeper, pool fillers, the agent
+/// reactor), and teardown threads still finishing.
+const MAX_THREADS: usize = 100;
+
+fn sandboxes() -> usize {
+    std::env::var("BRIG_SCALE_SANDBOXES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1000)
+}
+
+/// This process's threads, as the kernel counts them.
+fn threads() -> usize {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap()
+}
+
+/// The tasks in sandbox `id`'s pids cgroup (v1 or v2).
+fn pids_in(id: &brig_core::SandboxId) -> Option<u64> {
+    ["/sys/fs/cgroup/pids/brig", "/sys/fs/cgroup/brig"]
+        .iter()
+        .find_map(|r| std::fs::read_to_string(format!("{r}/{id}/pids.current")).ok())
+        .and_then(|s| s.trim().parse().ok())
+}
 
 /// Run `f(i)` for every i in 0..n on `CLIENTS` threads.
 fn fan_out(n: usize, f: impl Fn(usize) + Sync) {
@@ -44,25 +77,52 @@ fn a_thousand_sandboxes_run_at_once_and_leave_nothing_behind() {
     if !root_or_skip() {
         return;
     }
+    let sandboxes = sandboxes();
     let f = manager_fixture(|_| {});
     let m = Arc::clone(&f.manager);
     let tenant = m.authenticate(&f.key).unwrap();
 
     let started = Instant::now();
     let ids = std::sync::Mutex::new(Vec::new());
-    fan_out(SANDBOXES, |_| {
+    fan_out(sandboxes, |_| {
         let record = m
             .create(&tenant, CreateConfig::default())
             .expect("create a sandbox");
         ids.lock().unwrap().push(record.id);
     });
     let ids = ids.into_inner().unwrap();
-    assert_eq!(m.live_count(), SANDBOXES);
-    eprintln!("{SANDBOXES} sandboxes created in {:?}", started.elapsed());
+    assert_eq!(m.live_count(), sandboxes);
+    eprintln!("{sandboxes} sandboxes created in {:?}", started.elapsed());
+
+    // Idle, they cost the daemon no thread and the host one pid each.
+    let idle_threads = threads();
+    eprintln!("threads with {sandboxes} idle sandboxes: {idle_threads}");
+    assert!(
+        idle_threads < MAX_THREADS,
+        "{idle_threads} threads with {sandboxes} idle sandboxes"
+    );
+    let mut extra = 0u64;
+    for id in ids.iter().take(200) {
+        let n = pids_in(id).expect("the sandbox's pids cgroup");
+        assert!(n >= 1, "{id}: {n} tasks");
+        extra += n - 1;
+    }
+    assert_eq!(extra, 0, "idle sandboxes run more than their agent");
+
+    // An exec round trip in one sandbox among them all.
+    let probe = &ids[0];
+    let started = Instant::now();
+    for _ in 0..50 {
+        assert_eq!(run_true(&m, &tenant, probe), Some(0));
+    }
+    eprintln!(
+        "exec round trip with {sandboxes} live: {:?}",
+        started.elapsed() / 50
+    );
 
     // Every one of them answers while all are alive.
     let started = Instant::now();
-    fan_out(SANDBOXES, |i| {
+    fan_out(sandboxes, |i| {
         assert_eq!(
             run_true(&m, &tenant, &ids[i]),
             Some(0),
@@ -73,7 +133,7 @@ fn a_thousand_sandboxes_run_at_once_and_leave_nothing_behind() {
     eprintln!("an exec in each in {:?}", started.elapsed());
 
     let started = Instant::now();
-    fan_out(SANDBOXES, |i| {
+    fan_out(sandboxes, |i| {
         m.delete(&tenant, &ids[i]).expect("delete");
     });
     eprintln!("all deleted in {:?}", started.elapsed());
