@@ -17,6 +17,12 @@ use brig_jail::ProcessTier;
 use brig_test_support::root_or_skip;
 use support::{agent_bin, within};
 
+/// The owner the tier records: a path that exists for as long as the
+/// tests run (a tier discards the sandboxes of owners that are gone).
+fn owner() -> String {
+    std::env::current_exe().unwrap().display().to_string()
+}
+
 fn launch(id: &SandboxId) -> Launch {
     Launch {
         id: id.clone(),
@@ -52,7 +58,7 @@ fn a_sandbox_outlives_its_launcher_and_is_adopted_again() {
     }
     within(60, || {
         let tier =
-            ProcessTier::new(agent_bin().to_path_buf(), "tier-test").expect("prepare the tier");
+            ProcessTier::new(agent_bin().to_path_buf(), &owner()).expect("prepare the tier");
         let id = SandboxId::from_random(rand_bits());
         let inst = tier.launch(&launch(&id)).expect("launch");
         assert_eq!(inst.id(), &id);
@@ -86,7 +92,7 @@ fn a_sandbox_outlives_its_launcher_and_is_adopted_again() {
         );
 
         // A new daemon: a new tier, adopting by id.
-        let tier = ProcessTier::new(agent_bin().to_path_buf(), "tier-test").expect("prepare again");
+        let tier = ProcessTier::new(agent_bin().to_path_buf(), &owner()).expect("prepare again");
         let inst = tier.adopt(&id).expect("adopt").expect("still running");
         assert_eq!(inst.pid(), Some(pid));
         let conn = Connection::new(inst.connect_agent().unwrap()).expect("handshake again");
@@ -150,7 +156,7 @@ fn launch_refuses_a_taken_id_and_discard_is_idempotent() {
     }
     within(60, || {
         let tier =
-            ProcessTier::new(agent_bin().to_path_buf(), "tier-test").expect("prepare the tier");
+            ProcessTier::new(agent_bin().to_path_buf(), &owner()).expect("prepare the tier");
         let id = SandboxId::from_random(rand_bits());
         let inst = tier.launch(&launch(&id)).expect("launch");
         let err = tier.launch(&launch(&id)).unwrap_err();

@@ -749,7 +749,11 @@ fn a_missing_kernel_feature_is_named_with_its_fix() {
 #[test]
 fn window_size_changes_reach_the_command() {
     require_root!();
-    let script = "echo ready; read x; stty size";
+    // The resize travels the host terminal -> SIGWINCH to brig -> the
+    // sandbox's terminal, concurrently with the newline that follows it:
+    // wait up to 5 s for it to land (it never does if brig drops it).
+    let script = "echo ready; read x; for i in $(seq 50); do s=$(stty size); \
+                  [ \"$s\" = '50 120' ] && break; sleep 0.1; done; echo $s";
     let (out, code) = run_on_pty(
         &["sh", "-c", script],
         &[("ready", RESIZE), ("ready", b"\n")],
