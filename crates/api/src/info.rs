@@ -17,7 +17,7 @@ pub async fn info(State(state): State<AppState>, _auth: Auth) -> Result<Json<Val
         None => {
             // The probe reads /proc and /sys for a few milliseconds; once.
             let t = tokio::task::spawn_blocking(|| {
-                serde_json::to_value(brig_jail::probe::probe().tiers).unwrap_or(Value::Null)
+                serde_json::to_value(brig_host::probe().tiers).unwrap_or(Value::Null)
             })
             .await?;
             state.tiers.get_or_init(|| t).clone()

@@ -6,8 +6,10 @@
 //! not under the caller's cgroup, so that [`crate::reconcile`] can find every
 //! leftover no matter which shell or service started brig.
 //!
-//! The hierarchy root is a parameter, so tests can point it at a temporary
-//! directory and check what would be written.
+//! Where the hierarchies are is brig-host's to find ([`Hierarchy::detect`],
+//! re-exported here), the same detector `brig doctor` reports from. Its
+//! mount points come from mountinfo text, so tests describe a host whose
+//! mounts are temporary directories and check what would be written.
 
 use std::fs;
 use std::io::{self, Write};
@@ -16,15 +18,13 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use brig_core::Limits;
-
-/// Where brig's groups live below each hierarchy root.
-pub const PARENT: &str = "brig";
+pub use brig_host::cgroup::{DetectError, Hierarchy, PARENT};
 
 /// A cgroup operation that failed, naming the file.
 #[derive(Debug, thiserror::Error)]
 pub enum CgroupError {
-    #[error("no usable cgroup hierarchy: neither cgroup v2 nor the v1 memory and pids controllers are mounted under {root}; mount them (see `brig doctor`)")]
-    NoHierarchy { root: PathBuf },
+    #[error(transparent)]
+    Detect(#[from] DetectError),
     #[error("cgroup v2 controller {controller:?} is not available at {root}: enable it in cgroup.subtree_control of the parent (see `brig doctor`)")]
     MissingController {
         controller: &'static str,
@@ -57,97 +57,6 @@ fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> Cgr
         op,
         path: path.to_path_buf(),
         source,
-    }
-}
-
-/// Which cgroup layout this host uses.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Hierarchy {
-    /// One mount per controller under `root` (`root/memory`, `root/pids`…).
-    /// `cpu` is optional: without it `--cpus` is refused.
-    V1 {
-        root: PathBuf,
-        cpu: bool,
-        /// `cpuacct`, for a sandbox's CPU usage (pausable sandboxes only).
-        cpuacct: bool,
-        /// `cpu` and `cpuacct` are one mount (`cpu,cpuacct`, both names
-        /// symlinks to it): the cpu group does the accounting, and there
-        /// is no separate cpuacct group to make. Read once, here.
-        cpuacct_in_cpu: bool,
-        freezer: bool,
-    },
-    /// The unified hierarchy mounted at `root`.
-    V2 { root: PathBuf },
-}
-
-impl Hierarchy {
-    /// Detect the layout under `/sys/fs/cgroup`. A hybrid host (v1
-    /// controllers plus an empty unified mount, like this dev machine) is
-    /// treated as v1, because that is where the controllers are.
-    pub fn detect() -> Result<Self, CgroupError> {
-        Self::detect_at(Path::new("/sys/fs/cgroup"))
-    }
-
-    pub fn detect_at(root: &Path) -> Result<Self, CgroupError> {
-        if root.join("memory/memory.limit_in_bytes").exists() && root.join("pids").is_dir() {
-            let cpu = root.join("cpu/cpu.cfs_quota_us").exists();
-            let cpuacct = root.join("cpuacct/cpuacct.usage").exists();
-            let cpuacct_in_cpu = cpu
-                && cpuacct
-                && fs::canonicalize(root.join("cpu")).ok()
-                    == fs::canonicalize(root.join("cpuacct")).ok();
-            return Ok(Hierarchy::V1 {
-                root: root.to_path_buf(),
-                cpu,
-                cpuacct,
-                cpuacct_in_cpu,
-                freezer: root.join("freezer").is_dir(),
-            });
-        }
-        if root.join("cgroup.controllers").exists() {
-            return Ok(Hierarchy::V2 {
-                root: root.to_path_buf(),
-            });
-        }
-        Err(CgroupError::NoHierarchy {
-            root: root.to_path_buf(),
-        })
-    }
-
-    /// The directories that hold brig's groups (one per controller on v1).
-    pub fn parents(&self) -> Vec<PathBuf> {
-        match self {
-            Hierarchy::V1 {
-                root,
-                cpu,
-                cpuacct,
-                freezer,
-                ..
-            } => {
-                let mut v = vec![
-                    root.join("memory").join(PARENT),
-                    root.join("pids").join(PARENT),
-                ];
-                if *cpu {
-                    v.push(root.join("cpu").join(PARENT));
-                }
-                if *cpuacct {
-                    v.push(root.join("cpuacct").join(PARENT));
-                }
-                if *freezer {
-                    v.push(root.join("freezer").join(PARENT));
-                }
-                v
-            }
-            Hierarchy::V2 { root } => vec![root.join(PARENT)],
-        }
-    }
-
-    pub fn supports_cpu_limit(&self) -> bool {
-        match self {
-            Hierarchy::V1 { cpu, .. } => *cpu,
-            Hierarchy::V2 { .. } => true,
-        }
     }
 }
 
@@ -231,15 +140,17 @@ impl Cgroup {
 
     fn setup(&mut self, name: &str, limits: &Limits, pausable: bool) -> Result<(), CgroupError> {
         let mem = limits.memory.bytes().to_string();
+        // Co-mounted with cpu, the cpu group accounts CPU.
+        let cpuacct_in_cpu = self.hierarchy.cpuacct_in_cpu();
         match self.hierarchy.clone() {
             Hierarchy::V1 {
-                root,
+                memory,
+                pids,
                 cpu,
                 cpuacct,
-                cpuacct_in_cpu,
                 freezer,
             } => {
-                let memory = self.group(&root, "memory", name)?;
+                let memory = self.group(&memory, name)?;
                 write(&memory.join("memory.limit_in_bytes"), &mem)?;
                 // Without swap accounting the limit covers RAM only; with it,
                 // RAM+swap gets the same bound so the sandbox cannot page out
@@ -250,24 +161,23 @@ impl Cgroup {
                 }
                 let _ = write(&memory.join("memory.swappiness"), "0");
 
-                let pids = self.group(&root, "pids", name)?;
+                let pids = self.group(&pids, name)?;
                 write(&pids.join("pids.max"), &limits.pids.to_string())?;
 
                 // Only the controllers this sandbox uses: each one costs a
                 // mkdir, an attach and an rmdir on the spawn path. (The
                 // freezer and cpuacct are for pause/resume and metrics,
                 // which one-shot runs do not offer.)
-                if cpu && (limits.cpus.is_some() || pausable) {
-                    let dir = self.group(&root, "cpu", name)?;
+                if let Some(cpu) = cpu.filter(|_| limits.cpus.is_some() || pausable) {
+                    let dir = self.group(&cpu, name)?;
                     write(&dir.join("cpu.cfs_period_us"), "100000")?;
                     write(&dir.join("cpu.cfs_quota_us"), &v1_quota(limits.cpus))?;
                 }
-                // Co-mounted with cpu, the cpu group above accounts CPU.
-                if pausable && cpuacct && !cpuacct_in_cpu {
-                    self.group(&root, "cpuacct", name)?;
+                if let Some(cpuacct) = cpuacct.filter(|_| pausable && !cpuacct_in_cpu) {
+                    self.group(&cpuacct, name)?;
                 }
-                if pausable && freezer {
-                    self.group(&root, "freezer", name)?;
+                if let Some(freezer) = freezer.filter(|_| pausable) {
+                    self.group(&freezer, name)?;
                 }
             }
             Hierarchy::V2 { root } => {
@@ -315,10 +225,10 @@ impl Cgroup {
         Ok(())
     }
 
-    /// Make `<root>/<controller>/brig/<name>` (and `brig` itself on first
-    /// use) and remember it for attach and destroy.
-    fn group(&mut self, root: &Path, controller: &str, name: &str) -> Result<PathBuf, CgroupError> {
-        let parent = root.join(controller).join(PARENT);
+    /// Make `<mount>/brig/<name>` on one v1 controller's mount (and `brig`
+    /// itself on first use) and remember it for attach and destroy.
+    fn group(&mut self, mount: &Path, name: &str) -> Result<PathBuf, CgroupError> {
+        let parent = mount.join(PARENT);
         if !parent.exists() {
             mkdir(&parent)?;
         }
@@ -584,20 +494,12 @@ impl CgroupControls {
     fn dir(&self, controller: &'static str) -> Result<&Path, CgroupError> {
         match self.hierarchy {
             Hierarchy::V2 { .. } => self.dirs.first().map(PathBuf::as_path),
-            Hierarchy::V1 {
-                ref root,
-                cpuacct_in_cpu,
-                ..
-            } => {
-                // A co-mounted cpuacct's group is the cpu group.
-                let controller = match controller {
-                    "cpuacct" if cpuacct_in_cpu => "cpu",
-                    c => c,
-                };
-                let parent = root.join(controller).join(PARENT);
+            Hierarchy::V1 { .. } => {
+                // A co-mounted cpuacct's group is the cpu group: one mount.
+                let parent = self.hierarchy.mount(controller).map(|m| m.join(PARENT));
                 self.dirs
                     .iter()
-                    .find(|d| d.parent() == Some(parent.as_path()))
+                    .find(|d| parent.as_deref() == d.parent())
                     .map(PathBuf::as_path)
             }
         }
@@ -856,49 +758,102 @@ mod tests {
     use super::*;
     use brig_core::ByteSize;
 
-    fn fake_v1(root: &Path, cpu: bool) {
-        for c in ["memory", "pids", "cpu"] {
-            if c == "cpu" && !cpu {
-                continue;
+    /// The hierarchy of a host whose cgroups are mounted as plain
+    /// directories under `root`: v1 with one mount per entry of `mounts`
+    /// (`"cpu,cpuacct"` for a co-mount), or cgroup2 at `root` if `mounts`
+    /// is empty. Detected by brig-host from mountinfo text, as on a real
+    /// host.
+    fn fake_host(root: &Path, mounts: &[&str]) -> Result<Hierarchy, CgroupError> {
+        // Mount ids from 40, on a parent (31) outside the text.
+        let line = |n: usize, mount: &Path, fstype: &str, options: &str| {
+            format!(
+                "{} 31 0:{n} / {} rw - {fstype} {fstype} rw{options}\n",
+                40 + n,
+                mount.display()
+            )
+        };
+        let mut mountinfo = String::new();
+        for (n, m) in mounts.iter().enumerate() {
+            let dir = root.join(m);
+            fs::create_dir_all(&dir).unwrap();
+            if m.split(',').any(|c| c == "cpu") {
+                fs::write(dir.join("cpu.cfs_quota_us"), "").unwrap();
             }
-            fs::create_dir_all(root.join(c)).unwrap();
+            mountinfo += &line(n, &dir, "cgroup", &format!(",{m}"));
         }
-        fs::write(root.join("memory/memory.limit_in_bytes"), "").unwrap();
-        if cpu {
-            fs::write(root.join("cpu/cpu.cfs_quota_us"), "").unwrap();
+        if mounts.is_empty() {
+            mountinfo += &line(0, root, "cgroup2", "");
         }
+        let layout = brig_host::cgroup::CgroupLayout::parse(&mountinfo);
+        Ok(Hierarchy::from_layout(&layout)?)
+    }
+
+    /// v1 with memory and pids, and cpu if asked.
+    fn fake_v1(root: &Path, cpu: bool) -> Hierarchy {
+        let mounts: &[&str] = if cpu {
+            &["memory", "pids", "cpu"]
+        } else {
+            &["memory", "pids"]
+        };
+        fake_host(root, mounts).unwrap()
     }
 
     #[test]
     fn detects_v1_v2_and_nothing() {
         let t = tempfile::tempdir().unwrap();
-        assert!(matches!(
-            Hierarchy::detect_at(t.path()),
-            Err(CgroupError::NoHierarchy { .. })
-        ));
-        fs::write(t.path().join("cgroup.controllers"), "memory pids").unwrap();
+        let memory_only = fake_host(t.path(), &["memory"]);
+        assert!(
+            matches!(
+                memory_only,
+                Err(CgroupError::Detect(DetectError::NoHierarchy))
+            ),
+            "{memory_only:?}"
+        );
         assert_eq!(
-            Hierarchy::detect_at(t.path()).unwrap(),
+            fake_host(t.path(), &[]).unwrap(),
             Hierarchy::V2 {
                 root: t.path().into()
             }
         );
-        fake_v1(t.path(), true);
         assert!(matches!(
-            Hierarchy::detect_at(t.path()).unwrap(),
+            fake_v1(t.path(), true),
             Hierarchy::V1 {
-                cpu: true,
-                freezer: false,
+                cpu: Some(_),
+                freezer: None,
                 ..
             }
         ));
     }
 
+    /// `cpu,cpuacct` on one mount: the cpu group accounts, no cpuacct
+    /// group is made, and the controls find the cpu group for usage.
+    #[test]
+    fn v1_co_mounted_cpuacct_uses_the_cpu_group() {
+        let t = tempfile::tempdir().unwrap();
+        let h = fake_host(t.path(), &["memory", "pids", "cpu,cpuacct", "freezer"]).unwrap();
+        assert!(h.cpuacct_in_cpu());
+        let cg = Cgroup::create(&h, "c", &Limits::default(), true).unwrap();
+        let names: Vec<_> = cg
+            .dirs()
+            .iter()
+            .map(|d| d.strip_prefix(t.path()).unwrap().to_path_buf())
+            .collect();
+        assert_eq!(
+            names,
+            ["memory", "pids", "cpu,cpuacct", "freezer"].map(|m| Path::new(m).join("brig/c"))
+        );
+        let controls = cg.controls(1);
+        assert_eq!(
+            controls.dir("cpuacct").unwrap(),
+            t.path().join("cpu,cpuacct/brig/c")
+        );
+        std::mem::forget(cg);
+    }
+
     #[test]
     fn v1_writes_limits_into_each_controller() {
         let t = tempfile::tempdir().unwrap();
-        fake_v1(t.path(), true);
-        let h = Hierarchy::detect_at(t.path()).unwrap();
+        let h = fake_v1(t.path(), true);
         let limits = Limits {
             memory: ByteSize::mib(64),
             pids: 32,
@@ -923,12 +878,7 @@ mod tests {
     #[test]
     fn v1_pausable_adds_freezer_cpuacct_and_an_unlimited_cpu_group() {
         let t = tempfile::tempdir().unwrap();
-        fake_v1(t.path(), true);
-        for c in ["freezer", "cpuacct"] {
-            fs::create_dir_all(t.path().join(c)).unwrap();
-        }
-        fs::write(t.path().join("cpuacct/cpuacct.usage"), "").unwrap();
-        let h = Hierarchy::detect_at(t.path()).unwrap();
+        let h = fake_host(t.path(), &["memory", "pids", "cpu", "freezer", "cpuacct"]).unwrap();
         let cg = Cgroup::create(&h, "p", &Limits::default(), true).unwrap();
         let read = |p: &str| fs::read_to_string(t.path().join(p)).unwrap();
         assert_eq!(read("cpu/brig/p/cpu.cfs_quota_us"), "-1");
@@ -967,9 +917,7 @@ mod tests {
     #[test]
     fn v1_without_pausable_has_no_freezer_to_use() {
         let t = tempfile::tempdir().unwrap();
-        fake_v1(t.path(), false);
-        fs::create_dir_all(t.path().join("freezer")).unwrap();
-        let h = Hierarchy::detect_at(t.path()).unwrap();
+        let h = fake_host(t.path(), &["memory", "pids", "freezer"]).unwrap();
         let cg = Cgroup::create(&h, "q", &Limits::default(), false).unwrap();
         assert_eq!(cg.dirs().len(), 2);
         let err = cg.controls(1).freeze().unwrap_err();
@@ -993,7 +941,7 @@ mod tests {
             "cpuset cpu io memory pids",
         )
         .unwrap();
-        let h = Hierarchy::detect_at(t.path()).unwrap();
+        let h = fake_host(t.path(), &[]).unwrap();
         let limits = Limits {
             memory: ByteSize::mib(128),
             pids: 10,
@@ -1014,7 +962,7 @@ mod tests {
     fn v2_controls_freeze_thaw_and_read_stats() {
         let t = tempfile::tempdir().unwrap();
         fs::write(t.path().join("cgroup.controllers"), "cpu memory pids").unwrap();
-        let h = Hierarchy::detect_at(t.path()).unwrap();
+        let h = fake_host(t.path(), &[]).unwrap();
         let cg = Cgroup::create(&h, "v", &Limits::default(), true).unwrap();
         let dir = t.path().join("brig/v");
         let put = |f: &str, v: &str| fs::write(dir.join(f), v).unwrap();
@@ -1063,7 +1011,7 @@ mod tests {
     fn v2_without_memory_controller_is_a_clear_error() {
         let t = tempfile::tempdir().unwrap();
         fs::write(t.path().join("cgroup.controllers"), "cpu pids").unwrap();
-        let h = Hierarchy::detect_at(t.path()).unwrap();
+        let h = fake_host(t.path(), &[]).unwrap();
         let err = Cgroup::create(&h, "x", &Limits::default(), false).unwrap_err();
         assert!(err.to_string().contains("\"memory\""), "{err}");
     }

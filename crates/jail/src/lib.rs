@@ -13,12 +13,14 @@
 //!   the reason for each step at the step.
 //! - [`sys::Syscalls`] is the one trait every privileged call goes through;
 //!   [`sys::Recording`] is its fake, so most tests run unprivileged.
-//! - [`cgroup`] (v1 and v2), [`seccomp`] (policy compiled at build time from
+//! - [`cgroup`] (v1 and v2, in the hierarchy brig-host detects),
+//!   [`seccomp`] (policy compiled at build time from
 //!   `resources/seccomp/`), [`slot`] (uid ranges and liveness locks),
 //!   [`reconcile`] (reaping what a killed brig left behind), [`netpool`]
-//!   (pre-made network namespaces for the warm path), [`probe`] (what this
-//!   host offers, for `brig doctor`), [`fdpass`] (descriptors between host
-//!   and init) and [`trace`] (`BRIG_TRACE_SPAWN=1`).
+//!   (pre-made network namespaces for the warm path), [`fdpass`]
+//!   (descriptors between host and init) and [`trace`]
+//!   (`BRIG_TRACE_SPAWN=1`). What the host offers (`brig doctor`) is
+//!   brig-host's.
 
 pub mod bringup;
 pub mod cgroup;
@@ -26,7 +28,6 @@ pub mod error;
 pub mod fdpass;
 pub mod netpool;
 pub mod plan;
-pub mod probe;
 pub mod reconcile;
 pub mod sandbox;
 pub mod seccomp;

@@ -35,7 +35,7 @@ use std::sync::Arc;
 use brig_core::{ByteSize, SandboxId, SandboxSpec, TemplateRef};
 
 use crate::bringup::{self, Channels, Failure, Stage};
-use crate::cgroup::{Cgroup, CgroupControls, Hierarchy};
+use crate::cgroup::{Cgroup, CgroupControls, CgroupError, Hierarchy};
 use crate::error::JailError;
 use crate::fdpass;
 use crate::netpool::{self, NetnsPool, PooledNet};
@@ -142,7 +142,7 @@ impl SpawnOptions {
                 source,
             })?;
         }
-        let hierarchy = Hierarchy::detect()?;
+        let hierarchy = Hierarchy::detect().map_err(CgroupError::from)?;
         reconcile::reap(&hierarchy, &run_dir);
         Ok(SpawnOptions {
             host: Arc::new(HostFacts::read()),

@@ -1,14 +1,14 @@
 //! `brig doctor`: report which kernel features and isolation tiers this
 //! host offers, and what to do about anything missing.
 //!
-//! The probing lives in [`brig_jail::probe`]; this file only presents the
+//! The probing lives in [`brig_host::probe`]; this file only presents the
 //! [`HostReport`] — as a table for people, or as JSON for scripts — and
 //! turns it into an exit code: 0 if the process tier is usable, 1 if not.
 
 use std::io::Write as _;
 
 use anyhow::Context as _;
-use brig_jail::probe::{self, Accel, Feature, HostReport, Status};
+use brig_host::probe::{self, Accel, Feature, HostReport, Status};
 
 #[derive(Debug, clap::Args)]
 pub struct DoctorArgs {

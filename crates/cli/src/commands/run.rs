@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use brig_core::{parse_duration, parse_size, EnvVar, SandboxSpec, TemplateRef, UserSpec};
-use brig_jail::{probe, JailError, Sandbox, SpawnOptions};
+use brig_host::probe;
+use brig_jail::{JailError, Sandbox, SpawnOptions};
 
 use super::client::home_dir;
 use crate::exit::{self, Outcome};

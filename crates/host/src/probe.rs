@@ -29,6 +29,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::cgroup::{CgroupLayout, CgroupMount, CgroupVersion, Hierarchy, V1Hierarchy};
+
 /// How a feature stands on this host.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -240,31 +242,16 @@ impl DensityFacts {
                 sysctl(&name).map(|v| (name, v))
             })
             .min_by_key(|(_, v)| *v);
-        let mountinfo = read_string("/proc/self/mountinfo").unwrap_or_default();
         DensityFacts {
             pid_max: sysctl("kernel.pid_max"),
             threads_max: sysctl("kernel.threads-max"),
             namespaces_max,
             nr_open: sysctl("fs.nr_open"),
-            v1_without_favordynmods: v1_without_favordynmods(&mountinfo),
+            v1_without_favordynmods: CgroupLayout::read()
+                .unwrap_or_default()
+                .v1_without_favordynmods(),
         }
     }
-}
-
-/// Whether any cgroup v1 controller mount lacks `favordynmods`.
-fn v1_without_favordynmods(mountinfo: &str) -> bool {
-    mountinfo.lines().any(|line| {
-        let Some((_, after)) = line.split_once(" - ") else {
-            return false;
-        };
-        let mut f = after.split_whitespace();
-        f.next() == Some("cgroup")
-            && f.nth(1).is_some_and(|opts| {
-                opts.split(',')
-                    .any(|o| ["memory", "pids", "cpu", "freezer"].contains(&o))
-                    && !opts.split(',').any(|o| o == "favordynmods")
-            })
-    })
 }
 
 /// The density checks: none is required, each names the setting that
@@ -1302,150 +1289,6 @@ fn pidfd_feature() -> Feature {
 // ---------------------------------------------------------------------------
 // cgroups.
 
-/// The v1 controllers brig knows by name; anything else in a cgroup mount's
-/// options (`rw`, `name=systemd`, `xattr`, `release_agent=...`) is not one.
-const V1_CONTROLLERS: [&str; 14] = [
-    "blkio",
-    "cpu",
-    "cpuacct",
-    "cpuset",
-    "devices",
-    "freezer",
-    "hugetlb",
-    "memory",
-    "misc",
-    "net_cls",
-    "net_prio",
-    "perf_event",
-    "pids",
-    "rdma",
-];
-
-/// Where the cgroup hierarchies are mounted, from `/proc/self/mountinfo`.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-struct CgroupLayout {
-    /// cgroup v1 hierarchies, one per mount, in mount order.
-    v1: Vec<V1Hierarchy>,
-    /// The first cgroup2 mount.
-    v2: Option<CgroupMount>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct V1Hierarchy {
-    mount: CgroupMount,
-    controllers: Vec<String>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct CgroupMount {
-    mount_point: String,
-    read_only: bool,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum CgroupVersion {
-    V1,
-    V2,
-    /// Controllers on v1 hierarchies plus a cgroup2 mount (systemd's
-    /// "hybrid" mode, usually at /sys/fs/cgroup/unified).
-    Hybrid,
-    None,
-}
-
-impl CgroupLayout {
-    fn parse(mountinfo: &str) -> Self {
-        let mut layout = CgroupLayout::default();
-        for line in mountinfo.lines() {
-            // <id> <parent> <maj:min> <root> <mount point> <options> [optional fields...]
-            //   - <fstype> <source> <super options>
-            let Some((left, right)) = line.split_once(" - ") else {
-                continue;
-            };
-            let left: Vec<&str> = left.split(' ').collect();
-            let mut right = right.split(' ');
-            let (Some(mount_point), Some(options)) = (left.get(4), left.get(5)) else {
-                continue;
-            };
-            let (Some(fstype), Some(_source), Some(super_options)) =
-                (right.next(), right.next(), right.next())
-            else {
-                continue;
-            };
-            let read_only = options.split(',').any(|o| o == "ro")
-                || super_options.split(',').any(|o| o == "ro");
-            let mount = CgroupMount {
-                mount_point: unescape_mount_path(mount_point),
-                read_only,
-            };
-            match fstype {
-                "cgroup" => {
-                    let controllers = super_options
-                        .split(',')
-                        .filter(|o| V1_CONTROLLERS.contains(o))
-                        .map(str::to_owned)
-                        .collect();
-                    layout.v1.push(V1Hierarchy { mount, controllers });
-                }
-                "cgroup2" if layout.v2.is_none() => layout.v2 = Some(mount),
-                _ => {}
-            }
-        }
-        layout
-    }
-
-    fn version(&self) -> CgroupVersion {
-        let v1 = self.v1.iter().any(|h| !h.controllers.is_empty());
-        match (v1, self.v2.is_some()) {
-            (true, true) => CgroupVersion::Hybrid,
-            (true, false) => CgroupVersion::V1,
-            (false, true) => CgroupVersion::V2,
-            (false, false) => CgroupVersion::None,
-        }
-    }
-
-    fn v1_hierarchy(&self, controller: &str) -> Option<&V1Hierarchy> {
-        self.v1
-            .iter()
-            .find(|h| h.controllers.iter().any(|c| c == controller))
-    }
-
-    fn v1_controllers(&self) -> Vec<&str> {
-        let mut all: Vec<&str> = self
-            .v1
-            .iter()
-            .flat_map(|h| h.controllers.iter().map(String::as_str))
-            .collect();
-        all.sort_unstable();
-        all.dedup();
-        all
-    }
-}
-
-/// Undo the octal escapes mountinfo uses for space, tab, newline and
-/// backslash in paths (`\040` and friends).
-fn unescape_mount_path(raw: &str) -> String {
-    let bytes = raw.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let octal = bytes
-            .get(i + 1..i + 4)
-            .filter(|d| bytes[i] == b'\\' && d.iter().all(|b| (b'0'..=b'7').contains(b)));
-        if let Some(digits) = octal {
-            out.push(
-                digits
-                    .iter()
-                    .fold(0u8, |acc, d| acc.wrapping_mul(8).wrapping_add(d - b'0')),
-            );
-            i += 4;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 /// The controllers the kernel has, from `/proc/cgroups`: name and whether
 /// it is enabled (a `cgroup_disable=` boot parameter turns it off).
 fn parse_proc_cgroups(text: &str) -> Vec<(String, bool)> {
@@ -1476,7 +1319,7 @@ struct CgroupFacts {
 
 impl CgroupFacts {
     fn read(kernel: Option<KernelVersion>) -> Self {
-        let layout = CgroupLayout::parse(&read_string("/proc/self/mountinfo").unwrap_or_default());
+        let layout = CgroupLayout::read().unwrap_or_default();
         let words = |path: PathBuf| -> Vec<String> {
             read_string(path)
                 .unwrap_or_default()
@@ -1703,9 +1546,14 @@ fn cgroup_features(facts: &CgroupFacts) -> Vec<Feature> {
             "cgroups",
             true,
             format!(
-                "hybrid: v1 controllers {}; {}",
+                "hybrid: v1 controllers {}; {}; brig uses {}",
                 layout.v1_controllers().join(" "),
-                v2_detail(m)
+                v2_detail(m),
+                // The jail's decision, from the same layout.
+                match Hierarchy::from_layout(layout) {
+                    Ok(Hierarchy::V1 { .. }) => "v1",
+                    _ => "cgroup2",
+                }
             ),
         ),
         _ => Feature::missing(
@@ -2119,6 +1967,7 @@ fn tiers(features: &[Feature], kvm: &Kvm) -> Tiers {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cgroup::samples::*;
 
     #[test]
     fn density_limits_are_judged_against_the_target() {
@@ -2148,46 +1997,6 @@ mod tests {
             .filter(|x| x.name != "cgroup_favordynmods")
             .all(|x| x.status == Status::Degraded));
     }
-
-    #[test]
-    fn favordynmods_is_read_from_v1_controller_mounts() {
-        let without = "32 31 0:29 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n";
-        let with = "32 31 0:29 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory,favordynmods\n";
-        let v2 = "30 1 0:26 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw,nsdelegate\n";
-        assert!(v1_without_favordynmods(without));
-        assert!(!v1_without_favordynmods(with));
-        assert!(!v1_without_favordynmods(v2));
-    }
-
-    const V1_MOUNTINFO: &str = "\
-22 1 8:1 / / rw,relatime - ext4 /dev/sda1 rw
-25 22 0:22 / /sys rw,nosuid,nodev,noexec,relatime shared:7 - sysfs sysfs rw
-31 25 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
-32 31 0:29 / /sys/fs/cgroup/cpu,cpuacct rw,relatime shared:10 - cgroup cgroup rw,cpu,cpuacct
-35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
-37 31 0:34 / /sys/fs/cgroup/freezer rw,relatime - cgroup cgroup rw,freezer
-39 31 0:36 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids
-40 31 0:37 / /sys/fs/cgroup/systemd rw,relatime - cgroup cgroup rw,xattr,name=systemd
-";
-
-    const V2_MOUNTINFO: &str = "\
-22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw,errors=remount-ro
-25 22 0:22 / /sys rw,nosuid,nodev,noexec,relatime shared:7 - sysfs sysfs rw
-26 25 0:23 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:8 - cgroup2 cgroup2 rw,nsdelegate,memory_recursiveprot
-";
-
-    /// This development machine: v1 controllers, plus cgroup2 at
-    /// /sys/fs/cgroup/unified carrying only hugetlb.
-    const HYBRID_MOUNTINFO: &str = "\
-31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
-32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
-33 31 0:30 / /sys/fs/cgroup/cpuacct rw,relatime - cgroup cgroup rw,cpuacct
-35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
-37 31 0:34 / /sys/fs/cgroup/freezer rw,relatime - cgroup cgroup rw,freezer
-39 31 0:36 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids
-40 31 0:37 / /sys/fs/cgroup/systemd rw,relatime - cgroup cgroup rw,name=systemd
-41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
-";
 
     const PROC_CGROUPS: &str = "\
 #subsys_name	hierarchy	num_cgroups	enabled
@@ -2221,68 +2030,45 @@ freezer	6	1	1
             .unwrap_or_else(|| panic!("no feature {name}"))
     }
 
+    /// The doctor and the jail read one layout: on each kind of host, the
+    /// controllers the doctor reports are where the jail's [`Hierarchy`]
+    /// makes its groups.
     #[test]
-    fn parses_v1_mountinfo() {
-        let layout = CgroupLayout::parse(V1_MOUNTINFO);
-        assert_eq!(layout.version(), CgroupVersion::V1);
-        assert!(layout.v2.is_none());
-        assert_eq!(
-            layout.v1_controllers(),
-            ["cpu", "cpuacct", "freezer", "memory", "pids"]
-        );
-        let cpu = layout.v1_hierarchy("cpuacct").expect("cpuacct mounted");
-        assert_eq!(cpu.mount.mount_point, "/sys/fs/cgroup/cpu,cpuacct");
-        assert_eq!(cpu.controllers, ["cpu", "cpuacct"]);
-        // name=systemd is a hierarchy without controllers.
-        assert!(layout
-            .v1
-            .iter()
-            .any(|h| h.mount.mount_point == "/sys/fs/cgroup/systemd" && h.controllers.is_empty()));
-    }
-
-    #[test]
-    fn parses_v2_mountinfo() {
-        let layout = CgroupLayout::parse(V2_MOUNTINFO);
-        assert_eq!(layout.version(), CgroupVersion::V2);
-        assert_eq!(
-            layout.v2,
-            Some(CgroupMount {
-                mount_point: "/sys/fs/cgroup".to_owned(),
-                read_only: false
-            })
-        );
-        assert!(layout.v1.is_empty());
-    }
-
-    #[test]
-    fn parses_hybrid_mountinfo() {
-        let layout = CgroupLayout::parse(HYBRID_MOUNTINFO);
-        assert_eq!(layout.version(), CgroupVersion::Hybrid);
-        assert_eq!(
-            layout.v2.as_ref().map(|m| m.mount_point.as_str()),
-            Some("/sys/fs/cgroup/unified")
-        );
-        assert_eq!(
-            layout
-                .v1_hierarchy("memory")
-                .map(|h| h.mount.mount_point.as_str()),
-            Some("/sys/fs/cgroup/memory")
-        );
-    }
-
-    #[test]
-    fn mountinfo_read_only_and_escapes() {
-        let text = "26 25 0:23 / /sys/fs/my\\040cgroup ro,nosuid - cgroup2 cgroup2 rw\n";
-        let layout = CgroupLayout::parse(text);
-        assert_eq!(
-            layout.v2,
-            Some(CgroupMount {
-                mount_point: "/sys/fs/my cgroup".to_owned(),
-                read_only: true
-            })
-        );
-        assert_eq!(unescape_mount_path("a\\134b\\011c"), "a\\b\tc");
-        assert_eq!(unescape_mount_path("trailing\\04"), "trailing\\04");
+    fn doctor_and_jail_agree_on_each_sample() {
+        for (sample, v2_controllers) in [
+            (V1_MOUNTINFO, ""),
+            (V2_MOUNTINFO, "cpu memory pids"),
+            (HYBRID_MOUNTINFO, "hugetlb"),
+        ] {
+            let t = tempfile::tempdir().unwrap();
+            let text = crate::cgroup::samples::rooted_at(sample, t.path());
+            let facts = facts(&text, v2_controllers, v2_controllers);
+            let features = cgroup_features(&facts);
+            let hierarchy = Hierarchy::from_layout(&facts.layout).unwrap();
+            for (feature, controller) in [
+                ("cgroup_memory", "memory"),
+                ("cgroup_pids", "pids"),
+                ("cgroup_cpu", "cpu"),
+                ("cgroup_freezer", "freezer"),
+            ] {
+                let mount = hierarchy.mount(controller).expect(controller);
+                let version = match hierarchy {
+                    Hierarchy::V1 { .. } => "v1",
+                    Hierarchy::V2 { .. } => "v2",
+                };
+                let detail = &find(&features, feature).detail;
+                assert!(
+                    detail.starts_with(&format!("{version} at {}", mount.display()))
+                        || (controller == "freezer"
+                            && *detail == format!("v2 cgroup.freeze at {}", mount.display())),
+                    "{feature}: doctor says {detail:?}, jail uses {mount:?}"
+                );
+            }
+        }
+        let hybrid = facts(HYBRID_MOUNTINFO, "hugetlb", "");
+        assert!(find(&cgroup_features(&hybrid), "cgroups")
+            .detail
+            .ends_with("brig uses v1"));
     }
 
     #[test]
