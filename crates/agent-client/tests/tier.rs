@@ -57,8 +57,7 @@ fn a_sandbox_outlives_its_launcher_and_is_adopted_again() {
         return;
     }
     within(60, || {
-        let tier =
-            ProcessTier::new(agent_bin().to_path_buf(), &owner()).expect("prepare the tier");
+        let tier = ProcessTier::new(agent_bin().to_path_buf(), &owner()).expect("prepare the tier");
         let id = SandboxId::from_random(rand_bits());
         let inst = tier.launch(&launch(&id)).expect("launch");
         assert_eq!(inst.id(), &id);
@@ -155,8 +154,7 @@ fn launch_refuses_a_taken_id_and_discard_is_idempotent() {
         return;
     }
     within(60, || {
-        let tier =
-            ProcessTier::new(agent_bin().to_path_buf(), &owner()).expect("prepare the tier");
+        let tier = ProcessTier::new(agent_bin().to_path_buf(), &owner()).expect("prepare the tier");
         let id = SandboxId::from_random(rand_bits());
         let inst = tier.launch(&launch(&id)).expect("launch");
         let err = tier.launch(&launch(&id)).unwrap_err();
