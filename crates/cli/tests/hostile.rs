@@ -729,8 +729,8 @@ fn orphaned_sandbox_processes() -> Vec<String> {
 }
 
 /// Whether `pid` (a sandbox's top process) is a daemon's sandbox whose
-/// daemon home still exists: `/run/brig/sb/<id>/owner` names the daemon's
-/// database.
+/// daemon home still exists: the first line of `/run/brig/sb/<id>/state`
+/// names the daemon's database.
 fn daemon_owned(pid: u32) -> bool {
     let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
     let Some(id) = cgroups.lines().find_map(|l| {
@@ -740,8 +740,11 @@ fn daemon_owned(pid: u32) -> bool {
     }) else {
         return false;
     };
-    std::fs::read_to_string(format!("/run/brig/sb/{id}/owner"))
-        .is_ok_and(|db| std::path::Path::new(db.trim()).exists())
+    std::fs::read_to_string(format!("/run/brig/sb/{id}/state")).is_ok_and(|s| {
+        s.lines()
+            .next()
+            .is_some_and(|db| std::path::Path::new(db).exists())
+    })
 }
 
 /// Host processes whose argv carries `id`, with their uid.

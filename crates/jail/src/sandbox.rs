@@ -1011,6 +1011,22 @@ fn ensure_tmpfs(dir: &Path) -> Result<(), JailError> {
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
     // SAFETY: valid path and out-pointer.
     if unsafe { libc::statfs(cpath.as_ptr(), &mut st) } == 0 && st.f_type as i64 == TMPFS_MAGIC {
+        // Ours (a mount of its own, not /run's tmpfs) but made by an older
+        // brig with room for fewer sandboxes (a daemon's sandbox keeps a
+        // page there): grow it in place, keeping what is in it.
+        let size = st.f_blocks as u64 * st.f_bsize as u64;
+        if size < RUNTIME_TMPFS_BYTES && is_mount_point(dir) {
+            // SAFETY: constant strings; remounting our own tmpfs.
+            unsafe {
+                libc::mount(
+                    c"brig-run".as_ptr(),
+                    cpath.as_ptr(),
+                    c"tmpfs".as_ptr(),
+                    libc::MS_REMOUNT | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                    c"mode=0755,size=256m".as_ptr().cast(),
+                )
+            };
+        }
         return Ok(());
     }
     // SAFETY: constant strings; mounting a fresh tmpfs on our own directory.
@@ -1020,7 +1036,7 @@ fn ensure_tmpfs(dir: &Path) -> Result<(), JailError> {
             cpath.as_ptr(),
             c"tmpfs".as_ptr(),
             libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-            c"mode=0755,size=16m".as_ptr().cast(),
+            c"mode=0755,size=256m".as_ptr().cast(),
         )
     };
     if r < 0 {
@@ -1029,6 +1045,20 @@ fn ensure_tmpfs(dir: &Path) -> Result<(), JailError> {
         ));
     }
     Ok(())
+}
+
+/// The size of `/run/brig`'s tmpfs: a bound, not a reservation (tmpfs
+/// uses what is stored). A daemon's sandbox keeps one page there (its
+/// `sb/<id>/state`), so 256 MiB holds some 60,000.
+const RUNTIME_TMPFS_BYTES: u64 = 256 << 20;
+
+/// Whether `dir` is a mount point (its device differs from its parent's).
+fn is_mount_point(dir: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (fs::metadata(dir), dir.parent().map(fs::metadata)) {
+        (Ok(d), Some(Ok(p))) => d.dev() != p.dev(),
+        _ => false,
+    }
 }
 
 fn nofile_hard() -> u64 {

@@ -9,9 +9,11 @@
 //!
 //! ```text
 //! /run/brig/sb/<id>/agent.sock   the agent's listening socket (0700 dir)
-//! /run/brig/sb/<id>/init         "<pid> <start time>" of its pid 1
-//! /run/brig/sb/<id>/owner        which daemon launched it (its home)
+//! /run/brig/sb/<id>/state        "<owner>\n<pid> <start time>\n": which daemon
+//!                                launched it (its database), its pid 1
 //! ```
+//!
+//! (One small file, one tmpfs page per sandbox: ten thousand fit easily.)
 //!
 //! `/run/brig` is host-wide (uid ranges and cgroups are); the owner tag
 //! keeps two daemons on one host (two homes, or parallel tests) from
@@ -85,8 +87,8 @@ impl ProcessTier {
             let Some(id) = e.file_name().to_str().and_then(SandboxId::parse) else {
                 continue;
             };
-            let orphaned = fs::read_to_string(e.path().join(OWNER_FILE))
-                .is_ok_and(|owner| !Path::new(owner.trim()).exists());
+            let orphaned =
+                read_state(&e.path()).is_some_and(|(owner, _, _)| !Path::new(&owner).exists());
             if orphaned {
                 let _ = self.discard(&id);
             }
@@ -116,7 +118,7 @@ impl ProcessTier {
             .recursive(true)
             .create(dir)
             .map_err(io("create its runtime directory"))?;
-        fs::write(dir.join(OWNER_FILE), &self.owner).map_err(io("record its owner"))?;
+
         let listener =
             UnixListener::bind(dir.join(AGENT_SOCKET)).map_err(io("bind the agent's socket"))?;
         let program = File::open(&self.agent).map_err(|e| {
@@ -149,8 +151,11 @@ impl ProcessTier {
         let sandbox =
             Sandbox::spawn_with(&spec, &self.opts, extras).map_err(|e| from_jail(id, e))?;
         let start = sandbox::start_time(sandbox.pid()).unwrap_or(0);
-        fs::write(dir.join(INIT_FILE), format!("{} {start}\n", sandbox.pid()))
-            .map_err(io("record its init"))?;
+        // Written whole, then renamed: a reader never sees half of it.
+        let tmp = dir.join(".state");
+        fs::write(&tmp, format!("{}\n{} {start}\n", self.owner, sandbox.pid()))
+            .and_then(|()| fs::rename(&tmp, dir.join(STATE_FILE)))
+            .map_err(io("record its state"))?;
         Ok(sandbox)
     }
 }
@@ -161,8 +166,15 @@ pub fn sandboxes_dir(run_dir: &Path) -> PathBuf {
 }
 
 const AGENT_SOCKET: &str = "agent.sock";
-const INIT_FILE: &str = "init";
-const OWNER_FILE: &str = "owner";
+const STATE_FILE: &str = "state";
+
+/// What `state` says: (owner, init pid, init start time).
+fn read_state(dir: &Path) -> Option<(String, u64, u64)> {
+    let text = fs::read_to_string(dir.join(STATE_FILE)).ok()?;
+    let (owner, init) = text.split_once('\n')?;
+    let mut it = init.split_whitespace().map(str::parse::<u64>);
+    Some((owner.to_string(), it.next()?.ok()?, it.next()?.ok()?))
+}
 
 impl Tier for ProcessTier {
     fn isolation(&self) -> Isolation {
@@ -188,12 +200,8 @@ impl Tier for ProcessTier {
 
     fn adopt(&self, id: &SandboxId) -> Result<Option<Box<dyn Instance>>, TierError> {
         let dir = self.dir(id);
-        let recorded = fs::read_to_string(dir.join(INIT_FILE)).ok().and_then(|s| {
-            let mut it = s.split_whitespace().map(str::parse::<u64>);
-            Some((it.next()?.ok()?, it.next()?.ok()?))
-        });
-        let adopted = match recorded {
-            Some((pid, start)) => Sandbox::adopt(id, pid as libc::pid_t, start, &self.opts)
+        let adopted = match read_state(&dir) {
+            Some((_, pid, start)) => Sandbox::adopt(id, pid as libc::pid_t, start, &self.opts)
                 .map_err(|e| from_jail(id, e))?,
             None => None,
         };
@@ -226,9 +234,7 @@ impl Tier for ProcessTier {
         };
         entries
             .flatten()
-            .filter(|e| {
-                fs::read_to_string(e.path().join(OWNER_FILE)).is_ok_and(|o| o == self.owner)
-            })
+            .filter(|e| read_state(&e.path()).is_some_and(|(o, _, _)| o == self.owner))
             .filter_map(|e| e.file_name().to_str().and_then(SandboxId::parse))
             .collect()
     }
