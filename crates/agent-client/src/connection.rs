@@ -53,7 +53,10 @@ pub(crate) struct Shared {
     writer: Mutex<Writer>,
     /// Another handle on the socket, to shut it down without the writer's
     /// lock.
-    hangup: UnixStream,
+    /// The socket again (the same descriptor), to shut it down without the
+    /// writer's lock. One descriptor per connection, shared by the writer,
+    /// this and the reactor: a daemon holds one per sandbox.
+    hangup: Arc<UnixStream>,
     table: Mutex<Table>,
     /// Signalled when a Pong arrives or the connection dies.
     pongs_changed: Condvar,
@@ -62,7 +65,7 @@ pub(crate) struct Shared {
 
 #[derive(Debug)]
 struct Writer {
-    sock: UnixStream,
+    sock: Arc<UnixStream>,
     next_id: u32,
     buf: Vec<u8>,
 }
@@ -220,15 +223,17 @@ impl Writer {
         frame
             .encode_into(&mut self.buf)
             .map_err(|e| ClientError::protocol(format!("cannot encode a frame: {e}")))?;
-        self.sock.write_all(&self.buf).map_err(|e| match e.kind() {
-            std::io::ErrorKind::BrokenPipe
-            | std::io::ErrorKind::ConnectionReset
-            | std::io::ErrorKind::NotConnected => ClientError::Closed,
-            _ => ClientError::Io {
-                op: "write to the agent".into(),
-                source: e,
-            },
-        })
+        (&*self.sock)
+            .write_all(&self.buf)
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::BrokenPipe
+                | std::io::ErrorKind::ConnectionReset
+                | std::io::ErrorKind::NotConnected => ClientError::Closed,
+                _ => ClientError::Io {
+                    op: "write to the agent".into(),
+                    source: e,
+                },
+            })
     }
 }
 
@@ -246,11 +251,10 @@ impl Connection {
     /// [`HANDSHAKE_TIMEOUT`], speaks no common version, or sends anything
     /// but a Hello first.
     pub fn new(sock: UnixStream) -> Result<Connection, ClientError> {
-        let mut read_half = sock
-            .try_clone()
-            .map_err(ClientError::io("clone the agent socket"))?;
+        let sock = Arc::new(sock);
+        let mut read_half: &UnixStream = &sock;
         let mut writer = Writer {
-            sock,
+            sock: Arc::clone(&sock),
             next_id: 1,
             buf: Vec::new(),
         };
@@ -314,18 +318,15 @@ impl Connection {
             "clear the read timeout on the agent socket",
         ))?;
 
-        let hangup = read_half
-            .try_clone()
-            .map_err(ClientError::io("clone the agent socket"))?;
         let shared = Arc::new(Shared {
             writer: Mutex::new(writer),
-            hangup,
+            hangup: Arc::clone(&sock),
             table: Mutex::new(Table::default()),
             pongs_changed: Condvar::new(),
             next_nonce: AtomicU64::new(1),
         });
         Reactor::get()
-            .and_then(|r| r.register(read_half, decoder, Arc::clone(&shared)))
+            .and_then(|r| r.register(sock, decoder, Arc::clone(&shared)))
             .map_err(ClientError::io(
                 "register the agent socket with the reactor",
             ))?;

@@ -32,7 +32,7 @@ const READ_CHUNK: usize = 64 << 10;
 
 /// A registered connection: its read half and what has been read of it.
 struct Entry {
-    sock: UnixStream,
+    sock: Arc<UnixStream>,
     decoder: Decoder,
     shared: Arc<Shared>,
 }
@@ -80,7 +80,7 @@ impl Reactor {
     /// may already hold bytes (what arrived with the handshake).
     pub(crate) fn register(
         &'static self,
-        sock: UnixStream,
+        sock: Arc<UnixStream>,
         mut decoder: Decoder,
         shared: Arc<Shared>,
     ) -> Result<(), std::io::Error> {

@@ -208,7 +208,7 @@ pub struct Exit {
 pub struct Sandbox {
     id: SandboxId,
     pid: libc::pid_t,
-    pidfd: Arc<OwnedFd>,
+    init: Arc<Init>,
     pty: Option<OwnedFd>,
     oom: Option<OwnedFd>,
     cgroup: Option<Cgroup>,
@@ -392,11 +392,22 @@ impl Sandbox {
         drop(child_sock);
         drop(err_write);
         // SAFETY: the kernel returned a fresh pidfd for the child.
-        let pidfd = Arc::new(unsafe { OwnedFd::from_raw_fd(pidfd) });
+        let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
+        let init = Arc::new(Init {
+            pid,
+            // Only a sandbox whose pidfd is closed later needs it (see Init).
+            start: if extras.detach {
+                start_time(pid).unwrap_or(0)
+            } else {
+                0
+            },
+            fd: std::sync::Mutex::new(Some(Arc::new(pidfd))),
+            reaped: AtomicBool::new(false),
+        });
         let mut sandbox = Sandbox {
             id,
             pid,
-            pidfd,
+            init,
             pty: None,
             oom: None,
             memory_limit: spec.limits.memory,
@@ -458,7 +469,12 @@ impl Sandbox {
             &spec.limits,
             opts.pausable,
         )?;
-        sandbox.oom = cgroup.oom_eventfd()?;
+        // Only a host that watches the sandbox (brig run) reads it; a
+        // daemon's sandboxes would each hold one more descriptor for
+        // nothing (a v1 OOM shows in the group's oom_kill count anyway).
+        if !extras.detach {
+            sandbox.oom = cgroup.oom_eventfd()?;
+        }
         cgroup.attach(pid)?;
         sandbox.cgroup = Some(cgroup);
         let _ = fdpass::send(host_sock.as_raw_fd(), &[2], &[]);
@@ -496,6 +512,7 @@ impl Sandbox {
                 slot.hand_over();
             }
             sandbox.status = None;
+            sandbox.init.close();
         }
         Ok(sandbox)
     }
@@ -509,14 +526,11 @@ impl Sandbox {
         self.pid
     }
 
-    /// The pidfd, shared (see [`Sandbox::pidfd`]).
-    pub fn shared_pidfd(&self) -> Arc<OwnedFd> {
-        Arc::clone(&self.pidfd)
-    }
-
-    /// Readable once the sandbox has ended.
-    pub fn pidfd(&self) -> BorrowedFd<'_> {
-        self.pidfd.as_fd()
+    /// Readable once the sandbox has ended. Only a sandbox that was not
+    /// spawned with [`Extras::detach`] keeps its pidfd open; for one that
+    /// was, this is -1.
+    pub fn pidfd(&self) -> RawFd {
+        self.init.held().map_or(-1, |fd| fd.as_raw_fd())
     }
 
     /// On cgroup v1: readable when the sandbox ran out of memory (kill it).
@@ -561,7 +575,7 @@ impl Sandbox {
     /// waits for it ([`Sandbox::wait`] takes the sandbox).
     pub fn killer(&self) -> Killer {
         Killer {
-            pidfd: Arc::clone(&self.pidfd),
+            init: Arc::clone(&self.init),
             killed: Arc::clone(&self.killed),
             dirs: self.cgroup_dirs().into(),
         }
@@ -595,23 +609,26 @@ impl Sandbox {
         // SAFETY: the kernel returned a fresh descriptor.
         let pidfd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
         // The pid could have been recycled since it was recorded: the
-        // start time (read after the pidfd pins the process) and the
+        // start time (read while the pidfd pins the process) and the
         // cgroup must both be the sandbox's.
         if start_time(pid) != Some(start) || !in_cgroup_of(pid, id) {
             return Ok(None);
         }
+        // Opened again when needed (see Init).
+        drop(pidfd);
         let cgroup = Cgroup::open(&opts.hierarchy, id.as_str());
         let memory_limit = ByteSize(cgroup.as_ref().map_or(0, Cgroup::memory_limit));
-        let oom = match &cgroup {
-            Some(cg) => cg.oom_eventfd()?,
-            None => None,
-        };
         Ok(Some(Sandbox {
             id: id.clone(),
             pid,
-            pidfd: Arc::new(pidfd),
+            init: Arc::new(Init {
+                pid,
+                start,
+                fd: std::sync::Mutex::new(None),
+                reaped: AtomicBool::new(false),
+            }),
             pty: None,
-            oom,
+            oom: None,
             cgroup,
             slot: None,
             memory_limit,
@@ -726,7 +743,9 @@ impl Sandbox {
         if self.adopted {
             // Not our child: its parent (pid 1 of the host, or a
             // subreaper) collects the status; we can only see it end.
-            await_readable(self.pidfd.as_raw_fd(), -1);
+            if let Some(fd) = self.init.pidfd() {
+                await_readable(fd.as_raw_fd(), -1);
+            }
             // Reap it if it is ours after all (a process that let go of a
             // sandbox and adopted it again); otherwise ECHILD, harmless.
             // The pidfd keeps the pid from being recycled meanwhile.
@@ -743,6 +762,8 @@ impl Sandbox {
             let r = unsafe { libc::waitpid(self.pid, &mut status, libc::__WALL) };
             if r == self.pid {
                 self.reaped = true;
+                self.init.reaped.store(true, Ordering::SeqCst);
+                self.init.close();
                 return Ok(status);
             }
             if r < 0 && Errno::last() != Errno(libc::EINTR) {
@@ -756,9 +777,12 @@ impl Sandbox {
     /// 50 ms meanwhile: a task frozen (by a pause racing the kill) acts on
     /// its SIGKILL only when thawed.
     fn await_death_thawing(&self) {
+        let Some(pidfd) = self.init.pidfd() else {
+            return;
+        };
         loop {
             let mut pfd = libc::pollfd {
-                fd: self.pidfd.as_raw_fd(),
+                fd: pidfd.as_raw_fd(),
                 events: libc::POLLIN,
                 revents: 0,
             };
@@ -795,7 +819,7 @@ impl Sandbox {
 /// Kills one sandbox from any thread (see [`Sandbox::killer`]).
 #[derive(Debug, Clone)]
 pub struct Killer {
-    pidfd: Arc<OwnedFd>,
+    init: Arc<Init>,
     killed: Arc<AtomicBool>,
     dirs: Arc<[PathBuf]>,
 }
@@ -805,17 +829,67 @@ impl Killer {
     /// and thaw its groups, so a paused sandbox acts on it.
     pub fn kill(&self) {
         self.killed.store(true, Ordering::SeqCst);
-        // SAFETY: signalling through a pidfd we hold.
-        unsafe {
-            libc::syscall(
-                libc::SYS_pidfd_send_signal,
-                self.pidfd.as_raw_fd(),
-                libc::SIGKILL,
-                0usize,
-                0u32,
-            )
-        };
+        if let Some(pidfd) = self.init.pidfd() {
+            // SAFETY: signalling through a pidfd we hold.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_pidfd_send_signal,
+                    pidfd.as_raw_fd(),
+                    libc::SIGKILL,
+                    0usize,
+                    0u32,
+                )
+            };
+        }
         crate::cgroup::thaw_groups(&self.dirs);
+    }
+}
+
+/// A sandbox's init, to signal and watch it. `brig run` keeps a pidfd on
+/// it for the sandbox's whole life; a daemon's sandbox (detached) closes
+/// it once started — one descriptor less per sandbox, for a daemon with
+/// ten thousand of them under a hard limit it may not raise — and opens a
+/// new one when it needs it, checking the start time so that a recycled
+/// pid is never signalled. Once reaped, there is nothing to open.
+#[derive(Debug)]
+struct Init {
+    pid: libc::pid_t,
+    /// Its start time (see [`start_time`]); 0 when the pidfd stays held.
+    start: u64,
+    fd: std::sync::Mutex<Option<Arc<OwnedFd>>>,
+    reaped: AtomicBool,
+}
+
+impl Init {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Arc<OwnedFd>>> {
+        self.fd.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The held pidfd, if any.
+    fn held(&self) -> Option<Arc<OwnedFd>> {
+        self.lock().clone()
+    }
+
+    /// A pidfd on the init while it exists: the held one, or a new one.
+    fn pidfd(&self) -> Option<Arc<OwnedFd>> {
+        if let Some(fd) = self.held() {
+            return Some(fd);
+        }
+        if self.reaped.load(Ordering::SeqCst) {
+            return None;
+        }
+        // SAFETY: pidfd_open with integer arguments; the result is checked.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, self.pid, 0u32) };
+        if fd < 0 {
+            return None;
+        }
+        // SAFETY: the kernel returned a fresh descriptor.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd as RawFd) };
+        (start_time(self.pid) == Some(self.start)).then(|| Arc::new(fd))
+    }
+
+    fn close(&self) {
+        self.lock().take();
     }
 }
 

@@ -26,13 +26,13 @@
 //! still that init (start time, cgroup) and opens a pidfd on it;
 //! [`Tier::discard`] kills and removes whatever is left of an id.
 //!
-//! No thread is tied to a sandbox: spawning may happen on any thread (the
-//! init no longer dies with the thread that cloned it), and the end of a
-//! sandbox is readable on its pidfd ([`Instance::exit_fd`]).
+//! No thread and one descriptor (its agent connection, the runtime's) per
+//! sandbox: spawning may happen on any thread (the init no longer dies with
+//! the thread that cloned it), and pidfds are opened only to kill or wait.
 
 use std::fs::{self, File};
 use std::io::ErrorKind;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -245,9 +245,6 @@ impl Tier for ProcessTier {
 struct ProcessInstance {
     id: SandboxId,
     pid: libc::pid_t,
-    /// The init's pidfd (shared with the sandbox), readable when it has
-    /// ended.
-    pidfd: std::sync::Arc<OwnedFd>,
     killer: Killer,
     controls: Option<CgroupControls>,
     dir: PathBuf,
@@ -261,7 +258,6 @@ impl ProcessInstance {
         ProcessInstance {
             id: sandbox.id().clone(),
             pid: sandbox.pid(),
-            pidfd: sandbox.shared_pidfd(),
             killer: sandbox.killer(),
             controls: sandbox.controls(),
             dir,
@@ -315,8 +311,11 @@ impl Instance for ProcessInstance {
         })
     }
 
+    /// None: the process tier keeps no descriptor open per sandbox (see
+    /// brig-jail's `Init`); the runtime learns of an end from the agent's
+    /// connection.
     fn exit_fd(&self) -> Option<BorrowedFd<'_>> {
-        Some(self.pidfd.as_fd())
+        None
     }
 
     fn pause(&self) -> Result<(), TierError> {

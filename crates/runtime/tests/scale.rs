@@ -96,7 +96,19 @@ fn a_thousand_sandboxes_run_at_once_and_leave_nothing_behind() {
 
     // Idle, they cost the daemon no thread and the host one pid each.
     let idle_threads = threads();
-    eprintln!("threads with {sandboxes} idle sandboxes: {idle_threads}");
+    let fds = std::fs::read_dir("/proc/self/fd").unwrap().count();
+    let limits = std::fs::read_to_string("/proc/self/limits").unwrap();
+    eprintln!(
+        "{}",
+        limits
+            .lines()
+            .find(|l| l.starts_with("Max open files"))
+            .unwrap_or("")
+    );
+    eprintln!(
+        "threads with {sandboxes} idle sandboxes: {idle_threads}; descriptors: {fds} ({:.1} each)",
+        fds as f64 / sandboxes as f64
+    );
     assert!(
         idle_threads < MAX_THREADS,
         "{idle_threads} threads with {sandboxes} idle sandboxes"

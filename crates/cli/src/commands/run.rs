@@ -180,8 +180,7 @@ fn supervise(
         t.sync_window_size();
     }
     loop {
-        let mut fds: Vec<libc::pollfd> =
-            vec![poll_in(sandbox.pidfd().as_raw_fd()), poll_in(signals.fd())];
+        let mut fds: Vec<libc::pollfd> = vec![poll_in(sandbox.pidfd()), poll_in(signals.fd())];
         let oom_at = sandbox.oom_fd().map(|fd: BorrowedFd<'_>| {
             fds.push(poll_in(fd.as_raw_fd()));
             fds.len() - 1
