@@ -85,9 +85,13 @@ fn a_thousand_sandboxes_run_at_once_and_leave_nothing_behind() {
     let started = Instant::now();
     let ids = std::sync::Mutex::new(Vec::new());
     fan_out(sandboxes, |_| {
-        let record = m
-            .create(&tenant, CreateConfig::default())
-            .expect("create a sandbox");
+        // Ten thousand take minutes to make: none may reach the default
+        // timeout (5 minutes) before the last is made.
+        let config = CreateConfig {
+            timeout: Some(std::time::Duration::from_secs(3600)),
+            ..CreateConfig::default()
+        };
+        let record = m.create(&tenant, config).expect("create a sandbox");
         ids.lock().unwrap().push(record.id);
     });
     let ids = ids.into_inner().unwrap();
