@@ -77,8 +77,9 @@ impl ProcessTier {
     }
 
     /// Discard the sandboxes of daemons whose home is gone (deleted while
-    /// they ran): no daemon will ever adopt them. Owners are paths to
-    /// their database; one that no longer exists names nobody.
+    /// they ran), and any without a readable state: no daemon will ever
+    /// adopt them. Owners are paths to their database; one that no longer
+    /// exists names nobody.
     fn discard_orphans(&self) {
         let Ok(entries) = fs::read_dir(sandboxes_dir(&self.opts.run_dir)) else {
             return;
@@ -87,8 +88,10 @@ impl ProcessTier {
             let Some(id) = e.file_name().to_str().and_then(SandboxId::parse) else {
                 continue;
             };
+            // A directory appears with its state in it (see `spawn`): one
+            // without is an older brig's leftover, which nobody can adopt.
             let orphaned =
-                read_state(&e.path()).is_some_and(|(owner, _, _)| !Path::new(&owner).exists());
+                read_state(&e.path()).is_none_or(|(owner, _, _)| !Path::new(&owner).exists());
             if orphaned {
                 let _ = self.discard(&id);
             }
@@ -113,11 +116,20 @@ impl ProcessTier {
             });
         }
         let io = |op: &'static str| move |e: std::io::Error| TierError::failed(id, op, e);
+        // The directory appears with its owner already in it (made aside,
+        // then renamed into place): a daemon that dies at any point from
+        // here on leaves a sandbox its successor finds as its own, to
+        // adopt or discard, never one nobody owns.
+        let aside = sandboxes_dir(&self.opts.run_dir).join(format!(".{id}"));
+        let _ = fs::remove_dir_all(&aside);
         fs::DirBuilder::new()
             .mode(0o700)
             .recursive(true)
-            .create(dir)
+            .create(&aside)
             .map_err(io("create its runtime directory"))?;
+        fs::write(aside.join(STATE_FILE), format!("{}\n0 0\n", self.owner))
+            .and_then(|()| fs::rename(&aside, dir))
+            .map_err(io("record its owner"))?;
 
         let listener =
             UnixListener::bind(dir.join(AGENT_SOCKET)).map_err(io("bind the agent's socket"))?;
