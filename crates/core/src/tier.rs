@@ -23,7 +23,6 @@
 //! never a panic or a silent no-op.
 
 use std::fmt;
-use std::os::fd::BorrowedFd;
 use std::os::unix::net::UnixStream;
 use std::str::FromStr;
 
@@ -238,10 +237,6 @@ pub trait Instance: Send + Sync + fmt::Debug {
     /// connection at a time: a new one replaces the last (background
     /// processes and PTYs live on; streams of the old one end).
     fn connect_agent(&self) -> Result<UnixStream, TierError>;
-
-    /// Readable once the sandbox has ended, for a reactor that watches
-    /// many sandboxes at once; `None` if the tier has no such descriptor.
-    fn exit_fd(&self) -> Option<BorrowedFd<'_>>;
 
     /// Stop every process in the sandbox where it is.
     fn pause(&self) -> Result<(), TierError>;

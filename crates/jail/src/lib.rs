@@ -41,4 +41,4 @@ pub use cgroup::{CgroupControls, CgroupStats, DiskStats};
 pub use error::JailError;
 pub use netpool::NetnsPool;
 pub use sandbox::{raise_fd_limit, Exit, Extras, Killer, Sandbox, SpawnOptions};
-pub use tier::ProcessTier;
+pub use tier::{find_agent, NoAgent, ProcessTier};

@@ -28,11 +28,12 @@
 //!
 //! No thread and one descriptor (its agent connection, the runtime's) per
 //! sandbox: spawning may happen on any thread (the init no longer dies with
-//! the thread that cloned it), and pidfds are opened only to kill or wait.
+//! the thread that cloned it), pidfds are opened only to kill or wait, and
+//! the runtime learns of an end from the agent connection closing.
 
 use std::fs::{self, File};
 use std::io::ErrorKind;
-use std::os::fd::{BorrowedFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -63,8 +64,14 @@ impl ProcessTier {
     /// (its home; [`Tier::running`] lists only the owner's sandboxes).
     /// Prepares the host (runtime directory, cgroup detection, removal of
     /// what dead sandboxes left).
+    ///
+    /// A daemon holds a descriptor per sandbox (its agent connection), so
+    /// this also raises the process's open-file limit as far as it may.
     pub fn new(agent: PathBuf, owner: &str) -> Result<ProcessTier, JailError> {
         let mut opts = SpawnOptions::prepare()?;
+        // Not fatal if it fails: fewer sandboxes fit, which doctor's
+        // density checks (nr_open) explain.
+        let _ = crate::sandbox::raise_fd_limit();
         // Every daemon sandbox can be paused and reports its CPU use.
         opts.pausable = true;
         let tier = ProcessTier {
@@ -170,6 +177,35 @@ impl ProcessTier {
             .map_err(io("record its state"))?;
         Ok(sandbox)
     }
+}
+
+/// The environment variable that overrides where the agent binary is.
+pub const AGENT_ENV: &str = "BRIG_AGENT";
+
+/// The agent binary named by `$BRIG_AGENT` or found next to the running
+/// executable does not exist.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "the agent binary {path} does not exist: build it (cargo build -p brig-agent) or set \
+     BRIG_AGENT to its path"
+)]
+pub struct NoAgent {
+    pub path: PathBuf,
+}
+
+/// Where the agent binary is: `$BRIG_AGENT`, else `brig-agent` next to the
+/// running executable (how it is installed and how cargo builds it).
+pub fn find_agent() -> Result<PathBuf, NoAgent> {
+    let path = match std::env::var_os(AGENT_ENV) {
+        Some(p) => PathBuf::from(p),
+        None => std::env::current_exe()
+            .map(|exe| exe.with_file_name("brig-agent"))
+            .unwrap_or_else(|_| PathBuf::from("brig-agent")),
+    };
+    if !path.is_file() {
+        return Err(NoAgent { path });
+    }
+    Ok(path)
 }
 
 /// Where the process tier keeps one directory per live sandbox.
@@ -321,13 +357,6 @@ impl Instance for ProcessInstance {
                 TierError::failed(&self.id, "connect to the agent", e)
             }
         })
-    }
-
-    /// None: the process tier keeps no descriptor open per sandbox (see
-    /// brig-jail's `Init`); the runtime learns of an end from the agent's
-    /// connection.
-    fn exit_fd(&self) -> Option<BorrowedFd<'_>> {
-        None
     }
 
     fn pause(&self) -> Result<(), TierError> {

@@ -1,5 +1,6 @@
 //! Pause, resume and per-sandbox metrics: more [`SandboxManager`] methods,
-//! on the sandbox's cgroups ([`brig_jail::CgroupControls`]).
+//! through the sandbox's tier ([`brig_core::Instance`]: pause, resume,
+//! end_all_but_agent, usage).
 //!
 //! **Pause** freezes every process of the sandbox (the agent with them, so
 //! calls that need it fail with [`ManagerError::Paused`] until it is

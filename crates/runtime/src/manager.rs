@@ -1,9 +1,9 @@
 //! [`SandboxManager`]: the daemon's live sandboxes, drivable without HTTP.
 //!
 //! Every sandbox runs `brig-agent` and is started by an isolation tier
-//! behind brig-core's [`Tier`] boundary (the process tier, `brig_jail::
-//! ProcessTier`, unless a caller hands in others, such as the fake tier of
-//! the unit tests). The manager speaks to a sandbox only through its
+//! behind brig-core's [`Tier`] boundary; the caller hands the tiers in
+//! (`brig serve` the process tier, `brig_jail::ProcessTier`; the unit
+//! tests a fake one). This crate depends on no tier. The manager speaks to a sandbox only through its
 //! [`Instance`] (pause, resume, usage, limits, kill, wait) and its agent
 //! [`Connection`].
 //!
@@ -15,7 +15,7 @@
 //! [`Tier::adopt`] (records, deadlines, pause state, create-time
 //! environment), discards what a `creating` record names (a create the
 //! crash cut short), and discards running sandboxes no record names (the
-//! pool's). See [`SandboxManager::start_with`].
+//! pool's). See [`SandboxManager::start`].
 //!
 //! **No thread per sandbox.** An idle sandbox costs the daemon no thread:
 //! agent connections are read by one reactor (brig-agent-client), and a
@@ -82,14 +82,9 @@ fn agent_spec(template: TemplateRef, limits: Limits) -> SandboxSpec {
     spec
 }
 
-/// The environment variable that overrides where the agent binary is.
-pub const AGENT_ENV: &str = "BRIG_AGENT";
-
 /// How the manager runs.
 #[derive(Debug, Clone)]
 pub struct ManagerConfig {
-    /// The `brig-agent` executable started in every sandbox.
-    pub agent: PathBuf,
     pub default_timeout: Duration,
     /// Requests for longer timeouts are capped to this.
     pub max_timeout: Duration,
@@ -107,10 +102,15 @@ pub struct ManagerConfig {
     pub home: Option<PathBuf>,
 }
 
+impl Default for ManagerConfig {
+    fn default() -> Self {
+        ManagerConfig::new()
+    }
+}
+
 impl ManagerConfig {
-    pub fn new(agent: PathBuf) -> ManagerConfig {
+    pub fn new() -> ManagerConfig {
         ManagerConfig {
-            agent,
             default_timeout: DEFAULT_TIMEOUT,
             max_timeout: DEFAULT_MAX_TIMEOUT,
             sweep_interval: Duration::from_secs(1),
@@ -123,24 +123,6 @@ impl ManagerConfig {
             home: None,
         }
     }
-}
-
-/// Where the agent binary is: `$BRIG_AGENT`, else `brig-agent` next to the
-/// running executable (how it is installed and how cargo builds it).
-pub fn find_agent() -> Result<PathBuf, ManagerError> {
-    let path = match std::env::var_os(AGENT_ENV) {
-        Some(p) => PathBuf::from(p),
-        None => std::env::current_exe()
-            .map_err(|source| ManagerError::Io {
-                op: "find the running executable",
-                source,
-            })?
-            .with_file_name("brig-agent"),
-    };
-    if !path.is_file() {
-        return Err(ManagerError::NoAgent { path });
-    }
-    Ok(path)
 }
 
 /// What a client asks for when it creates a sandbox, already parsed.
@@ -201,11 +183,6 @@ pub enum ManagerError {
     /// No tier of this daemon offers the isolation asked for.
     #[error("the {isolation} isolation tier is not available on this daemon (see brig doctor)")]
     NoTier { isolation: Isolation },
-    #[error(
-        "the agent binary {path} does not exist: build it (cargo build -p brig-agent) or set \
-         BRIG_AGENT to its path"
-    )]
-    NoAgent { path: PathBuf },
     #[error(
         "the agent in sandbox {id} did not answer its handshake: check that BRIG_AGENT (or \
          brig-agent next to brig) is the agent built with this brig, and the daemon's log"
@@ -296,9 +273,7 @@ impl ManagerError {
             ManagerError::NoTier { .. } => ErrorKind::Unsupported,
             ManagerError::TemplateNotAllowed { .. } => ErrorKind::Forbidden,
             ManagerError::Template { .. } | ManagerError::ShuttingDown => ErrorKind::Unavailable,
-            ManagerError::NoAgent { .. }
-            | ManagerError::Handshake { .. }
-            | ManagerError::Io { .. } => ErrorKind::Internal,
+            ManagerError::Handshake { .. } | ManagerError::Io { .. } => ErrorKind::Internal,
         }
     }
 }
@@ -372,27 +347,6 @@ impl std::fmt::Debug for SandboxManager {
 }
 
 impl SandboxManager {
-    /// Start on the process tier (running [`ManagerConfig::agent`]); see
-    /// [`SandboxManager::start_with`].
-    pub fn start(store: Store, config: ManagerConfig) -> Result<Arc<SandboxManager>, ManagerError> {
-        // The database names this daemon: sandboxes of another home on the
-        // same host are none of its business.
-        let owner = store.path().display().to_string();
-        let tier = brig_jail::ProcessTier::new(config.agent.clone(), &owner).map_err(|e| {
-            ManagerError::Spawn(TierError::Unavailable {
-                tier: Isolation::Process,
-                reason: chain(&e),
-            })
-        })?;
-        // Every sandbox holds a handful of descriptors here (pidfd, agent
-        // socket, OOM eventfd): thousands need more than the usual soft
-        // limit of 1024.
-        if let Err(e) = brig_jail::raise_fd_limit() {
-            tracing::warn!("cannot raise the open-file limit: {e}");
-        }
-        Self::start_with(store, config, vec![Arc::new(tier)])
-    }
-
     /// Re-adopt what an earlier daemon left running, then start the
     /// sweeper and the pool fillers. `tiers`: the isolation tiers to offer.
     ///
@@ -402,7 +356,7 @@ impl SandboxManager {
     /// sandbox is gone; a `creating` one (a create a crash cut short) is
     /// discarded and marked `dead`. Sandboxes a tier runs that no record
     /// names (pre-made ones of the old pool) are discarded.
-    pub fn start_with(
+    pub fn start(
         store: Store,
         config: ManagerConfig,
         tiers: Vec<Arc<dyn Tier>>,
@@ -478,7 +432,7 @@ impl SandboxManager {
     }
 
     /// Settle every live record an earlier daemon left (see
-    /// [`SandboxManager::start_with`]).
+    /// [`SandboxManager::start`]).
     fn readopt(&self) -> Result<(), ManagerError> {
         let records = self.store().live_sandboxes()?;
         let mut known: HashSet<SandboxId> = HashSet::new();

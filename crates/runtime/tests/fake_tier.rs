@@ -39,7 +39,7 @@ impl Setup {
     /// A manager over this setup's store and fake tier, with `pool`
     /// pre-made sandboxes of `host`.
     fn manager(&self, pool: usize) -> Arc<SandboxManager> {
-        let mut config = ManagerConfig::new(agent_bin().to_path_buf());
+        let mut config = ManagerConfig::new();
         config.sweep_interval = Duration::from_millis(50);
         config.pool = vec![PoolTarget {
             template: TemplateRef::Host,
@@ -48,7 +48,7 @@ impl Setup {
         }];
         let store = Store::open_in(self.home.path()).unwrap();
         let tier: Arc<dyn Tier> = Arc::new(self.tier.clone());
-        SandboxManager::start_with(store, config, vec![tier]).unwrap()
+        SandboxManager::start(store, config, vec![tier]).unwrap()
     }
 }
 

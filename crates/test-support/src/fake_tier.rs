@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 use std::fs;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -99,22 +99,15 @@ impl FakeTier {
     }
 
     fn instance(&self, id: &SandboxId, slot: Arc<Mutex<Option<Running>>>) -> FakeInstance {
-        let pidfd = lock(&slot).as_ref().and_then(|r| pidfd(r.child.id()));
         FakeInstance {
             id: id.clone(),
             tier: self.clone(),
             slot,
-            pidfd,
             limits: Mutex::new(None),
             released: AtomicBool::new(false),
             ended: Mutex::new(None),
         }
     }
-}
-
-fn pidfd(pid: u32) -> Option<OwnedFd> {
-    rustix::process::Pid::from_raw(pid as i32)
-        .and_then(|p| rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok())
 }
 
 impl Tier for FakeTier {
@@ -200,7 +193,6 @@ pub struct FakeInstance {
     id: SandboxId,
     tier: FakeTier,
     slot: Arc<Mutex<Option<Running>>>,
-    pidfd: Option<OwnedFd>,
     limits: Mutex<Option<Limits>>,
     released: AtomicBool,
     ended: Mutex<Option<Ended>>,
@@ -239,10 +231,6 @@ impl Instance for FakeInstance {
                 id: self.id.clone(),
             })?;
         UnixStream::connect(socket).map_err(|e| TierError::failed(&self.id, "connect", e))
-    }
-
-    fn exit_fd(&self) -> Option<BorrowedFd<'_>> {
-        self.pidfd.as_ref().map(|f| f.as_fd())
     }
 
     fn pause(&self) -> Result<(), TierError> {

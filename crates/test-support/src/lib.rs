@@ -202,9 +202,13 @@ mod fixture {
         let key = store.ensure_initial_key().unwrap().unwrap();
         let other = store.create_tenant("other").unwrap();
         let (_, other_key) = store.create_key(&other).unwrap();
-        let mut config = ManagerConfig::new(super::agent_bin().to_path_buf());
+        let mut config = ManagerConfig::new();
         tweak(&mut config);
-        let manager = SandboxManager::start(store, config).unwrap();
+        // On the process tier, as `brig serve` runs it.
+        let owner = store.path().display().to_string();
+        let tier = brig_jail::ProcessTier::new(super::agent_bin().to_path_buf(), &owner)
+            .expect("prepare the process tier");
+        let manager = SandboxManager::start(store, config, vec![Arc::new(tier)]).unwrap();
         ManagerFixture {
             home,
             manager,

@@ -23,7 +23,8 @@ use anyhow::Context;
 use brig_api::{app, AppState};
 use brig_core::parse_duration;
 use brig_e2b::{control_router, data_router, E2bState};
-use brig_runtime::manager::{find_agent, ManagerConfig, OnStop, DEFAULT_MAX_TIMEOUT};
+use brig_jail::{find_agent, ProcessTier};
+use brig_runtime::manager::{ManagerConfig, OnStop, DEFAULT_MAX_TIMEOUT};
 use brig_runtime::pool::{self, PoolTarget};
 use brig_runtime::{SandboxManager, Store};
 
@@ -96,7 +97,7 @@ struct ServeConfig {
 
 impl ServeArgs {
     fn into_config(self) -> anyhow::Result<ServeConfig> {
-        let mut manager = ManagerConfig::new(find_agent()?);
+        let mut manager = ManagerConfig::new();
         manager.max_timeout = match &self.max_timeout {
             Some(d) => parse_duration(d).context("--max-timeout")?,
             None => DEFAULT_MAX_TIMEOUT,
@@ -147,7 +148,13 @@ pub fn run(args: ServeArgs) -> anyhow::Result<i32> {
             path.display()
         );
     }
-    let manager = SandboxManager::start(store, config.manager)?;
+    // The process tier, run by the agent next to this binary, and tagged
+    // with this daemon's database: sandboxes of another home on the same
+    // host are none of its business.
+    let owner = store.path().display().to_string();
+    let tier = ProcessTier::new(find_agent()?, &owner)
+        .context("cannot prepare the process tier (see brig doctor)")?;
+    let manager = SandboxManager::start(store, config.manager, vec![Arc::new(tier)])?;
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

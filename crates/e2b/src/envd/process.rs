@@ -358,10 +358,7 @@ impl Table {
                 fanout: Mutex::new(Fanout::default()),
             });
             self.insert(Arc::clone(&tracked));
-            let spawned = std::thread::Builder::new()
-                .name(format!("envd-process-{}", info.pid))
-                .spawn(move || pump(&tracked, attached));
-            if let Err(e) = spawned {
+            if let Err(e) = spawn_pump(tracked, attached) {
                 tracing::warn!("sandbox {id}: cannot pump process {}: {e}", info.pid);
             }
         }
@@ -413,6 +410,14 @@ impl Tracked {
             )
         })
     }
+}
+
+/// [`pump`] on a thread of its own.
+fn spawn_pump(p: Arc<Tracked>, process: Process) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name(format!("envd-process-{}", p.pid))
+        .spawn(move || pump(&p, process))
+        .map(drop)
 }
 
 /// Take the attachment's output until the process exits, fanning it out.
@@ -631,10 +636,7 @@ fn spawn(
     let _ = tx.try_send(StreamItem::Msg(event(json!({ "start": { "pid": pid } }))));
     tracked.subscribe(tx);
     ctx.envd.processes.insert(Arc::clone(&tracked));
-    let p = Arc::clone(&tracked);
-    std::thread::Builder::new()
-        .name(format!("envd-process-{pid}"))
-        .spawn(move || pump(&p, attached))
+    spawn_pump(Arc::clone(&tracked), attached)
         .map_err(|e| ConnectError::internal(format!("cannot start a pump thread: {e}")))?;
     Ok(tracked)
 }
