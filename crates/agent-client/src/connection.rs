@@ -348,17 +348,27 @@ impl Connection {
     /// (the pid is then [`Process::pid`]) or an error such as
     /// `cannot start /no/such: no such file or directory`.
     pub fn exec(&self, req: &ExecRequest) -> Result<Process, ClientError> {
+        let handle = self.shared.open(StreamClass::EXEC, self.exec_header(req))?;
+        Process::start(handle)
+    }
+
+    /// [`Connection::exec`] for an async caller: waits for the agent's
+    /// answer without a thread.
+    pub async fn exec_async(&self, req: &ExecRequest) -> Result<Process, ClientError> {
+        let handle = self.shared.open(StreamClass::EXEC, self.exec_header(req))?;
+        Process::start_async(handle).await
+    }
+
+    fn exec_header(&self, req: &ExecRequest) -> Vec<u8> {
         // `meta` is version 2: an older agent would refuse the field.
-        let header = if req.meta.is_some() && self.version < 2 {
+        if req.meta.is_some() && self.version < 2 {
             message::encode_header(&ExecRequest {
                 meta: None,
                 ..req.clone()
             })
         } else {
             message::encode_header(req)
-        };
-        let handle = self.shared.open(StreamClass::EXEC, header)?;
-        Process::start(handle)
+        }
     }
 
     /// Re-attach to a process by pid (a background one, typically): its

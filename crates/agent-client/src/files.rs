@@ -4,6 +4,7 @@
 //! stream's window in memory, whatever the file's size.
 
 use std::io::Read;
+use std::task::{Context, Poll};
 
 use brig_protocol::message::{Event, CHANNEL_STDOUT};
 
@@ -49,6 +50,16 @@ impl FileReader {
     /// The file's size when the agent opened it.
     pub fn size(&self) -> u64 {
         self.size
+    }
+
+    /// `read` without blocking, for async callers: `Pending` until the
+    /// next chunk arrives (the task is woken then).
+    pub fn poll_read(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &mut [u8],
+    ) -> Poll<std::io::Result<usize>> {
+        self.inbound.poll_read(cx, &self.handle, "a file read", buf)
     }
 }
 

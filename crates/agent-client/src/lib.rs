@@ -2,9 +2,12 @@
 //!
 //! The daemon talks to one `brig-agent` per sandbox over one byte stream
 //! (a unix socket) and serves many concurrent requests against it. This
-//! crate is that client: blocking, thread-safe, std only (no async runtime;
-//! the daemon wraps calls in `spawn_blocking` or gives each sandbox its own
-//! threads).
+//! crate is that client: thread-safe, std only (no async runtime). Every
+//! call blocks; what streams (a process's output and stdin, a file read, a
+//! port connection, a watch) also has a `poll_*`/`*_async` form that waits
+//! without a thread: the reactor wakes the task (a [`std::task::Waker`]
+//! kept beside the stream's condvar). The daemon uses those, so an open
+//! stream costs it no thread; one-shot calls go through `spawn_blocking`.
 //!
 //! - [`Connection`] (`connection.rs`): the handshake, the mutex-guarded
 //!   writer, stream ids, and the routing of frames to streams. Start here.

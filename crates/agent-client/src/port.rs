@@ -11,6 +11,10 @@
 //! that is still open aborts it too; once the server has closed its side
 //! it is a plain close.
 //!
+//! An async caller uses [`PortStream::poll_read`] and
+//! [`PortStream::poll_write`] instead: no thread waits, the reactor wakes
+//! the task when bytes or credit arrive.
+//!
 //! To pump both directions at once, give each thread its own handle
 //! ([`PortStream::try_clone`]): reading blocks only on bytes from the
 //! sandbox, writing only on the agent's send credit. Reading is what
@@ -20,6 +24,7 @@
 
 use std::io::{Read, Write};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use brig_protocol::message::{Event, CHANNEL_STDOUT};
 
@@ -84,6 +89,26 @@ impl PortStream {
     /// `read` or `write` returns an error.
     pub fn abort(&self) {
         self.handle.stream.cancel(&self.handle.shared);
+    }
+
+    /// `read` without blocking: `Pending` until the server sends bytes or
+    /// closes (`Ready(Ok(0))`); the task is woken then.
+    pub fn poll_read(
+        &mut self,
+        cx: &mut Context<'_>,
+        buf: &mut [u8],
+    ) -> Poll<std::io::Result<usize>> {
+        self.inbound
+            .poll_read(cx, &self.handle, "a port connection", buf)
+    }
+
+    /// `write` without blocking: sends what the agent's window allows now
+    /// (at least one byte), `Pending` while it is full.
+    pub fn poll_write(&self, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        self.handle
+            .stream
+            .poll_send_bytes(cx, &self.handle.shared, CHANNEL_STDOUT, buf)
+            .map_err(std::io::Error::from)
     }
 }
 

@@ -6,10 +6,16 @@
 //! [`Stdin`] sends within the stream's send credit and blocks while it is
 //! exhausted. Dropping a `Process` whose stream the agent has not closed
 //! cancels it: a foreground process is killed, a background one detached.
+//!
+//! Every blocking call has an async counterpart for a caller on an async
+//! runtime ([`Process::next_output`], [`Stdin::write_all_async`], …): it
+//! waits without a thread, woken by the reactor when the stream changes.
 
+use std::future::poll_fn;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::task::{ready, Context, Poll};
 
 use brig_protocol::message::{Event, Input, CHANNEL_STDERR, CHANNEL_STDOUT};
 
@@ -60,6 +66,9 @@ pub struct Process {
     /// Whether a [`Stdin`] was handed out: then its holder ends stdin, not
     /// [`Process::wait_with_output`].
     stdin_taken: AtomicBool,
+    /// The stream ended (cleanly or with the error already returned):
+    /// iteration is over.
+    done: bool,
 }
 
 impl Process {
@@ -70,6 +79,18 @@ impl Process {
             handle,
             pid,
             stdin_taken: AtomicBool::new(false),
+            done: false,
+        })
+    }
+
+    /// [`Process::start`] without a thread: awaits the first answer.
+    pub(crate) async fn start_async(handle: Handle) -> Result<Process, ClientError> {
+        let pid = poll_fn(|cx| handle.stream.poll_first_event(cx)).await?;
+        Ok(Process {
+            handle,
+            pid,
+            stdin_taken: AtomicBool::new(false),
+            done: false,
         })
     }
 
@@ -142,19 +163,42 @@ impl Process {
     }
 }
 
-impl Iterator for Process {
-    type Item = Result<Output, ClientError>;
+impl Process {
+    /// The next output without blocking: `Pending` until there is one
+    /// (the task is woken when it arrives), `Ready(None)` at the end of
+    /// the stream. As [`Iterator::next`], for async callers.
+    pub fn poll_output(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Output, ClientError>>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        let item = ready!(self.handle.poll_next(cx));
+        Poll::Ready(self.output(item))
+    }
 
-    /// The next output, blocking until it arrives; `None` at the end of the
-    /// stream. An `error` event from the agent, a reset or the loss of the
-    /// connection is an `Err`, after which the iterator ends.
-    fn next(&mut self) -> Option<Self::Item> {
-        let item = match self.handle.next() {
+    /// The next output, awaited. As [`Iterator::next`], for async callers.
+    pub async fn next_output(&mut self) -> Option<Result<Output, ClientError>> {
+        poll_fn(|cx| self.poll_output(cx)).await
+    }
+
+    fn output(
+        &mut self,
+        item: Result<Option<Item>, ClientError>,
+    ) -> Option<Result<Output, ClientError>> {
+        let item = match item {
             Ok(Some(item)) => item,
-            Ok(None) => return None,
-            Err(e) => return Some(Err(e)),
+            Ok(None) => {
+                self.done = true;
+                return None;
+            }
+            Err(e) => {
+                self.done = true;
+                return Some(Err(e));
+            }
         };
-        Some(match item {
+        let output = match item {
             Item::Bytes {
                 channel: CHANNEL_STDERR,
                 bytes,
@@ -170,7 +214,24 @@ impl Iterator for Process {
                 "stream {}: unexpected {other:?} on a process stream",
                 self.stream_id()
             ))),
-        })
+        };
+        self.done |= output.is_err();
+        Some(output)
+    }
+}
+
+impl Iterator for Process {
+    type Item = Result<Output, ClientError>;
+
+    /// The next output, blocking until it arrives; `None` at the end of the
+    /// stream. An `error` event from the agent, a reset or the loss of the
+    /// connection is an `Err`, after which the iterator ends.
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        let item = self.handle.next();
+        self.output(item)
     }
 }
 
@@ -202,6 +263,36 @@ impl Stdin {
     pub fn resize(&self, rows: u16, cols: u16) -> Result<(), ClientError> {
         self.stream
             .send_control(&self.shared, &Input::Resize { rows, cols })
+    }
+
+    /// Send what the stream's credit allows of `buf` now (at least one
+    /// byte), `Pending` while there is none. The async `write`.
+    pub fn poll_write(&self, cx: &mut Context<'_>, buf: &[u8]) -> Poll<Result<usize, ClientError>> {
+        self.stream
+            .poll_send_bytes(cx, &self.shared, CHANNEL_STDOUT, buf)
+    }
+
+    /// Send all of `buf`, waiting for credit without a thread.
+    pub async fn write_all_async(&self, mut buf: &[u8]) -> Result<(), ClientError> {
+        while !buf.is_empty() {
+            let n = poll_fn(|cx| self.poll_write(cx, buf)).await?;
+            buf = &buf[n..];
+        }
+        Ok(())
+    }
+
+    /// [`Stdin::signal`], waiting for credit without a thread.
+    pub async fn signal_async(&self, sig: i32) -> Result<(), ClientError> {
+        self.control_async(&Input::Signal { sig }).await
+    }
+
+    /// [`Stdin::resize`], waiting for credit without a thread.
+    pub async fn resize_async(&self, rows: u16, cols: u16) -> Result<(), ClientError> {
+        self.control_async(&Input::Resize { rows, cols }).await
+    }
+
+    async fn control_async(&self, msg: &Input) -> Result<(), ClientError> {
+        poll_fn(|cx| self.stream.poll_send_control(cx, &self.shared, msg)).await
     }
 }
 

@@ -7,6 +7,7 @@
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
 
 use brig_protocol::message::{self, Event, Input, CHANNEL_CONTROL, MAX_CHUNK};
 use brig_protocol::{Frame, RecvWindow, ResetCode, SendWindow, StreamId};
@@ -62,6 +63,9 @@ pub(crate) struct State {
     half_close: bool,
     /// This side reset the stream ([`Stream::cancel`]).
     cancelled: bool,
+    /// Async consumers waiting for a change (woken beside the condvar):
+    /// a reader polling for items, writers polling for credit.
+    wakers: Vec<Waker>,
 }
 
 #[derive(Debug)]
@@ -89,6 +93,24 @@ impl Stream {
 
     fn wait<'a>(&self, guard: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
         self.changed.wait(guard).unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Tell every waiter, blocked or polling, that the state changed.
+    /// The guard is released first: a woken task may poll at once.
+    fn notify(&self, mut guard: MutexGuard<'_, State>) {
+        let wakers = std::mem::take(&mut guard.wakers);
+        drop(guard);
+        self.changed.notify_all();
+        for w in wakers {
+            w.wake();
+        }
+    }
+
+    /// Have `cx`'s task woken at the next change (once per task).
+    fn register(st: &mut State, cx: &Context<'_>) {
+        if !st.wakers.iter().any(|w| w.will_wake(cx.waker())) {
+            st.wakers.push(cx.waker().clone());
+        }
     }
 
     // --- Called by the reactor. None of these block on a consumer.
@@ -119,8 +141,7 @@ impl Stream {
                 Some(code)
             }
         };
-        drop(st);
-        self.changed.notify_all();
+        self.notify(st);
         reset
     }
 
@@ -133,24 +154,26 @@ impl Stream {
                 Some(e.reset_code())
             }
         };
-        drop(st);
-        self.changed.notify_all();
+        self.notify(st);
         reset
     }
 
     pub(crate) fn on_close(&self) {
-        self.lock().remote_closed = true;
-        self.changed.notify_all();
+        let mut st = self.lock();
+        st.remote_closed = true;
+        self.notify(st);
     }
 
     pub(crate) fn on_reset(&self, code: ResetCode) {
-        self.lock().remote_reset = Some(code);
-        self.changed.notify_all();
+        let mut st = self.lock();
+        st.remote_reset = Some(code);
+        self.notify(st);
     }
 
     pub(crate) fn on_dead(&self, dead: &Dead) {
-        self.lock().dead.get_or_insert_with(|| dead.clone());
-        self.changed.notify_all();
+        let mut st = self.lock();
+        st.dead.get_or_insert_with(|| dead.clone());
+        self.notify(st);
     }
 
     // --- Called by the consumer.
@@ -181,25 +204,55 @@ impl Stream {
     pub(crate) fn next(&self, shared: &Shared) -> Result<Option<Item>, ClientError> {
         let mut st = self.lock();
         loop {
-            if let Some((item, len)) = st.queue.pop_front() {
-                // `len` was counted by `receive`, so releasing it cannot fail.
-                let _ = st.recv.release(len);
-                let credit = match self.ended(&st) {
-                    None => st.recv.take_credit(),
-                    Some(_) => None,
-                };
-                drop(st);
-                if let Some(increment) = credit {
-                    // A failed write means the connection is going away;
-                    // the next call reports that.
-                    let _ = shared.send(&Frame::credit(self.id, increment));
-                }
-                return Ok(Some(item));
+            match self.take(st, shared) {
+                Ok(taken) => return taken,
+                Err(guard) => st = self.wait(guard),
             }
-            if let Some(end) = self.ended(&st) {
-                return end.map(|()| None);
+        }
+    }
+
+    /// [`Stream::next`] for an async consumer: `Pending` (with the task
+    /// registered for a wake-up) where `next` would block.
+    pub(crate) fn poll_next(
+        &self,
+        cx: &mut Context<'_>,
+        shared: &Shared,
+    ) -> Poll<Result<Option<Item>, ClientError>> {
+        match self.take(self.lock(), shared) {
+            Ok(taken) => Poll::Ready(taken),
+            Err(mut st) => {
+                Self::register(&mut st, cx);
+                Poll::Pending
             }
-            st = self.wait(st);
+        }
+    }
+
+    /// Take the next item or the stream's end; the guard back if there is
+    /// neither yet.
+    #[allow(clippy::type_complexity)]
+    fn take<'a>(
+        &self,
+        mut st: MutexGuard<'a, State>,
+        shared: &Shared,
+    ) -> Result<Result<Option<Item>, ClientError>, MutexGuard<'a, State>> {
+        if let Some((item, len)) = st.queue.pop_front() {
+            // `len` was counted by `receive`, so releasing it cannot fail.
+            let _ = st.recv.release(len);
+            let credit = match self.ended(&st) {
+                None => st.recv.take_credit(),
+                Some(_) => None,
+            };
+            drop(st);
+            if let Some(increment) = credit {
+                // A failed write means the connection is going away;
+                // the next call reports that.
+                let _ = shared.send(&Frame::credit(self.id, increment));
+            }
+            return Ok(Ok(Some(item)));
+        }
+        match self.ended(&st) {
+            Some(end) => Ok(end.map(|()| None)),
+            None => Err(st),
         }
     }
 
@@ -209,23 +262,42 @@ impl Stream {
     pub(crate) fn first_event(&self) -> Result<Option<i32>, ClientError> {
         let mut st = self.lock();
         loop {
-            match st.queue.front() {
-                Some((Item::Event(Event::Error { code, message }), _)) => {
-                    return Err(ClientError::Agent {
-                        code: *code,
-                        message: message.clone(),
-                    })
-                }
-                Some((Item::Event(Event::Started { pid }), _))
-                | Some((Item::Event(Event::Attached { pid, .. }), _)) => return Ok(Some(*pid)),
-                Some(_) => return Ok(None),
-                None => {}
-            }
-            if let Some(end) = self.ended(&st) {
-                return end.map(|()| None);
+            if let Some(first) = self.first(&st) {
+                return first;
             }
             st = self.wait(st);
         }
+    }
+
+    /// [`Stream::first_event`] for an async caller.
+    pub(crate) fn poll_first_event(
+        &self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Option<i32>, ClientError>> {
+        let mut st = self.lock();
+        match self.first(&st) {
+            Some(first) => Poll::Ready(first),
+            None => {
+                Self::register(&mut st, cx);
+                Poll::Pending
+            }
+        }
+    }
+
+    fn first(&self, st: &State) -> Option<Result<Option<i32>, ClientError>> {
+        match st.queue.front() {
+            Some((Item::Event(Event::Error { code, message }), _)) => {
+                return Some(Err(ClientError::Agent {
+                    code: *code,
+                    message: message.clone(),
+                }))
+            }
+            Some((Item::Event(Event::Started { pid }), _))
+            | Some((Item::Event(Event::Attached { pid, .. }), _)) => return Some(Ok(Some(*pid))),
+            Some(_) => return Some(Ok(None)),
+            None => {}
+        }
+        self.ended(st).map(|end| end.map(|()| None))
     }
 
     /// Why sending on this stream is pointless: the agent's own error if it
@@ -260,15 +332,23 @@ impl Stream {
     fn claim(&self, need: usize, want: usize) -> Result<usize, ClientError> {
         let mut st = self.lock();
         loop {
-            if let Some(e) = self.send_refused(&st) {
-                return Err(e);
+            match self.try_claim(&mut st, need, want) {
+                Some(claimed) => return claimed,
+                None => st = self.wait(st),
             }
-            let available = st.send.available() as usize;
-            if available >= need {
-                return Ok(st.send.take(want));
-            }
-            st = self.wait(st);
         }
+    }
+
+    fn try_claim(
+        &self,
+        st: &mut State,
+        need: usize,
+        want: usize,
+    ) -> Option<Result<usize, ClientError>> {
+        if let Some(e) = self.send_refused(st) {
+            return Some(Err(e));
+        }
+        (st.send.available() as usize >= need).then(|| Ok(st.send.take(want)))
     }
 
     /// Send bulk bytes on `channel`, one frame per claim of credit, blocking
@@ -290,6 +370,58 @@ impl Stream {
             bytes = rest;
         }
         Ok(())
+    }
+
+    /// Send as much of `bytes` on `channel` as the credit allows now, as
+    /// one frame, and say how much that was; `Pending` while there is no
+    /// credit. The async counterpart of [`Stream::send_bytes`].
+    pub(crate) fn poll_send_bytes(
+        &self,
+        cx: &mut Context<'_>,
+        shared: &Shared,
+        channel: u8,
+        bytes: &[u8],
+    ) -> Poll<Result<usize, ClientError>> {
+        if bytes.is_empty() {
+            return Poll::Ready(Ok(0));
+        }
+        let claimed = {
+            let mut st = self.lock();
+            match self.try_claim(&mut st, 2, bytes.len().min(MAX_CHUNK) + 1) {
+                Some(claimed) => claimed,
+                None => {
+                    Self::register(&mut st, cx);
+                    return Poll::Pending;
+                }
+            }
+        };
+        let len = claimed? - 1;
+        shared.send(&Frame::data(
+            self.id,
+            message::bytes_payload(channel, &bytes[..len]),
+        ))?;
+        Poll::Ready(Ok(len))
+    }
+
+    /// [`Stream::send_control`] for an async caller.
+    pub(crate) fn poll_send_control(
+        &self,
+        cx: &mut Context<'_>,
+        shared: &Shared,
+        msg: &Input,
+    ) -> Poll<Result<(), ClientError>> {
+        let payload = message::control_payload(msg);
+        {
+            let mut st = self.lock();
+            match self.try_claim(&mut st, payload.len(), payload.len()) {
+                Some(claimed) => claimed?,
+                None => {
+                    Self::register(&mut st, cx);
+                    return Poll::Pending;
+                }
+            };
+        }
+        Poll::Ready(shared.send(&Frame::data(self.id, payload)))
     }
 
     /// Send one control message; it cannot be split, so wait for credit
@@ -333,9 +465,9 @@ impl Stream {
                 || st.failure.is_some()
                 || (st.remote_closed && st.local_closed);
             st.cancelled = true;
+            self.notify(st);
             !over
         };
-        self.changed.notify_all();
         if send {
             let _ = shared.send(&Frame::reset(self.id, ResetCode::CANCEL));
         }
@@ -390,6 +522,13 @@ impl Handle {
 
     pub(crate) fn next(&self) -> Result<Option<Item>, ClientError> {
         self.stream.next(&self.shared)
+    }
+
+    pub(crate) fn poll_next(
+        &self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Option<Item>, ClientError>> {
+        self.stream.poll_next(cx, &self.shared)
     }
 }
 

@@ -9,7 +9,9 @@
 //! Dropping the watcher (or [`WatchStopper::stop`] from another thread)
 //! ends the watch in the agent.
 
+use std::future::poll_fn;
 use std::sync::Arc;
+use std::task::{ready, Context, Poll};
 
 use brig_protocol::message::{ChangeKind, Event, FileKind};
 
@@ -67,6 +69,31 @@ impl Watcher {
             return Ok(None);
         }
         let item = self.handle.next();
+        self.event(item)
+    }
+
+    /// [`Watcher::recv`] without blocking: `Pending` until an event comes
+    /// (the task is woken then).
+    pub fn poll_recv(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Option<WatchEvent>, ClientError>> {
+        if self.done {
+            return Poll::Ready(Ok(None));
+        }
+        let item = ready!(self.handle.poll_next(cx));
+        Poll::Ready(self.event(item))
+    }
+
+    /// [`Watcher::recv`], awaited.
+    pub async fn recv_async(&mut self) -> Result<Option<WatchEvent>, ClientError> {
+        poll_fn(|cx| self.poll_recv(cx)).await
+    }
+
+    fn event(
+        &mut self,
+        item: Result<Option<Item>, ClientError>,
+    ) -> Result<Option<WatchEvent>, ClientError> {
         let event = match item {
             Ok(Some(Item::Event(Event::Change {
                 kind,

@@ -22,9 +22,6 @@
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
-use std::io::Write;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::{JsonRejection, PathRejection};
@@ -34,7 +31,7 @@ use axum::response::Response;
 use axum::Json;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine;
-use brig_agent_client::{Call, ClientError, ExecRequest, Output, Process};
+use brig_agent_client::{ClientError, ExecRequest, Output, Process};
 use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::mpsc;
@@ -86,39 +83,14 @@ pub async fn exec(
         user: config.user,
         ..ExecRequest::default()
     };
-    let manager = state.manager.clone();
-    let (t, i) = (tenant.clone(), id.clone());
-    let process = tokio::task::spawn_blocking(move || manager.exec(&t, &i, &req))
-        .await?
+    let process = state
+        .manager
+        .exec_async(&tenant, &id, &req)
+        .await
         .map_err(ApiError::command_start)?;
-    let pid = process.pid();
-
     let (tx, rx) = mpsc::channel::<Result<Bytes, Infallible>>(LINES_IN_FLIGHT);
-    let exited = Arc::new(AtomicBool::new(false));
-    let (client, pump_exited) = (tx.clone(), Arc::clone(&exited));
-    // The pump blocks on the agent for as long as the process runs.
-    let pumping = tokio::task::spawn_blocking(move || pump(process, stdin, tx, &pump_exited));
-    // The pump notices a departed client only when it has a line to send,
-    // so a process that prints nothing (`sleep`) would outlive its client.
-    // hyper drops the response body (the receiver) as soon as it reads EOF
-    // from the client; then this kills the process, unless it has exited.
-    // By pid: its stream cannot carry a signal once stdin is closed. The
-    // flag is set as soon as `exited` arrives; a pid reused in the moment
-    // between the agent reaping the process and that would take a full
-    // turn of the sandbox's pid space.
-    let manager = state.manager.clone();
-    tokio::spawn(async move {
-        tokio::select! {
-            _ = client.closed() => {
-                if let Some(pid) = pid.filter(|_| !exited.load(Ordering::SeqCst)) {
-                    let kill = Call::Signal { pid, sig: libc::SIGKILL };
-                    let _ = tokio::task::spawn_blocking(move || manager.call(&tenant, &id, &kill))
-                        .await;
-                }
-            }
-            _ = pumping => {}
-        }
-    });
+    // Waits on the agent without a thread for as long as the process runs.
+    tokio::spawn(pump(process, stdin, tx));
     let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
     Response::builder()
         .header(CONTENT_TYPE, "application/x-ndjson")
@@ -151,21 +123,23 @@ pub(crate) fn no_nul(
 }
 
 /// Feed stdin, then turn each output item into one NDJSON line until the
-/// process exits or the client goes away.
-fn pump(
+/// process exits or the client goes away. hyper drops the response body
+/// (the receiver) as soon as it reads EOF from the client, even while the
+/// process prints nothing (`sleep`); then dropping `process` resets its
+/// stream, and the agent kills it.
+async fn pump(
     mut process: Process,
     stdin: Option<Vec<u8>>,
     tx: mpsc::Sender<Result<Bytes, Infallible>>,
-    exited: &AtomicBool,
 ) {
     match stdin {
-        // From its own thread: output is only credited back as it is read,
+        // From its own task: output is only credited back as it is read,
         // so writing a lot of stdin here could deadlock with an echoing
         // process.
         Some(data) => {
-            let mut w = process.stdin();
-            std::thread::spawn(move || {
-                let _ = w.write_all(&data);
+            let w = process.stdin();
+            tokio::spawn(async move {
+                let _ = w.write_all_async(&data).await;
                 let _ = w.close();
             });
         }
@@ -173,13 +147,13 @@ fn pump(
             let _ = process.close_stdin();
         }
     }
-    for item in &mut process {
-        if matches!(item, Ok(Output::Exited { .. }) | Err(_)) {
-            exited.store(true, Ordering::SeqCst);
-        }
-        let line = event_line(item);
-        if tx.blocking_send(Ok(line)).is_err() {
-            // The client is gone; dropping `process` kills it.
+    loop {
+        let item = tokio::select! {
+            item = process.next_output() => item,
+            () = tx.closed() => return,
+        };
+        let Some(item) = item else { return };
+        if tx.send(Ok(event_line(item))).await.is_err() {
             return;
         }
     }

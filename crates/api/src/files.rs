@@ -13,7 +13,6 @@
 //! namespace, so `..` or a symlink can only lead elsewhere in the sandbox.
 
 use std::convert::Infallible;
-use std::io::Read;
 
 use axum::body::{Body, Bytes};
 use axum::extract::multipart::MultipartRejection;
@@ -73,10 +72,11 @@ pub async fn download(
     let size = reader.size();
 
     let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(CHUNKS_IN_FLIGHT);
-    tokio::task::spawn_blocking(move || {
+    // Waits on the agent without a thread, as fast as the client reads.
+    tokio::spawn(async move {
         let mut buf = vec![0u8; CHUNK];
         loop {
-            let chunk = match reader.read(&mut buf) {
+            let chunk = match std::future::poll_fn(|cx| reader.poll_read(cx, &mut buf)).await {
                 Ok(0) => return,
                 Ok(n) => Ok(Bytes::copy_from_slice(&buf[..n])),
                 // Ends the response abnormally: the client sees a truncated
@@ -84,7 +84,7 @@ pub async fn download(
                 Err(e) => Err(e),
             };
             let failed = chunk.is_err();
-            if tx.blocking_send(chunk).is_err() || failed {
+            if tx.send(chunk).await.is_err() || failed {
                 return;
             }
         }
@@ -448,24 +448,7 @@ pub async fn watch(
     .await?;
 
     let (tx, rx) = mpsc::channel::<Result<Bytes, Infallible>>(WATCH_LINES_IN_FLIGHT);
-    // The pump blocks on the agent between changes, possibly for hours, so
-    // it cannot notice on its own that the client left; this task does,
-    // and stops the watch, which ends the pump.
-    let stopper = watcher.stopper();
-    let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
-    let closer = tx.clone();
-    tokio::spawn(async move {
-        tokio::select! {
-            _ = closer.closed() => {
-                let _ = tokio::task::spawn_blocking(move || stopper.stop()).await;
-            }
-            _ = done_rx => {}
-        }
-    });
-    tokio::task::spawn_blocking(move || {
-        watch_pump(watcher, &tx);
-        drop(done_tx);
-    });
+    tokio::spawn(watch_pump(watcher, tx));
     Response::builder()
         .header(CONTENT_TYPE, "application/x-ndjson")
         .body(Body::from_stream(
@@ -475,16 +458,23 @@ pub async fn watch(
 }
 
 /// `started`, then one line per watch event until the watch ends or the
-/// client goes away (dropping the watcher then ends the watch).
-fn watch_pump(watcher: Watcher, tx: &mpsc::Sender<Result<Bytes, Infallible>>) {
+/// client goes away (dropping the watcher then ends the watch in the
+/// agent). Waits on the agent without a thread, possibly for hours.
+async fn watch_pump(mut watcher: Watcher, tx: mpsc::Sender<Result<Bytes, Infallible>>) {
     if tx
-        .blocking_send(Ok(line(json!({ "type": "started" }))))
+        .send(Ok(line(json!({ "type": "started" }))))
+        .await
         .is_err()
     {
         return;
     }
-    for item in watcher {
-        if tx.blocking_send(Ok(watch_line(item))).is_err() {
+    loop {
+        let item = tokio::select! {
+            item = watcher.recv_async() => item,
+            () = tx.closed() => return,
+        };
+        let Some(item) = item.transpose() else { return };
+        if tx.send(Ok(watch_line(item))).await.is_err() {
             return;
         }
     }

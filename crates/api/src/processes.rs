@@ -45,7 +45,6 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
-use tokio_util::io::{StreamReader, SyncIoBridge};
 
 use super::exec::event_line;
 use super::{blocking, sandbox_id, ApiError, AppState, Auth};
@@ -257,7 +256,7 @@ pub async fn output(
         )
     })?;
     let (tx, rx) = mpsc::channel::<Result<Bytes, Infallible>>(LINES_IN_FLIGHT);
-    tokio::task::spawn_blocking(move || pump(&hub, &(id, pid), &att, parked, &tx));
+    tokio::spawn(async move { pump(&hub, &(id, pid), &att, parked, &tx).await });
     Response::builder()
         .header(CONTENT_TYPE, "application/x-ndjson")
         .body(Body::from_stream(
@@ -278,75 +277,64 @@ pub async fn stdin(
     let id = sandbox_id(&id)?;
     let eof = query?.0.eof;
     let att = attachments.get(&state, tenant, id.clone(), pid).await?;
-    let stream = body
-        .into_data_stream()
-        .map(|r| r.map_err(std::io::Error::other));
-    let mut reader = SyncIoBridge::new(StreamReader::new(stream));
-    let written = tokio::task::spawn_blocking(move || {
-        // One writer at a time, so two requests' bytes do not interleave.
-        let mut w = lock(&att.stdin);
-        let n = std::io::copy(&mut reader, &mut *w);
-        let n = match n {
-            Ok(n) => n,
-            Err(e) => return Err(stdin_error(&id, e)),
-        };
-        if eof {
-            w.close().map_err(|source| {
-                ApiError::from(ManagerError::Agent {
-                    id: id.clone(),
-                    source,
-                })
-            })?;
-        }
-        Ok(n)
-    })
-    .await??;
-    Ok(Json(json!({ "pid": pid, "bytes": written, "eof": eof })))
-}
-
-/// A failed stdin copy: the agent's side (the process exited, the sandbox
-/// is gone) through the usual mapping, a broken request body as 400.
-fn stdin_error(id: &SandboxId, e: std::io::Error) -> ApiError {
-    match e.into_inner().map(|inner| {
-        inner
-            .downcast::<ClientError>()
-            .map_err(|other| other.to_string())
-    }) {
-        Some(Ok(source)) => ApiError::from(ManagerError::Agent {
+    let agent_error = |source: ClientError| {
+        ApiError::from(ManagerError::Agent {
             id: id.clone(),
-            source: *source,
-        }),
-        Some(Err(message)) => ApiError::bad_request(format!("reading the request body: {message}")),
-        None => ApiError::bad_request("reading the request body failed"),
+            source,
+        })
+    };
+    // One writer at a time, so two requests' bytes do not interleave.
+    let w = att.stdin.lock().await;
+    let mut body = body.into_data_stream();
+    let mut written = 0u64;
+    while let Some(chunk) = body.next().await {
+        let chunk =
+            chunk.map_err(|e| ApiError::bad_request(format!("reading the request body: {e}")))?;
+        w.write_all_async(&chunk).await.map_err(agent_error)?;
+        written += chunk.len() as u64;
     }
+    if eof {
+        w.close().map_err(agent_error)?;
+    }
+    Ok(Json(json!({ "pid": pid, "bytes": written, "eof": eof })))
 }
 
 /// Stream a parked attachment's output to one client until the process
 /// exits (then forget the attachment) or the client leaves (then park it
 /// again, with the line it could not take).
-fn pump(
+async fn pump(
     hub: &Attachments,
     key: &ProcessKey,
     att: &Arc<Attachment>,
     mut parked: Parked,
     tx: &mpsc::Sender<Result<Bytes, Infallible>>,
 ) {
-    if let Some(line) = parked.unsent.take() {
-        if let Err(mpsc::error::SendError(Ok(line))) = tx.blocking_send(Ok(line)) {
+    loop {
+        let line = match parked.unsent.take() {
+            Some(line) => line,
+            None => {
+                let item = tokio::select! {
+                    item = parked.process.next_output() => item,
+                    // The client left while the process printed nothing.
+                    () = tx.closed() => break,
+                };
+                match item {
+                    Some(item) => event_line(item),
+                    None => {
+                        // The stream is over: the agent has forgotten the
+                        // process.
+                        hub.forget(key, att);
+                        return;
+                    }
+                }
+            }
+        };
+        if let Err(mpsc::error::SendError(Ok(line))) = tx.send(Ok(line)).await {
             parked.unsent = Some(line);
-            *lock(&att.reader) = Some(parked);
-            return;
+            break;
         }
     }
-    while let Some(item) = parked.process.next() {
-        if let Err(mpsc::error::SendError(Ok(line))) = tx.blocking_send(Ok(event_line(item))) {
-            parked.unsent = Some(line);
-            *lock(&att.reader) = Some(parked);
-            return;
-        }
-    }
-    // The stream is over: the agent has forgotten the process.
-    hub.forget(key, att);
+    *lock(&att.reader) = Some(parked);
 }
 
 /// An attachment not being read right now.
@@ -362,7 +350,7 @@ struct Parked {
 struct Attachment {
     /// To notice the sandbox is gone.
     conn: Weak<Connection>,
-    stdin: Mutex<Stdin>,
+    stdin: tokio::sync::Mutex<Stdin>,
     /// `None` while an output request holds it.
     reader: Mutex<Option<Parked>>,
 }
@@ -400,7 +388,7 @@ impl Attachments {
             let process = manager.attach(&tenant, &key.0, pid)?;
             let att = Arc::new(Attachment {
                 conn: Arc::downgrade(&conn),
-                stdin: Mutex::new(process.stdin()),
+                stdin: tokio::sync::Mutex::new(process.stdin()),
                 reader: Mutex::new(Some(Parked {
                     process,
                     unsent: None,

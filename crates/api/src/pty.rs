@@ -216,15 +216,14 @@ async fn session(
         }),
         ..ExecRequest::default()
     };
-    let manager = Arc::clone(&state.manager);
-    let started = tokio::task::spawn_blocking(move || {
-        let process = manager.exec(&tenant, &id, &req)?;
+    let manager = &state.manager;
+    let started = async {
+        let process = manager.exec_async(&tenant, &id, &req).await?;
         Ok((manager.connection(&tenant, &id)?, process))
-    });
+    };
     let (conn, process) = match started.await {
-        Ok(Ok(p)) => p,
-        Ok(Err(e)) => return refuse(socket, ApiError::command_start(e)).await,
-        Err(e) => return refuse(socket, ApiError::from(e)).await,
+        Ok(p) => p,
+        Err(e) => return refuse(socket, ApiError::command_start(e)).await,
     };
     let pid = process.pid().unwrap_or(0);
     let started = json!({ "type": "started", "pid": pid }).to_string();
@@ -242,10 +241,10 @@ async fn session(
         exited: Arc::new(AtomicBool::new(false)),
     };
     let exited = Arc::clone(&target.exited);
-    // Both block on the agent: its output (taken as the socket drains) and
-    // its stdin credit.
-    tokio::task::spawn_blocking(move || pump_output(process, pty, &exited, out_tx));
-    tokio::task::spawn_blocking(move || pump_input(target, in_rx));
+    // Both wait on the agent without a thread: its output (taken as the
+    // socket drains) and its stdin credit.
+    tokio::spawn(async move { pump_output(process, pty, &exited, out_tx).await });
+    tokio::spawn(pump_input(target, in_rx));
 
     let mut reader = tokio::spawn(async move {
         while let Some(msg) = stream.next().await {
@@ -358,9 +357,14 @@ fn close(code: u16) -> Message {
 /// The process's output as frames, then `exited` (or `error`) and a close.
 /// Returns as soon as the socket side is gone; dropping `process` then
 /// kills it.
-fn pump_output(mut process: Process, pty: bool, exited: &AtomicBool, tx: mpsc::Sender<Message>) {
+async fn pump_output(
+    mut process: Process,
+    pty: bool,
+    exited: &AtomicBool,
+    tx: mpsc::Sender<Message>,
+) {
     let mut code = close_code::ERROR;
-    for item in &mut process {
+    while let Some(item) = process.next_output().await {
         let msg = match item {
             Ok(Output::Stdout(b)) if pty => Message::Binary(b.into()),
             Ok(Output::Stdout(b)) => Message::Binary(tagged(STDOUT, b)),
@@ -373,11 +377,11 @@ fn pump_output(mut process: Process, pty: bool, exited: &AtomicBool, tx: mpsc::S
             Ok(Output::Started { .. } | Output::Attached { .. }) => continue,
             Err(e) => Message::text(stream_error(&e)),
         };
-        if tx.blocking_send(msg).is_err() {
+        if tx.send(msg).await.is_err() {
             return;
         }
     }
-    let _ = tx.blocking_send(close(code));
+    let _ = tx.send(close(code)).await;
 }
 
 fn tagged(tag: u8, bytes: Vec<u8>) -> Bytes {
@@ -404,31 +408,30 @@ struct Target {
 }
 
 impl Target {
-    fn signal(&self, sig: i32) -> Result<(), ClientError> {
-        match self.stdin.signal(sig) {
-            Err(_) if !self.exited.load(Ordering::Relaxed) && self.pid > 0 => self
-                .conn
-                .call(&Call::Signal { pid: self.pid, sig })
-                .map(drop),
+    async fn signal(&self, sig: i32) -> Result<(), ClientError> {
+        match self.stdin.signal_async(sig).await {
+            Err(_) if !self.exited.load(Ordering::Relaxed) && self.pid > 0 => {
+                let (conn, pid) = (Arc::clone(&self.conn), self.pid);
+                tokio::task::spawn_blocking(move || conn.call(&Call::Signal { pid, sig }).map(drop))
+                    .await
+                    .unwrap_or(Err(ClientError::Closed))
+            }
             other => other,
         }
     }
 }
 
-/// The client's input to the process, in order. Blocks on the stream's
+/// The client's input to the process, in order. Waits on the stream's
 /// send credit, which is what backpressures the socket reader.
-fn pump_input(mut target: Target, mut rx: mpsc::Receiver<Input>) {
-    use std::io::Write;
-    while let Some(input) = rx.blocking_recv() {
+async fn pump_input(target: Target, mut rx: mpsc::Receiver<Input>) {
+    while let Some(input) = rx.recv().await {
         let done = match input {
-            Input::Bytes(b) => target.stdin.write_all(&b).map_err(|e| e.to_string()),
-            Input::Eof => target.stdin.close().map_err(|e| e.to_string()),
-            Input::Resize { rows, cols } => {
-                target.stdin.resize(rows, cols).map_err(|e| e.to_string())
-            }
-            Input::Signal(sig) => target.signal(sig).map_err(|e| e.to_string()),
+            Input::Bytes(b) => target.stdin.write_all_async(&b).await,
+            Input::Eof => target.stdin.close(),
+            Input::Resize { rows, cols } => target.stdin.resize_async(rows, cols).await,
+            Input::Signal(sig) => target.signal(sig).await,
             Input::Gone => {
-                let _ = target.signal(libc::SIGKILL);
+                let _ = target.signal(libc::SIGKILL).await;
                 return;
             }
         };

@@ -122,26 +122,21 @@ async fn http_server_in_a_sandbox_is_reached_through_the_proxy() {
     assert!(String::from_utf8_lossy(&body).contains("hello.txt"));
     let (status, _, _) = http("GET", format!("{base}/missing"), f.key.clone(), None).await;
     assert_eq!(status, 404, "the server's own 404 comes through");
-    // Every connection's relay threads end with its exchange.
+    // Every proxied connection ends with its exchange.
     let deadline = Instant::now() + Duration::from_secs(10);
-    while relay_threads() > 0 {
+    while open_connections() > 0 {
         assert!(
             Instant::now() < deadline,
-            "{} relay threads left",
-            relay_threads()
+            "{} proxied connections left",
+            open_connections()
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
-/// Threads of this process relaying a proxied connection (`ports.rs`
-/// names them `port-P-read`/`port-P-write`).
-fn relay_threads() -> usize {
-    std::fs::read_dir("/proc/self/task")
-        .unwrap()
-        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
-        .filter(|comm| comm.starts_with("port-"))
-        .count()
+/// Proxied connections into sandboxes this process holds open.
+fn open_connections() -> usize {
+    brig_http::ports::open_connections()
 }
 
 /// A POST echo server: the body comes back, with the Host and
@@ -430,7 +425,7 @@ http.server.ThreadingHTTPServer(('127.0.0.1', 8002), H).serve_forever()
 
 /// Requests one after another reuse one kept connection (the server sees
 /// one client port); requests at the same time get their own; the kept
-/// connections and their relay threads go with the sandbox.
+/// connections go with the sandbox.
 #[tokio::test(flavor = "multi_thread")]
 async fn connections_are_kept_for_the_next_request_and_end_with_the_sandbox() {
     if !root_or_skip() {
@@ -459,7 +454,7 @@ async fn connections_are_kept_for_the_next_request_and_end_with_the_sandbox() {
     );
     assert_eq!((a.0, b.0), (200, 200));
     assert_ne!(a.2, b.2, "two requests at once shared a connection");
-    assert!(relay_threads() >= 2, "no connection kept");
+    assert!(open_connections() >= 2, "no connection kept");
     // Gone with the sandbox.
     let (status, _) = call(
         &f.app,
@@ -471,11 +466,11 @@ async fn connections_are_kept_for_the_next_request_and_end_with_the_sandbox() {
     .await;
     assert_eq!(status, StatusCode::OK);
     let deadline = Instant::now() + Duration::from_secs(10);
-    while relay_threads() > 0 {
+    while open_connections() > 0 {
         assert!(
             Instant::now() < deadline,
-            "{} relay threads left after the sandbox ended",
-            relay_threads()
+            "{} proxied connections left after the sandbox ended",
+            open_connections()
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

@@ -25,18 +25,15 @@
 //!
 //! A connection whose exchange ended cleanly is kept (HTTP/1.1
 //! keep-alive) for the next request to the same port of the same sandbox
-//! ([`idle`]): a new one costs an agent stream, two threads and a TCP
-//! connect inside the sandbox, about a millisecond, which every
+//! ([`idle`]): a new one costs an agent stream and a TCP connect inside
+//! the sandbox, about a millisecond, which every
 //! `run_code` through the E2B data plane paid. Kept connections are
 //! dropped after [`IDLE_FOR`], and go with their sandbox.
 //!
-//! The bridge between the blocking [`PortStream`] and hyper's async IO
-//! ([`PortIo`]) is two threads per connection, one per direction, joined
-//! to the async side by small bounded channels: at most a few chunks are
-//! in flight in each direction, on top of the stream's window.
+//! hyper's async IO ([`PortIo`]) polls the [`PortStream`] directly: no
+//! thread per connection; what is in flight is the stream's window.
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
 use std::pin::Pin;
 use std::sync::{Arc, LazyLock, Mutex};
 use std::task::{ready, Context, Poll};
@@ -50,16 +47,9 @@ use axum::response::Response;
 use brig_agent_client::{ClientError, ErrorCode, PortStream};
 use brig_core::SandboxId;
 use brig_runtime::{ManagerError, SandboxManager, TenantId};
-use bytes::Bytes;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::sync::mpsc;
-use tokio_util::sync::PollSender;
 
-/// Bytes per chunk between a connection's threads and hyper.
-const CHUNK: usize = 64 << 10;
-/// Chunks in flight per direction.
-const IN_FLIGHT: usize = 4;
 /// How long a kept connection waits for its next request.
 const IDLE_FOR: Duration = Duration::from_secs(30);
 /// Connections kept per port of a sandbox (busy or idle).
@@ -327,81 +317,31 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
     headers.remove("proxy-connection");
 }
 
-/// What goes to the writing thread.
-enum ToPort {
-    Bytes(Bytes),
-    /// The async side shut its write half: half-close the connection.
-    Shutdown,
+/// A [`PortStream`] as tokio IO, for hyper: reads and writes wait on the
+/// stream without a thread (the agent client's reactor wakes the task).
+/// Dropped, it aborts the connection unless both sides closed it.
+struct PortIo {
+    stream: PortStream,
+    /// This side shut its write half.
+    shut: bool,
 }
 
-/// A [`PortStream`] as tokio IO, for hyper: one thread reads the stream
-/// into a bounded channel, another writes what the channel brings. Dropped,
-/// it aborts the connection (which wakes both threads).
-struct PortIo {
-    from_port: mpsc::Receiver<std::io::Result<Bytes>>,
-    pending: Bytes,
-    to_port: PollSender<ToPort>,
-    stream: PortStream,
+/// Connections into sandboxes open now (kept or busy), for tests and
+/// metrics.
+static OPEN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// How many proxied connections into sandboxes are open now, kept ones
+/// included; each ends with its exchange, its keep-alive, or its sandbox.
+pub fn open_connections() -> usize {
+    OPEN.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 impl PortIo {
     fn new(stream: PortStream) -> PortIo {
-        let (in_tx, in_rx) = mpsc::channel(IN_FLIGHT);
-        let (out_tx, mut out_rx) = mpsc::channel::<ToPort>(IN_FLIGHT);
-        let port = stream.port();
-        let mut reader = stream.try_clone().expect("port streams clone");
-        let mut writer = stream.try_clone().expect("port streams clone");
-        let spawned = std::thread::Builder::new()
-            .name(format!("port-{port}-read"))
-            .spawn(move || {
-                let mut buf = vec![0u8; CHUNK];
-                loop {
-                    match reader.read(&mut buf) {
-                        Ok(0) => return,
-                        Ok(n) => {
-                            if in_tx
-                                .blocking_send(Ok(Bytes::copy_from_slice(&buf[..n])))
-                                .is_err()
-                            {
-                                return;
-                            }
-                        }
-                        Err(e) => {
-                            let _ = in_tx.blocking_send(Err(e));
-                            return;
-                        }
-                    }
-                }
-            })
-            .and_then(|_| {
-                std::thread::Builder::new()
-                    .name(format!("port-{port}-write"))
-                    .spawn(move || {
-                        while let Some(msg) = out_rx.blocking_recv() {
-                            match msg {
-                                ToPort::Bytes(b) => {
-                                    if writer.write_all(&b).is_err() {
-                                        return;
-                                    }
-                                }
-                                ToPort::Shutdown => {
-                                    let _ = writer.shutdown_write();
-                                }
-                            }
-                        }
-                    })
-            });
-        if let Err(e) = spawned {
-            // Out of threads: the connection fails as if the sandbox had
-            // gone (dropping the channels ends the other thread).
-            tracing::error!("port {port}: cannot start its relay threads: {e}");
-            stream.abort();
-        }
+        OPEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         PortIo {
-            from_port: in_rx,
-            pending: Bytes::new(),
-            to_port: PollSender::new(out_tx),
             stream,
+            shut: false,
         }
     }
 }
@@ -411,6 +351,7 @@ impl Drop for PortIo {
         // A finished exchange whose both sides closed is left alone; one
         // still open (a keep-alive server) is reset.
         self.stream.abort();
+        OPEN.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
@@ -420,56 +361,38 @@ impl AsyncRead for PortIo {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        if self.pending.is_empty() {
-            match ready!(self.from_port.poll_recv(cx)) {
-                Some(Ok(bytes)) => self.pending = bytes,
-                Some(Err(e)) => return Poll::Ready(Err(e)),
-                // The server's EOF.
-                None => return Poll::Ready(Ok(())),
-            }
-        }
-        let n = buf.remaining().min(self.pending.len());
-        let chunk = self.pending.split_to(n);
-        buf.put_slice(&chunk);
+        let n = ready!(self.stream.poll_read(cx, buf.initialize_unfilled()))?;
+        buf.advance(n);
         Poll::Ready(Ok(()))
     }
-}
-
-fn gone() -> std::io::Error {
-    std::io::Error::new(
-        std::io::ErrorKind::BrokenPipe,
-        "the connection into the sandbox is closed",
-    )
 }
 
 impl AsyncWrite for PortIo {
     fn poll_write(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        ready!(self.to_port.poll_reserve(cx)).map_err(|_| gone())?;
-        let n = buf.len().min(CHUNK);
-        self.to_port
-            .send_item(ToPort::Bytes(Bytes::copy_from_slice(&buf[..n])))
-            .map_err(|_| gone())?;
-        Poll::Ready(Ok(n))
+        if self.shut {
+            return Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::BrokenPipe,
+                "the connection into the sandbox is shut for writing",
+            )));
+        }
+        self.stream.poll_write(cx, buf)
     }
 
     fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        // The writing thread sends each chunk as it gets it.
+        // Every write hands its bytes to the agent's socket before it
+        // returns.
         Poll::Ready(Ok(()))
     }
 
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        if self.to_port.is_closed() {
-            return Poll::Ready(Ok(()));
+    fn poll_shutdown(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        if !self.shut {
+            self.shut = true;
+            self.stream.shutdown_write()?;
         }
-        ready!(self.to_port.poll_reserve(cx)).map_err(|_| gone())?;
-        self.to_port
-            .send_item(ToPort::Shutdown)
-            .map_err(|_| gone())?;
-        self.to_port.close();
         Poll::Ready(Ok(()))
     }
 }

@@ -32,6 +32,7 @@
 //! `running` once the agent has answered the handshake, `stopped` when brig
 //! ended it (delete, timeout, shutdown) and `dead` when it ended by itself.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -883,19 +884,39 @@ impl SandboxManager {
         req: &ExecRequest,
     ) -> Result<Process, ManagerError> {
         let conn = self.connection(tenant, id)?;
-        // The sandbox's create-time environment, under the request's own.
+        conn.exec(&self.with_sandbox_env(id, req))
+            .map_err(agent_err(id))
+    }
+
+    /// [`SandboxManager::exec`] for an async caller: waits for the agent's
+    /// `started` without holding a thread.
+    pub async fn exec_async(
+        &self,
+        tenant: &TenantId,
+        id: &SandboxId,
+        req: &ExecRequest,
+    ) -> Result<Process, ManagerError> {
+        let conn = self.connection(tenant, id)?;
+        conn.exec_async(&self.with_sandbox_env(id, req))
+            .await
+            .map_err(agent_err(id))
+    }
+
+    /// The request with the sandbox's create-time environment under its
+    /// own.
+    fn with_sandbox_env<'a>(&self, id: &SandboxId, req: &'a ExecRequest) -> Cow<'a, ExecRequest> {
         let env = self
             .live_sandbox(id)
             .map(|l| l.env.clone())
             .unwrap_or_default();
         if env.is_empty() {
-            return conn.exec(req).map_err(agent_err(id));
+            return Cow::Borrowed(req);
         }
         let mut req = req.clone();
         for (k, v) in env {
             req.env.entry(k).or_insert(v);
         }
-        conn.exec(&req).map_err(agent_err(id))
+        Cow::Owned(req)
     }
 
     /// Re-attach to a process the agent manages (a background one, running

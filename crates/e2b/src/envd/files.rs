@@ -270,7 +270,7 @@ pub async fn download(
     };
     let gzip = wants_gzip(&headers);
     let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(CHUNKS_IN_FLIGHT);
-    tokio::task::spawn_blocking(move || pump_file(reader, gzip, &tx));
+    tokio::spawn(pump_file(reader, gzip, tx));
     let mut resp = Response::new(Body::from_stream(
         tokio_stream::wrappers::ReceiverStream::new(rx),
     ));
@@ -283,50 +283,47 @@ pub async fn download(
     resp
 }
 
-/// Sends what it is given down the response body.
-struct ChunkSender<'a>(&'a mpsc::Sender<Result<Bytes, std::io::Error>>);
-
-impl Write for ChunkSender<'_> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0
-            .blocking_send(Ok(Bytes::copy_from_slice(buf)))
-            .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "client went away"))?;
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-fn pump_file(
+/// The file's bytes down the response body (gzipped if asked), read from
+/// the agent as fast as the client takes them, without a thread.
+async fn pump_file(
     mut reader: brig_agent_client::FileReader,
     gzip: bool,
-    tx: &mpsc::Sender<Result<Bytes, std::io::Error>>,
+    tx: mpsc::Sender<Result<Bytes, std::io::Error>>,
 ) {
-    let result = if gzip {
-        let mut enc = flate2::write::GzEncoder::new(ChunkSender(tx), flate2::Compression::fast());
-        std::io::copy(&mut reader, &mut enc).and_then(|_| enc.finish().map(drop))
-    } else {
-        let mut buf = vec![0u8; CHUNK];
+    let mut buf = vec![0u8; CHUNK];
+    let mut enc =
+        gzip.then(|| flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast()));
+    let result: std::io::Result<()> = async {
         loop {
-            match reader.read(&mut buf) {
-                Ok(0) => break Ok(()),
-                Ok(n) => {
-                    if tx
-                        .blocking_send(Ok(Bytes::copy_from_slice(&buf[..n])))
-                        .is_err()
-                    {
-                        break Ok(());
+            let n = std::future::poll_fn(|cx| reader.poll_read(cx, &mut buf)).await?;
+            let out = match (enc.as_mut(), n) {
+                (None, 0) => return Ok(()),
+                (None, n) => buf[..n].to_vec(),
+                (Some(_), 0) => {
+                    let rest = enc.take().expect("matched Some").finish()?;
+                    if !rest.is_empty() {
+                        let _ = tx.send(Ok(Bytes::from(rest))).await;
                     }
+                    return Ok(());
                 }
-                Err(e) => break Err(e),
+                (Some(e), n) => {
+                    e.write_all(&buf[..n])?;
+                    std::mem::take(e.get_mut())
+                }
+            };
+            if out.is_empty() {
+                continue;
+            }
+            if tx.send(Ok(Bytes::from(out))).await.is_err() {
+                // The client went away.
+                return Ok(());
             }
         }
-    };
+    }
+    .await;
     if let Err(e) = result {
         // Breaks the body, so the client sees a truncated download.
-        let _ = tx.blocking_send(Err(e));
+        let _ = tx.send(Err(e)).await;
     }
 }
 

@@ -359,6 +359,19 @@ fn fs_event(ctx: &Ctx, dir: &str, include_entry: bool, ev: &WatchEvent) -> Optio
     Some(v)
 }
 
+/// [`fs_event`] for an async pump: the entry's stat (a call to the agent)
+/// runs off the async threads.
+async fn event_of(ctx: &Ctx, dir: &str, include_entry: bool, ev: WatchEvent) -> Option<Value> {
+    if !include_entry {
+        return fs_event(ctx, dir, false, &ev);
+    }
+    let (ctx, dir) = (ctx.clone(), dir.to_string());
+    tokio::task::spawn_blocking(move || fs_event(&ctx, &dir, true, &ev))
+        .await
+        .ok()
+        .flatten()
+}
+
 /// Start a watch: the resolved directory, its watcher.
 fn open_watch(
     ctx: &Ctx,
@@ -400,34 +413,34 @@ async fn watch_dir(ctx: &Ctx, headers: &HeaderMap, body: &[u8]) -> Response {
         Err(e) => return connect::stream_error(e),
     };
     let _ = tx.try_send(StreamItem::Msg(json!({ "start": {} })));
-    // The client leaving ends the watch in the agent, which ends the pump.
-    let stopper = watcher.stopper();
-    let closed = tx.clone();
-    tokio::spawn(async move {
-        closed.closed().await;
-        let _ = tokio::task::spawn_blocking(move || stopper.stop()).await;
-    });
+    // Waits on the agent without a thread, possibly for hours; the client
+    // leaving drops the watcher, which ends the watch in the agent.
     let pump_ctx = ctx.clone();
-    tokio::task::spawn_blocking(move || loop {
-        match watcher.recv() {
-            Ok(Some(ev)) => {
-                if let Some(v) = fs_event(&pump_ctx, &dir, include_entry, &ev) {
-                    if tx
-                        .blocking_send(StreamItem::Msg(json!({ "filesystem": v })))
-                        .is_err()
-                    {
+    tokio::spawn(async move {
+        loop {
+            let got = tokio::select! {
+                got = watcher.recv_async() => got,
+                () = tx.closed() => return,
+            };
+            match got {
+                Ok(Some(ev)) => {
+                    let Some(v) = event_of(&pump_ctx, &dir, include_entry, ev).await else {
+                        continue;
+                    };
+                    let msg = StreamItem::Msg(json!({ "filesystem": v }));
+                    if tx.send(msg).await.is_err() {
                         return;
                     }
                 }
-            }
-            Ok(None) => return,
-            Err(e) => {
-                let source = ManagerError::Agent {
-                    id: pump_ctx.id().clone(),
-                    source: e,
-                };
-                let _ = tx.blocking_send(StreamItem::End(Some(source.into())));
-                return;
+                Ok(None) => return,
+                Err(e) => {
+                    let source = ManagerError::Agent {
+                        id: pump_ctx.id().clone(),
+                        source: e,
+                    };
+                    let _ = tx.send(StreamItem::End(Some(source.into()))).await;
+                    return;
+                }
             }
         }
     });
@@ -486,12 +499,14 @@ fn create_watcher(
     });
     lock(&ctx.envd.watchers.map).insert(id.clone(), Arc::clone(&polled));
     let (pump_ctx, include_entry) = (ctx.clone(), req.include_entry);
-    std::thread::Builder::new()
-        .name("envd-watcher".into())
-        .spawn(move || loop {
-            match watcher.recv() {
+    let rt = tokio::runtime::Handle::try_current()
+        .map_err(|e| ConnectError::internal(format!("no async runtime to watch on: {e}")))?;
+    // Waits on the agent without a thread until the watcher is removed.
+    rt.spawn(async move {
+        loop {
+            match watcher.recv_async().await {
                 Ok(Some(ev)) => {
-                    if let Some(v) = fs_event(&pump_ctx, &dir, include_entry, &ev) {
+                    if let Some(v) = event_of(&pump_ctx, &dir, include_entry, ev).await {
                         let mut q = lock(&polled.queue);
                         if q.events.len() >= MAX_QUEUED_EVENTS {
                             q.events.pop_front();
@@ -509,8 +524,8 @@ fn create_watcher(
                     return;
                 }
             }
-        })
-        .map_err(|e| ConnectError::internal(format!("cannot start a watcher thread: {e}")))?;
+        }
+    });
     Ok(json!({ "watcherId": id }))
 }
 

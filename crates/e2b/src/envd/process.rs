@@ -27,7 +27,6 @@
 //! absent or 0 means no limit.
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -263,7 +262,7 @@ struct Tracked {
     /// The attachment's writer side: stdin and resize. Nothing may be sent
     /// on it once stdin is closed (the agent would reset the stream), so
     /// signals go by pid instead.
-    stdin: Mutex<Stdin>,
+    stdin: tokio::sync::Mutex<Stdin>,
     stdin_closed: std::sync::atomic::AtomicBool,
     fanout: Mutex<Fanout>,
 }
@@ -353,7 +352,7 @@ impl Table {
                 tag: note["tag"].as_str().map(str::to_string),
                 config: note["config"].clone(),
                 pty: info.pty,
-                stdin: Mutex::new(attached.stdin()),
+                stdin: tokio::sync::Mutex::new(attached.stdin()),
                 stdin_closed: std::sync::atomic::AtomicBool::new(false),
                 fanout: Mutex::new(Fanout::default()),
             });
@@ -396,34 +395,43 @@ impl Tracked {
         }
     }
 
-    fn input(&self, bytes: &[u8]) -> Result<(), ConnectError> {
+    /// Write to the process's stdin, waiting on its credit without a
+    /// thread (a process that does not read its stdin holds the writer
+    /// here, not a blocking thread).
+    async fn input(&self, bytes: &[u8]) -> Result<(), ConnectError> {
         if self.stdin_closed.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(ConnectError::new(
                 Code::FailedPrecondition,
                 format!("the stdin of process {} is closed", self.pid),
             ));
         }
-        lock(&self.stdin).write_all(bytes).map_err(|e| {
-            ConnectError::new(
-                Code::FailedPrecondition,
-                format!("write to the stdin of process {}: {e}", self.pid),
-            )
-        })
+        self.stdin
+            .lock()
+            .await
+            .write_all_async(bytes)
+            .await
+            .map_err(|e| {
+                ConnectError::new(
+                    Code::FailedPrecondition,
+                    format!("write to the stdin of process {}: {e}", self.pid),
+                )
+            })
     }
 }
 
-/// [`pump`] on a thread of its own.
+/// [`pump`] as a task of the daemon's runtime: it waits on the agent
+/// without a thread for as long as the process runs.
 fn spawn_pump(p: Arc<Tracked>, process: Process) -> std::io::Result<()> {
-    std::thread::Builder::new()
-        .name(format!("envd-process-{}", p.pid))
-        .spawn(move || pump(&p, process))
-        .map(drop)
+    let rt = tokio::runtime::Handle::try_current()
+        .map_err(|e| std::io::Error::other(format!("no async runtime to pump on: {e}")))?;
+    rt.spawn(async move { pump(&p, process).await });
+    Ok(())
 }
 
 /// Take the attachment's output until the process exits, fanning it out.
-fn pump(p: &Tracked, process: Process) {
+async fn pump(p: &Tracked, mut process: Process) {
     let mut end = None;
-    for item in process {
+    while let Some(item) = process.next_output().await {
         let ev = match item {
             Ok(Output::Stdout(b)) if p.pty => json!({ "data": { "pty": b64(&b) } }),
             Ok(Output::Stdout(b)) => json!({ "data": { "stdout": b64(&b) } }),
@@ -445,10 +453,7 @@ fn pump(p: &Tracked, process: Process) {
         let subs = lock(&p.fanout).subscribers.clone();
         let mut gone = Vec::new();
         for tx in subs {
-            if tx
-                .blocking_send(StreamItem::Msg(event(ev.clone())))
-                .is_err()
-            {
+            if tx.send(StreamItem::Msg(event(ev.clone()))).await.is_err() {
                 gone.push(tx);
             }
         }
@@ -469,7 +474,7 @@ fn pump(p: &Tracked, process: Process) {
     };
     for tx in subs {
         // Dropping the sender afterwards ends the stream with `{}`.
-        let _ = tx.blocking_send(StreamItem::Msg(end.clone()));
+        let _ = tx.send(StreamItem::Msg(end.clone())).await;
     }
 }
 
@@ -628,7 +633,7 @@ fn spawn(
         tag: req.tag,
         config: config_json,
         pty: pty.is_some(),
-        stdin: Mutex::new(attached.stdin()),
+        stdin: tokio::sync::Mutex::new(attached.stdin()),
         stdin_closed: std::sync::atomic::AtomicBool::new(pty.is_none() && req.stdin == Some(false)),
         fanout: Mutex::new(Fanout::default()),
     });
@@ -685,7 +690,7 @@ async fn send_input(ctx: &Ctx, headers: &HeaderMap, body: &[u8]) -> Result<Value
     let req: SendInputRequest = connect::unary_request(headers, body)?;
     let p = ctx.envd.processes.running(req.process.as_ref())?;
     let bytes = req.input.unwrap_or_default().bytes()?;
-    tokio::task::spawn_blocking(move || p.input(&bytes)).await??;
+    p.input(&bytes).await?;
     Ok(json!({}))
 }
 
@@ -702,7 +707,7 @@ async fn stream_input(ctx: &Ctx, body: Body) -> Result<Value, ConnectError> {
                     ConnectError::invalid("StreamInput: the first message must be start")
                 })?;
                 let bytes = input.unwrap_or_default().bytes()?;
-                tokio::task::spawn_blocking(move || p.input(&bytes)).await??;
+                p.input(&bytes).await?;
             }
             StreamInputEvent::Keepalive {} => {}
         }
@@ -719,14 +724,13 @@ async fn close_stdin(ctx: &Ctx, headers: &HeaderMap, body: &[u8]) -> Result<Valu
             "cannot close the stdin of a PTY process: send ^D (0x04) as input instead",
         ));
     }
-    tokio::task::spawn_blocking(move || {
-        p.stdin_closed
-            .store(true, std::sync::atomic::Ordering::SeqCst);
-        lock(&p.stdin)
-            .close()
-            .map_err(|e| ConnectError::internal(format!("close stdin: {e}")))
-    })
-    .await??;
+    p.stdin_closed
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    p.stdin
+        .lock()
+        .await
+        .close()
+        .map_err(|e| ConnectError::internal(format!("close stdin: {e}")))?;
     Ok(json!({}))
 }
 
@@ -783,12 +787,12 @@ async fn update(ctx: &Ctx, headers: &HeaderMap, body: &[u8]) -> Result<Value, Co
         ));
     }
     let size = pty.size();
-    tokio::task::spawn_blocking(move || {
-        lock(&p.stdin)
-            .resize(size.rows, size.cols)
-            .map_err(|e| ConnectError::internal(format!("resize: {e}")))
-    })
-    .await??;
+    p.stdin
+        .lock()
+        .await
+        .resize_async(size.rows, size.cols)
+        .await
+        .map_err(|e| ConnectError::internal(format!("resize: {e}")))?;
     Ok(json!({}))
 }
 
