@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use brig_jail::{Exit, JailError};
+use brig_core::{ByteSize, CommandFault, Ended, TierError, TierErrorKind};
 
 pub const START_FAILED: i32 = 125;
 pub const NOT_EXECUTABLE: i32 = 126;
@@ -29,27 +29,23 @@ pub enum Outcome {
 /// Print `err` (with its chain, once) and return the exit code for it.
 pub fn report(err: &anyhow::Error) -> i32 {
     eprintln!("brig: {err:#}");
-    match err.downcast_ref::<JailError>() {
-        Some(JailError::CommandNotFound { .. }) => NOT_FOUND,
-        Some(JailError::CommandNotExecutable { .. }) | Some(JailError::Workdir { .. }) => {
-            NOT_EXECUTABLE
-        }
+    match err.downcast_ref::<TierError>().map(TierError::kind) {
+        Some(TierErrorKind::Command(CommandFault::NotFound)) => NOT_FOUND,
+        Some(TierErrorKind::Command(CommandFault::NotExecutable)) => NOT_EXECUTABLE,
         _ => START_FAILED,
     }
 }
 
-/// The exit code for a sandbox that ran, with a message where the command
-/// did not simply exit.
-pub fn finish(outcome: Outcome, exit: &Exit) -> i32 {
-    if exit.oom || outcome == Outcome::OutOfMemory {
-        eprintln!(
-            "brig: out of memory (limit {}); the sandbox was killed",
-            exit.memory_limit
-        );
+/// The exit code for a sandbox that ran (under `memory_limit`), with a
+/// message where the command did not simply exit.
+pub fn finish(outcome: Outcome, ended: &Ended, memory_limit: ByteSize) -> i32 {
+    if ended.oom || outcome == Outcome::OutOfMemory {
+        eprintln!("brig: out of memory (limit {memory_limit}); the sandbox was killed");
         return OOM;
     }
     match outcome {
-        Outcome::Exited => exit.code,
+        // A one-shot sandbox's tier always knows the command's status.
+        Outcome::Exited => ended.code.unwrap_or(START_FAILED),
         Outcome::TimedOut(limit) => {
             eprintln!(
                 "brig: timed out after {}; the sandbox was killed",
@@ -103,13 +99,15 @@ pub fn require_root() -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use brig_core::ByteSize;
 
-    fn exit(code: i32, oom: bool) -> Exit {
-        Exit {
-            code,
+    fn finish(outcome: Outcome, ended: &Ended) -> i32 {
+        super::finish(outcome, ended, ByteSize::mib(512))
+    }
+
+    fn exit(code: i32, oom: bool) -> Ended {
+        Ended {
+            code: Some(code),
             oom,
-            memory_limit: ByteSize::mib(512),
         }
     }
 
@@ -130,11 +128,17 @@ mod tests {
 
     #[test]
     fn errors_map_to_exit_codes() {
-        let nf = anyhow::Error::new(JailError::CommandNotFound {
-            command: "foo".into(),
+        let nf = anyhow::Error::new(TierError::Command {
+            fault: CommandFault::NotFound,
+            message: "command not found in sandbox: foo".into(),
         });
         assert_eq!(report(&nf), NOT_FOUND);
         assert_eq!(nf.to_string(), "command not found in sandbox: foo");
+        let ne = anyhow::Error::new(TierError::Command {
+            fault: CommandFault::NotExecutable,
+            message: "cannot execute /x in sandbox: EACCES".into(),
+        });
+        assert_eq!(report(&ne), NOT_EXECUTABLE);
         assert_eq!(report(&anyhow::anyhow!("other")), START_FAILED);
     }
 

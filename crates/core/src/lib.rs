@@ -19,7 +19,7 @@ pub mod units;
 
 pub use spec::{EnvVar, Limits, SandboxId, SandboxSpec, SpecError, TemplateRef, UserSpec};
 pub use tier::{
-    Ended, Instance, Isolation, Launch, NetworkAttachment, Tier, TierError, TierErrorKind,
-    UnknownIsolation, Usage,
+    CommandFault, Ended, Instance, Isolation, Launch, NetworkAttachment, OneShot, Tier, TierError,
+    TierErrorKind, UnknownIsolation, Usage,
 };
 pub use units::{parse_duration, parse_size, ByteSize, UnitError};

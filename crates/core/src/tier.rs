@@ -19,14 +19,20 @@
 //!    left of one that must not live on. Sandboxes outlive the daemon:
 //!    a tier never ties a sandbox's life to the daemon process.
 //!
+//! `brig run` crosses the same boundary with [`Tier::run`]: one command in
+//! a fresh sandbox wired to the caller's stdio (no agent), which — unlike
+//! a daemon's — dies with the caller and ends when the command does
+//! ([`OneShot`]).
+//!
 //! A tier that cannot do something answers [`TierError::Unsupported`],
 //! never a panic or a silent no-op.
 
 use std::fmt;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::str::FromStr;
 
-use crate::spec::{Limits, SandboxId, TemplateRef};
+use crate::spec::{Limits, SandboxId, SandboxSpec, TemplateRef};
 
 /// How strongly a sandbox is isolated from the host.
 #[derive(
@@ -158,6 +164,10 @@ pub enum TierError {
     /// The sandbox is gone.
     #[error("sandbox {id} is gone")]
     Gone { id: SandboxId },
+    /// A one-shot command ([`Tier::run`]) could not be started: the
+    /// message names the command or directory and why.
+    #[error("{message}")]
+    Command { fault: CommandFault, message: String },
     /// Anything else: the source says what failed.
     #[error("sandbox {id}: cannot {op}")]
     Failed {
@@ -168,6 +178,17 @@ pub enum TierError {
     },
 }
 
+/// Why a one-shot command did not start (`brig run` exits 127 or 126, as
+/// a shell does).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CommandFault {
+    /// No such program on the sandbox's PATH.
+    NotFound,
+    /// It exists but cannot be executed, or its working directory cannot
+    /// be entered.
+    NotExecutable,
+}
+
 /// What kind of failure a [`TierError`] is, for callers mapping it to a
 /// status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -176,6 +197,7 @@ pub enum TierErrorKind {
     Unsupported,
     Invalid,
     Gone,
+    Command(CommandFault),
     Failed,
 }
 
@@ -186,6 +208,7 @@ impl TierError {
             TierError::Unsupported { .. } => TierErrorKind::Unsupported,
             TierError::Invalid(_) => TierErrorKind::Invalid,
             TierError::Gone { .. } => TierErrorKind::Gone,
+            TierError::Command { fault, .. } => TierErrorKind::Command(*fault),
             TierError::Failed { .. } => TierErrorKind::Failed,
         }
     }
@@ -222,6 +245,37 @@ pub trait Tier: Send + Sync + fmt::Debug {
     /// Sandboxes this tier (for this daemon) launched that run on the
     /// host, so that reconcile can tell leftovers no record names.
     fn running(&self) -> Vec<SandboxId>;
+
+    /// Run `spec.command` in a fresh sandbox of `spec.template`, `limits`,
+    /// env, workdir and user, wired to this process's stdin, stdout and
+    /// stderr (a new terminal if `spec.tty`): `brig run`. The sandbox dies
+    /// with this process and ends when the command does. Returns once the
+    /// command is running (or could not start: [`TierError::Command`]).
+    fn run(&self, spec: &SandboxSpec) -> Result<Box<dyn OneShot>, TierError> {
+        let _ = spec;
+        Err(TierError::Unsupported {
+            tier: self.isolation(),
+            op: "run a one-shot command",
+            reason: "not implemented for this tier".into(),
+        })
+    }
+}
+
+/// A one-shot command's sandbox ([`Tier::run`]), watched by its caller:
+/// poll [`OneShot::exit_fd`] (and [`OneShot::oom_fd`]) beside whatever
+/// else it waits on, then [`OneShot::wait`].
+pub trait OneShot: Send + fmt::Debug {
+    /// The terminal's master side, once, if the spec asked for one.
+    fn take_pty(&mut self) -> Option<OwnedFd>;
+    /// Readable (`POLLIN`) once the command has ended.
+    fn exit_fd(&self) -> BorrowedFd<'_>;
+    /// Readable once the kernel's OOM killer fired inside, where the tier
+    /// learns it by a descriptor (otherwise [`Ended::oom`] tells, after).
+    fn oom_fd(&self) -> Option<BorrowedFd<'_>>;
+    /// Kill everything in the sandbox; returns at once.
+    fn kill(&self);
+    /// Wait for the command and the sandbox's teardown; its status.
+    fn wait(self: Box<Self>) -> Result<Ended, TierError>;
 }
 
 /// One running sandbox of a tier. Every method takes `&self` and may be

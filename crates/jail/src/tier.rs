@@ -33,15 +33,15 @@
 
 use std::fs::{self, File};
 use std::io::ErrorKind;
-use std::os::fd::OwnedFd;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
 use brig_core::{
-    Ended, Instance, Isolation, Launch, Limits, NetworkAttachment, SandboxId, SandboxSpec, Tier,
-    TierError, Usage,
+    CommandFault, Ended, Instance, Isolation, Launch, Limits, NetworkAttachment, OneShot,
+    SandboxId, SandboxSpec, Tier, TierError, Usage,
 };
 
 use crate::cgroup::{Cgroup, CgroupControls, CgroupError};
@@ -53,6 +53,13 @@ use crate::slot;
 #[derive(Debug)]
 pub struct ProcessTier {
     opts: SpawnOptions,
+    /// What a daemon's sandboxes need; `None` for a tier that only runs
+    /// one-shot commands ([`ProcessTier::for_commands`]).
+    daemon: Option<DaemonSide>,
+}
+
+#[derive(Debug)]
+struct DaemonSide {
     /// The brig-agent executable started in every sandbox.
     agent: PathBuf,
     /// Names the launching daemon (see the module documentation).
@@ -76,11 +83,34 @@ impl ProcessTier {
         opts.pausable = true;
         let tier = ProcessTier {
             opts,
-            agent,
-            owner: owner.to_string(),
+            daemon: Some(DaemonSide {
+                agent,
+                owner: owner.to_string(),
+            }),
         };
         tier.discard_orphans();
         Ok(tier)
+    }
+
+    /// A tier for one-shot commands only ([`Tier::run`], `brig run`): no
+    /// agent, no daemon to own sandboxes; each dies with this process.
+    /// Prepares the host as [`ProcessTier::new`] does, without touching
+    /// any daemon's sandboxes.
+    pub fn for_commands() -> Result<ProcessTier, TierError> {
+        let opts = SpawnOptions::prepare().map_err(|e| TierError::Unavailable {
+            tier: Isolation::Process,
+            reason: chain(&e),
+        })?;
+        Ok(ProcessTier { opts, daemon: None })
+    }
+
+    /// The daemon side, or why this tier cannot launch a daemon sandbox.
+    fn daemon(&self) -> Result<&DaemonSide, TierError> {
+        self.daemon.as_ref().ok_or_else(|| TierError::Unsupported {
+            tier: Isolation::Process,
+            op: "launch a daemon's sandbox",
+            reason: "this tier was made for one-shot commands (ProcessTier::for_commands)".into(),
+        })
     }
 
     /// Discard the sandboxes of daemons whose home is gone (deleted while
@@ -115,6 +145,7 @@ impl ProcessTier {
 
     fn spawn(&self, launch: &Launch, dir: &Path) -> Result<Sandbox, TierError> {
         let id = &launch.id;
+        let DaemonSide { agent, owner } = self.daemon()?;
         if launch.network != NetworkAttachment::Loopback {
             return Err(TierError::Unsupported {
                 tier: Isolation::Process,
@@ -134,20 +165,20 @@ impl ProcessTier {
             .recursive(true)
             .create(&aside)
             .map_err(io("create its runtime directory"))?;
-        fs::write(aside.join(STATE_FILE), format!("{}\n0 0\n", self.owner))
+        fs::write(aside.join(STATE_FILE), format!("{owner}\n0 0\n"))
             .and_then(|()| fs::rename(&aside, dir))
             .map_err(io("record its owner"))?;
 
         let listener =
             UnixListener::bind(dir.join(AGENT_SOCKET)).map_err(io("bind the agent's socket"))?;
-        let program = File::open(&self.agent).map_err(|e| {
+        let program = File::open(agent).map_err(|e| {
             if e.kind() == ErrorKind::NotFound {
                 TierError::Unavailable {
                     tier: Isolation::Process,
                     reason: format!(
                         "the agent binary {} does not exist: build it (cargo build -p \
                          brig-agent) or set BRIG_AGENT to its path",
-                        self.agent.display()
+                        agent.display()
                     ),
                 }
             } else {
@@ -172,7 +203,7 @@ impl ProcessTier {
         let start = sandbox::start_time(sandbox.pid()).unwrap_or(0);
         // Written whole, then renamed: a reader never sees half of it.
         let tmp = dir.join(".state");
-        fs::write(&tmp, format!("{}\n{} {start}\n", self.owner, sandbox.pid()))
+        fs::write(&tmp, format!("{owner}\n{} {start}\n", sandbox.pid()))
             .and_then(|()| fs::rename(&tmp, dir.join(STATE_FILE)))
             .map_err(io("record its state"))?;
         Ok(sandbox)
@@ -277,14 +308,98 @@ impl Tier for ProcessTier {
     }
 
     fn running(&self) -> Vec<SandboxId> {
+        let Ok(owner) = self.daemon().map(|d| &d.owner) else {
+            return Vec::new();
+        };
         let Ok(entries) = fs::read_dir(sandboxes_dir(&self.opts.run_dir)) else {
             return Vec::new();
         };
         entries
             .flatten()
-            .filter(|e| read_state(&e.path()).is_some_and(|(o, _, _)| o == self.owner))
+            .filter(|e| read_state(&e.path()).is_some_and(|(o, _, _)| &o == owner))
             .filter_map(|e| e.file_name().to_str().and_then(SandboxId::parse))
             .collect()
+    }
+
+    /// The command runs under brig's init inside the sandbox, which is
+    /// tied to this process by `PR_SET_PDEATHSIG`: a `brig run` that dies
+    /// takes its sandbox with it.
+    fn run(&self, spec: &SandboxSpec) -> Result<Box<dyn OneShot>, TierError> {
+        let id = SandboxId::from_random(rand::random());
+        let extras = Extras {
+            id: Some(id.clone()),
+            ..Extras::default()
+        };
+        let sandbox =
+            Sandbox::spawn_with(spec, &self.opts, extras).map_err(|e| command_error(&id, e))?;
+        Ok(Box::new(ProcessRun { sandbox }))
+    }
+}
+
+/// A `brig run` sandbox of the process tier.
+#[derive(Debug)]
+struct ProcessRun {
+    sandbox: Sandbox,
+}
+
+impl OneShot for ProcessRun {
+    fn take_pty(&mut self) -> Option<OwnedFd> {
+        self.sandbox.take_pty()
+    }
+
+    fn exit_fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: a sandbox that is not detached holds its init's pidfd
+        // until it is waited for, which takes `self`: the descriptor
+        // outlives the borrow.
+        unsafe { BorrowedFd::borrow_raw(self.sandbox.pidfd()) }
+    }
+
+    fn oom_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.sandbox.oom_fd()
+    }
+
+    fn kill(&self) {
+        self.sandbox.kill();
+    }
+
+    fn wait(self: Box<Self>) -> Result<Ended, TierError> {
+        let id = self.sandbox.id().clone();
+        let exit = self
+            .sandbox
+            .wait()
+            .map_err(|e| TierError::failed(&id, "wait for the sandbox", e))?;
+        Ok(Ended {
+            code: Some(exit.code),
+            oom: exit.oom,
+        })
+    }
+}
+
+/// A one-shot spawn's error as its caller needs it: the command's fault
+/// (127/126), the request's, the host's (the caller may probe the host to
+/// explain it), or another failure.
+fn command_error(id: &SandboxId, e: JailError) -> TierError {
+    match e {
+        JailError::CommandNotFound { .. } => TierError::Command {
+            fault: CommandFault::NotFound,
+            message: e.to_string(),
+        },
+        JailError::CommandNotExecutable { .. } | JailError::Workdir { .. } => TierError::Command {
+            fault: CommandFault::NotExecutable,
+            message: e.to_string(),
+        },
+        JailError::Spec(_) | JailError::Template(_) | JailError::NoCpuController => {
+            TierError::Invalid(chain(&e))
+        }
+        JailError::Namespaces { .. }
+        | JailError::Setup { .. }
+        | JailError::Cgroup(_)
+        | JailError::HostCall { .. }
+        | JailError::Host { .. } => TierError::Unavailable {
+            tier: Isolation::Process,
+            reason: chain(&e),
+        },
+        e => TierError::failed(id, "start the sandbox", e),
     }
 }
 

@@ -269,7 +269,9 @@ impl ManagerError {
                 TierErrorKind::Unsupported => ErrorKind::Unsupported,
                 TierErrorKind::Unavailable => ErrorKind::Unavailable,
                 TierErrorKind::Gone => ErrorKind::NotRunning,
-                TierErrorKind::Failed => ErrorKind::Internal,
+                // A daemon's sandboxes run the agent, never a one-shot
+                // command: only a broken tier says this.
+                TierErrorKind::Command(_) | TierErrorKind::Failed => ErrorKind::Internal,
             },
             ManagerError::NoTier { .. } => ErrorKind::Unsupported,
             ManagerError::TemplateNotAllowed { .. } => ErrorKind::Forbidden,

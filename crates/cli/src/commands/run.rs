@@ -2,18 +2,22 @@
 //! command exits.
 //!
 //! Two stages, as every subcommand: [`RunArgs`] (clap) becomes a validated
-//! [`SandboxSpec`] before anything touches the system; then [`run`] spawns
-//! the sandbox and [`supervise`]s it: forwarding a terminal if asked, and
-//! turning timeouts, OOM kills and signals to brig into a torn-down
-//! sandbox and the right exit status.
+//! [`SandboxSpec`] before anything touches the system; then [`run`] asks
+//! the tier for the sandbox (through the same [`Tier`] boundary as the
+//! daemon: [`Tier::run`]) and [`supervise`]s it: forwarding a terminal if
+//! asked, and turning timeouts, OOM kills and signals to brig into a
+//! torn-down sandbox and the right exit status.
 
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use brig_core::{parse_duration, parse_size, EnvVar, SandboxSpec, TemplateRef, UserSpec};
+use brig_core::{
+    parse_duration, parse_size, EnvVar, OneShot, SandboxSpec, TemplateRef, Tier, TierError,
+    TierErrorKind, UserSpec,
+};
 use brig_host::probe;
-use brig_jail::{JailError, Sandbox, SpawnOptions};
+use brig_jail::ProcessTier;
 
 use super::client::home_dir;
 use crate::exit::{self, Outcome};
@@ -109,7 +113,7 @@ impl RunArgs {
 pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     let spec = args.into_spec()?;
     exit::require_root()?;
-    let opts = SpawnOptions::prepare().map_err(explain)?;
+    let tier = ProcessTier::for_commands().map_err(explain)?;
 
     // Signals to brig become a sandbox teardown. They are blocked before
     // the spawn so none is lost in between, and read from a signalfd; the
@@ -121,25 +125,18 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         libc::SIGQUIT,
         libc::SIGWINCH,
     ])?;
-    let mut sandbox = Sandbox::spawn(&spec, &opts).map_err(explain)?;
+    let mut sandbox = tier.run(&spec).map_err(explain)?;
     let pty = sandbox.take_pty();
-    let outcome = supervise(&sandbox, &signals, pty, spec.limits.timeout)?;
-    let result = sandbox.wait()?;
-    Ok(exit::finish(outcome, &result))
+    let outcome = supervise(sandbox.as_ref(), &signals, pty, spec.limits.timeout)?;
+    let ended = sandbox.wait()?;
+    Ok(exit::finish(outcome, &ended, spec.limits.memory))
 }
 
 /// A sandbox that could not be set up, explained: if the host lacks a
 /// kernel feature the process tier needs, name it and its fix (the probe
 /// runs only on this failure path; it costs a few milliseconds).
-fn explain(err: JailError) -> anyhow::Error {
-    let host_side = matches!(
-        err,
-        JailError::Namespaces { .. }
-            | JailError::Setup { .. }
-            | JailError::Cgroup(_)
-            | JailError::HostCall { .. }
-            | JailError::Host { .. }
-    );
+fn explain(err: TierError) -> anyhow::Error {
+    let host_side = err.kind() == TierErrorKind::Unavailable;
     let err = anyhow::Error::from(err);
     if host_side {
         if let Err(feature) = probe::check_process_tier() {
@@ -161,7 +158,7 @@ fn explain(err: JailError) -> anyhow::Error {
 /// Watch the sandbox until it ends: the pidfd, signals to brig, the OOM
 /// notification (cgroup v1), the timeout, and terminal traffic with -t.
 fn supervise(
-    sandbox: &Sandbox,
+    sandbox: &dyn OneShot,
     signals: &tty::SignalFd,
     pty: Option<OwnedFd>,
     timeout: Option<Duration>,
@@ -180,8 +177,11 @@ fn supervise(
         t.sync_window_size();
     }
     loop {
-        let mut fds: Vec<libc::pollfd> = vec![poll_in(sandbox.pidfd()), poll_in(signals.fd())];
-        let oom_at = sandbox.oom_fd().map(|fd: BorrowedFd<'_>| {
+        let mut fds: Vec<libc::pollfd> = vec![
+            poll_in(sandbox.exit_fd().as_raw_fd()),
+            poll_in(signals.fd()),
+        ];
+        let oom_at = sandbox.oom_fd().map(|fd| {
             fds.push(poll_in(fd.as_raw_fd()));
             fds.len() - 1
         });
