@@ -167,7 +167,10 @@ pub enum TierError {
     /// A one-shot command ([`Tier::run`]) could not be started: the
     /// message names the command or directory and why.
     #[error("{message}")]
-    Command { fault: CommandFault, message: String },
+    Command {
+        fault: CommandFault,
+        message: String,
+    },
     /// Anything else: the source says what failed.
     #[error("sandbox {id}: cannot {op}")]
     Failed {

@@ -78,6 +78,12 @@ pub struct CgroupLayout {
     pub v1: Vec<V1Hierarchy>,
     /// The first cgroup2 mount.
     pub v2: Option<CgroupMount>,
+    /// Some cgroup mount, of either version, reachable or not, has
+    /// `favordynmods`. The setting acts on one kernel-wide lock (the one a
+    /// task takes to move between groups), so one such mount, or the boot
+    /// parameter `cgroup_favordynmods=true`, spares every attach on the
+    /// host its RCU grace period.
+    pub favordynmods_anywhere: bool,
 }
 
 /// One mounted v1 hierarchy.
@@ -126,7 +132,13 @@ impl CgroupLayout {
     pub fn parse(mountinfo: &str) -> Self {
         let mounts: Vec<Mount> = mountinfo.lines().filter_map(Mount::parse).collect();
         let mut seen = vec![None; mounts.len()];
-        let mut layout = CgroupLayout::default();
+        let mut layout = CgroupLayout {
+            favordynmods_anywhere: mounts.iter().any(|m| {
+                matches!(m.fstype, "cgroup" | "cgroup2")
+                    && m.super_options.split(',').any(|o| o == "favordynmods")
+            }),
+            ..CgroupLayout::default()
+        };
         for (i, m) in mounts.iter().enumerate() {
             if !matches!(m.fstype, "cgroup" | "cgroup2") || covered(&mounts, i, &mut seen) {
                 continue;
@@ -186,15 +198,16 @@ impl CgroupLayout {
         all
     }
 
-    /// Whether a v1 hierarchy brig's groups use is mounted without
-    /// `favordynmods`, so every spawn's attach waits for RCU.
+    /// Whether brig's groups are on v1 hierarchies and nothing put the
+    /// kernel in `favordynmods` mode, so a spawn's first attach waits for
+    /// an RCU grace period (3-20 ms measured on this kind of VM).
     pub fn v1_without_favordynmods(&self) -> bool {
-        self.v1.iter().any(|h| {
-            !h.favordynmods
-                && h.controllers
+        !self.favordynmods_anywhere
+            && self.v1.iter().any(|h| {
+                h.controllers
                     .iter()
                     .any(|c| BRIG_V1_CONTROLLERS.contains(&c.as_str()))
-        })
+            })
     }
 }
 
@@ -566,6 +579,15 @@ mod tests {
         assert!(!CgroupLayout::parse(with).v1_without_favordynmods());
         assert!(!CgroupLayout::parse(named).v1_without_favordynmods());
         assert!(!CgroupLayout::parse(v2).v1_without_favordynmods());
+        // The lock is kernel-wide: the option on any other cgroup mount
+        // (a hybrid host's cgroup2, a controller-less named hierarchy, even
+        // one covered by another mount) is enough.
+        let hybrid_v2 =
+            "41 31 0:38 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw,favordynmods\n";
+        let named_with =
+            "42 31 0:39 / /run/brig/favordynmods rw - cgroup cgroup rw,favordynmods,name=brig\n";
+        assert!(!CgroupLayout::parse(&format!("{without}{hybrid_v2}")).v1_without_favordynmods());
+        assert!(!CgroupLayout::parse(&format!("{without}{named_with}")).v1_without_favordynmods());
     }
 
     #[test]

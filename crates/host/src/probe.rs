@@ -227,9 +227,13 @@ pub struct DensityFacts {
     /// `fs.nr_open`: how far root can raise the daemon's open-file limit
     /// (about five descriptors per sandbox).
     pub nr_open: Option<u64>,
-    /// cgroup v1 hierarchies mounted without `favordynmods`: moving a new
-    /// sandbox's init into its cgroup then waits for an RCU grace period.
+    /// cgroup v1 hierarchies, and no cgroup mount with `favordynmods`:
+    /// moving a new sandbox's init into its cgroup then waits for an RCU
+    /// grace period.
     pub v1_without_favordynmods: bool,
+    /// Where cgroup2 is mounted, if it is: the one mount whose
+    /// `favordynmods` can change on a remount (v1 mounts refuse).
+    pub v2_mount: Option<String>,
 }
 
 impl DensityFacts {
@@ -242,14 +246,14 @@ impl DensityFacts {
                 sysctl(&name).map(|v| (name, v))
             })
             .min_by_key(|(_, v)| *v);
+        let layout = CgroupLayout::read().unwrap_or_default();
         DensityFacts {
             pid_max: sysctl("kernel.pid_max"),
             threads_max: sysctl("kernel.threads-max"),
             namespaces_max,
             nr_open: sysctl("fs.nr_open"),
-            v1_without_favordynmods: CgroupLayout::read()
-                .unwrap_or_default()
-                .v1_without_favordynmods(),
+            v1_without_favordynmods: layout.v1_without_favordynmods(),
+            v2_mount: layout.v2.map(|m| m.mount_point),
         }
     }
 }
@@ -304,14 +308,26 @@ pub fn density_features(facts: &DensityFacts) -> Vec<Feature> {
         "sysctl -w fs.nr_open=1048576".into(),
     );
     out.push(if facts.v1_without_favordynmods {
+        // v1 mounts cannot change the option on a remount (the kernel
+        // refuses: "option or name mismatch"); cgroup2 can, and the lock
+        // it acts on is kernel-wide.
+        let fix = match &facts.v2_mount {
+            Some(v2) => format!(
+                "mount -o remount,favordynmods {v2} (one mount is enough: the setting is \
+                 kernel-wide); or boot with cgroup_favordynmods=true (Linux >= 6.7)"
+            ),
+            None => "boot with cgroup_favordynmods=true (Linux >= 6.7); or mount a \
+                     controller-less hierarchy with it (the setting is kernel-wide): mkdir -p \
+                     /run/brig/favordynmods && mount -t cgroup -o none,name=brig,favordynmods \
+                     cgroup /run/brig/favordynmods"
+                .to_string(),
+        };
         Feature::degraded(
             "cgroup_favordynmods",
             false,
-            "cgroup v1 controllers are mounted without favordynmods: creating a sandbox waits \
-             3-15 ms for an RCU grace period when its first process joins its cgroup",
-            "remount each v1 controller with favordynmods (kernel >= 6.0), e.g. mount -o \
-             remount,favordynmods /sys/fs/cgroup/memory; or boot with cgroup v2 \
-             (systemd.unified_cgroup_hierarchy=1)",
+            "cgroups are v1 and no cgroup mount has favordynmods: creating a sandbox waits \
+             up to 3-20 ms for an RCU grace period when its first process joins its cgroup",
+            &fix,
         )
     } else {
         Feature::ok(
@@ -1977,6 +1993,7 @@ mod tests {
             namespaces_max: Some(("user.max_net_namespaces".into(), 96365)),
             nr_open: Some(1048576),
             v1_without_favordynmods: true,
+            v2_mount: Some("/sys/fs/cgroup/unified".into()),
         };
         let f = density_features(&low);
         let get = |n: &str| f.iter().find(|x| x.name == n).unwrap();
@@ -1990,6 +2007,25 @@ mod tests {
         assert_eq!(get("namespaces_max").status, Status::Ok);
         assert_eq!(get("nr_open").status, Status::Ok);
         assert_eq!(get("cgroup_favordynmods").status, Status::Degraded);
+        // The remount that works (cgroup2's), never one v1 refuses.
+        let fix = get("cgroup_favordynmods").fix.clone().unwrap();
+        assert!(
+            fix.starts_with("mount -o remount,favordynmods /sys/fs/cgroup/unified"),
+            "{fix}"
+        );
+        let pure_v1 = density_features(&DensityFacts {
+            v2_mount: None,
+            ..low.clone()
+        });
+        let fix = pure_v1
+            .iter()
+            .find(|x| x.name == "cgroup_favordynmods")
+            .and_then(|x| x.fix.clone())
+            .unwrap();
+        assert!(
+            fix.contains("cgroup_favordynmods=true") && fix.contains("name=brig,favordynmods"),
+            "{fix}"
+        );
         assert!(f.iter().all(|x| !x.required), "density never blocks a tier");
         let unknown = density_features(&DensityFacts::default());
         assert!(unknown
