@@ -95,6 +95,11 @@ r = sbx.commands.run("echo $SANDBOX_VAR", envs={"SANDBOX_VAR": "mine"})
 check("envs: the command's value wins", r.stdout == "mine\n", r.stdout)
 r = sbx.commands.run("echo \"$SPACED\"", envs={"SPACED": "a b  'c'"})
 check("envs: values kept verbatim", r.stdout == "a b  'c'\n", r.stdout)
+# A command line over 64 KiB (code passed inline, as agents do) and a large
+# environment reach bash: brig's old ceiling was a 64 KiB protocol header.
+long_cmd = "echo " + "x" * (100 << 10) + " | wc -c; echo ${#BIG}"
+r = sbx.commands.run(long_cmd, envs={"BIG": "y" * (100 << 10)})
+check("run: a 100 KiB command and a 100 KiB variable", r.stdout == f"{(100 << 10) + 1}\n{100 << 10}\n", r.stdout[:200])
 
 r = sbx.commands.run("pwd", cwd="/tmp")
 check("cwd", r.stdout == "/tmp\n", r.stdout)

@@ -23,8 +23,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use brig_protocol::message::{self, Call, ErrorBody, ExecRequest};
-use brig_protocol::{negotiate, Body, Decoder, Frame, ResetCode, StreamClass, StreamId, SUPPORTED};
+use brig_protocol::message::{
+    self, Call, ErrorBody, ErrorCode, ExecRequest, CHANNEL_STDOUT, MAX_EXEC_REQUEST,
+};
+use brig_protocol::{
+    negotiate, Body, Decoder, Frame, ResetCode, StreamClass, StreamId, MAX_OPEN_HEADER, SUPPORTED,
+};
 
 use crate::files::FileReader;
 use crate::port::PortStream;
@@ -348,27 +352,82 @@ impl Connection {
     /// (the pid is then [`Process::pid`]) or an error such as
     /// `cannot start /no/such: no such file or directory`.
     pub fn exec(&self, req: &ExecRequest) -> Result<Process, ClientError> {
-        let handle = self.shared.open(StreamClass::EXEC, self.exec_header(req))?;
+        let (header, continued) = self.exec_header(req)?;
+        let handle = self.shared.open(StreamClass::EXEC, header)?;
+        if let Some(body) = continued {
+            handle
+                .stream
+                .send_bytes(&handle.shared, CHANNEL_STDOUT, &body)?;
+        }
         Process::start(handle)
     }
 
-    /// [`Connection::exec`] for an async caller: waits for the agent's
-    /// answer without a thread.
+    /// [`Connection::exec`] for an async caller: waits for credit and for
+    /// the agent's answer without a thread.
     pub async fn exec_async(&self, req: &ExecRequest) -> Result<Process, ClientError> {
-        let handle = self.shared.open(StreamClass::EXEC, self.exec_header(req))?;
+        let (header, continued) = self.exec_header(req)?;
+        let handle = self.shared.open(StreamClass::EXEC, header)?;
+        if let Some(body) = continued {
+            let mut rest = &body[..];
+            while !rest.is_empty() {
+                let sent = std::future::poll_fn(|cx| {
+                    handle
+                        .stream
+                        .poll_send_bytes(cx, &handle.shared, CHANNEL_STDOUT, rest)
+                })
+                .await?;
+                rest = &rest[sent..];
+            }
+        }
         Process::start_async(handle).await
     }
 
-    fn exec_header(&self, req: &ExecRequest) -> Vec<u8> {
+    /// The Open header of an exec, and the request to send as the stream's
+    /// first Data when it is too large for a header (version 3:
+    /// `ExecRequest::continued`), so that a command line or environment of
+    /// megabytes reaches execve, which has its own limits.
+    #[allow(clippy::type_complexity)]
+    fn exec_header(&self, req: &ExecRequest) -> Result<(Vec<u8>, Option<Vec<u8>>), ClientError> {
         // `meta` is version 2: an older agent would refuse the field.
-        if req.meta.is_some() && self.version < 2 {
+        let whole = if req.meta.is_some() && self.version < 2 {
             message::encode_header(&ExecRequest {
                 meta: None,
                 ..req.clone()
             })
         } else {
             message::encode_header(req)
+        };
+        if whole.len() <= MAX_OPEN_HEADER {
+            return Ok((whole, None));
         }
+        let refuse = |message: String| ClientError::Agent {
+            code: ErrorCode::InvalidRequest,
+            message,
+        };
+        if whole.len() > MAX_EXEC_REQUEST {
+            return Err(refuse(format!(
+                "the command line and environment are too large: {} bytes as a request, \
+                 brig takes at most {} MiB (and execve itself about 2 MiB); pass large input \
+                 through stdin or a file",
+                whole.len(),
+                MAX_EXEC_REQUEST >> 20
+            )));
+        }
+        if self.version < 3 {
+            return Err(refuse(format!(
+                "the command line and environment take {} bytes; this sandbox's agent \
+                 (protocol version {}) takes at most {} KiB: a sandbox created by this brig \
+                 takes up to the kernel's own limit",
+                whole.len(),
+                self.version,
+                MAX_OPEN_HEADER >> 10
+            )));
+        }
+        let header = message::encode_header(&ExecRequest {
+            continued: Some(whole.len() as u32),
+            ..ExecRequest::default()
+        });
+        Ok((header, Some(whole)))
     }
 
     /// Re-attach to a process by pid (a background one, typically): its

@@ -55,7 +55,8 @@ pub mod watch;
 use brig_protocol::ResetCode;
 
 pub use brig_protocol::message::{
-    Call, ChangeKind, Entry, ErrorCode, ExecRequest, FileKind, ProcessInfo, PtySize, MAX_META,
+    Call, ChangeKind, Entry, ErrorCode, ExecRequest, FileKind, ProcessInfo, PtySize,
+    MAX_EXEC_REQUEST, MAX_META,
 };
 pub use call::Reply;
 pub use connection::Connection;

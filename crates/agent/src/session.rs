@@ -20,6 +20,7 @@ use std::os::unix::net::UnixListener;
 use brig_protocol::message::{
     self, AttachRequest, Call, ConnectRequest, DataMsg, ErrorBody, ErrorCode, Event, ExecRequest,
     Input, ProcessInfo, ReadRequest, WatchRequest, WriteRequest, CHANNEL_STDOUT, MAX_CHUNK,
+    MAX_EXEC_REQUEST,
 };
 use brig_protocol::{
     negotiate, Body, Decoder, Frame, RecvWindow, ResetCode, SendWindow, StreamClass, StreamId,
@@ -71,6 +72,12 @@ enum Role {
     Watch,
     /// A TCP connection inside the sandbox (`forward.rs`).
     Forward,
+    /// An exec request too large for its Open header, arriving as the
+    /// stream's first `need` bytes of Data (`ExecRequest::continued`).
+    Request {
+        need: usize,
+        buf: Vec<u8>,
+    },
     /// Nothing more to do but drain control messages and close.
     Idle,
 }
@@ -570,6 +577,29 @@ impl Session {
         let mut st = Stream::new(Role::Idle);
         match class {
             StreamClass::EXEC => match message::decode::<ExecRequest>("exec request", header) {
+                Ok(ExecRequest {
+                    continued: Some(need),
+                    ref argv,
+                    ..
+                }) => {
+                    let need = need as usize;
+                    if !argv.is_empty() || need == 0 || need > MAX_EXEC_REQUEST {
+                        st.reply(&Event::error(
+                            ErrorCode::InvalidRequest,
+                            format!(
+                                "a continued exec request carries nothing else in its header \
+                                 and is 1 to {MAX_EXEC_REQUEST} bytes long (this one: {need})"
+                            ),
+                        ));
+                    } else {
+                        st.role = Role::Request {
+                            need,
+                            buf: Vec::with_capacity(
+                                need.min(brig_protocol::INITIAL_WINDOW as usize),
+                            ),
+                        };
+                    }
+                }
                 Ok(req) => self.exec(id, &mut st, &req),
                 Err(e) => st.reply(&Event::error(ErrorCode::InvalidRequest, e.to_string())),
             },
@@ -634,6 +664,26 @@ impl Session {
         self.streams.insert(id, st);
     }
 
+    /// Start the process of a continued exec request, now whole.
+    fn exec_continued(&mut self, id: u32) {
+        let Some(mut st) = self.streams.remove(&id) else {
+            return;
+        };
+        let Role::Request { buf, .. } = std::mem::replace(&mut st.role, Role::Idle) else {
+            self.streams.insert(id, st);
+            return;
+        };
+        match message::decode::<ExecRequest>("exec request", &buf) {
+            Ok(req) if req.continued.is_some() => st.reply(&Event::error(
+                ErrorCode::InvalidRequest,
+                "a continued exec request cannot continue again",
+            )),
+            Ok(req) => self.exec(id, &mut st, &req),
+            Err(e) => st.reply(&Event::error(ErrorCode::InvalidRequest, e.to_string())),
+        }
+        self.streams.insert(id, st);
+    }
+
     fn exec(&mut self, id: u32, st: &mut Stream, req: &ExecRequest) {
         let mut proc = match Proc::spawn(req) {
             Ok(p) => p,
@@ -643,7 +693,16 @@ impl Session {
             Err(SpawnError::Io(what, e)) => {
                 let mut event = files::io_error("", "", &e);
                 if let Event::Error { message, .. } = &mut event {
-                    *message = format!("{what}: {}", files::describe(&e));
+                    *message = if e.raw_os_error() == Some(libc::E2BIG) {
+                        format!(
+                            "{what}: its command line and environment are too large for the \
+                             kernel (E2BIG): execve takes at most 128 KiB per argument or \
+                             variable and about a quarter of the stack limit (2 MiB by \
+                             default) for all of them; pass large input through stdin or a file"
+                        )
+                    } else {
+                        format!("{what}: {}", files::describe(&e))
+                    };
                 }
                 return st.reply(&event);
             }
@@ -752,6 +811,8 @@ impl Session {
         };
         // Bytes held for later (stdin) are released when written; all else now.
         let mut held = 0;
+        // A continued exec request arrived whole.
+        let mut complete = false;
         match (msg, &mut st.role) {
             (DataMsg::Control(json), role) => {
                 let reply = match message::decode::<Input>("input", json) {
@@ -795,12 +856,28 @@ impl Session {
                 // Credit comes back as the socket takes them.
                 held = bytes.len() - 1;
             }
+            (DataMsg::Bytes { channel, bytes }, Role::Request { need, buf })
+                if channel == CHANNEL_STDOUT =>
+            {
+                buf.extend_from_slice(bytes);
+                if buf.len() > *need {
+                    let over =
+                        format!("the exec request was announced as {need} bytes but more arrived");
+                    st.role = Role::Idle;
+                    st.reply(&Event::error(ErrorCode::InvalidRequest, over));
+                } else if buf.len() == *need {
+                    complete = true;
+                }
+            }
             // Bytes for a finished operation, or stderr-channel bytes from
             // the host, are dropped (but still credited).
             (DataMsg::Bytes { .. }, _) => {}
         }
         let len = bytes.len() - held;
         self.release(id, len);
+        if complete {
+            return self.exec_continued(id);
+        }
         if held > 0 && matches!(self.streams.get(&id), Some(s) if matches!(s.role, Role::Forward)) {
             let ready = self.forwards.push(id, &bytes[1..]);
             return self.forward_ready(id, ready);
@@ -847,6 +924,14 @@ impl Session {
             Role::Forward => {
                 let ready = self.forwards.shut_write(id);
                 return self.forward_ready(id, ready);
+            }
+            Role::Request { need, buf } => {
+                let cut = format!(
+                    "the exec request ended after {} of its {need} bytes",
+                    buf.len()
+                );
+                st.role = Role::Idle;
+                st.reply(&Event::error(ErrorCode::InvalidRequest, cut));
             }
             Role::Read { .. } | Role::Idle => {}
         }
@@ -994,7 +1079,7 @@ impl Session {
                             Pulled::Nothing => break,
                         }
                     }
-                    Role::Write { .. } | Role::Idle => break,
+                    Role::Write { .. } | Role::Request { .. } | Role::Idle => break,
                 }
             }
             if broken {

@@ -41,6 +41,14 @@ use super::{sandbox_id, ApiError, AppState, Auth};
 /// Lines in flight between the agent and the HTTP client.
 const LINES_IN_FLIGHT: usize = 16;
 
+/// The largest exec (or process start) body the API reads: a command line
+/// and environment up to what the agent takes (itself more than execve
+/// takes), in JSON. axum's default (2 MB) would refuse some that execve
+/// accepts.
+pub(crate) fn body_limit() -> axum::extract::DefaultBodyLimit {
+    axum::extract::DefaultBodyLimit::max(brig_agent_client::MAX_EXEC_REQUEST + (1 << 20))
+}
+
 /// The body of an exec request.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

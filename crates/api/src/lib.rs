@@ -96,7 +96,10 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/resume", post(sandboxes::resume))
         .route("/v1/sandboxes/{id}/metrics", get(sandboxes::metrics))
         .route("/metrics", get(metrics::serve))
-        .route("/v1/sandboxes/{id}/exec", post(exec::exec))
+        .route(
+            "/v1/sandboxes/{id}/exec",
+            post(exec::exec).layer(exec::body_limit()),
+        )
         .route(
             "/v1/sandboxes/{id}/files",
             get(files::download)

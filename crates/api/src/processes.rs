@@ -57,7 +57,10 @@ const LINES_IN_FLIGHT: usize = 16;
 /// The process routes, with the attachments they share.
 pub fn routes() -> Router<AppState> {
     Router::new()
-        .route("/v1/sandboxes/{id}/processes", post(start).get(list))
+        .route(
+            "/v1/sandboxes/{id}/processes",
+            post(start).layer(super::exec::body_limit()).get(list),
+        )
         .route("/v1/sandboxes/{id}/processes/{pid}/signal", post(signal))
         .route("/v1/sandboxes/{id}/processes/{pid}/output", get(output))
         .route("/v1/sandboxes/{id}/processes/{pid}/stdin", post(stdin))

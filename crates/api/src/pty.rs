@@ -67,8 +67,10 @@ pub const KEY_PROTOCOL_PREFIX: &str = "brig.key.";
 const FRAMES_IN_FLIGHT: usize = 8;
 /// Input frames in flight between the socket and the process's stdin.
 const INPUT_IN_FLIGHT: usize = 8;
-/// The largest message a client may send (input is streamed in frames).
-const MAX_MESSAGE: usize = 1 << 20;
+/// The largest message a client may send: the start message's command
+/// line and environment, up to what the agent takes (input is streamed in
+/// frames of the client's choosing).
+const MAX_MESSAGE: usize = brig_agent_client::MAX_EXEC_REQUEST + (1 << 20);
 /// How long the client has to send its first message.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 

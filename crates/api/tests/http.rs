@@ -466,3 +466,90 @@ async fn the_isolation_tier_is_checked() {
     assert_eq!(status, StatusCode::OK);
     assert_eq!(sb["isolation"], "process", "{sb}");
 }
+
+/// A command line or environment of megabytes reaches execve (an exec
+/// request larger than a protocol Open header continues on its stream),
+/// on the streaming exec and the background start alike; what execve
+/// itself refuses, or what is past brig's own limit, is a 400 that names
+/// the limit.
+#[tokio::test(flavor = "multi_thread")]
+async fn command_lines_and_environments_of_megabytes_work() {
+    if !root_or_skip() {
+        return;
+    }
+    let f = fixture(|_| {});
+    let id = create(&f, "{}").await;
+    // 15 arguments of 100 KiB (each under execve's 128 KiB per string):
+    // 1.5 MiB, 23 times the old 64 KiB ceiling.
+    let arg = "a".repeat(100 << 10);
+    let mut argv = vec![
+        "sh".to_string(),
+        "-c".to_string(),
+        "n=0; for a; do n=$((n + ${#a})); done; echo $n ${#BIG1} ${#BIG2}".to_string(),
+        "sh".to_string(),
+    ];
+    argv.extend(std::iter::repeat_n(arg.clone(), 15));
+    let env = json!({ "BIG1": "e".repeat(100 << 10), "BIG2": "f".repeat(100 << 10) });
+    let (status, events) = exec(&f, &f.key, &id, json!({ "argv": argv, "env": env })).await;
+    assert_eq!(status, StatusCode::OK, "{events:?}");
+    assert_eq!(
+        output(&events, "stdout"),
+        format!("{} {} {}\n", 15 * (100 << 10), 100 << 10, 100 << 10),
+        "{:?}",
+        output(&events, "stderr")
+    );
+    // A background process gets the same.
+    let (status, body) = call(
+        &f.app,
+        Method::POST,
+        &format!("/v1/sandboxes/{id}/processes"),
+        Some(&f.key),
+        Some(
+            &json!({ "argv": ["sh", "-c", "echo ${#1} > /tmp/bg", "sh", arg], "env": env, "background": true })
+                .to_string(),
+        ),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let got = sh(&f, &id, "cat /tmp/bg 2>/dev/null || true").await;
+        if got == format!("{}\n", 100 << 10) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the background process never wrote: {got:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // One string over execve's 128 KiB: the kernel's limit, named.
+    let (status, err) = exec(
+        &f,
+        &f.key,
+        &id,
+        json!({ "argv": ["echo", "x".repeat(200 << 10)] }),
+    )
+    .await;
+    assert_error(status, &err[0], StatusCode::BAD_REQUEST, "bad_request");
+    let message = err[0]["message"].as_str().unwrap();
+    assert!(
+        message.contains("E2BIG") && message.contains("128 KiB"),
+        "{message}"
+    );
+    // Past brig's own limit (16 MiB as a request): refused before the
+    // agent, naming it.
+    let (status, err) = exec(
+        &f,
+        &f.key,
+        &id,
+        json!({ "argv": ["echo"], "env": { "HUGE": "h".repeat(16 << 20) } }),
+    )
+    .await;
+    assert_error(status, &err[0], StatusCode::BAD_REQUEST, "bad_request");
+    let message = err[0]["message"].as_str().unwrap();
+    assert!(message.contains("at most 16 MiB"), "{message}");
+    // The sandbox is fine afterwards.
+    assert_eq!(sh(&f, &id, "echo still here").await, "still here\n");
+}

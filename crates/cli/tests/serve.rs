@@ -634,6 +634,38 @@ fn exec_takes_stdin_a_terminal_a_user_and_the_background() {
     let out = daemon.brig_with_input(&["exec", "-i", &id, "--", "no-such-command"], b"");
     assert_eq!(out.status.code(), Some(127), "{}", text(&out.stderr));
 
+    // A command line of megabytes (agents pass code as arguments), with
+    // and without -i. (What execve refuses cannot reach brig's own argv
+    // either: tests/http.rs checks that answer through the API.)
+    let arg = "b".repeat(100 << 10);
+    for interactive in [false, true] {
+        let mut args = vec!["exec"];
+        if interactive {
+            args.push("-i");
+        }
+        args.extend([
+            &id,
+            "--",
+            "sh",
+            "-c",
+            "n=0; for a; do n=$((n + ${#a})); done; echo $n",
+            "sh",
+        ]);
+        args.extend(std::iter::repeat_n(arg.as_str(), 15));
+        let out = daemon.brig_with_input(&args, b"");
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "-i {interactive}: {}",
+            text(&out.stderr)
+        );
+        assert_eq!(
+            text(&out.stdout),
+            format!("{}\n", 15 * (100 << 10)),
+            "-i {interactive}"
+        );
+    }
+
     // --user, on every path.
     for flags in [&["--user", "nobody"][..], &["-i", "--user", "nobody"]] {
         let args: Vec<&str> = ["exec", &id]

@@ -1037,14 +1037,14 @@ async fn run_envd_sdk(venv: &str, version: &str, checks: usize) {
 /// The current client, e2b 2.63: commands, PTY, files, watches, signed URLs.
 #[tokio::test(flavor = "multi_thread")]
 async fn official_python_sdk() {
-    run_envd_sdk("e2b-venv", "2.63.0", 114).await;
+    run_envd_sdk("e2b-venv", "2.63.0", 115).await;
 }
 
 /// The older generation, e2b 2.48 (the v1 create path; no
 /// `commands.stream_input`, so one check fewer).
 #[tokio::test(flavor = "multi_thread")]
 async fn official_python_sdk_2_48() {
-    run_envd_sdk("e2b-venv-2.48", "2.48.0", 113).await;
+    run_envd_sdk("e2b-venv-2.48", "2.48.0", 114).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

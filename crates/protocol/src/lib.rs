@@ -41,7 +41,9 @@ pub use frame::{
 ///
 /// 2: `ExecRequest::meta` and `ProcessInfo::meta` (a host's note about a
 /// process, kept by the agent across reconnections).
-pub const PROTOCOL_VERSION: u16 = 2;
+/// 3: `ExecRequest::continued` (an exec request larger than an Open
+/// header: a command line or environment of megabytes).
+pub const PROTOCOL_VERSION: u16 = 3;
 
 /// The oldest protocol version this build still speaks.
 pub const MIN_SUPPORTED: u16 = 1;

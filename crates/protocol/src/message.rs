@@ -239,10 +239,24 @@ pub struct ExecRequest {
     /// only when the negotiated version is at least 2.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub meta: Option<String>,
+    /// Since version 3: the request is too large for an Open header
+    /// ([`MAX_OPEN_HEADER`](crate::MAX_OPEN_HEADER)): this header carries
+    /// only this field, and the whole request follows as the first
+    /// `continued` bytes of the stream's Data (channel 1, counted against
+    /// credit as any Data), before anything else is sent on the stream. At
+    /// most [`MAX_EXEC_REQUEST`] bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub continued: Option<u32>,
 }
 
 /// The longest [`ExecRequest::meta`] an agent keeps.
 pub const MAX_META: usize = 4096;
+
+/// The largest exec request an agent takes (as JSON, through
+/// [`ExecRequest::continued`]): room for what execve itself accepts (a
+/// quarter of the stack limit, 2 MiB by default, for argv and environment
+/// together) even with JSON's escaping.
+pub const MAX_EXEC_REQUEST: usize = 16 << 20;
 
 /// Re-attach to a process by pid. Header of an `ATTACH` stream.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -576,6 +590,7 @@ mod tests {
             background: true,
             attached: true,
             meta: Some("{\"tag\":\"t\"}".into()),
+            continued: None,
         };
         assert_eq!(
             decode::<ExecRequest>("exec request", &encode_header(&full)).unwrap(),
@@ -590,6 +605,18 @@ mod tests {
         assert!(!String::from_utf8(encode_header(&plain))
             .unwrap()
             .contains("meta"));
+        // Nor does `continued` appear unless a request continues.
+        assert!(!String::from_utf8(encode_header(&plain))
+            .unwrap()
+            .contains("continued"));
+        let head = ExecRequest {
+            continued: Some(70_000),
+            ..ExecRequest::default()
+        };
+        assert_eq!(
+            decode::<ExecRequest>("exec request", &encode_header(&head)).unwrap(),
+            head
+        );
         let call: Call = decode("call", br#"{"op":"list","path":"/"}"#).unwrap();
         assert_eq!(
             call,
