@@ -771,3 +771,52 @@ fn exec_takes_stdin_a_terminal_a_user_and_the_background() {
     assert_eq!(out.status.code(), Some(130), "{}", text(&out.stdout));
     assert!(started.elapsed() < Duration::from_secs(60));
 }
+
+/// A second daemon on a home already served refuses at once, naming the
+/// first (pid and address), and touches nothing of it: the first's
+/// sandbox keeps running and its records stay as they were. Once the first
+/// is gone, the home can be served again.
+#[test]
+fn a_second_daemon_on_the_same_home_refuses_and_names_the_first() {
+    require_root!();
+    let rootfs = require_rootfs!();
+    let daemon = Daemon::start();
+    let template = format!("dir:{}", rootfs.display());
+    let out = daemon.brig(&["create", "--template", &template]);
+    assert!(out.status.success(), "create: {}", text(&out.stderr));
+    let id = text(&out.stdout).trim().to_string();
+
+    let second = Command::new(BRIG)
+        .args(["serve", "--listen", "127.0.0.1:0", "--home"])
+        .arg(daemon.home.path())
+        .env("BRIG_AGENT", agent())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut second = second;
+    let refused = support::eventually(Duration::from_secs(10), || {
+        second.try_wait().unwrap().is_some()
+    });
+    if !refused {
+        // It is serving the home beside the first: the bug this catches.
+        support::stop_daemon(&mut second);
+        panic!("a second daemon started on a home already served");
+    }
+    let out = second.wait_with_output().unwrap();
+    let says = text(&out.stderr);
+    assert!(!out.status.success(), "the second daemon exited 0: {says}");
+    let pid = daemon.child.id().to_string();
+    let addr = daemon.url.trim_start_matches("http://");
+    assert!(
+        says.contains("another brig serve") && says.contains(&pid) && says.contains(addr),
+        "the refusal names the first daemon (pid {pid}, {addr}): {says}"
+    );
+
+    // The first daemon and its sandbox are untouched.
+    let out = daemon.brig(&["exec", &id, "--", "echo", "alive"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "alive\n");
+    let out = daemon.brig(&["ls"]);
+    assert!(text(&out.stdout).contains(&id), "{}", text(&out.stdout));
+}

@@ -139,6 +139,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<i32> {
     exit::require_root()?;
     std::fs::create_dir_all(&config.home)
         .with_context(|| format!("cannot create the home directory {}", config.home.display()))?;
+    // One daemon per home, before anything reads the records: a second one
+    // would take the first's live sandboxes for dead ones.
+    let claim = HomeClaim::take(&config.home)?;
     let store = Store::open_in(&config.home)?;
     if let Some(key) = store.ensure_initial_key()? {
         let path = config.home.join(LOCAL_KEY_FILE);
@@ -161,7 +164,13 @@ pub fn run(args: ServeArgs) -> anyhow::Result<i32> {
         .build()
         .context("cannot start the async runtime")?;
     let state = AppState::new(Arc::clone(&manager)).with_public_metrics(config.metrics_public);
-    let served = runtime.block_on(serve(config.listen, state, config.e2b, config.on_stop));
+    let served = runtime.block_on(serve(
+        config.listen,
+        state,
+        config.e2b,
+        config.on_stop,
+        &claim,
+    ));
     // Sandboxes end before the runtime goes: their teardown is blocking
     // work that must finish before brig exits.
     manager.stop(config.on_stop);
@@ -175,10 +184,12 @@ async fn serve(
     state: AppState,
     e2b: Option<(SocketAddr, SocketAddr)>,
     on_stop: OnStop,
+    claim: &HomeClaim,
 ) -> anyhow::Result<()> {
     // Every listener is bound before any address is printed, so a wrapper
     // that waits for the last line finds all of them ready.
     let (main, addr) = bind(listen).await?;
+    claim.listening_on(addr);
     let e2b = match e2b {
         Some((api, sandbox)) => Some((bind(api).await?, bind(sandbox).await?)),
         None => None,
@@ -273,6 +284,54 @@ pub fn harden(router: axum::Router) -> axum::Router {
 }
 
 type Listener = axum::serve::TapIo<tokio::net::TcpListener, fn(&mut tokio::net::TcpStream)>;
+
+/// This daemon's hold on its home: an exclusive `flock` on
+/// `$HOME/daemon`, which says "pid\naddress\n" for whoever finds it taken
+/// (the kernel drops the lock when the daemon exits, however it exits).
+pub struct HomeClaim {
+    file: std::fs::File,
+}
+
+/// The file a daemon holds while it serves a home.
+pub const DAEMON_FILE: &str = "daemon";
+
+impl HomeClaim {
+    fn take(home: &std::path::Path) -> anyhow::Result<HomeClaim> {
+        use std::io::{Read, Seek, Write};
+        use std::os::fd::AsRawFd;
+        let path = home.join(DAEMON_FILE);
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .with_context(|| format!("cannot open {}", path.display()))?;
+        // SAFETY: flock on a descriptor this function owns.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let mut text = String::new();
+            let _ = file.read_to_string(&mut text);
+            let mut lines = text.lines();
+            let pid = lines.next().unwrap_or("?");
+            let addr = lines.next().unwrap_or("an address it has not bound yet");
+            anyhow::bail!(
+                "another brig serve (pid {pid}, listening on {addr}) is using the home {}: \
+                 stop it first (kill -TERM {pid}), or give this one its own --home",
+                home.display()
+            );
+        }
+        file.set_len(0)?;
+        file.seek(std::io::SeekFrom::Start(0))?;
+        writeln!(file, "{}", std::process::id())?;
+        Ok(HomeClaim { file })
+    }
+
+    /// Add the address, for a second daemon's message (and clients).
+    fn listening_on(&self, addr: SocketAddr) {
+        use std::io::Write;
+        let _ = (&self.file).write_all(format!("{addr}\n").as_bytes());
+    }
+}
 
 /// Bind one listener (port 0 picks a free one) with TCP_NODELAY on every
 /// connection: a streamed answer's last small line (`exited`) would
