@@ -82,6 +82,27 @@ impl Proc {
                 "meta is longer than {MAX_META} bytes"
             )));
         }
+        // A missing working directory would fail the spawn with ENOENT,
+        // which reads as "command not found": say what is missing.
+        if let Some(cwd) = &req.cwd {
+            match std::fs::metadata(cwd) {
+                Ok(m) if m.is_dir() => {}
+                Ok(_) => {
+                    return Err(SpawnError::Invalid(format!(
+                        "the working directory {cwd} is not a directory"
+                    )))
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    return Err(SpawnError::Invalid(format!(
+                        "the working directory {cwd} does not exist in the sandbox: create it \
+                         first (mkdir -p) or choose another"
+                    )))
+                }
+                // Anything else (a permission the user lacks) is for the
+                // spawn itself to report.
+                Err(_) => {}
+            }
+        }
         let mut cmd = Command::new(program);
         cmd.args(&req.argv[1..]);
         let identity = Identity::resolve(req)?;

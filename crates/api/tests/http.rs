@@ -212,6 +212,36 @@ async fn exec_streams_output_and_exit_status_then_delete_ends_it() {
 
     let (status, err) = exec(&f, &f.key, &id, json!({"argv": ["/no/such"]})).await;
     assert_error(status, &err[0], StatusCode::NOT_FOUND, "command_not_found");
+    // A missing working directory is named as such, not as a missing
+    // command.
+    let (status, err) = exec(
+        &f,
+        &f.key,
+        &id,
+        json!({"argv": ["true"], "cwd": "/no/such/dir"}),
+    )
+    .await;
+    assert_error(status, &err[0], StatusCode::BAD_REQUEST, "bad_request");
+    let message = err[0]["message"].as_str().unwrap();
+    assert!(
+        message.contains("working directory /no/such/dir does not exist"),
+        "{message}"
+    );
+    let (status, err) = exec(
+        &f,
+        &f.key,
+        &id,
+        json!({"argv": ["true"], "cwd": "/etc/passwd"}),
+    )
+    .await;
+    assert_error(status, &err[0], StatusCode::BAD_REQUEST, "bad_request");
+    assert!(
+        err[0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("is not a directory"),
+        "{err:?}"
+    );
 
     // Files, both directions.
     let uri = format!("/v1/sandboxes/{id}/files?path=/tmp/up");

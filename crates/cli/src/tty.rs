@@ -251,3 +251,22 @@ fn write_all(fd: RawFd, mut buf: &[u8]) {
         buf = &buf[n as usize..];
     }
 }
+
+/// Whether `fd` is a terminal.
+pub fn is_terminal(fd: libc::c_int) -> bool {
+    // SAFETY: isatty only inspects the descriptor.
+    unsafe { libc::isatty(fd) == 1 }
+}
+
+/// `-t` reads the keyboard: with stdin a pipe or a file there is none, and
+/// the remote terminal would never see an end of input (a `cat` would
+/// wait forever). Refuse, as docker does.
+pub fn require_terminal_input() -> anyhow::Result<()> {
+    if !is_terminal(0) {
+        anyhow::bail!(
+            "the input device is not a TTY: -t needs a terminal on stdin; drop -t (with -i to \
+             pass piped input through)"
+        );
+    }
+    Ok(())
+}

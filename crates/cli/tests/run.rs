@@ -761,3 +761,33 @@ fn window_size_changes_reach_the_command() {
     assert_eq!(code, Some(0), "{out}");
     assert!(out.contains("50 120"), "{out}");
 }
+
+/// `-t` with stdin a pipe: refused at once, as docker does (the terminal in
+/// the sandbox would never see an end of input, and `cat` would wait
+/// forever).
+#[test]
+fn a_tty_needs_a_terminal_on_stdin() {
+    require_root!();
+    let mut child = brig()
+        .args(["run", "-t", "--", "cat"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"x\n").unwrap();
+    let ended = eventually(Duration::from_secs(10), || {
+        child.try_wait().unwrap().is_some()
+    });
+    if !ended {
+        let _ = child.kill();
+        panic!("brig run -t with piped stdin hung");
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(125), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("the input device is not a TTY"),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -682,6 +682,27 @@ fn exec_takes_stdin_a_terminal_a_user_and_the_background() {
         );
         assert_eq!(text(&out.stdout), "65534\n", "{flags:?}");
     }
+    // A missing working directory is named, not taken for a missing
+    // command (127).
+    for flags in [&["-w", "/no/such"][..], &["-i", "-w", "/no/such"]] {
+        let args: Vec<&str> = ["exec", &id]
+            .into_iter()
+            .chain(flags.iter().copied())
+            .chain(["--", "true"])
+            .collect();
+        let out = daemon.brig_with_input(&args, b"");
+        assert_eq!(
+            out.status.code(),
+            Some(125),
+            "{flags:?}: {}",
+            text(&out.stderr)
+        );
+        assert!(
+            text(&out.stderr).contains("working directory /no/such does not exist"),
+            "{flags:?}: {}",
+            text(&out.stderr)
+        );
+    }
     let out = daemon.brig(&["exec", &id, "--user", "no-such-user", "--", "true"]);
     assert_eq!(out.status.code(), Some(125), "{}", text(&out.stderr));
     assert!(
@@ -734,6 +755,45 @@ fn exec_takes_stdin_a_terminal_a_user_and_the_background() {
         "{}",
         text(&out.stdout)
     );
+    // -it with stdin a pipe: refused at once, as docker does, instead of a
+    // remote `cat` waiting forever for an end of input no terminal sends.
+    let mut child = daemon
+        .command(&["exec", "-it", &id, "--", "cat"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(b"x\n").unwrap();
+    let ended = support::eventually(Duration::from_secs(10), || {
+        child.try_wait().unwrap().is_some()
+    });
+    if !ended {
+        let _ = child.kill();
+        panic!("brig exec -it with piped stdin hung");
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        text(&out.stderr).contains("the input device is not a TTY"),
+        "{}",
+        text(&out.stderr)
+    );
+    // -t: the remote terminal gets TERM (ours, or xterm without one).
+    let out = on_a_terminal(
+        &daemon,
+        &["exec", "-t", &id, "--", "sh", "-c", "echo term:$TERM"],
+        Duration::ZERO,
+        b"",
+    )
+    .unwrap();
+    let want = std::env::var("TERM").unwrap_or_else(|_| "xterm".into());
+    assert!(
+        text(&out.stdout).contains(&format!("term:{want}")),
+        "TERM {want} expected: {}",
+        text(&out.stdout)
+    );
+
     // -it: our terminal's size, typed input, and the status.
     let script = "stty size; read x; echo got:$x; exit 42";
     let out = on_a_terminal(

@@ -55,7 +55,7 @@ pub struct ExecArgs {
     #[arg(long, short = 'd', conflicts_with_all = ["interactive", "tty"])]
     background: bool,
     /// The command and its arguments (after `--`).
-    #[arg(value_name = "CMD", required = true, allow_hyphen_values = true)]
+    #[arg(value_name = "CMD", required = true)]
     command: Vec<String>,
 }
 
@@ -87,9 +87,18 @@ impl ExecArgs {
             (false, false, false) => Mode::Stream,
             (false, stdin, tty) => Mode::Session { tty, stdin },
         };
+        let mut env = pairs("env", &self.env)?;
+        if self.tty {
+            // The remote terminal speaks what ours does (as `brig run -t`).
+            env.entry("TERM").or_insert_with(|| {
+                std::env::var("TERM")
+                    .unwrap_or_else(|_| "xterm".into())
+                    .into()
+            });
+        }
         let mut body = json!({
             "argv": self.command,
-            "env": pairs("env", &self.env)?,
+            "env": env,
         });
         if let Some(dir) = self.workdir {
             body["cwd"] = dir.into();
@@ -107,6 +116,14 @@ impl ExecArgs {
 
 pub fn run(args: ExecArgs) -> anyhow::Result<i32> {
     let config = args.into_config()?;
+    if config.mode
+        == (Mode::Session {
+            tty: true,
+            stdin: true,
+        })
+    {
+        tty::require_terminal_input()?;
+    }
     let client = Client::from_env()?;
     let done = match config.mode {
         Mode::Stream => stream(&client, &config),
@@ -444,6 +461,17 @@ mod tests {
             crate::commands::Command::Exec(a) => a.into_config(),
             _ => unreachable!(),
         }
+    }
+
+    #[test]
+    fn an_unknown_flag_before_the_command_is_a_usage_error() {
+        let e = config(&["0123456789ab", "--network", "host", "--", "true"]).unwrap_err();
+        let e = e.downcast::<clap::Error>().expect("a usage error");
+        assert_eq!(e.kind(), clap::error::ErrorKind::UnknownArgument);
+        assert!(e.to_string().contains("--network"), "{e}");
+        // After the command starts, dashes belong to it.
+        let c = config(&["0123456789ab", "ls", "-l", "--all"]).unwrap();
+        assert_eq!(c.body["argv"], serde_json::json!(["ls", "-l", "--all"]));
     }
 
     #[test]

@@ -65,7 +65,7 @@ pub struct RunArgs {
     #[arg(short = 't', long = "tty")]
     tty: bool,
     /// The command and its arguments (after `--`).
-    #[arg(value_name = "CMD", required = true, allow_hyphen_values = true)]
+    #[arg(value_name = "CMD", required = true)]
     command: Vec<String>,
 }
 
@@ -112,6 +112,9 @@ impl RunArgs {
 
 pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     let spec = args.into_spec()?;
+    if spec.tty {
+        tty::require_terminal_input()?;
+    }
     exit::require_root()?;
     let tier = ProcessTier::for_commands().map_err(explain)?;
 
@@ -311,5 +314,19 @@ mod tests {
         let s = parse(&["brig", "run", "--", "ls", "--memory", "-l"]).unwrap();
         assert_eq!(s.command, vec!["ls", "--memory", "-l"]);
         assert_eq!(s.limits.memory.bytes(), 512 << 20);
+        // Without `--` too, once the command has started.
+        let s = parse(&["brig", "run", "ls", "-l", "--memory"]).unwrap();
+        assert_eq!(s.command, vec!["ls", "-l", "--memory"]);
+        // A command that starts with a dash needs `--`.
+        let s = parse(&["brig", "run", "--", "-weird"]).unwrap();
+        assert_eq!(s.command, vec!["-weird"]);
+    }
+
+    #[test]
+    fn an_unknown_flag_before_the_command_is_a_usage_error() {
+        let e = parse(&["brig", "run", "--network", "host", "--", "true"]).unwrap_err();
+        let e = e.downcast::<clap::Error>().expect("a usage error");
+        assert_eq!(e.kind(), clap::error::ErrorKind::UnknownArgument);
+        assert!(e.to_string().contains("--network"), "{e}");
     }
 }
