@@ -1118,8 +1118,12 @@ fn input_to_process(p: &Proc, input: Input) -> Option<Event> {
     }
 }
 
+/// `pid` > 0: that process; `pid` < -1: the process group -`pid` (every
+/// process the agent starts leads its own group, so this reaches what it
+/// started too); 0 and -1 (the agent's own group, every process) are
+/// refused.
 fn signal(pid: i32, sig: i32) -> Event {
-    if pid <= 0 {
+    if pid == 0 || pid == -1 || pid == i32::MIN {
         return Event::error(ErrorCode::InvalidRequest, format!("invalid pid {pid}"));
     }
     match sys::kill(pid, sig) {

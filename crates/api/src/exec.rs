@@ -22,6 +22,7 @@
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
+use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::{JsonRejection, PathRejection};
@@ -62,6 +63,81 @@ pub struct ExecConfig {
     pub user: Option<String>,
     /// Standard input, base64; stdin is closed after it (or at once).
     pub stdin: Option<String>,
+    /// Kill the process (its whole group) if it runs longer, e.g. "30s":
+    /// the stream then ends with `exited` code 124 and `timed_out: true`.
+    pub timeout: Option<String>,
+}
+
+/// An exec's optional time limit, parsed: at most the sandbox's own life
+/// matters, so anything brig's duration syntax takes is accepted.
+pub(crate) fn exec_timeout(timeout: Option<&str>) -> Result<Option<Duration>, ApiError> {
+    timeout
+        .map(|t| {
+            brig_core::parse_duration(t)
+                .map_err(|e| ApiError::bad_request(format!("timeout: {e} (for example \"30s\")")))
+        })
+        .transpose()
+}
+
+/// The exit code reported for a process killed at its time limit, as
+/// `timeout(1)` and `brig run --timeout` report it.
+pub(crate) const TIMED_OUT: i32 = 124;
+
+/// Wait for a process's next output until `deadline`; `None` there.
+pub(crate) async fn next_before(
+    process: &mut Process,
+    deadline: Option<tokio::time::Instant>,
+) -> Option<Option<Result<Output, ClientError>>> {
+    match deadline {
+        Some(at) => tokio::time::timeout_at(at, process.next_output())
+            .await
+            .ok(),
+        None => Some(process.next_output().await),
+    }
+}
+
+/// Kill a process whose time is up (its group, by pid: its stream may no
+/// longer carry a signal once stdin is closed) and take what it still
+/// says until it exits, up to a few seconds: everything but its `exited`,
+/// in order (at most the stream's window, as it was already sent).
+pub(crate) async fn kill_for_timeout(
+    manager: &std::sync::Arc<brig_runtime::SandboxManager>,
+    tenant: &brig_runtime::TenantId,
+    id: &brig_core::SandboxId,
+    process: &mut Process,
+) -> Vec<Result<Output, ClientError>> {
+    let mut last = Vec::new();
+    if let Some(pid) = process.pid() {
+        let (m, t, i) = (std::sync::Arc::clone(manager), tenant.clone(), id.clone());
+        let _ = tokio::task::spawn_blocking(move || {
+            // Its group (what it started too); an older agent takes only
+            // the pid.
+            let group = brig_agent_client::Call::Signal {
+                pid: -pid,
+                sig: libc::SIGKILL,
+            };
+            if m.call(&t, &i, &group).is_err() {
+                let one = brig_agent_client::Call::Signal {
+                    pid,
+                    sig: libc::SIGKILL,
+                };
+                let _ = m.call(&t, &i, &one);
+            }
+        })
+        .await;
+    }
+    let grace = tokio::time::Instant::now() + Duration::from_secs(5);
+    while let Some(Some(item)) = next_before(process, Some(grace)).await {
+        if matches!(item, Ok(Output::Exited { .. })) {
+            break;
+        }
+        let failed = item.is_err();
+        last.push(item);
+        if failed {
+            break;
+        }
+    }
+    last
 }
 
 pub async fn exec(
@@ -84,6 +160,7 @@ pub async fn exec(
         .map(|s| BASE64.decode(s))
         .transpose()
         .map_err(|e| ApiError::bad_request(format!("stdin is not valid base64: {e}")))?;
+    let timeout = exec_timeout(config.timeout.as_deref())?;
     let req = ExecRequest {
         argv: config.argv,
         env: config.env,
@@ -98,7 +175,15 @@ pub async fn exec(
         .map_err(ApiError::command_start)?;
     let (tx, rx) = mpsc::channel::<Result<Bytes, Infallible>>(LINES_IN_FLIGHT);
     // Waits on the agent without a thread for as long as the process runs.
-    tokio::spawn(pump(process, stdin, tx));
+    let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
+    let limit = Limit {
+        manager: state.manager.clone(),
+        tenant,
+        id,
+        deadline,
+        after: timeout,
+    };
+    tokio::spawn(pump(process, stdin, tx, limit));
     let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
     Response::builder()
         .header(CONTENT_TYPE, "application/x-ndjson")
@@ -135,10 +220,20 @@ pub(crate) fn no_nul(
 /// (the receiver) as soon as it reads EOF from the client, even while the
 /// process prints nothing (`sleep`); then dropping `process` resets its
 /// stream, and the agent kills it.
+/// An exec's time limit and what it takes to enforce it.
+struct Limit {
+    manager: std::sync::Arc<brig_runtime::SandboxManager>,
+    tenant: brig_runtime::TenantId,
+    id: brig_core::SandboxId,
+    deadline: Option<tokio::time::Instant>,
+    after: Option<Duration>,
+}
+
 async fn pump(
     mut process: Process,
     stdin: Option<Vec<u8>>,
     tx: mpsc::Sender<Result<Bytes, Infallible>>,
+    limit: Limit,
 ) {
     match stdin {
         // From its own task: output is only credited back as it is read,
@@ -157,8 +252,23 @@ async fn pump(
     }
     loop {
         let item = tokio::select! {
-            item = process.next_output() => item,
+            item = next_before(&mut process, limit.deadline) => item,
             () = tx.closed() => return,
+        };
+        let Some(item) = item else {
+            // Time is up.
+            for item in
+                kill_for_timeout(&limit.manager, &limit.tenant, &limit.id, &mut process).await
+            {
+                if tx.send(Ok(event_line(item))).await.is_err() {
+                    return;
+                }
+            }
+            let after = limit.after.map_or(0, |a| a.as_millis() as u64);
+            let line = json!({ "type": "exited", "code": TIMED_OUT, "signal": null,
+                               "timed_out": true, "timeout_ms": after });
+            let _ = tx.send(Ok(Bytes::from(format!("{line}\n")))).await;
+            return;
         };
         let Some(item) = item else { return };
         if tx.send(Ok(event_line(item))).await.is_err() {

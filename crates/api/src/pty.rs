@@ -96,6 +96,9 @@ pub struct PtyStart {
     /// A terminal (the default) or pipes with tagged output.
     #[serde(default = "yes")]
     pub pty: bool,
+    /// Kill the process (its group) if it runs longer, e.g. "30s": the
+    /// session then ends with `exited` code 124 and `timed_out: true`.
+    pub timeout: Option<String>,
 }
 
 fn default_cols() -> u16 {
@@ -207,6 +210,10 @@ async fn session(
         }
     };
     let pty = start.pty;
+    let timeout = match super::exec::exec_timeout(start.timeout.as_deref()) {
+        Ok(t) => t,
+        Err(e) => return refuse(socket, e).await,
+    };
     let req = ExecRequest {
         argv: start.argv,
         env: start.env,
@@ -245,7 +252,14 @@ async fn session(
     let exited = Arc::clone(&target.exited);
     // Both wait on the agent without a thread: its output (taken as the
     // socket drains) and its stdin credit.
-    tokio::spawn(async move { pump_output(process, pty, &exited, out_tx).await });
+    let limit = TimeLimit {
+        manager: Arc::clone(&state.manager),
+        tenant: tenant.clone(),
+        id: id.clone(),
+        deadline: timeout.map(|t| tokio::time::Instant::now() + t),
+        after: timeout,
+    };
+    tokio::spawn(async move { pump_output(process, pty, &exited, out_tx, limit).await });
     tokio::spawn(pump_input(target, in_rx));
 
     let mut reader = tokio::spawn(async move {
@@ -364,9 +378,39 @@ async fn pump_output(
     pty: bool,
     exited: &AtomicBool,
     tx: mpsc::Sender<Message>,
+    limit: TimeLimit,
 ) {
     let mut code = close_code::ERROR;
-    while let Some(item) = process.next_output().await {
+    loop {
+        let Some(next) = super::exec::next_before(&mut process, limit.deadline).await else {
+            // Time is up: what it still printed, then `exited` 124.
+            let last = super::exec::kill_for_timeout(
+                &limit.manager,
+                &limit.tenant,
+                &limit.id,
+                &mut process,
+            )
+            .await;
+            for item in last {
+                let msg = match item {
+                    Ok(Output::Stdout(b)) if pty => Message::Binary(b.into()),
+                    Ok(Output::Stdout(b)) => Message::Binary(tagged(STDOUT, b)),
+                    Ok(Output::Stderr(b)) => Message::Binary(tagged(STDERR, b)),
+                    _ => continue,
+                };
+                if tx.send(msg).await.is_err() {
+                    return;
+                }
+            }
+            exited.store(true, Ordering::Relaxed);
+            let after = limit.after.map_or(0, |a| a.as_millis() as u64);
+            let end = json!({ "type": "exited", "code": super::exec::TIMED_OUT, "signal": null,
+                              "timed_out": true, "timeout_ms": after });
+            let _ = tx.send(Message::text(end.to_string())).await;
+            let _ = tx.send(close(close_code::NORMAL)).await;
+            return;
+        };
+        let Some(item) = next else { break };
         let msg = match item {
             Ok(Output::Stdout(b)) if pty => Message::Binary(b.into()),
             Ok(Output::Stdout(b)) => Message::Binary(tagged(STDOUT, b)),
@@ -395,6 +439,15 @@ fn tagged(tag: u8, bytes: Vec<u8>) -> Bytes {
 
 fn stream_error(e: &ClientError) -> String {
     json!({ "type": "error", "code": "stream_failed", "message": e.to_string() }).to_string()
+}
+
+/// A session's time limit and what it takes to enforce it.
+struct TimeLimit {
+    manager: Arc<brig_runtime::SandboxManager>,
+    tenant: brig_runtime::TenantId,
+    id: brig_core::SandboxId,
+    deadline: Option<tokio::time::Instant>,
+    after: Option<Duration>,
 }
 
 /// Where the client's input goes.

@@ -583,3 +583,67 @@ async fn command_lines_and_environments_of_megabytes_work() {
     // The sandbox is fine afterwards.
     assert_eq!(sh(&f, &id, "echo still here").await, "still here\n");
 }
+
+/// An exec's `timeout` kills the process and what it started at the time
+/// limit, keeps what it printed, and ends the stream with `exited` 124
+/// (`timed_out`); a bad duration is a 400 naming the field.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_exec_timeout_kills_the_process_group_and_reports_124() {
+    if !root_or_skip() {
+        return;
+    }
+    let f = fixture(|_| {});
+    let id = create(&f, "{}").await;
+    let started = Instant::now();
+    let (status, events) = exec(
+        &f,
+        &f.key,
+        &id,
+        json!({"argv": ["sh", "-c", "echo before; sleep 300 & wait"], "timeout": "1s"}),
+    )
+    .await;
+    let took = started.elapsed();
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(output(&events, "stdout"), "before\n");
+    let last = events.last().unwrap();
+    assert_eq!(
+        (
+            last["type"].as_str(),
+            last["code"].as_i64(),
+            last["timed_out"].as_bool()
+        ),
+        (Some("exited"), Some(124), Some(true)),
+        "{events:?}"
+    );
+    assert_eq!(last["timeout_ms"], 1000);
+    assert!(
+        took >= Duration::from_secs(1) && took < Duration::from_secs(5),
+        "took {took:?}"
+    );
+    // The group went with it: no `sleep 300` is left in the sandbox.
+    let left = sh(&f, &id, "ps -eo args= | grep -c '^sleep 300' || true").await;
+    assert_eq!(
+        left.trim(),
+        "0",
+        "the background child outlived the timeout"
+    );
+    // A command that ends in time is untouched by its limit.
+    let (_, events) = exec(&f, &f.key, &id, json!({"argv": ["true"], "timeout": "30s"})).await;
+    let last = events.last().unwrap();
+    assert_eq!(
+        (last["code"].as_i64(), last.get("timed_out")),
+        (Some(0), None)
+    );
+    let (status, err) = exec(
+        &f,
+        &f.key,
+        &id,
+        json!({"argv": ["true"], "timeout": "soon"}),
+    )
+    .await;
+    assert_error(status, &err[0], StatusCode::BAD_REQUEST, "bad_request");
+    assert!(
+        err[0]["message"].as_str().unwrap().starts_with("timeout:"),
+        "{err:?}"
+    );
+}

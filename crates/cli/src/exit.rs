@@ -58,7 +58,7 @@ pub fn finish(outcome: Outcome, ended: &Ended, memory_limit: ByteSize) -> i32 {
     }
 }
 
-fn humantime(d: Duration) -> String {
+pub(crate) fn humantime(d: Duration) -> String {
     let ms = d.as_millis();
     if !ms.is_multiple_of(1000) {
         format!("{ms}ms")

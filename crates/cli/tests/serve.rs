@@ -682,6 +682,34 @@ fn exec_takes_stdin_a_terminal_a_user_and_the_background() {
         );
         assert_eq!(text(&out.stdout), "65534\n", "{flags:?}");
     }
+    // --timeout: the command (and what it started) is killed at the limit
+    // and brig exits 124 saying so, with and without -i.
+    for flags in [&["--timeout", "1s"][..], &["-i", "--timeout", "1s"]] {
+        let args: Vec<&str> = ["exec", &id]
+            .into_iter()
+            .chain(flags.iter().copied())
+            .chain(["--", "sh", "-c", "echo before; sleep 300"])
+            .collect();
+        let started = std::time::Instant::now();
+        let out = daemon.brig_with_input(&args, b"");
+        assert_eq!(
+            out.status.code(),
+            Some(124),
+            "{flags:?}: {}",
+            text(&out.stderr)
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(8),
+            "{flags:?}: too slow"
+        );
+        assert!(text(&out.stdout).contains("before"), "{flags:?}");
+        assert!(
+            text(&out.stderr).contains("timed out after 1s"),
+            "{flags:?}: {}",
+            text(&out.stderr)
+        );
+    }
+
     // A missing working directory is named, not taken for a missing
     // command (127).
     for flags in [&["-w", "/no/such"][..], &["-i", "-w", "/no/such"]] {

@@ -357,7 +357,9 @@ pub enum Call {
     },
     /// Replied with `processes`.
     ListProcesses,
-    /// Signal any process in the sandbox, attached or not.
+    /// Signal any process in the sandbox, attached or not; a negative
+    /// `pid` (below -1) signals that process group (agents of this build
+    /// on; older ones answer `invalid_request`).
     Signal {
         pid: i32,
         sig: i32,

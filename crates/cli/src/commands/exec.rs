@@ -51,6 +51,10 @@ pub struct ExecArgs {
     /// goes raw and keys such as ^C reach it).
     #[arg(long, short = 't')]
     tty: bool,
+    /// Kill the command (and what it started) if it runs longer, e.g. 30s,
+    /// 5m; brig then exits with 124.
+    #[arg(long, value_name = "DURATION", conflicts_with = "background")]
+    timeout: Option<String>,
     /// Start the command in the background, print its pid and return.
     #[arg(long, short = 'd', conflicts_with_all = ["interactive", "tty"])]
     background: bool,
@@ -106,6 +110,10 @@ impl ExecArgs {
         if let Some(user) = self.user {
             body["user"] = user.into();
         }
+        if let Some(t) = self.timeout {
+            brig_core::parse_duration(&t).context("--timeout")?;
+            body["timeout"] = t.into();
+        }
         Ok(ExecConfig {
             id: self.id,
             body,
@@ -145,6 +153,14 @@ pub fn run(args: ExecArgs) -> anyhow::Result<i32> {
 
 /// The exit code for an `exited` event or frame.
 fn exit_code(event: &Value) -> i32 {
+    if event["timed_out"] == true {
+        let ms = event["timeout_ms"].as_u64().unwrap_or(0);
+        eprintln!(
+            "brig: timed out after {}; the command was killed",
+            exit::humantime(std::time::Duration::from_millis(ms))
+        );
+        return exit::TIMED_OUT;
+    }
     match (event["code"].as_i64(), event["signal"].as_i64()) {
         (Some(code), _) => code as i32,
         (None, Some(sig)) => 128 + sig as i32,
