@@ -5,6 +5,7 @@
 
 mod commands;
 mod exit;
+mod log;
 mod tty;
 
 use clap::Parser;

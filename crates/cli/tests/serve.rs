@@ -909,3 +909,87 @@ fn a_second_daemon_on_the_same_home_refuses_and_names_the_first() {
     let out = daemon.brig(&["ls"]);
     assert!(text(&out.stdout).contains(&id), "{}", text(&out.stdout));
 }
+
+/// The daemon's log: with `--log-format json` every line on stderr after
+/// the start-up lines is one JSON object; each request gets a line with
+/// its plane, method, path, status and latency, each sandbox change a
+/// line with its id (and, at the end, its state and code). `--log-level
+/// warn` leaves the request lines out.
+#[test]
+fn the_daemon_logs_requests_and_sandbox_changes_as_json() {
+    require_root!();
+    let collect = |extra: &[&str]| {
+        let home = tempfile::tempdir().unwrap();
+        let (mut child, url, lines) = support::start_daemon(home.path(), extra);
+        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let sink = std::sync::Arc::clone(&log);
+        std::thread::spawn(move || {
+            for l in lines.map_while(Result::ok) {
+                sink.lock().unwrap().push(l);
+            }
+        });
+        let brig = |args: &[&str]| {
+            Command::new(BRIG)
+                .args(args)
+                .env("BRIG_URL", &url)
+                .env("BRIG_HOME", home.path())
+                .env_remove("BRIG_API_KEY")
+                .output()
+                .unwrap()
+        };
+        let out = brig(&["create"]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let id = text(&out.stdout).trim().to_string();
+        assert!(brig(&["kill", &id]).status.success());
+        let out = brig(&["exec", "000000000000", "--", "true"]);
+        assert!(!out.status.success());
+        support::stop_daemon(&mut child);
+        std::thread::sleep(Duration::from_millis(200));
+        let lines = log.lock().unwrap().clone();
+        (id, lines)
+    };
+
+    let (id, lines) = collect(&["--log-format", "json"]);
+    let events: Vec<serde_json::Value> = lines
+        .iter()
+        .filter(|l| !l.starts_with("brig: "))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let requests: Vec<&serde_json::Value> = events
+        .iter()
+        .filter(|e| e["target"] == "brig::request")
+        .collect();
+    let create = requests
+        .iter()
+        .find(|e| e["fields"]["method"] == "POST" && e["fields"]["path"] == "/v1/sandboxes")
+        .unwrap_or_else(|| panic!("no line for the create: {lines:#?}"));
+    assert_eq!(create["fields"]["status"], 201);
+    assert_eq!(create["fields"]["plane"], "api");
+    assert!(create["fields"]["latency_ms"]
+        .as_f64()
+        .is_some_and(|ms| ms > 0.0));
+    assert!(
+        requests.iter().any(|e| e["fields"]["status"] == 404),
+        "the unknown sandbox's 404 is logged: {lines:#?}"
+    );
+    let changes: Vec<&serde_json::Value> = events
+        .iter()
+        .filter(|e| e["target"] == "brig::sandbox" && e["fields"]["id"] == id.as_str())
+        .collect();
+    assert_eq!(
+        changes.first().map(|e| &e["fields"]["message"]),
+        Some(&"created".into())
+    );
+    let ended = changes.last().unwrap();
+    assert_eq!(
+        (&ended["fields"]["message"], &ended["fields"]["state"]),
+        (&"ended".into(), &"stopped".into()),
+        "{changes:#?}"
+    );
+
+    let (_, lines) = collect(&["--log-level", "warn"]);
+    assert!(
+        !lines.iter().any(|l| l.contains("brig::request")),
+        "request lines at --log-level warn: {lines:#?}"
+    );
+}

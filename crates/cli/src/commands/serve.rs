@@ -81,6 +81,15 @@ pub struct ServeArgs {
     /// upgrades. A crash or `kill -9` always leaves them running.
     #[arg(long)]
     keep_sandboxes: bool,
+    /// The least severe events the log shows: error, warn, info (one line
+    /// per request and per sandbox change), debug or trace. RUST_LOG, when
+    /// set, wins (tracing's syntax, e.g. brig=debug,hyper=warn).
+    #[arg(long, default_value = "info", value_name = "LEVEL")]
+    log_level: String,
+    /// Log lines as readable text or as one JSON object per line (for log
+    /// shippers). The log goes to stderr.
+    #[arg(long, value_enum, default_value_t = crate::log::LogFormat::Text, value_name = "FORMAT")]
+    log_format: crate::log::LogFormat,
 }
 
 /// What serving needs, checked before anything starts.
@@ -135,6 +144,7 @@ impl ServeArgs {
 }
 
 pub fn run(args: ServeArgs) -> anyhow::Result<i32> {
+    crate::log::init(&args.log_level, args.log_format)?;
     let config = args.into_config()?;
     exit::require_root()?;
     std::fs::create_dir_all(&config.home)
@@ -195,6 +205,7 @@ async fn serve(
         None => None,
     };
     eprintln!("brig: listening on http://{addr}");
+    crate::log::lifecycle(&state.manager);
     // One signal ends every listener.
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = move || {
@@ -208,8 +219,8 @@ async fn serve(
         let e2b_state = E2bState::new(Arc::clone(&state.manager));
         eprintln!("brig: e2b api on http://{api_addr}");
         eprintln!("brig: e2b sandboxes on http://{data_addr}");
-        let control = harden(control_router(e2b_state.clone()));
-        let data_plane = harden(data_router(e2b_state));
+        let control = harden(control_router(e2b_state.clone()), "e2b-api");
+        let data_plane = harden(data_router(e2b_state), "e2b-sandbox");
         let stop = stopped.clone();
         servers.spawn(async move {
             axum::serve(api, control)
@@ -227,7 +238,7 @@ async fn serve(
     }
     let stop = stopped.clone();
     servers.spawn(async move {
-        axum::serve(main, harden(app(state)))
+        axum::serve(main, harden(app(state), "api"))
             .with_graceful_shutdown(stop())
             .await
             .context("the HTTP server failed")
@@ -261,26 +272,33 @@ async fn serve(
 /// A router whose handlers may panic without taking anything down: the
 /// panic is caught, logged, and answered with a 500; the daemon, other
 /// requests and the sandboxes go on.
-pub fn harden(router: axum::Router) -> axum::Router {
-    router.layer(tower_http::catch_panic::CatchPanicLayer::custom(
-        |panic: Box<dyn std::any::Any + Send + 'static>| {
-            let what = panic
-                .downcast_ref::<String>()
-                .map(String::as_str)
-                .or_else(|| panic.downcast_ref::<&str>().copied())
-                .unwrap_or("a panic");
-            tracing::error!("a request handler panicked: {what}");
-            let body = serde_json::json!({
-                "code": "internal",
-                "message": "internal error: the request failed inside brig (a bug; the daemon's \
-                            log has details); retry, and report it if it happens again",
-            });
-            axum::response::IntoResponse::into_response((
-                axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-                axum::Json(body),
-            ))
-        },
-    ))
+pub fn harden(router: axum::Router, plane: &'static str) -> axum::Router {
+    router
+        .layer(tower_http::catch_panic::CatchPanicLayer::custom(
+            |panic: Box<dyn std::any::Any + Send + 'static>| {
+                let what = panic
+                    .downcast_ref::<String>()
+                    .map(String::as_str)
+                    .or_else(|| panic.downcast_ref::<&str>().copied())
+                    .unwrap_or("a panic");
+                tracing::error!("a request handler panicked: {what}");
+                let body = serde_json::json!({
+                    "code": "internal",
+                    "message": "internal error: the request failed inside brig (a bug; the \
+                                daemon's log has details); retry, and report it if it happens \
+                                again",
+                });
+                axum::response::IntoResponse::into_response((
+                    axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                    axum::Json(body),
+                ))
+            },
+        ))
+        // Outside the panic catcher: a request that panicked is logged
+        // with the 500 it was answered.
+        .layer(axum::middleware::from_fn(move |req, next| {
+            crate::log::requests(plane, req, next)
+        }))
 }
 
 type Listener = axum::serve::TapIo<tokio::net::TcpListener, fn(&mut tokio::net::TcpStream)>;
@@ -399,6 +417,7 @@ mod tests {
                     }),
                 )
                 .route("/ok", get(|| async { "fine" })),
+            "api",
         );
         let req = |path: &str| {
             axum::http::Request::builder()
