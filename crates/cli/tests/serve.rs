@@ -993,3 +993,47 @@ fn the_daemon_logs_requests_and_sandbox_changes_as_json() {
         "request lines at --log-level warn: {lines:#?}"
     );
 }
+
+/// The CLI finds the daemon of `$BRIG_HOME` on whatever address it took
+/// (port 0 here) without BRIG_URL, and once that daemon is gone says how
+/// to start one and which address it tried.
+#[test]
+fn the_cli_finds_its_homes_daemon_and_says_how_to_start_one() {
+    require_root!();
+    let home = tempfile::tempdir().unwrap();
+    let (mut child, url, lines) = support::start_daemon(home.path(), &[]);
+    std::thread::spawn(move || for _ in lines {});
+    let brig = |args: &[&str]| {
+        Command::new(BRIG)
+            .args(args)
+            .env("BRIG_HOME", home.path())
+            .env_remove("BRIG_URL")
+            .env_remove("BRIG_API_KEY")
+            .output()
+            .unwrap()
+    };
+    assert_ne!(
+        url, "http://127.0.0.1:7777",
+        "the test needs a daemon off the default"
+    );
+    let out = brig(&["create"]);
+    assert!(
+        out.status.success(),
+        "found no daemon: {}",
+        text(&out.stderr)
+    );
+    let id = text(&out.stdout).trim().to_string();
+    let out = brig(&["ls"]);
+    assert!(text(&out.stdout).contains(&id), "{}", text(&out.stdout));
+
+    support::stop_daemon(&mut child);
+    let out = brig(&["ls"]);
+    assert!(!out.status.success());
+    let says = text(&out.stderr);
+    assert!(
+        says.contains("cannot reach the brig daemon at http://127.0.0.1:7777")
+            && says.contains("brig serve")
+            && says.contains("BRIG_URL"),
+        "{says}"
+    );
+}

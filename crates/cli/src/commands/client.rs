@@ -25,26 +25,126 @@ pub fn home_dir() -> PathBuf {
 #[derive(Debug)]
 pub struct Client {
     base: String,
+    /// Where `base` came from, for "cannot reach" messages.
+    found: Found,
     key: String,
     agent: ureq::Agent,
 }
 
-/// An error answer from the daemon.
+/// How the CLI found the daemon's address.
+#[derive(Debug, Clone)]
+enum Found {
+    /// `BRIG_URL`.
+    Env,
+    /// The running daemon of `$BRIG_HOME` said so in its `daemon` file.
+    HomeFile(PathBuf),
+    /// Nothing said: the default address.
+    Default,
+}
+
+/// Where the local daemon of `home` listens, if one runs: `brig serve`
+/// holds a lock on `$BRIG_HOME/daemon` and writes its address there (see
+/// serve.rs); a file nobody holds is a daemon that is gone.
+fn local_daemon(home: &std::path::Path) -> Option<String> {
+    use std::os::fd::AsRawFd;
+    let path = home.join("daemon");
+    let text = std::fs::read_to_string(&path).ok()?;
+    let file = std::fs::File::open(&path).ok()?;
+    // SAFETY: flock on a descriptor this function owns (closed on return,
+    // which drops a lock that was taken).
+    let free = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } == 0;
+    if free {
+        return None;
+    }
+    let addr = text.lines().nth(1)?.trim();
+    (!addr.is_empty()).then(|| format!("http://{addr}"))
+}
+
+/// An error answer from the daemon, shown with a CLI remedy instead of
+/// the API's (which names HTTP routes).
 #[derive(Debug, thiserror::Error)]
-#[error("{message} (HTTP {status}, {code})")]
+#[error("{}", self.for_people())]
 pub struct RemoteError {
     pub status: u16,
     pub code: String,
     pub message: String,
 }
 
+impl RemoteError {
+    /// The daemon's message without the API's route hints, then what to
+    /// run, then the error's code.
+    fn for_people(&self) -> String {
+        let message = without_routes(&self.message);
+        let remedy = match self.code.as_str() {
+            "unauthorized" => Some(
+                "the daemon refused the api key: set BRIG_API_KEY to a key of this daemon \
+                 (`brig keys create` makes one), or unset it to use $BRIG_HOME/local.key"
+                    .to_string(),
+            ),
+            "paused" => Some(format!(
+                "resume it with `brig resume {}`",
+                sandbox_named(&message).unwrap_or("ID")
+            )),
+            "conflict" if message.contains("already paused") => Some(format!(
+                "resume it with `brig resume {}`",
+                sandbox_named(&message).unwrap_or("ID")
+            )),
+            "not_found" if message.starts_with("sandbox ") => {
+                Some("`brig ls -a` lists the sandboxes you can see".to_string())
+            }
+            _ => None,
+        };
+        match remedy {
+            Some(r) if self.code == "unauthorized" => format!("{r} ({})", self.code),
+            Some(r) => format!("{message}; {r} ({})", self.code),
+            None => format!("{message} ({})", self.code),
+        }
+    }
+}
+
+/// A message with the API's hints cut out: " (POST /v1/…)", "; resume it
+/// with POST /v1/…", "; see api/openapi.yaml".
+fn without_routes(message: &str) -> String {
+    let api_hint = |s: &str| s.contains("/v1/") || s.contains("openapi");
+    message
+        .split("; ")
+        .filter(|clause| !api_hint(clause))
+        .map(|clause| {
+            let mut c = clause.to_string();
+            while let Some(open) = c.find(" (").filter(|&at| {
+                c[at..]
+                    .find(')')
+                    .is_some_and(|end| api_hint(&c[at..at + end]))
+            }) {
+                let close = open + c[open..].find(')').unwrap_or(c.len() - open - 1) + 1;
+                c.replace_range(open..close, "");
+            }
+            c
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// The id in "sandbox ID …".
+fn sandbox_named(message: &str) -> Option<&str> {
+    message
+        .strip_prefix("sandbox ")?
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .next()
+        .filter(|id| !id.is_empty())
+}
+
 impl Client {
     /// From the environment, or a clear error saying what to set.
     pub fn from_env() -> anyhow::Result<Client> {
-        let base = std::env::var("BRIG_URL")
-            .ok()
-            .filter(|u| !u.is_empty())
-            .unwrap_or_else(|| DEFAULT_URL.to_string());
+        let home = home_dir();
+        let (base, found) = match std::env::var("BRIG_URL").ok().filter(|u| !u.is_empty()) {
+            Some(url) => (url, Found::Env),
+            None => match local_daemon(&home) {
+                Some(url) => (url, Found::HomeFile(home.join("daemon"))),
+                None => (DEFAULT_URL.to_string(), Found::Default),
+            },
+        };
         let key = match std::env::var("BRIG_API_KEY").ok().filter(|k| !k.is_empty()) {
             Some(k) => k,
             None => {
@@ -63,6 +163,7 @@ impl Client {
         };
         Ok(Client {
             base: base.trim_end_matches('/').to_string(),
+            found,
             key,
             agent: ureq::AgentBuilder::new().build(),
         })
@@ -119,8 +220,19 @@ impl Client {
                 }
                 .into())
             }
-            Err(e) => Err(anyhow::Error::new(e)
-                .context(format!("cannot reach the brig daemon at {}", self.base))),
+            Err(e) => {
+                let whence = match &self.found {
+                    Found::Env => "BRIG_URL".to_string(),
+                    Found::HomeFile(p) => p.display().to_string(),
+                    Found::Default => "the default; BRIG_URL sets another".to_string(),
+                };
+                Err(anyhow::Error::new(e).context(format!(
+                    "cannot reach the brig daemon at {} ({whence}): start it with `sudo brig \
+                     serve` (it listens on {DEFAULT_URL} unless told otherwise), or point \
+                     BRIG_URL at the daemon you run",
+                    self.base
+                )))
+            }
         }
     }
 
@@ -179,8 +291,19 @@ impl Client {
                 }
                 .into())
             }
-            Err(e) => Err(anyhow::Error::new(e)
-                .context(format!("cannot reach the brig daemon at {}", self.base))),
+            Err(e) => {
+                let whence = match &self.found {
+                    Found::Env => "BRIG_URL".to_string(),
+                    Found::HomeFile(p) => p.display().to_string(),
+                    Found::Default => "the default; BRIG_URL sets another".to_string(),
+                };
+                Err(anyhow::Error::new(e).context(format!(
+                    "cannot reach the brig daemon at {} ({whence}): start it with `sudo brig \
+                     serve` (it listens on {DEFAULT_URL} unless told otherwise), or point \
+                     BRIG_URL at the daemon you run",
+                    self.base
+                )))
+            }
         }
     }
 }
@@ -247,6 +370,43 @@ mod tests {
         assert_eq!(span(200_000), "3m20s");
         assert_eq!(span(2 * 3_600_000 + 5 * 60_000 + 7_000), "2h5m");
         assert_eq!(span(3 * 86_400_000 + 4 * 3_600_000), "3d4h");
+    }
+
+    #[test]
+    fn daemon_errors_give_cli_remedies_not_routes() {
+        let e = |status, code: &str, message: &str| {
+            RemoteError {
+                status,
+                code: code.into(),
+                message: message.into(),
+            }
+            .to_string()
+        };
+        let paused = e(
+            409,
+            "paused",
+            "sandbox 0123456789ab is paused; resume it first (POST /v1/sandboxes/0123456789ab/resume)",
+        );
+        assert_eq!(
+            paused,
+            "sandbox 0123456789ab is paused; resume it with `brig resume 0123456789ab` (paused)"
+        );
+        let again = e(
+            409,
+            "conflict",
+            "sandbox 0123456789ab is already paused; resume it with POST /v1/sandboxes/0123456789ab/resume",
+        );
+        assert!(
+            !again.contains("/v1/") && again.contains("brig resume 0123456789ab"),
+            "{again}"
+        );
+        let key = e(401, "unauthorized", "missing or invalid api key: pass a key from `brig keys create` as `Authorization: Bearer <key>`");
+        assert!(
+            key.contains("BRIG_API_KEY") && !key.contains("Authorization"),
+            "{key}"
+        );
+        let other = e(400, "bad_request", "no such endpoint; see api/openapi.yaml");
+        assert_eq!(other, "no such endpoint (bad_request)");
     }
 
     #[test]
