@@ -77,7 +77,7 @@ impl RemoteError {
         let message = without_routes(&self.message);
         let remedy = match self.code.as_str() {
             "unauthorized" => Some(
-                "the daemon refused the api key: set BRIG_API_KEY to a key of this daemon \
+                "missing or invalid api key: set BRIG_API_KEY to a key of this daemon \
                  (`brig keys create` makes one), or unset it to use $BRIG_HOME/local.key"
                     .to_string(),
             ),
