@@ -271,9 +271,58 @@ async fn pump(
             return;
         };
         let Some(item) = item else { return };
-        if tx.send(Ok(event_line(item))).await.is_err() {
+        let line = match item {
+            Err(e) => {
+                let v = stream_error(&limit.manager, &limit.tenant, &limit.id, &e).await;
+                Bytes::from(format!("{v}\n"))
+            }
+            item => event_line(item),
+        };
+        if tx.send(Ok(line)).await.is_err() {
             return;
         }
+    }
+}
+
+/// Why a process's stream broke, for its client: if the sandbox itself
+/// ended under it (the agent's connection went away), wait a moment for
+/// the end to be recorded and say why it ended (`sandbox_end`: its
+/// recorded cause, e.g. `timeout`, `out_of_memory`, `deleted`) instead of
+/// "connection to the agent closed".
+pub(crate) async fn stream_error(
+    manager: &std::sync::Arc<brig_runtime::SandboxManager>,
+    tenant: &brig_runtime::TenantId,
+    id: &brig_core::SandboxId,
+    e: &ClientError,
+) -> serde_json::Value {
+    let plain = json!({ "type": "error", "message": e.to_string() });
+    if !matches!(
+        e,
+        ClientError::Closed | ClientError::StreamClosed { .. } | ClientError::Reset { .. }
+    ) {
+        return plain;
+    }
+    // The teardown records the end on its own thread: a few seconds at
+    // most (it waits for every process to die and the cgroups to go).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let (m, t, i) = (std::sync::Arc::clone(manager), tenant.clone(), id.clone());
+        let record = tokio::task::spawn_blocking(move || m.get(&t, &i)).await;
+        if let Ok(Ok(r)) = &record {
+            if let (true, Some(cause)) = (r.state.is_final(), &r.end) {
+                let mut end = serde_json::to_value(cause).unwrap_or_default();
+                end["message"] = cause.describe().into();
+                return json!({
+                    "type": "error",
+                    "message": format!("the sandbox ended: {}", cause.describe()),
+                    "sandbox_end": end,
+                });
+            }
+        }
+        if tokio::time::Instant::now() >= deadline || !matches!(record, Ok(Ok(_))) {
+            return plain;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

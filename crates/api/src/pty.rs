@@ -421,7 +421,18 @@ async fn pump_output(
                 Message::text(json!({ "type": "exited", "code": c, "signal": signal }).to_string())
             }
             Ok(Output::Started { .. } | Output::Attached { .. }) => continue,
-            Err(e) => Message::text(stream_error(&e)),
+            Err(e) => {
+                let mut v =
+                    super::exec::stream_error(&limit.manager, &limit.tenant, &limit.id, &e).await;
+                // The session's error frames carry a code, as its refusals do.
+                v["code"] = if v.get("sandbox_end").is_some() {
+                    "sandbox_ended"
+                } else {
+                    "stream_failed"
+                }
+                .into();
+                Message::text(v.to_string())
+            }
         };
         if tx.send(msg).await.is_err() {
             return;
@@ -435,10 +446,6 @@ fn tagged(tag: u8, bytes: Vec<u8>) -> Bytes {
     v.push(tag);
     v.extend(bytes);
     Bytes::from(v)
-}
-
-fn stream_error(e: &ClientError) -> String {
-    json!({ "type": "error", "code": "stream_failed", "message": e.to_string() }).to_string()
 }
 
 /// A session's time limit and what it takes to enforce it.

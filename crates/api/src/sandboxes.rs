@@ -126,6 +126,10 @@ pub struct SandboxView {
     pub expires_at: UnixMillis,
     pub ended_at: Option<UnixMillis>,
     pub exit_code: Option<i32>,
+    /// Why it ended (`{"cause": "timeout"}`, `{"cause": "deleted", "by":
+    /// TENANT}`, ...) and the same as a sentence; absent while it lives.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub end: Option<serde_json::Value>,
 }
 
 impl From<SandboxRecord> for SandboxView {
@@ -140,6 +144,11 @@ impl From<SandboxRecord> for SandboxView {
             expires_at: r.expires_at,
             ended_at: r.ended_at,
             exit_code: r.exit_code,
+            end: r.end.map(|cause| {
+                let mut v = serde_json::to_value(&cause).unwrap_or_default();
+                v["message"] = cause.describe().into();
+                v
+            }),
         }
     }
 }

@@ -647,3 +647,63 @@ async fn an_exec_timeout_kills_the_process_group_and_reports_124() {
         "{err:?}"
     );
 }
+
+/// A sandbox's end has a recorded cause, shown by GET and told to an exec
+/// that was streaming when it happened.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_end_of_a_sandbox_is_explained_to_its_streams_and_in_its_record() {
+    if !root_or_skip() {
+        return;
+    }
+    let f = fixture(|_| {});
+    let id = create(&f, r#"{"timeout": "2s"}"#).await;
+    let (status, events) = exec(&f, &f.key, &id, json!({"argv": ["sleep", "30"]})).await;
+    assert_eq!(status, StatusCode::OK);
+    let last = events.last().unwrap();
+    assert_eq!(last["type"], "error", "{events:?}");
+    assert_eq!(last["sandbox_end"]["cause"], "timeout", "{last}");
+    assert!(
+        last["message"]
+            .as_str()
+            .unwrap()
+            .contains("its timeout passed"),
+        "{last}"
+    );
+    let (_, sb) = call(
+        &f.app,
+        Method::GET,
+        &format!("/v1/sandboxes/{id}"),
+        Some(&f.key),
+        None,
+    )
+    .await;
+    assert_eq!(sb["end"]["cause"], "timeout", "{sb}");
+    assert_eq!(sb["end"]["message"], "its timeout passed", "{sb}");
+
+    let id = create(&f, "{}").await;
+    let (_, sb) = call(
+        &f.app,
+        Method::DELETE,
+        &format!("/v1/sandboxes/{id}"),
+        Some(&f.key),
+        None,
+    )
+    .await;
+    assert_eq!(sb["end"]["cause"], "deleted", "{sb}");
+    assert!(
+        sb["end"]["by"].as_str().is_some_and(|t| !t.is_empty()),
+        "{sb}"
+    );
+    let (_, live) = call(
+        &f.app,
+        Method::POST,
+        "/v1/sandboxes",
+        Some(&f.key),
+        Some("{}"),
+    )
+    .await;
+    assert!(
+        live.get("end").is_none(),
+        "a live sandbox has no end: {live}"
+    );
+}

@@ -16,6 +16,8 @@ pub const NOT_EXECUTABLE: i32 = 126;
 pub const NOT_FOUND: i32 = 127;
 pub const TIMED_OUT: i32 = 124;
 pub const OOM: i32 = 137;
+/// Killed (128 + SIGKILL): what a command whose sandbox was ended exits with.
+pub const KILLED: i32 = 137;
 
 /// Why the supervise loop stopped watching.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1037,3 +1037,39 @@ fn the_cli_finds_its_homes_daemon_and_says_how_to_start_one() {
         "{says}"
     );
 }
+
+/// A command whose sandbox times out under it exits 124 saying so (not
+/// "connection closed", 125), and `inspect` says why the sandbox ended.
+#[test]
+fn an_exec_learns_why_its_sandbox_ended() {
+    require_root!();
+    let daemon = Daemon::start();
+    let out = daemon.brig(&["create", "--timeout", "2s"]);
+    assert!(out.status.success(), "create: {}", text(&out.stderr));
+    let id = text(&out.stdout).trim().to_string();
+    for flags in [&[][..], &["-i"]] {
+        let args: Vec<&str> = ["exec", &id]
+            .into_iter()
+            .chain(flags.iter().copied())
+            .chain(["--", "sleep", "30"])
+            .collect();
+        let out = daemon.brig_with_input(&args, b"");
+        if flags.is_empty() {
+            assert_eq!(out.status.code(), Some(124), "{}", text(&out.stderr));
+            assert!(
+                text(&out.stderr).contains("the sandbox ended: its timeout passed"),
+                "{}",
+                text(&out.stderr)
+            );
+        } else {
+            // Started after the end: refused, naming the state.
+            assert_ne!(out.status.code(), Some(0));
+        }
+    }
+    let out = daemon.brig(&["inspect", &id]);
+    assert!(
+        text(&out.stdout).contains("Why:       its timeout passed"),
+        "{}",
+        text(&out.stdout)
+    );
+}

@@ -47,7 +47,8 @@ pub use manager::{CreateConfig, ManagerConfig, ManagerError, OnStop, SandboxMana
 pub use metrics::Metrics;
 pub use pool::PoolTarget;
 pub use sandboxes::{
-    Cursor, ListFilter, NewSandbox, Page, SandboxError, SandboxRecord, SandboxState, Scope,
+    Cursor, EndCause, ListFilter, NewSandbox, Page, SandboxError, SandboxRecord, SandboxState,
+    Scope,
 };
 pub use store::{Store, StoreError, UnixMillis, DB_FILE, SCHEMA_VERSION};
 pub use tenants::{Tenant, TenantId, DEFAULT_TENANT};

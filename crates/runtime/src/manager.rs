@@ -49,7 +49,9 @@ use brig_core::{
 use crate::error::{chain, ErrorKind};
 use crate::events::{Event, EventKind, Events};
 use crate::pool::{Pool, PoolTarget, Warm};
-use crate::sandboxes::{Cursor, ListFilter, NewSandbox, Page, SandboxError, SandboxState, Scope};
+use crate::sandboxes::{
+    Cursor, EndCause, ListFilter, NewSandbox, Page, SandboxError, SandboxState, Scope,
+};
 use crate::{AuthError, SandboxRecord, Store, StoreError, TenantId};
 
 /// Threads that keep the pool full, each one spawn at a time: most of a
@@ -449,7 +451,7 @@ impl SandboxManager {
                 Err(e) => {
                     gone += 1;
                     tracing::warn!("sandbox {id}: cannot adopt it: {}", chain(&e));
-                    let _ = self.store().mark_dead(&id, None);
+                    let _ = self.store().mark_dead(&id, None, &EndCause::EndedUnwatched);
                 }
             }
         }
@@ -481,11 +483,12 @@ impl SandboxManager {
         if record.state == SandboxState::Creating {
             // Cut short by the crash: nothing half-made may stay.
             tier.discard(&id).map_err(ManagerError::Spawn)?;
-            self.store().mark_dead(&id, None)?;
+            self.store().mark_dead(&id, None, &EndCause::CreateFailed)?;
             return Ok(false);
         }
         let Some(instance) = tier.adopt(&id).map_err(ManagerError::Spawn)? else {
-            self.store().mark_dead(&id, None)?;
+            self.store()
+                .mark_dead(&id, None, &EndCause::EndedUnwatched)?;
             return Ok(false);
         };
         let instance: Arc<dyn Instance> = Arc::from(instance);
@@ -618,7 +621,7 @@ impl SandboxManager {
         match made {
             Ok(warm) => self.register(tenant, warm, &spec),
             Err(e) => {
-                let _ = self.store().mark_dead(&id, None);
+                let _ = self.store().mark_dead(&id, None, &EndCause::CreateFailed);
                 Err(e)
             }
         }
@@ -761,7 +764,7 @@ impl SandboxManager {
             Err(e) => {
                 instance.kill();
                 let _ = instance.wait();
-                let _ = self.store().mark_dead(&id, None);
+                let _ = self.store().mark_dead(&id, None, &EndCause::CreateFailed);
                 return Err(e.into());
             }
         };
@@ -866,12 +869,20 @@ impl SandboxManager {
         if record.state.is_final() {
             return Ok(record);
         }
+        let cause = EndCause::Deleted {
+            by: tenant.as_str().to_string(),
+        };
         match self.live_sandbox(id) {
-            Some(live) => self.end_and_wait(&live, SandboxState::Stopped),
+            Some(live) => self.end_and_wait(&live, SandboxState::Stopped, cause),
             // Live in the store but not in this daemon: nothing to kill.
             None => {
-                self.store()
-                    .transition(Scope::Tenant(tenant), id, SandboxState::Stopped, None)?;
+                self.store().end_sandbox(
+                    Scope::Tenant(tenant),
+                    id,
+                    SandboxState::Stopped,
+                    None,
+                    &cause,
+                )?;
             }
         }
         self.get(tenant, id)
@@ -988,7 +999,7 @@ impl SandboxManager {
             OnStop::End => {
                 let waits: Vec<_> = live
                     .iter()
-                    .filter_map(|l| self.end(l, SandboxState::Stopped))
+                    .filter_map(|l| self.end(l, SandboxState::Stopped, EndCause::Shutdown))
                     .collect();
                 for done in waits {
                     let _ = done.recv_timeout(TEARDOWN_WAIT);
@@ -1098,7 +1109,12 @@ impl SandboxManager {
     /// End a sandbox: kill it, wait for its teardown and record the end, on
     /// a short-lived thread of its own (only the first request starts one).
     /// Returns where to wait for the teardown (`None` if it is over).
-    fn end(&self, live: &Arc<Live>, state: SandboxState) -> Option<mpsc::Receiver<()>> {
+    fn end(
+        &self,
+        live: &Arc<Live>,
+        state: SandboxState,
+        cause: EndCause,
+    ) -> Option<mpsc::Receiver<()>> {
         let (done_tx, done_rx) = mpsc::channel();
         {
             let mut ending = lock(&live.ending);
@@ -1118,7 +1134,7 @@ impl SandboxManager {
                 Arc::clone(&self.live),
                 self.events.clone(),
             );
-            move || teardown(&live, state, &store_path, &map, &events)
+            move || teardown(&live, state, cause, &store_path, &map, &events)
         };
         let thread = thread::Builder::new()
             .name(format!("brig-end-{}", live.instance.id()))
@@ -1138,8 +1154,8 @@ impl SandboxManager {
         Some(done_rx)
     }
 
-    fn end_and_wait(&self, live: &Arc<Live>, state: SandboxState) {
-        if let Some(done) = self.end(live, state) {
+    fn end_and_wait(&self, live: &Arc<Live>, state: SandboxState, cause: EndCause) {
+        if let Some(done) = self.end(live, state, cause) {
             let _ = done.recv_timeout(TEARDOWN_WAIT);
         }
     }
@@ -1158,13 +1174,14 @@ impl SandboxManager {
             match self.live_sandbox(&record.id) {
                 Some(live) if self.paused_on_timeout(&record.id, &live) => {}
                 // Fire and forget: the supervisor records the end.
-                Some(live) => drop(self.end(&live, SandboxState::Stopped)),
+                Some(live) => drop(self.end(&live, SandboxState::Stopped, EndCause::Timeout)),
                 None => {
-                    let _ = self.store().transition(
+                    let _ = self.store().end_sandbox(
                         Scope::Daemon,
                         &record.id,
                         SandboxState::Stopped,
                         None,
+                        &EndCause::Timeout,
                     );
                 }
             }
@@ -1175,7 +1192,12 @@ impl SandboxManager {
             .cloned()
             .collect();
         for live in gone {
-            drop(self.end(&live, SandboxState::Dead));
+            // The teardown learns the agent's status (and an OOM kill).
+            drop(self.end(
+                &live,
+                SandboxState::Dead,
+                EndCause::AgentExited { code: None },
+            ));
         }
     }
 }
@@ -1185,17 +1207,41 @@ impl SandboxManager {
 ///
 /// The record is written through a store of its own: the manager may be
 /// gone (or its store lock held by a caller waiting on this teardown).
-fn teardown(live: &Live, state: SandboxState, store_path: &Path, map: &LiveMap, events: &Events) {
+fn teardown(
+    live: &Live,
+    state: SandboxState,
+    cause: EndCause,
+    store_path: &Path,
+    map: &LiveMap,
+    events: &Events,
+) {
     let id = live.instance.id().clone();
+    // Read before the kill: gone with the sandbox's cgroups after it.
+    let memory_limit = match state {
+        SandboxState::Dead => live.instance.usage().ok().map(|u| u.memory_limit_bytes),
+        _ => None,
+    };
     live.instance.kill();
     let ended = live.instance.wait();
     let code = ended.as_ref().ok().and_then(|e| e.code);
     if let Err(e) = &ended {
         tracing::warn!("sandbox {id}: teardown: {}", chain(e));
     }
+    // A sandbox that ended by itself after the OOM killer fired in it
+    // ended of that; one brig ended keeps brig's reason.
+    let cause = match (state, &ended) {
+        (SandboxState::Dead, Ok(e)) if e.oom => EndCause::OutOfMemory {
+            memory_limit_bytes: memory_limit,
+        },
+        (SandboxState::Dead, _) => match cause {
+            EndCause::AgentExited { .. } => EndCause::AgentExited { code },
+            other => other,
+        },
+        _ => cause,
+    };
     match Store::open(store_path) {
         Ok(store) => {
-            let _ = store.transition(Scope::Daemon, &id, state, code);
+            let _ = store.end_sandbox(Scope::Daemon, &id, state, code, &cause);
         }
         Err(e) => tracing::warn!("sandbox {id}: cannot record its end: {e}"),
     }

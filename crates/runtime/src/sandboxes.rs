@@ -153,6 +153,59 @@ pub struct SandboxRecord {
     /// What front-ends keep about it, by front-end (`{"e2b": {...}}`).
     #[serde(skip)]
     pub attrs: serde_json::Map<String, serde_json::Value>,
+    /// Why it ended (ended records written by this version on).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub end: Option<EndCause>,
+}
+
+/// Why a sandbox ended, as recorded with its end and shown by `inspect`,
+/// the API and a stream that was open when it happened.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "cause", rename_all = "snake_case")]
+pub enum EndCause {
+    /// Deleted (`brig kill`, `DELETE`, an E2B kill) by this tenant.
+    Deleted { by: String },
+    /// Its timeout passed.
+    Timeout,
+    /// The kernel's OOM killer fired in it and it ended: its memory limit
+    /// was too small for what ran.
+    OutOfMemory { memory_limit_bytes: Option<u64> },
+    /// Its agent (the sandbox's first process) exited or was killed from
+    /// inside, with the status the teardown learned.
+    AgentExited { code: Option<i32> },
+    /// It ended while no daemon watched it (found gone at re-adoption).
+    EndedUnwatched,
+    /// The daemon shut down and ended it.
+    Shutdown,
+    /// Its create was cut short (the daemon died mid-create, or the
+    /// launch failed).
+    CreateFailed,
+}
+
+impl EndCause {
+    /// One line for people: "deleted by tenant …", "its timeout passed", ...
+    pub fn describe(&self) -> String {
+        match self {
+            EndCause::Deleted { by } => format!("deleted (by tenant {by})"),
+            EndCause::Timeout => "its timeout passed".into(),
+            EndCause::OutOfMemory {
+                memory_limit_bytes: Some(b),
+            } => format!(
+                "out of memory: the kernel killed it at its memory limit ({} MiB)",
+                b >> 20
+            ),
+            EndCause::OutOfMemory { .. } => {
+                "out of memory: the kernel killed it at its memory limit".into()
+            }
+            EndCause::AgentExited { code: Some(c) } => {
+                format!("its first process (the agent) exited with status {c}")
+            }
+            EndCause::AgentExited { code: None } => "its first process (the agent) exited".into(),
+            EndCause::EndedUnwatched => "it ended while no daemon was running".into(),
+            EndCause::Shutdown => "the daemon shut down".into(),
+            EndCause::CreateFailed => "its create did not finish".into(),
+        }
+    }
 }
 
 /// Which sandboxes a listing returns.
@@ -255,7 +308,7 @@ impl SandboxError {
 
 const COLUMNS: &str = "id, tenant_id, template, isolation, spec_json, labels_json, state, \
                        init_pid, created_at, expires_at, ended_at, exit_code, lifecycle_json, \
-                       attrs_json";
+                       attrs_json, end_json";
 
 /// A row as SQLite hands it over, before the checks that turn it into a
 /// [`SandboxRecord`] (done outside rusqlite's closure so a bad row becomes a
@@ -275,6 +328,7 @@ struct RawRow {
     exit_code: Option<i64>,
     lifecycle_json: Option<String>,
     attrs_json: Option<String>,
+    end_json: Option<String>,
 }
 
 fn raw_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawRow> {
@@ -293,6 +347,7 @@ fn raw_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawRow> {
         exit_code: r.get(11)?,
         lifecycle_json: r.get(12)?,
         attrs_json: r.get(13)?,
+        end_json: r.get(14)?,
     })
 }
 
@@ -332,6 +387,10 @@ impl RawRow {
             .as_deref()
             .and_then(|j| serde_json::from_str(j).ok())
             .unwrap_or_default();
+        let end = self
+            .end_json
+            .as_deref()
+            .and_then(|j| serde_json::from_str(j).ok());
         Ok(SandboxRecord {
             id,
             tenant: TenantId(self.tenant),
@@ -347,6 +406,7 @@ impl RawRow {
             exit_code,
             lifecycle,
             attrs,
+            end,
         })
     }
 }
@@ -424,6 +484,7 @@ impl Store {
             exit_code: None,
             lifecycle: None,
             attrs: serde_json::Map::new(),
+            end: None,
         })
     }
 
@@ -554,12 +615,36 @@ impl Store {
         to: SandboxState,
         exit_code: Option<i32>,
     ) -> Result<SandboxRecord, SandboxError> {
+        self.transition_for(scope, id, to, exit_code, None)
+    }
+
+    /// End a sandbox's record (`to` is final) with why it ended.
+    pub fn end_sandbox(
+        &self,
+        scope: Scope<'_>,
+        id: &SandboxId,
+        to: SandboxState,
+        exit_code: Option<i32>,
+        cause: &EndCause,
+    ) -> Result<SandboxRecord, SandboxError> {
+        debug_assert!(to.is_final());
+        self.transition_for(scope, id, to, exit_code, Some(cause))
+    }
+
+    fn transition_for(
+        &self,
+        scope: Scope<'_>,
+        id: &SandboxId,
+        to: SandboxState,
+        exit_code: Option<i32>,
+        cause: Option<&EndCause>,
+    ) -> Result<SandboxRecord, SandboxError> {
         let sources = sources_sql(to);
         if sources.is_empty() {
             return Err(self.explain_refusal(scope, id, to));
         }
         let ending = if to.is_final() {
-            ", ended_at = ?4, exit_code = ?5"
+            ", ended_at = ?4, exit_code = ?5, end_json = ?6"
         } else {
             ""
         };
@@ -578,6 +663,11 @@ impl Store {
         if to.is_final() {
             params.push(Value::Integer(self.now()));
             params.push(exit_code.map_or(Value::Null, |c| Value::Integer(c.into())));
+            params.push(
+                cause
+                    .and_then(|c| serde_json::to_string(c).ok())
+                    .map_or(Value::Null, Value::Text),
+            );
         }
         let updated = self
             .conn
@@ -595,8 +685,9 @@ impl Store {
         &self,
         id: &SandboxId,
         exit_code: Option<i32>,
+        cause: &EndCause,
     ) -> Result<SandboxRecord, SandboxError> {
-        self.transition(Scope::Daemon, id, SandboxState::Dead, exit_code)
+        self.end_sandbox(Scope::Daemon, id, SandboxState::Dead, exit_code, cause)
     }
 
     /// A conditional update changed nothing: say whether the sandbox is

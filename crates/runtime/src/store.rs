@@ -94,6 +94,11 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE sandboxes ADD COLUMN lifecycle_json TEXT;
     ALTER TABLE sandboxes ADD COLUMN attrs_json TEXT;
     ",
+    // 4: why an ended sandbox ended (JSON, `EndCause`): deleted, timeout,
+    // out of memory, its agent exited, the daemon shut down, ...
+    "
+    ALTER TABLE sandboxes ADD COLUMN end_json TEXT;
+    ",
 ];
 
 /// The schema version this code writes and understands.

@@ -11,8 +11,8 @@ use brig_agent_client::ExecRequest;
 use brig_core::{Limits, SandboxId, TemplateRef, Tier};
 use brig_runtime::manager::OnStop;
 use brig_runtime::{
-    CreateConfig, ManagerConfig, NewSandbox, PoolTarget, SandboxManager, SandboxState, Scope,
-    Store, TenantId,
+    CreateConfig, EndCause, ManagerConfig, NewSandbox, PoolTarget, SandboxManager, SandboxState,
+    Scope, Store, TenantId,
 };
 use brig_test_support::agent_bin;
 use brig_test_support::fake_tier::{Call, FakeTier};
@@ -90,13 +90,25 @@ fn the_record_is_written_before_the_launch_and_a_failed_launch_leaves_it_dead() 
     // The launch was for an id that has a record: written first.
     let record = m.store().get_sandbox(Scope::Daemon, &id).unwrap();
     assert_eq!(record.state, SandboxState::Dead);
+    assert_eq!(record.end, Some(EndCause::CreateFailed));
     // The next create works, on a new id.
     let ok = m.create(&s.tenant, CreateConfig::default()).unwrap();
     assert_ne!(ok.id, id);
     assert_eq!(ok.state, SandboxState::Running);
     assert_eq!(echo(&m, &s.tenant, &ok.id, "hi"), "hi\n");
+    // Deleted: by whom is recorded.
+    let gone = m.create(&s.tenant, CreateConfig::default()).unwrap();
+    let deleted = m.delete(&s.tenant, &gone.id).unwrap();
+    assert_eq!(
+        deleted.end,
+        Some(EndCause::Deleted {
+            by: s.tenant.as_str().to_string()
+        })
+    );
     m.shutdown();
     assert_eq!(s.tier.live(), 0, "shutdown ends every sandbox");
+    let ended = m.store().get_sandbox(Scope::Daemon, &ok.id).unwrap();
+    assert_eq!(ended.end, Some(EndCause::Shutdown), "{ended:?}");
 }
 
 #[test]
@@ -151,6 +163,10 @@ fn an_expired_sandbox_is_ended_by_the_sweeper() {
     assert!(eventually(Duration::from_secs(5), || {
         m.get(&s.tenant, &record.id).unwrap().state == SandboxState::Stopped
     }));
+    assert_eq!(
+        m.get(&s.tenant, &record.id).unwrap().end,
+        Some(EndCause::Timeout)
+    );
     assert!(s.tier.calls().contains(&Call::Kill(record.id.clone())));
     assert!(!m.is_live(&record.id));
     m.shutdown();
@@ -263,6 +279,10 @@ fn a_new_manager_adopts_what_the_last_one_kept_and_settles_the_rest() {
         m.get(&s.tenant, &cut_short).unwrap().state,
         SandboxState::Dead
     );
+    assert_eq!(
+        m.get(&s.tenant, &cut_short).unwrap().end,
+        Some(EndCause::CreateFailed)
+    );
     // The paused one is still paused, and resumes.
     assert_eq!(
         m.pause_mode(&paused.id),
@@ -285,6 +305,10 @@ fn a_sandbox_that_ended_while_no_daemon_ran_is_marked_dead() {
     s.tier.discard(&id).unwrap();
     let m = s.manager(0);
     assert_eq!(m.get(&s.tenant, &id).unwrap().state, SandboxState::Dead);
+    assert_eq!(
+        m.get(&s.tenant, &id).unwrap().end,
+        Some(EndCause::EndedUnwatched)
+    );
     assert!(!m.is_live(&id));
     m.shutdown();
 }

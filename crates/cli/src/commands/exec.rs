@@ -152,6 +152,20 @@ pub fn run(args: ExecArgs) -> anyhow::Result<i32> {
 }
 
 /// The exit code for an `exited` event or frame.
+/// A stream's `error` event: if the sandbox ended under the command, say
+/// why and exit as the command's end would have (124 its timeout, 137
+/// killed: out of memory, deleted, the daemon's shutdown); else an error.
+fn stream_failed(event: &Value, otherwise: &str) -> anyhow::Result<i32> {
+    let message = event["message"].as_str().unwrap_or(otherwise);
+    let code = match event["sandbox_end"]["cause"].as_str() {
+        Some("timeout") => exit::TIMED_OUT,
+        Some("out_of_memory" | "deleted" | "shutdown") => exit::KILLED,
+        _ => anyhow::bail!("{message}"),
+    };
+    eprintln!("brig: {message}");
+    Ok(code)
+}
+
 fn exit_code(event: &Value) -> i32 {
     if event["timed_out"] == true {
         let ms = event["timeout_ms"].as_u64().unwrap_or(0);
@@ -189,14 +203,7 @@ fn stream(client: &Client, config: &ExecConfig) -> anyhow::Result<i32> {
                 err.flush()?;
             }
             Some("exited") => return Ok(exit_code(&event)),
-            Some("error") => {
-                anyhow::bail!(
-                    "{}",
-                    event["message"]
-                        .as_str()
-                        .unwrap_or("the process stream failed")
-                )
-            }
+            Some("error") => return stream_failed(&event, "the process stream failed"),
             _ => {}
         }
     }
@@ -424,10 +431,9 @@ impl Session {
                     })?;
                     match event["type"].as_str() {
                         Some("exited") => self.exited = Some(exit_code(&event)),
-                        Some("error") => anyhow::bail!(
-                            "{}",
-                            event["message"].as_str().unwrap_or("the session failed")
-                        ),
+                        Some("error") => {
+                            return stream_failed(&event, "the session failed").map(Some)
+                        }
                         _ => {}
                     }
                 }

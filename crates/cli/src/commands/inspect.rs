@@ -58,6 +58,7 @@ fn summary(s: &Value, now: i64) -> String {
         ("Expires", expires),
         ("Ended", s["ended_at"].as_i64().map(ago)),
         ("Exit code", s["exit_code"].as_i64().map(|c| c.to_string())),
+        ("Why", s["end"]["message"].as_str().map(str::to_string)),
     ];
     let mut out = String::new();
     for (name, value) in rows {
@@ -91,8 +92,10 @@ mod tests {
         let ended = serde_json::json!({
             "id": "0123456789ab", "state": "stopped", "labels": {},
             "created_at": now, "expires_at": now, "ended_at": now, "exit_code": 137,
+            "end": {"cause": "timeout", "message": "its timeout passed"},
         });
         let text = summary(&ended, now);
+        assert!(text.contains("Why:       its timeout passed\n"), "{text}");
         assert!(text.contains("Labels:    -\n"), "{text}");
         assert!(text.contains("Exit code: 137\n"), "{text}");
         assert!(
