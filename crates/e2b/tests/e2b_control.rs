@@ -83,7 +83,7 @@ impl Planes {
     }
 
     fn tenant(&self) -> TenantId {
-        self.f.manager.authenticate(&self.f.key).unwrap()
+        self.f.manager.authenticate(&self.f.key).unwrap().tenant
     }
 }
 

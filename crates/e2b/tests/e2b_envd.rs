@@ -44,7 +44,7 @@ struct Env {
 async fn env() -> Env {
     let f = manager_fixture(|_| {});
     let id = create(&f).await;
-    let tenant = f.manager.authenticate(&f.key).unwrap();
+    let tenant = f.manager.authenticate(&f.key).unwrap().tenant;
     let state = E2bState::new(Arc::clone(&f.manager));
     state.sandboxes.insert(E2bSandbox {
         id: SandboxId::parse(&id).unwrap(),

@@ -90,7 +90,7 @@ fn all_killed(p: &Planes, made: usize, log: &str) {
         p.state.sandboxes.is_empty(),
         "still registered after the script: {log}"
     );
-    let tenant = p.f.manager.authenticate(&p.f.key).unwrap();
+    let tenant = p.f.manager.authenticate(&p.f.key).unwrap().tenant;
     let page =
         p.f.manager
             .list(&tenant, &ListFilter::default(), None, 1000)

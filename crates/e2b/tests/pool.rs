@@ -69,7 +69,7 @@ fn e2b_create(p: &Planes) -> String {
 
 /// The probe's output as `user`, and what the daemon records and enforces.
 fn observe(p: &Planes, id: &str) -> (String, Value) {
-    let tenant = p.f.manager.authenticate(&p.f.key).unwrap();
+    let tenant = p.f.manager.authenticate(&p.f.key).unwrap().tenant;
     let sb = p
         .state
         .sandboxes
@@ -173,7 +173,7 @@ fn e2b_creates_are_served_from_a_setuid_pool_and_behave_as_fresh_ones() {
     // The pool refills; a create of the template without setuid (the
     // native API's) is not served from it.
     wait_for_idle(&pooled, "base+setuid", 1);
-    let tenant = pooled.f.manager.authenticate(&pooled.f.key).unwrap();
+    let tenant = pooled.f.manager.authenticate(&pooled.f.key).unwrap().tenant;
     let plain = pooled
         .f
         .manager

@@ -25,7 +25,7 @@ use axum::extract::FromRequestParts;
 use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
 use axum::response::IntoResponse;
-use brig_runtime::{AuthError, SandboxManager, TenantId};
+use brig_runtime::{AuthError, Principal, SandboxManager, TenantId};
 use tokio::task::JoinError;
 
 /// A front-end's router state, as [`Auth`] needs it.
@@ -39,6 +39,30 @@ pub trait AuthState: Send + Sync {
 /// The tenant a request acts for.
 #[derive(Debug, Clone)]
 pub struct Auth(pub TenantId);
+
+/// Who a request comes from: its key, with the key's tenant and role (for
+/// the routes that manage keys and tenants).
+#[derive(Debug, Clone)]
+pub struct Caller(pub Principal);
+
+impl<S: AuthState> FromRequestParts<S> for Caller {
+    type Rejection = S::Rejection;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Caller, S::Rejection> {
+        let key = bearer(parts).ok_or(AuthRejection::Missing)?;
+        Ok(Caller(Auth::principal(state.manager(), key).await?))
+    }
+}
+
+/// The key in `Authorization: Bearer <key>`.
+fn bearer(parts: &Parts) -> Option<String> {
+    parts
+        .headers
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(|k| k.trim().to_string())
+}
 
 /// Why a request has no tenant.
 #[derive(Debug, thiserror::Error)]
@@ -59,13 +83,7 @@ impl<S: AuthState> FromRequestParts<S> for Auth {
     type Rejection = S::Rejection;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Auth, S::Rejection> {
-        let key = parts
-            .headers
-            .get(AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(|k| k.trim().to_string())
-            .ok_or(AuthRejection::Missing)?;
+        let key = bearer(parts).ok_or(AuthRejection::Missing)?;
         Ok(Auth::with_key(state.manager(), key).await?)
     }
 }
@@ -78,12 +96,20 @@ impl Auth {
         manager: &Arc<SandboxManager>,
         key: String,
     ) -> Result<Auth, AuthRejection> {
+        Ok(Auth(Self::principal(manager, key).await?.tenant))
+    }
+
+    /// The whole [`Principal`] a key authenticates as.
+    pub async fn principal(
+        manager: &Arc<SandboxManager>,
+        key: String,
+    ) -> Result<Principal, AuthRejection> {
         let manager = Arc::clone(manager);
         let checked = tokio::task::spawn_blocking(move || manager.authenticate(&key))
             .await
             .map_err(AuthRejection::Task)?;
         match checked {
-            Ok(tenant) => Ok(Auth(tenant)),
+            Ok(principal) => Ok(principal),
             Err(e) => {
                 if e.is_rejection() {
                     tracing::info!("refused an api key: {e}");

@@ -58,11 +58,65 @@ impl std::fmt::Display for KeyId {
     }
 }
 
+/// What a key may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Manages tenants and every tenant's keys (and its own tenant's
+    /// sandboxes). The key `brig serve` writes to `local.key` is one.
+    Admin,
+    /// Manages its tenant's sandboxes and its tenant's tenant keys.
+    Tenant,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Admin => "admin",
+            Role::Tenant => "tenant",
+        }
+    }
+
+    fn parse(s: &str) -> Role {
+        if s == "admin" {
+            Role::Admin
+        } else {
+            Role::Tenant
+        }
+    }
+}
+
+/// Who a request comes from: the key that authenticated it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal {
+    pub tenant: TenantId,
+    pub key: KeyId,
+    pub role: Role,
+}
+
+impl Principal {
+    pub fn is_admin(&self) -> bool {
+        self.role == Role::Admin
+    }
+}
+
+/// What a new key is.
+#[derive(Debug, Clone, Default)]
+pub struct NewKey<'a> {
+    pub name: Option<&'a str>,
+    /// `None`: [`Role::Tenant`].
+    pub role: Option<Role>,
+    /// After this it authenticates nothing.
+    pub expires_at: Option<UnixMillis>,
+}
+
 /// What listing keys shows. There is no field for the secret or its hash.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct KeyInfo {
     pub id: KeyId,
     pub tenant: TenantId,
+    pub role: Role,
+    pub expires_at: Option<UnixMillis>,
     /// `brig_<id>_<first 4 characters of the secret>`.
     pub prefix: String,
     /// What its creator called it, if anything.
@@ -87,6 +141,17 @@ pub enum KeyError {
         "invalid key name {name:?}: use at most {MAX_NAME_CHARS} characters and no control characters"
     )]
     BadName { name: String },
+    /// The key asking may not do this (a tenant key managing another
+    /// tenant, an admin key, or tenants).
+    #[error("{what} needs an admin key (the key `brig serve` wrote to local.key is one)")]
+    Forbidden { what: String },
+    #[error(
+        "api key {id} is the last active admin key: revoking it would leave nobody to manage \
+         tenants and keys; create another first (`brig keys create --admin`)"
+    )]
+    LastAdmin { id: KeyId },
+    #[error("the key's expiry must be in the future")]
+    BadExpiry,
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -96,7 +161,9 @@ impl KeyError {
         match self {
             KeyError::NotFound { .. } => ErrorKind::NotFound,
             KeyError::LastKey { .. } => ErrorKind::Conflict,
-            KeyError::BadName { .. } => ErrorKind::BadRequest,
+            KeyError::BadName { .. } | KeyError::BadExpiry => ErrorKind::BadRequest,
+            KeyError::Forbidden { .. } => ErrorKind::Forbidden,
+            KeyError::LastAdmin { .. } => ErrorKind::Conflict,
             KeyError::Store(e) => e.kind(),
         }
     }
@@ -115,6 +182,8 @@ pub enum AuthError {
     WrongSecret { id: String },
     #[error("api key {id} was revoked")]
     Revoked { id: String },
+    #[error("api key {id} expired")]
+    Expired { id: String },
     /// Not the client's fault: the server should answer 5xx, not 401.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -136,23 +205,39 @@ impl AuthError {
 }
 
 impl Store {
-    /// Create a key for `tenant`. The plaintext is returned once and never
-    /// again: only its hash is stored.
+    /// Create a tenant key for `tenant`. The plaintext is returned once and
+    /// never again: only its hash is stored.
     pub fn create_key(&self, tenant: &TenantId) -> Result<(KeyId, String), StoreError> {
-        let (info, plaintext) = self.insert_key(tenant, None)?;
+        let (info, plaintext) = self.insert_key(tenant, &NewKey::default())?;
         Ok((info.id, plaintext))
     }
 
-    /// Create a key for `tenant` with an optional name (checked: at most
-    /// [`MAX_NAME_CHARS`] characters, no control characters; an empty name
-    /// is no name). Returns what listing will show and, this once, the
-    /// plaintext.
+    /// Create a tenant key for `tenant` with an optional name.
     pub fn create_named_key(
         &self,
         tenant: &TenantId,
         name: Option<&str>,
     ) -> Result<(KeyInfo, String), KeyError> {
-        let name = name.filter(|n| !n.is_empty());
+        self.create_key_with(
+            tenant,
+            &NewKey {
+                name,
+                ..NewKey::default()
+            },
+        )
+    }
+
+    /// Create a key for `tenant` (checked: a name of at most
+    /// [`MAX_NAME_CHARS`] characters and no control characters, an empty
+    /// name being no name; an expiry in the future). Returns what listing
+    /// will show and, this once, the plaintext. Who may ask is the
+    /// caller's business ([`Store::create_key_as`]).
+    pub fn create_key_with(
+        &self,
+        tenant: &TenantId,
+        new: &NewKey<'_>,
+    ) -> Result<(KeyInfo, String), KeyError> {
+        let name = new.name.filter(|n| !n.is_empty());
         if let Some(n) = name {
             if n.chars().count() > MAX_NAME_CHARS || n.chars().any(char::is_control) {
                 return Err(KeyError::BadName {
@@ -160,38 +245,76 @@ impl Store {
                 });
             }
         }
-        Ok(self.insert_key(tenant, name)?)
+        if new.expires_at.is_some_and(|at| at <= self.now()) {
+            return Err(KeyError::BadExpiry);
+        }
+        Ok(self.insert_key(
+            tenant,
+            &NewKey {
+                name,
+                ..new.clone()
+            },
+        )?)
+    }
+
+    /// [`Store::create_key_with`] for `caller`: a tenant key makes tenant
+    /// keys of its own tenant only; an admin key any key of any tenant.
+    pub fn create_key_as(
+        &self,
+        caller: &Principal,
+        tenant: &TenantId,
+        new: &NewKey<'_>,
+    ) -> Result<(KeyInfo, String), KeyError> {
+        if !caller.is_admin() {
+            if new.role == Some(Role::Admin) {
+                return Err(KeyError::Forbidden {
+                    what: "creating an admin key".into(),
+                });
+            }
+            if tenant != &caller.tenant {
+                return Err(KeyError::Forbidden {
+                    what: "creating a key for another tenant".into(),
+                });
+            }
+        }
+        self.create_key_with(tenant, new)
     }
 
     fn insert_key(
         &self,
         tenant: &TenantId,
-        name: Option<&str>,
+        new: &NewKey<'_>,
     ) -> Result<(KeyInfo, String), StoreError> {
         let id = KeyId(random_hex_id());
         let secret = random_secret();
         let plaintext = format!("{KEY_PREFIX}{id}_{secret}");
         let prefix = format!("{KEY_PREFIX}{id}_{}", &secret[..SECRET_SHOWN]);
         let now = self.now();
+        let role = new.role.unwrap_or(Role::Tenant);
         self.conn
             .execute(
-                "INSERT INTO api_keys (id, tenant_id, key_hash, prefix, name, created_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                "INSERT INTO api_keys
+                     (id, tenant_id, key_hash, prefix, name, created_at, role, expires_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
                 (
                     &id.0,
                     tenant.as_str(),
                     hash_secret(&secret).as_slice(),
                     &prefix,
-                    name,
+                    new.name,
                     now,
+                    role.as_str(),
+                    new.expires_at,
                 ),
             )
             .map_err(StoreError::query("create api key"))?;
         let info = KeyInfo {
             id,
             tenant: tenant.clone(),
+            role,
+            expires_at: new.expires_at,
             prefix,
-            name: name.map(str::to_string),
+            name: new.name.map(str::to_string),
             created_at: now,
             last_used_at: None,
             revoked_at: None,
@@ -201,16 +324,26 @@ impl Store {
 
     /// A tenant's keys, oldest first, revoked ones included.
     pub fn list_keys(&self, tenant: &TenantId) -> Result<Vec<KeyInfo>, StoreError> {
+        self.keys_where("tenant_id = ?1", Some(tenant.as_str()))
+    }
+
+    /// Every tenant's keys, oldest first, revoked ones included.
+    pub fn list_all_keys(&self) -> Result<Vec<KeyInfo>, StoreError> {
+        self.keys_where("?1 IS NULL", None)
+    }
+
+    fn keys_where(&self, filter: &str, arg: Option<&str>) -> Result<Vec<KeyInfo>, StoreError> {
         let op = "list api keys";
         let mut stmt = self
             .conn
-            .prepare_cached(
-                "SELECT id, tenant_id, prefix, name, created_at, last_used_at, revoked_at
-                 FROM api_keys WHERE tenant_id = ?1 ORDER BY created_at, id",
-            )
+            .prepare_cached(&format!(
+                "SELECT id, tenant_id, prefix, name, created_at, last_used_at, revoked_at,
+                        role, expires_at
+                 FROM api_keys WHERE {filter} ORDER BY created_at, id"
+            ))
             .map_err(StoreError::query(op))?;
         let rows = stmt
-            .query_map([tenant.as_str()], |r| {
+            .query_map([arg], |r| {
                 Ok(KeyInfo {
                     id: KeyId(r.get(0)?),
                     tenant: TenantId(r.get(1)?),
@@ -219,6 +352,8 @@ impl Store {
                     created_at: r.get(4)?,
                     last_used_at: r.get(5)?,
                     revoked_at: r.get(6)?,
+                    role: Role::parse(&r.get::<_, String>(7)?),
+                    expires_at: r.get(8)?,
                 })
             })
             .map_err(StoreError::query(op))?;
@@ -282,21 +417,102 @@ impl Store {
         })
     }
 
-    /// Check a presented key and say which tenant it belongs to. Records
-    /// when the key was last used, at most once a minute.
-    pub fn authenticate(&self, plaintext: &str) -> Result<TenantId, AuthError> {
+    /// Revoke a key as `caller` may: a tenant key only its own tenant's
+    /// tenant keys (anything else is [`KeyError::NotFound`], or
+    /// [`KeyError::Forbidden`] for an admin key of its own tenant), an
+    /// admin key any key. Never a tenant's last active key
+    /// ([`KeyError::LastKey`]) nor the last active admin key
+    /// ([`KeyError::LastAdmin`]). Count and revocation run in one
+    /// IMMEDIATE transaction.
+    pub fn revoke_key_as(&self, caller: &Principal, id: &KeyId) -> Result<(), KeyError> {
+        self.immediate("revoke api key", |s| {
+            type Row = (String, String, Option<UnixMillis>);
+            let row: Option<Row> = s
+                .conn
+                .query_row(
+                    "SELECT tenant_id, role, revoked_at FROM api_keys WHERE id = ?1",
+                    [id.as_str()],
+                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+                )
+                .optional()
+                .map_err(StoreError::query("look up api key"))?;
+            let not_found = || KeyError::NotFound { id: id.clone() };
+            let Some((tenant, role, revoked)) = row else {
+                return Err(not_found());
+            };
+            let role = Role::parse(&role);
+            if revoked.is_some() || (!caller.is_admin() && tenant != caller.tenant.as_str()) {
+                return Err(not_found());
+            }
+            if !caller.is_admin() && role == Role::Admin {
+                return Err(KeyError::Forbidden {
+                    what: "revoking an admin key".into(),
+                });
+            }
+            let count = |sql: &str, arg: &str| -> Result<i64, StoreError> {
+                s.conn
+                    .query_row(sql, [arg], |r| r.get(0))
+                    .map_err(StoreError::query("count active api keys"))
+            };
+            let now = s.now();
+            let active = "revoked_at IS NULL AND (expires_at IS NULL OR expires_at > ";
+            if role == Role::Admin
+                && count(
+                    &format!("SELECT count(*) FROM api_keys WHERE role = ?1 AND {active}{now})"),
+                    "admin",
+                )? <= 1
+            {
+                return Err(KeyError::LastAdmin { id: id.clone() });
+            }
+            if count(
+                &format!("SELECT count(*) FROM api_keys WHERE tenant_id = ?1 AND {active}{now})"),
+                &tenant,
+            )? <= 1
+            {
+                return Err(KeyError::LastKey { id: id.clone() });
+            }
+            s.conn
+                .execute(
+                    "UPDATE api_keys SET revoked_at = ?2 WHERE id = ?1",
+                    (id.as_str(), now),
+                )
+                .map_err(StoreError::query("revoke api key"))?;
+            Ok(())
+        })
+    }
+
+    /// Check a presented key: who it is ([`Principal`]). Records when the
+    /// key was last used, at most once a minute.
+    pub fn authenticate(&self, plaintext: &str) -> Result<Principal, AuthError> {
         let (id, secret) = parse_key(plaintext)?;
-        type Row = (String, Vec<u8>, Option<UnixMillis>, Option<UnixMillis>);
+        type Row = (
+            String,
+            Vec<u8>,
+            Option<UnixMillis>,
+            Option<UnixMillis>,
+            String,
+            Option<UnixMillis>,
+        );
         let row: Option<Row> = self
             .conn
             .query_row(
-                "SELECT tenant_id, key_hash, revoked_at, last_used_at FROM api_keys WHERE id = ?1",
+                "SELECT tenant_id, key_hash, revoked_at, last_used_at, role, expires_at
+                 FROM api_keys WHERE id = ?1",
                 [id],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+                |r| {
+                    Ok((
+                        r.get(0)?,
+                        r.get(1)?,
+                        r.get(2)?,
+                        r.get(3)?,
+                        r.get(4)?,
+                        r.get(5)?,
+                    ))
+                },
             )
             .optional()
             .map_err(StoreError::query("look up api key"))?;
-        let Some((tenant, stored, revoked_at, last_used_at)) = row else {
+        let Some((tenant, stored, revoked_at, last_used_at, role, expires_at)) = row else {
             return Err(AuthError::Unknown { id: id.to_string() });
         };
         if !constant_time_eq(&hash_secret(secret), &stored) {
@@ -309,6 +525,9 @@ impl Store {
             return Err(AuthError::Revoked { id: id.to_string() });
         }
         let now = self.now();
+        if expires_at.is_some_and(|at| at <= now) {
+            return Err(AuthError::Expired { id: id.to_string() });
+        }
         if last_used_at.is_none_or(|t| now - t >= LAST_USED_GRANULARITY_MS) {
             self.conn
                 .execute(
@@ -317,7 +536,11 @@ impl Store {
                 )
                 .map_err(StoreError::query("record api key use"))?;
         }
-        Ok(TenantId(tenant))
+        Ok(Principal {
+            tenant: TenantId(tenant),
+            key: KeyId(id.to_string()),
+            role: Role::parse(&role),
+        })
     }
 
     /// First start: when no key exists at all, create the default tenant (if
@@ -336,13 +559,27 @@ impl Store {
             if any {
                 return Ok(None);
             }
-            let tenant = match s.tenant_by_name(DEFAULT_TENANT)? {
-                Some(t) => t.id,
-                None => s.create_tenant(DEFAULT_TENANT)?,
-            };
-            let (_, plaintext) = s.create_key(&tenant)?;
+            let (_, plaintext) = s.create_admin_key(Some("local.key"))?;
             Ok(Some(plaintext))
         })
+    }
+
+    /// A new admin key of the default tenant (created if missing): the
+    /// first start's key, and the recovery of an operator locked out
+    /// (`brig keys create --local`, as root on the daemon's host).
+    pub fn create_admin_key(&self, name: Option<&str>) -> Result<(KeyInfo, String), StoreError> {
+        let tenant = match self.tenant_by_name(DEFAULT_TENANT)? {
+            Some(t) => t.id,
+            None => self.create_tenant(DEFAULT_TENANT)?,
+        };
+        self.insert_key(
+            &tenant,
+            &NewKey {
+                name,
+                role: Some(Role::Admin),
+                expires_at: None,
+            },
+        )
     }
 }
 
@@ -410,7 +647,7 @@ mod tests {
         let (id, key) = s.create_key(&t).unwrap();
         assert!(key.starts_with(&format!("brig_{id}_")), "{key}");
         assert_eq!(key.len(), 5 + 12 + 1 + 43);
-        assert_eq!(s.authenticate(&key).unwrap(), t);
+        assert_eq!(s.authenticate(&key).unwrap().tenant, t);
         let listed = s.list_keys(&t).unwrap();
         assert_eq!(listed.len(), 1);
         assert_eq!(listed[0].id, id);
@@ -440,7 +677,7 @@ mod tests {
             s.revoke_key(&b, &id),
             Err(KeyError::NotFound { .. })
         ));
-        assert_eq!(s.authenticate(&key).unwrap(), a);
+        assert_eq!(s.authenticate(&key).unwrap().tenant, a);
         assert!(s.list_keys(&b).unwrap().is_empty());
     }
 
@@ -486,7 +723,7 @@ mod tests {
             .ensure_initial_key()
             .unwrap()
             .expect("first start makes a key");
-        let tenant = s.authenticate(&key).unwrap();
+        let tenant = s.authenticate(&key).unwrap().tenant;
         assert_eq!(
             s.tenant_by_name(DEFAULT_TENANT).unwrap().unwrap().id,
             tenant

@@ -41,7 +41,7 @@ pub mod tenants;
 
 pub use error::{chain, ErrorKind};
 pub use events::{Event, EventKind};
-pub use keys::{AuthError, KeyError, KeyId, KeyInfo};
+pub use keys::{AuthError, KeyError, KeyId, KeyInfo, NewKey, Principal, Role};
 pub use lifecycle::{LiveCounts, PauseMode, Resumed, SandboxMetrics};
 pub use manager::{CreateConfig, ManagerConfig, ManagerError, OnStop, SandboxManager};
 pub use metrics::Metrics;
@@ -51,4 +51,4 @@ pub use sandboxes::{
     Scope,
 };
 pub use store::{Store, StoreError, UnixMillis, DB_FILE, SCHEMA_VERSION};
-pub use tenants::{Tenant, TenantId, DEFAULT_TENANT};
+pub use tenants::{Tenant, TenantError, TenantId, DEFAULT_TENANT};

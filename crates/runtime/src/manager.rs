@@ -564,7 +564,7 @@ impl SandboxManager {
     }
 
     /// Which tenant a presented API key belongs to.
-    pub fn authenticate(&self, key: &str) -> Result<TenantId, AuthError> {
+    pub fn authenticate(&self, key: &str) -> Result<crate::keys::Principal, AuthError> {
         self.store().authenticate(key)
     }
 

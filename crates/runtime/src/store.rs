@@ -99,6 +99,19 @@ const MIGRATIONS: &[&str] = &[
     "
     ALTER TABLE sandboxes ADD COLUMN end_json TEXT;
     ",
+    // 5: roles and expiry for keys, removal for tenants. An admin key
+    // manages tenants and every key; a tenant key its tenant's sandboxes
+    // and keys. The first key of the default tenant (the one `brig serve`
+    // wrote to local.key) becomes the admin key.
+    "
+    ALTER TABLE api_keys ADD COLUMN role TEXT NOT NULL DEFAULT 'tenant'
+        CHECK (role IN ('admin', 'tenant'));
+    ALTER TABLE api_keys ADD COLUMN expires_at INTEGER;
+    ALTER TABLE tenants ADD COLUMN removed_at INTEGER;
+    UPDATE api_keys SET role = 'admin' WHERE id = (
+        SELECT k.id FROM api_keys k JOIN tenants t ON t.id = k.tenant_id
+        WHERE t.name = 'default' ORDER BY k.created_at, k.id LIMIT 1);
+    ",
 ];
 
 /// The schema version this code writes and understands.

@@ -31,7 +31,7 @@ fn create_pause_resume_and_delete_are_told_in_order() {
     }
     let f = manager_fixture(|_| {});
     let m = &f.manager;
-    let tenant = m.authenticate(&f.key).unwrap();
+    let tenant = m.authenticate(&f.key).unwrap().tenant;
     let mut events = m.subscribe();
     let id = m.create(&tenant, CreateConfig::default()).unwrap().id;
     m.pause(&tenant, &id).unwrap();
@@ -69,7 +69,7 @@ fn a_sandbox_that_dies_is_told_as_dead() {
     }
     let f = manager_fixture(|_| {});
     let m = &f.manager;
-    let tenant = m.authenticate(&f.key).unwrap();
+    let tenant = m.authenticate(&f.key).unwrap().tenant;
     let record = m.create(&tenant, CreateConfig::default()).unwrap();
     let mut events = m.subscribe();
     let pid = record.init_pid.expect("a running sandbox has an init");

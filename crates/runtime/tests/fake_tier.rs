@@ -28,7 +28,7 @@ impl Setup {
         let home = tempfile::tempdir().unwrap();
         let store = Store::open_in(home.path()).unwrap();
         let key = store.ensure_initial_key().unwrap().unwrap();
-        let tenant = store.authenticate(&key).unwrap();
+        let tenant = store.authenticate(&key).unwrap().tenant;
         Setup {
             home,
             tier: FakeTier::new(agent_bin()),

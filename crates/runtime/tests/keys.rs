@@ -19,7 +19,7 @@ fn a_named_key_lists_with_its_name_and_no_secret() {
     let t = s.create_tenant("acme").unwrap();
     let (info, key) = s.create_named_key(&t, Some("ci runner")).unwrap();
     assert_eq!(info.name.as_deref(), Some("ci runner"));
-    assert_eq!(s.authenticate(&key).unwrap(), t);
+    assert_eq!(s.authenticate(&key).unwrap().tenant, t);
     let listed = s.list_keys(&t).unwrap();
     assert_eq!(listed.len(), 1);
     assert_eq!(listed[0].id, info.id);
@@ -62,17 +62,17 @@ fn last_used_is_recorded_at_most_once_a_minute() {
     let last_used = |s: &Store| -> Option<UnixMillis> { s.list_keys(&t).unwrap()[0].last_used_at };
     assert_eq!(last_used(&s), None, "never used yet");
 
-    s.authenticate(&key).unwrap();
+    s.authenticate(&key).unwrap().tenant;
     assert_eq!(last_used(&s), Some(1_000_000));
     now.fetch_add(59_000, Ordering::SeqCst);
-    s.authenticate(&key).unwrap();
+    s.authenticate(&key).unwrap().tenant;
     assert_eq!(
         last_used(&s),
         Some(1_000_000),
         "within the minute: no write"
     );
     now.fetch_add(1_000, Ordering::SeqCst);
-    s.authenticate(&key).unwrap();
+    s.authenticate(&key).unwrap().tenant;
     assert_eq!(last_used(&s), Some(1_060_000));
 
     // A refused key is not "used".
@@ -193,5 +193,151 @@ fn a_version_1_database_is_upgraded() {
     assert_eq!(keys[0].name, None);
     assert_eq!(keys[0].last_used_at, None);
     let (_, key) = s.create_named_key(&t, Some("new")).unwrap();
-    assert_eq!(s.authenticate(&key).unwrap(), t);
+    assert_eq!(s.authenticate(&key).unwrap().tenant, t);
+}
+
+/// Who may do what with keys and tenants: the first key is the admin key;
+/// a tenant key manages its own tenant's tenant keys and nothing else; the
+/// last admin key and a tenant's last key cannot be revoked; an expired
+/// key authenticates nothing; a removed tenant's keys stop working and its
+/// name is free again; the default tenant and a tenant with live sandboxes
+/// cannot be removed.
+#[test]
+fn roles_decide_who_manages_keys_and_tenants() {
+    use brig_runtime::{NewKey, Role, TenantError};
+    let (_d, s) = store();
+    let admin_key = s.ensure_initial_key().unwrap().unwrap();
+    let admin = s.authenticate(&admin_key).unwrap();
+    assert_eq!(admin.role, Role::Admin);
+
+    let acme = s.add_tenant("acme").unwrap();
+    assert!(matches!(
+        s.add_tenant("acme"),
+        Err(TenantError::Exists { .. })
+    ));
+    assert!(matches!(
+        s.add_tenant("Bad Name"),
+        Err(TenantError::BadName { .. })
+    ));
+    let names: Vec<String> = s
+        .list_tenants()
+        .unwrap()
+        .into_iter()
+        .map(|t| t.name)
+        .collect();
+    assert_eq!(names, ["default", "acme"]);
+
+    // The admin makes acme's first key; acme's key makes another of its own.
+    let (_, acme_key) = s
+        .create_key_as(&admin, &acme.id, &NewKey::default())
+        .unwrap();
+    let acme_p = s.authenticate(&acme_key).unwrap();
+    assert_eq!((acme_p.role, &acme_p.tenant), (Role::Tenant, &acme.id));
+    let (acme2, _) = s
+        .create_key_as(&acme_p, &acme.id, &NewKey::default())
+        .unwrap();
+    // ... but no admin key, and nothing for another tenant.
+    let admin_role = NewKey {
+        role: Some(Role::Admin),
+        ..NewKey::default()
+    };
+    assert!(matches!(
+        s.create_key_as(&acme_p, &acme.id, &admin_role),
+        Err(KeyError::Forbidden { .. })
+    ));
+    assert!(matches!(
+        s.create_key_as(&acme_p, &admin.tenant, &NewKey::default()),
+        Err(KeyError::Forbidden { .. })
+    ));
+    // A tenant key cannot revoke the admin key (another tenant's: not
+    // found), nor an admin key in its own tenant.
+    assert!(matches!(
+        s.revoke_key_as(&acme_p, &admin.key),
+        Err(KeyError::NotFound { .. })
+    ));
+    let (default_tenant_key, _) = s
+        .create_key_as(&admin, &admin.tenant, &NewKey::default())
+        .unwrap();
+    let default_p = brig_runtime::Principal {
+        tenant: admin.tenant.clone(),
+        key: default_tenant_key.id.clone(),
+        role: Role::Tenant,
+    };
+    assert!(matches!(
+        s.revoke_key_as(&default_p, &admin.key),
+        Err(KeyError::Forbidden { .. })
+    ));
+    // The last admin key stays, even for the admin.
+    assert!(matches!(
+        s.revoke_key_as(&admin, &admin.key),
+        Err(KeyError::LastAdmin { .. })
+    ));
+    // acme revokes its own second key; its last one stays.
+    s.revoke_key_as(&acme_p, &acme2.id).unwrap();
+    assert!(matches!(
+        s.revoke_key_as(&acme_p, &acme_p.key),
+        Err(KeyError::LastKey { .. })
+    ));
+    // A second admin key lets the first go.
+    let (_, admin2_key) = s.create_key_as(&admin, &admin.tenant, &admin_role).unwrap();
+    let admin2 = s.authenticate(&admin2_key).unwrap();
+    s.revoke_key_as(&admin2, &admin.key).unwrap();
+    assert!(s.authenticate(&admin_key).is_err());
+
+    // Expiry: in the past refused; a key past its expiry refused.
+    let past = NewKey {
+        expires_at: Some(1),
+        ..NewKey::default()
+    };
+    assert!(matches!(
+        s.create_key_as(&admin2, &acme.id, &past),
+        Err(KeyError::BadExpiry)
+    ));
+
+    // Removal: not the default tenant; acme's keys stop working; the
+    // name is free again.
+    assert!(matches!(
+        s.remove_tenant("default"),
+        Err(TenantError::Default)
+    ));
+    s.remove_tenant("acme").unwrap();
+    assert!(s.authenticate(&acme_key).is_err());
+    let names: Vec<String> = s
+        .list_tenants()
+        .unwrap()
+        .into_iter()
+        .map(|t| t.name)
+        .collect();
+    assert_eq!(names, ["default"]);
+    let again = s.add_tenant("acme").unwrap();
+    assert_ne!(again.id, acme.id);
+    // The admin sees every key, revoked ones included.
+    assert_eq!(s.list_all_keys().unwrap().len(), 5);
+}
+
+/// A key with an expiry works until then and is refused after (the store's
+/// clock is moved forward).
+#[test]
+fn an_expired_key_authenticates_nothing() {
+    use brig_runtime::NewKey;
+    let dir = tempfile::tempdir().unwrap();
+    let now = Arc::new(AtomicI64::new(1_000_000));
+    let clock = Arc::clone(&now);
+    let mut s = Store::open_in(dir.path()).unwrap();
+    s.set_clock(Arc::new(move || clock.load(Ordering::SeqCst)));
+    let t = s.create_tenant("acme").unwrap();
+    let (_, key) = s
+        .create_key_with(
+            &t,
+            &NewKey {
+                expires_at: Some(1_060_000),
+                ..NewKey::default()
+            },
+        )
+        .unwrap();
+    assert_eq!(s.authenticate(&key).unwrap().tenant, t);
+    now.store(1_060_000, Ordering::SeqCst);
+    let err = s.authenticate(&key).unwrap_err();
+    assert!(err.to_string().contains("expired"), "{err}");
+    assert!(err.is_rejection());
 }

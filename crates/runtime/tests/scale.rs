@@ -80,7 +80,7 @@ fn a_thousand_sandboxes_run_at_once_and_leave_nothing_behind() {
     let sandboxes = sandboxes();
     let f = manager_fixture(|_| {});
     let m = Arc::clone(&f.manager);
-    let tenant = m.authenticate(&f.key).unwrap();
+    let tenant = m.authenticate(&f.key).unwrap().tenant;
 
     let started = Instant::now();
     let ids = std::sync::Mutex::new(Vec::new());

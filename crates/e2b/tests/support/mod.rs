@@ -82,7 +82,7 @@ pub fn venv(name: &str) -> PathBuf {
 /// `host` template); its id.
 pub async fn create(f: &ManagerFixture) -> String {
     let manager = Arc::clone(&f.manager);
-    let tenant = manager.authenticate(&f.key).unwrap();
+    let tenant = manager.authenticate(&f.key).unwrap().tenant;
     let record =
         tokio::task::spawn_blocking(move || manager.create(&tenant, CreateConfig::default()))
             .await
@@ -96,7 +96,7 @@ pub async fn create(f: &ManagerFixture) -> String {
 /// teardown.
 pub async fn delete(f: &ManagerFixture, id: &str) {
     let manager = Arc::clone(&f.manager);
-    let tenant = manager.authenticate(&f.key).unwrap();
+    let tenant = manager.authenticate(&f.key).unwrap().tenant;
     let id = SandboxId::parse(id).unwrap();
     tokio::task::spawn_blocking(move || manager.delete(&tenant, &id))
         .await
@@ -108,7 +108,7 @@ pub async fn delete(f: &ManagerFixture, id: &str) {
 /// must exit 0.
 pub async fn sh(f: &ManagerFixture, id: &str, script: &str) -> String {
     let manager = Arc::clone(&f.manager);
-    let tenant = manager.authenticate(&f.key).unwrap();
+    let tenant = manager.authenticate(&f.key).unwrap().tenant;
     let id = SandboxId::parse(id).unwrap();
     let req = ExecRequest {
         argv: ["sh", "-c", script].map(String::from).to_vec(),
