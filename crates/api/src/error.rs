@@ -115,6 +115,12 @@ fn hint(err: &ManagerError) -> Option<String> {
     }
 }
 
+impl From<brig_runtime::TenantError> for ApiError {
+    fn from(err: brig_runtime::TenantError) -> ApiError {
+        ApiError::from_kind(err.kind(), chain(&err))
+    }
+}
+
 impl From<KeyError> for ApiError {
     fn from(err: KeyError) -> ApiError {
         ApiError::from_kind(err.kind(), chain(&err))

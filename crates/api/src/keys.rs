@@ -1,21 +1,29 @@
-//! `/v1/keys`: a tenant's API keys — create (the one time a secret is
-//! shown), list (never secrets nor hashes), revoke.
+//! `/v1/keys`: API keys — create (the one time a secret is shown), list
+//! (never secrets nor hashes), revoke — and who may do which.
 //!
-//! Every call acts on the caller's tenant only: another tenant's key is
-//! "not found", exactly like a missing one, so ids cannot be probed.
-//! Revoking the key the request came with is allowed (the next request with
-//! it gets 401); revoking the tenant's last active key is refused with 409,
-//! since a tenant without a key could never create another.
+//! A key has a role. A **tenant** key manages its own tenant's sandboxes
+//! and its tenant's tenant keys: another tenant's key is "not found",
+//! exactly like a missing one, so ids cannot be probed. An **admin** key
+//! (the one `brig serve` wrote to `local.key`) also manages tenants
+//! (`tenants.rs`) and any tenant's keys (`?tenant=NAME` or `all` when
+//! listing, `"tenant"` and `"role"` when creating). The store enforces
+//! the rules (`Store::create_key_as`, `Store::revoke_key_as`): a tenant's
+//! last active key and the last admin key cannot be revoked, so nobody is
+//! locked out through the API (and an operator who is, by other means,
+//! recovers with `brig keys create --local` on the daemon's host).
 
-use axum::extract::rejection::{JsonRejection, PathRejection};
-use axum::extract::{Path, State};
+use std::collections::HashMap;
+
+use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
-use super::{ApiError, AppState, Auth};
+use super::{ApiError, AppState};
+use brig_http::Caller;
 use brig_runtime::keys::{KeyError, KeyId, KeyInfo};
-use brig_runtime::UnixMillis;
+use brig_runtime::{NewKey, Principal, Role, Store, TenantId, UnixMillis};
 
 /// The body of `POST /v1/keys`; the body itself is optional.
 #[derive(Debug, Default, Deserialize)]
@@ -23,6 +31,12 @@ use brig_runtime::UnixMillis;
 pub struct CreateKeyConfig {
     /// A label for people (`brig keys ls`), at most 64 characters.
     pub name: Option<String>,
+    /// Another tenant's name (admin keys only); default: the caller's.
+    pub tenant: Option<String>,
+    /// `tenant` (default) or `admin` (admin keys only).
+    pub role: Option<Role>,
+    /// How long it works, e.g. `30d`, `12h`; default: until revoked.
+    pub expires: Option<String>,
 }
 
 /// A key as listing shows it.
@@ -30,17 +44,25 @@ pub struct CreateKeyConfig {
 pub struct KeyView {
     pub id: KeyId,
     pub name: Option<String>,
+    pub role: Role,
+    /// Its tenant's name.
+    pub tenant: String,
     pub created_at: UnixMillis,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<UnixMillis>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_used_at: Option<UnixMillis>,
 }
 
-impl From<KeyInfo> for KeyView {
-    fn from(k: KeyInfo) -> KeyView {
+impl KeyView {
+    fn new(k: KeyInfo, tenant: String) -> KeyView {
         KeyView {
             id: k.id,
             name: k.name,
+            role: k.role,
+            tenant,
             created_at: k.created_at,
+            expires_at: k.expires_at,
             last_used_at: k.last_used_at,
         }
     }
@@ -52,7 +74,11 @@ pub struct CreatedKey {
     pub id: KeyId,
     pub key: String,
     pub name: Option<String>,
+    pub role: Role,
+    pub tenant: String,
     pub created_at: UnixMillis,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<UnixMillis>,
 }
 
 #[derive(Debug, Serialize)]
@@ -60,23 +86,68 @@ pub struct KeyList {
     pub items: Vec<KeyView>,
 }
 
+/// `GET /v1/keys?tenant=NAME|all`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeyListQuery {
+    pub tenant: Option<String>,
+}
+
 /// Run a store call off the async workers.
-async fn with_store<T: Send + 'static>(
+pub(crate) async fn with_store<T: Send + 'static, E: Send + 'static>(
     state: &AppState,
-    f: impl FnOnce(&brig_runtime::Store) -> Result<T, KeyError> + Send + 'static,
-) -> Result<T, ApiError> {
+    f: impl FnOnce(&Store) -> Result<T, E> + Send + 'static,
+) -> Result<T, ApiError>
+where
+    ApiError: From<E>,
+{
     let manager = state.manager.clone();
     Ok(tokio::task::spawn_blocking(move || f(&manager.store())).await??)
 }
 
+/// A tenant by name, as `caller` may name it: a tenant key only its own.
+fn tenant_named(s: &Store, caller: &Principal, name: &str) -> Result<TenantId, KeyError> {
+    match s.tenant_by_name(name)? {
+        Some(t) if caller.is_admin() || t.id == caller.tenant => Ok(t.id),
+        // Whether another tenant exists is no tenant key's business.
+        _ if !caller.is_admin() => Err(KeyError::Forbidden {
+            what: format!("managing the keys of tenant {name:?}"),
+        }),
+        _ => Err(KeyError::UnknownTenant {
+            name: name.to_string(),
+        }),
+    }
+}
+
 pub async fn create(
     State(state): State<AppState>,
-    Auth(tenant): Auth,
+    Caller(caller): Caller,
     body: Result<Option<Json<CreateKeyConfig>>, JsonRejection>,
 ) -> Result<(StatusCode, Json<CreatedKey>), ApiError> {
     let config = body?.map(|Json(c)| c).unwrap_or_default();
-    let (info, key) = with_store(&state, move |s| {
-        s.create_named_key(&tenant, config.name.as_deref())
+    let expires_in = config
+        .expires
+        .as_deref()
+        .map(|e| {
+            brig_core::parse_duration(e).map_err(|err| {
+                ApiError::bad_request(format!("expires: {err} (for example \"30d\")"))
+            })
+        })
+        .transpose()?;
+    let (info, key, tenant_name) = with_store(&state, move |s| {
+        let tenant = match config.tenant.as_deref() {
+            Some(name) => tenant_named(s, &caller, name)?,
+            None => caller.tenant.clone(),
+        };
+        let expires_at = expires_in.map(|d| now_millis() + d.as_millis() as UnixMillis);
+        let new = NewKey {
+            name: config.name.as_deref(),
+            role: config.role,
+            expires_at,
+        };
+        let (info, key) = s.create_key_as(&caller, &tenant, &new)?;
+        let name = s.tenant_name(&tenant)?.unwrap_or_default();
+        Ok::<_, KeyError>((info, key, name))
     })
     .await?;
     Ok((
@@ -85,32 +156,61 @@ pub async fn create(
             id: info.id,
             key,
             name: info.name,
+            role: info.role,
+            tenant: tenant_name,
             created_at: info.created_at,
+            expires_at: info.expires_at,
         }),
     ))
 }
 
 pub async fn list(
     State(state): State<AppState>,
-    Auth(tenant): Auth,
+    Caller(caller): Caller,
+    query: Result<Query<KeyListQuery>, QueryRejection>,
 ) -> Result<Json<KeyList>, ApiError> {
-    let keys = with_store(&state, move |s| Ok(s.list_keys(&tenant)?)).await?;
-    let items = keys
-        .into_iter()
-        .filter(|k| k.revoked_at.is_none())
-        .map(KeyView::from)
-        .collect();
+    let which = query.map_err(ApiError::from)?.0.tenant;
+    let items = with_store(&state, move |s| {
+        let keys = match which.as_deref() {
+            Some("all") if caller.is_admin() => s.list_all_keys()?,
+            Some("all") => {
+                return Err(KeyError::Forbidden {
+                    what: "listing every tenant's keys".into(),
+                })
+            }
+            Some(name) => s.list_keys(&tenant_named(s, &caller, name)?)?,
+            None => s.list_keys(&caller.tenant)?,
+        };
+        let mut names: HashMap<TenantId, String> = HashMap::new();
+        let mut items = Vec::new();
+        for k in keys.into_iter().filter(|k| k.revoked_at.is_none()) {
+            if !names.contains_key(&k.tenant) {
+                let name = s.tenant_name(&k.tenant)?.unwrap_or_default();
+                names.insert(k.tenant.clone(), name);
+            }
+            let name = names[&k.tenant].clone();
+            items.push(KeyView::new(k, name));
+        }
+        Ok(items)
+    })
+    .await?;
     Ok(Json(KeyList { items }))
 }
 
 pub async fn revoke(
     State(state): State<AppState>,
-    Auth(tenant): Auth,
+    Caller(caller): Caller,
     id: Result<Path<String>, PathRejection>,
 ) -> Result<StatusCode, ApiError> {
     let raw = id?.0;
     let id = KeyId::parse(&raw)
         .ok_or_else(|| ApiError::not_found(format!("no api key {raw} for this tenant")))?;
-    with_store(&state, move |s| s.revoke_key_unless_last(&tenant, &id)).await?;
+    with_store(&state, move |s| s.revoke_key_as(&caller, &id)).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+pub(crate) fn now_millis() -> UnixMillis {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as UnixMillis)
 }

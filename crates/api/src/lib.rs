@@ -35,6 +35,7 @@ pub mod ports;
 pub mod processes;
 pub mod pty;
 pub mod sandboxes;
+pub mod tenants;
 
 use std::sync::{Arc, OnceLock};
 
@@ -83,6 +84,8 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/info", get(info::info))
         .route("/v1/keys", post(keys::create).get(keys::list))
         .route("/v1/keys/{id}", axum::routing::delete(keys::revoke))
+        .route("/v1/tenants", post(tenants::create).get(tenants::list))
+        .route("/v1/tenants/{name}", axum::routing::delete(tenants::remove))
         .route(
             "/v1/sandboxes",
             post(sandboxes::create).get(sandboxes::list),

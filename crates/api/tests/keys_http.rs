@@ -65,7 +65,18 @@ async fn create_list_revoke() {
     for k in list["items"].as_array().unwrap() {
         let mut fields: Vec<_> = k.as_object().unwrap().keys().cloned().collect();
         fields.sort();
-        fields.retain(|f| !["id", "name", "created_at", "last_used_at"].contains(&f.as_str()));
+        fields.retain(|f| {
+            ![
+                "id",
+                "name",
+                "role",
+                "tenant",
+                "created_at",
+                "expires_at",
+                "last_used_at",
+            ]
+            .contains(&f.as_str())
+        });
         assert!(fields.is_empty(), "unexpected fields {fields:?} in {k}");
     }
 
@@ -96,7 +107,8 @@ async fn create_list_revoke() {
     .await;
     assert_error(status, &body, StatusCode::NOT_FOUND, "not_found");
 
-    // The tenant's last key stays, with a message saying what to do.
+    // The tenant's last key (here also the last admin key) stays, with a
+    // message saying what to do.
     let only = ids(&list);
     assert_eq!(only.len(), 1, "{list}");
     let (status, body) = call(
@@ -109,10 +121,7 @@ async fn create_list_revoke() {
     .await;
     assert_error(status, &body, StatusCode::CONFLICT, "conflict");
     assert!(
-        body["message"]
-            .as_str()
-            .unwrap()
-            .contains("create another key first"),
+        body["message"].as_str().unwrap().contains("create another"),
         "{body}"
     );
     let (status, _) = call(&f.app, Method::GET, "/v1/keys", Some(&f.key), None).await;
@@ -191,4 +200,149 @@ async fn tenants_see_and_revoke_only_their_own_keys() {
     assert_error(status, &err, StatusCode::NOT_FOUND, "not_found");
     let (status, _) = call(&f.app, Method::GET, "/v1/keys", Some(&f.key), None).await;
     assert_eq!(status, StatusCode::OK, "the first tenant's key still works");
+}
+
+/// Roles through the API: the admin key creates a tenant (with its first
+/// key), lists and removes tenants, and makes keys for any tenant; a
+/// tenant key gets 403 for all of that, cannot make an admin key, and
+/// cannot touch another tenant's keys or sandboxes; an expiring key
+/// reports when it expires.
+#[tokio::test(flavor = "multi_thread")]
+async fn admin_and_tenant_keys_through_the_api() {
+    if !root_or_skip() {
+        return;
+    }
+    let f = fixture(|_| {});
+    let admin = f.key.clone();
+    let (status, created) = call(
+        &f.app,
+        Method::POST,
+        "/v1/tenants",
+        Some(&admin),
+        Some(r#"{"name": "acme"}"#),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    assert_eq!(created["name"], "acme");
+    let acme = created["key"]["key"].as_str().unwrap().to_string();
+    let (status, list) = call(&f.app, Method::GET, "/v1/tenants", Some(&admin), None).await;
+    assert_eq!(status, StatusCode::OK);
+    let names: Vec<&str> = list["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert!(
+        names.contains(&"acme") && names.contains(&"default"),
+        "{list}"
+    );
+
+    // A tenant key: no tenants, no admin keys, nothing of another tenant.
+    for (method, uri, body) in [
+        (Method::GET, "/v1/tenants", None),
+        (Method::POST, "/v1/tenants", Some(r#"{"name": "evil"}"#)),
+        (Method::DELETE, "/v1/tenants/default", None),
+        (Method::POST, "/v1/keys", Some(r#"{"role": "admin"}"#)),
+        (Method::POST, "/v1/keys", Some(r#"{"tenant": "default"}"#)),
+        (Method::GET, "/v1/keys?tenant=all", None),
+    ] {
+        let (status, body) = call(&f.app, method.clone(), uri, Some(&acme), body).await;
+        assert_error(status, &body, StatusCode::FORBIDDEN, "forbidden");
+        assert!(
+            body["message"].as_str().unwrap().contains("admin key"),
+            "{method} {uri}: {body}"
+        );
+    }
+    // It lists only its own tenant's keys.
+    let (_, own) = call(&f.app, Method::GET, "/v1/keys", Some(&acme), None).await;
+    assert!(
+        own["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|k| k["tenant"] == "acme"),
+        "{own}"
+    );
+    // The admin makes an expiring key for acme; it says when it expires.
+    let (status, made) = call(
+        &f.app,
+        Method::POST,
+        "/v1/keys",
+        Some(&admin),
+        Some(r#"{"tenant": "acme", "name": "ci", "expires": "1h"}"#),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{made}");
+    assert_eq!(
+        (made["tenant"].as_str(), made["role"].as_str()),
+        (Some("acme"), Some("tenant"))
+    );
+    let created_at = made["created_at"].as_i64().unwrap();
+    let expires = made["expires_at"].as_i64().unwrap();
+    assert!((expires - created_at - 3_600_000).abs() < 5_000, "{made}");
+    let (status, body) = call(
+        &f.app,
+        Method::POST,
+        "/v1/keys",
+        Some(&admin),
+        Some(r#"{"tenant": "nobody"}"#),
+    )
+    .await;
+    assert_error(status, &body, StatusCode::NOT_FOUND, "not_found");
+
+    // Removing a tenant with a live sandbox is refused; then allowed, and
+    // its keys stop working.
+    let (status, sb) = call(
+        &f.app,
+        Method::POST,
+        "/v1/sandboxes",
+        Some(&acme),
+        Some("{}"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{sb}");
+    let (status, body) = call(
+        &f.app,
+        Method::DELETE,
+        "/v1/tenants/acme",
+        Some(&admin),
+        None,
+    )
+    .await;
+    assert_error(status, &body, StatusCode::CONFLICT, "conflict");
+    assert!(
+        body["message"].as_str().unwrap().contains("live sandboxes"),
+        "{body}"
+    );
+    let id = sb["id"].as_str().unwrap();
+    let (status, _) = call(
+        &f.app,
+        Method::DELETE,
+        &format!("/v1/sandboxes/{id}"),
+        Some(&acme),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, body) = call(
+        &f.app,
+        Method::DELETE,
+        "/v1/tenants/acme",
+        Some(&admin),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, body) = call(&f.app, Method::GET, "/v1/sandboxes", Some(&acme), None).await;
+    assert_error(status, &body, StatusCode::UNAUTHORIZED, "unauthorized");
+    let (status, body) = call(
+        &f.app,
+        Method::DELETE,
+        "/v1/tenants/default",
+        Some(&admin),
+        None,
+    )
+    .await;
+    assert_error(status, &body, StatusCode::CONFLICT, "conflict");
 }

@@ -9,6 +9,8 @@ const ROUTES: &[(&str, &[&str])] = &[
     ("/v1/info", &["get"]),
     ("/v1/keys", &["get", "post"]),
     ("/v1/keys/{id}", &["delete"]),
+    ("/v1/tenants", &["get", "post"]),
+    ("/v1/tenants/{name}", &["delete"]),
     ("/v1/sandboxes", &["get", "post"]),
     ("/v1/sandboxes/{id}", &["get", "delete"]),
     ("/v1/sandboxes/{id}/timeout", &["post"]),

@@ -152,6 +152,8 @@ pub enum KeyError {
     LastAdmin { id: KeyId },
     #[error("the key's expiry must be in the future")]
     BadExpiry,
+    #[error("no tenant named {name:?} (`brig tenants ls` lists them)")]
+    UnknownTenant { name: String },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -159,7 +161,7 @@ pub enum KeyError {
 impl KeyError {
     pub fn kind(&self) -> ErrorKind {
         match self {
-            KeyError::NotFound { .. } => ErrorKind::NotFound,
+            KeyError::NotFound { .. } | KeyError::UnknownTenant { .. } => ErrorKind::NotFound,
             KeyError::LastKey { .. } => ErrorKind::Conflict,
             KeyError::BadName { .. } | KeyError::BadExpiry => ErrorKind::BadRequest,
             KeyError::Forbidden { .. } => ErrorKind::Forbidden,

@@ -63,6 +63,8 @@ pub enum TenantError {
     )]
     Busy { name: String, live: usize },
     #[error(transparent)]
+    Key(#[from] crate::keys::KeyError),
+    #[error(transparent)]
     Store(#[from] StoreError),
 }
 
@@ -75,6 +77,7 @@ impl TenantError {
                 ErrorKind::Conflict
             }
             TenantError::NotFound { .. } => ErrorKind::NotFound,
+            TenantError::Key(e) => e.kind(),
             TenantError::Store(e) => e.kind(),
         }
     }
