@@ -1073,3 +1073,99 @@ fn an_exec_learns_why_its_sandbox_ended() {
         text(&out.stdout)
     );
 }
+
+/// Keys with roles and tenants from the CLI, and the way back in for a
+/// locked-out operator: the local key is the admin key; a tenant's key
+/// cannot manage tenants nor touch the admin key; once the local key is
+/// revoked (by a second admin key), `brig keys create --local` as root
+/// writes a working admin key to local.key.
+#[test]
+fn tenants_roles_and_the_lockout_recovery_from_the_cli() {
+    require_root!();
+    let daemon = Daemon::start();
+    let as_key = |key: &str, args: &[&str]| brig_with_key(&daemon, key, args);
+    let local = std::fs::read_to_string(daemon.home.path().join("local.key")).unwrap();
+    let local = local.trim().to_string();
+    let local_id = local["brig_".len().."brig_".len() + 12].to_string();
+
+    let out = daemon.brig(&["tenants", "create", "acme", "--json"]);
+    let created: serde_json::Value = serde_json::from_str(&ok(out, "tenants create")).unwrap();
+    let acme = created["key"]["key"].as_str().unwrap().to_string();
+    let listed = ok(daemon.brig(&["tenants", "ls"]), "tenants ls");
+    assert!(
+        listed.contains("acme") && listed.contains("default"),
+        "{listed}"
+    );
+
+    fails(
+        as_key(&acme, &["tenants", "ls"]),
+        "a tenant listing tenants",
+        "admin key",
+    );
+    fails(
+        as_key(&acme, &["keys", "create", "--admin"]),
+        "a tenant making an admin key",
+        "admin key",
+    );
+    fails(
+        as_key(&acme, &["keys", "revoke", &local_id]),
+        "a tenant revoking the admin key",
+        "no api key",
+    );
+    let own = ok(as_key(&acme, &["keys", "ls"]), "keys ls as acme");
+    assert!(own.contains("acme") && !own.contains(&local_id), "{own}");
+    // The admin sees every tenant's keys.
+    let all = ok(
+        daemon.brig(&["keys", "ls", "--tenant", "all"]),
+        "keys ls --tenant all",
+    );
+    assert!(all.contains(&local_id) && all.contains("acme"), "{all}");
+    // An expiring key says when.
+    let out = daemon.brig(&[
+        "keys",
+        "create",
+        "--tenant",
+        "acme",
+        "--expires",
+        "2h",
+        "--json",
+    ]);
+    let made: serde_json::Value = serde_json::from_str(&ok(out, "keys create --expires")).unwrap();
+    assert!(made["expires_at"].as_i64().is_some(), "{made}");
+
+    // Lock the operator out: a second admin key revokes local.key.
+    let out = daemon.brig(&["keys", "create", "--admin", "--json"]);
+    let second: serde_json::Value = serde_json::from_str(&ok(out, "keys create --admin")).unwrap();
+    let second = second["key"].as_str().unwrap().to_string();
+    ok(
+        as_key(&second, &["keys", "revoke", &local_id]),
+        "revoke local.key",
+    );
+    fails(
+        daemon.brig(&["ls"]),
+        "ls with the revoked local key",
+        "invalid api key",
+    );
+    // The way back in, as root on the host.
+    let out = daemon.brig(&["keys", "create", "--local"]);
+    let recovered = ok(out, "keys create --local");
+    assert_eq!(
+        std::fs::read_to_string(daemon.home.path().join("local.key"))
+            .unwrap()
+            .trim(),
+        recovered.trim()
+    );
+    ok(daemon.brig(&["ls"]), "ls with the recovered key");
+    ok(
+        daemon.brig(&["tenants", "ls"]),
+        "the recovered key is an admin key",
+    );
+
+    // Removing acme ends its keys.
+    ok(daemon.brig(&["tenants", "rm", "acme"]), "tenants rm");
+    fails(
+        as_key(&acme, &["ls"]),
+        "ls with a removed tenant's key",
+        "invalid api key",
+    );
+}

@@ -18,6 +18,7 @@ pub mod resume;
 pub mod run;
 pub mod serve;
 pub mod template;
+pub mod tenants;
 
 /// brig runs untrusted code in fast, strongly isolated sandboxes.
 #[derive(Debug, Parser)]
@@ -51,8 +52,11 @@ pub enum Command {
     Resume(resume::ResumeArgs),
     /// Copy a file between this host and a sandbox (either side ID:/path).
     Cp(cp::CpArgs),
-    /// Create, list and revoke API keys for the daemon.
+    /// Create, list and revoke API keys (`create --local`: recover a
+    /// locked-out operator's admin key, as root on the daemon's host).
     Keys(keys::KeysArgs),
+    /// Create, list and remove tenants (admin keys only).
+    Tenants(tenants::TenantsArgs),
     /// Build and list the named templates (`base`, `code-interpreter-v1`).
     Template(template::TemplateArgs),
 }
@@ -71,6 +75,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Resume(args) => resume::run(args),
         Command::Cp(args) => cp::run(args),
         Command::Keys(args) => keys::run(args),
+        Command::Tenants(args) => tenants::run(args),
         Command::Template(args) => template::run(args),
     }
 }

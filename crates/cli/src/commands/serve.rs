@@ -386,7 +386,7 @@ async fn shutdown_signal() {
 }
 
 /// Write the key readable by root only.
-fn write_key(path: &Path, key: &str) -> anyhow::Result<()> {
+pub(crate) fn write_key(path: &Path, key: &str) -> anyhow::Result<()> {
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
