@@ -3,9 +3,10 @@
 
 use std::collections::BTreeMap;
 
-use axum::extract::rejection::{JsonRejection, PathRejection};
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
+use axum::extract::{Path, Query, RawQuery, State};
 use axum::http::StatusCode;
+use axum::response::IntoResponse;
 use axum::Json;
 use brig_core::{parse_duration, parse_size, EnvVar, Limits, TemplateRef};
 use serde::{Deserialize, Serialize};
@@ -240,16 +241,33 @@ pub async fn get(
     Ok(Json(record.into()))
 }
 
+/// `DELETE /v1/sandboxes/{id}?remove=true`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeleteQuery {
+    /// Forget an ended sandbox's record instead of ending a live one.
+    #[serde(default)]
+    pub remove: bool,
+}
+
 /// Kill the sandbox; answers once it is torn down, with its final record.
+/// With `?remove=true`, forget an ended one's record (204; a live one is
+/// 409).
 pub async fn delete(
     State(state): State<AppState>,
     Auth(tenant): Auth,
     id: Result<Path<String>, PathRejection>,
-) -> Result<Json<SandboxView>, ApiError> {
+    query: Result<Query<DeleteQuery>, QueryRejection>,
+) -> Result<axum::response::Response, ApiError> {
     let id = sandbox_id(&id?.0)?;
+    let remove = query.map_err(ApiError::from)?.0.remove;
     let manager = state.manager.clone();
+    if remove {
+        blocking(move || manager.remove(&tenant, &id)).await?;
+        return Ok(StatusCode::NO_CONTENT.into_response());
+    }
     let record = blocking(move || manager.delete(&tenant, &id)).await?;
-    Ok(Json(record.into()))
+    Ok(Json(SandboxView::from(record)).into_response())
 }
 
 pub async fn extend(

@@ -310,22 +310,21 @@ fn keys_inspect_and_cp_on_a_real_daemon() {
         "revoke with a bad id",
         "invalid key id",
     );
-    // Revoke the local key with the third one; then the third is the last.
+    // A tenant key (the third) cannot revoke the local (admin) key: the
+    // lockout new users hit. The admin revokes its own tenant keys, down
+    // to the last one, which stays.
     let local = std::fs::read_to_string(daemon.home.path().join("local.key")).unwrap();
     let local_id = &local.trim()[5..17];
-    ok(
+    fails(
         brig_with_key(&daemon, &third, &["keys", "revoke", local_id]),
-        "revoke the local key",
+        "a tenant key revoking the local admin key",
+        "needs an admin key",
     );
+    ok(daemon.brig(&["ls"]), "ls with the local key, still valid");
     fails(
-        daemon.brig(&["ls"]),
-        "ls with the revoked local key",
-        "invalid api key",
-    );
-    fails(
-        brig_with_key(&daemon, &third, &["keys", "revoke", &third[5..17]]),
-        "revoking the last key",
-        "create another key first",
+        daemon.brig(&["keys", "revoke", local_id]),
+        "revoking the last admin key",
+        "create another first",
     );
     let as_third = |args: &[&str]| brig_with_key(&daemon, &third, args);
 
@@ -1167,5 +1166,102 @@ fn tenants_roles_and_the_lockout_recovery_from_the_cli() {
         as_key(&acme, &["ls"]),
         "ls with a removed tenant's key",
         "invalid api key",
+    );
+}
+
+/// docker's habits: `ls` shows live sandboxes (`-a` ended ones too, `-q`
+/// ids, `--filter`), ids may be shortened to a unique prefix, `extend`
+/// gives more time, `rm` forgets ended ones (`-f` ends live ones first),
+/// and `completion` prints a shell script.
+#[test]
+fn ls_rm_extend_prefixes_and_completion_as_docker_users_expect() {
+    require_root!();
+    let daemon = Daemon::start();
+    let create = |args: &[&str]| {
+        let mut all = vec!["create"];
+        all.extend_from_slice(args);
+        ok(daemon.brig(&all), "create").trim().to_string()
+    };
+    let ml = create(&["--label", "team=ml"]);
+    let web = create(&["--label", "team=web"]);
+    let gone = create(&[]);
+    ok(daemon.brig(&["kill", &gone[..6]]), "kill by a prefix");
+
+    let ids = |args: &[&str]| -> Vec<String> {
+        let mut all = vec!["ls", "-q"];
+        all.extend_from_slice(args);
+        ok(daemon.brig(&all), "ls -q")
+            .lines()
+            .map(str::to_string)
+            .collect()
+    };
+    let live = ids(&[]);
+    assert!(
+        live.contains(&ml) && live.contains(&web) && !live.contains(&gone),
+        "{live:?}"
+    );
+    assert!(ids(&["-a"]).contains(&gone), "ls -a shows the ended one");
+    assert_eq!(ids(&["--filter", "label=team=ml"]), [ml.clone()]);
+    assert_eq!(ids(&["--filter", "state=stopped"]), [gone.clone()]);
+    assert!(ids(&["--filter", "label=team"]).len() == 2);
+    fails(
+        daemon.brig(&["ls", "--filter", "colour=red"]),
+        "a bad filter",
+        "invalid --filter",
+    );
+    let table = ok(daemon.brig(&["ls"]), "ls");
+    assert!(
+        table.contains("team=ml") && table.contains("in "),
+        "{table}"
+    );
+
+    // Prefixes: unique works everywhere, ambiguous and unknown say so.
+    let out = ok(
+        daemon.brig(&["exec", &ml[..5], "--", "echo", "hi"]),
+        "exec by a prefix",
+    );
+    assert_eq!(out, "hi\n");
+    fails(
+        daemon.brig(&["inspect", "fffffffffff"]),
+        "an unknown prefix",
+        "no sandbox id starts with",
+    );
+    let common = ml
+        .chars()
+        .zip(web.chars())
+        .take_while(|(a, b)| a == b)
+        .map(|(a, _)| a)
+        .collect::<String>();
+    if !common.is_empty() {
+        fails(
+            daemon.brig(&["inspect", &common]),
+            "an ambiguous prefix",
+            "type more of it",
+        );
+    }
+
+    // extend: more time from now.
+    let out = ok(daemon.brig(&["extend", &ml, "2h"]), "extend");
+    assert!(
+        out.contains("expires in 1h59m") || out.contains("expires in 2h"),
+        "{out}"
+    );
+    fails(
+        daemon.brig(&["extend", &ml, "soon"]),
+        "a bad duration",
+        "invalid duration",
+    );
+
+    // rm: ended ones go; a live one is refused unless -f.
+    ok(daemon.brig(&["rm", &gone]), "rm an ended sandbox");
+    assert!(!ids(&["-a"]).contains(&gone), "rm forgets it");
+    fails(daemon.brig(&["rm", &web]), "rm a live sandbox", "rm -f");
+    ok(daemon.brig(&["rm", "-f", &web]), "rm -f");
+    assert!(!ids(&["-a"]).contains(&web));
+
+    let script = ok(daemon.brig(&["completion", "bash"]), "completion bash");
+    assert!(
+        script.contains("_brig") && script.contains("tenants"),
+        "a bash completion"
     );
 }

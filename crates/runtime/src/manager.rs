@@ -888,6 +888,11 @@ impl SandboxManager {
         self.get(tenant, id)
     }
 
+    /// Forget an ended sandbox's record (a live one is refused).
+    pub fn remove(&self, tenant: &TenantId, id: &SandboxId) -> Result<(), ManagerError> {
+        Ok(self.store().remove_sandbox(Scope::Tenant(tenant), id)?)
+    }
+
     /// Start a process in the sandbox. Returns once the agent has started
     /// it (or refused to).
     pub fn exec(

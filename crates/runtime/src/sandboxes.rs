@@ -277,6 +277,8 @@ pub enum SandboxError {
     },
     #[error("sandbox {id} has ended ({state}); its timeout cannot change")]
     Ended { id: SandboxId, state: SandboxState },
+    #[error("sandbox {id} is {state}: end it before removing its record")]
+    StillLive { id: SandboxId, state: SandboxState },
     #[error(
         "invalid page cursor {cursor:?}: pass back the `next` value of the previous page unchanged"
     )]
@@ -295,9 +297,9 @@ impl SandboxError {
     pub fn kind(&self) -> ErrorKind {
         match self {
             SandboxError::NotFound { .. } => ErrorKind::NotFound,
-            SandboxError::InvalidTransition { .. } | SandboxError::Ended { .. } => {
-                ErrorKind::Conflict
-            }
+            SandboxError::InvalidTransition { .. }
+            | SandboxError::Ended { .. }
+            | SandboxError::StillLive { .. } => ErrorKind::Conflict,
             SandboxError::BadCursor { .. } => ErrorKind::BadRequest,
             // Ids are random: a clash is a bug, not the client's doing.
             SandboxError::AlreadyExists { .. } | SandboxError::Encode { .. } => ErrorKind::Internal,
@@ -486,6 +488,25 @@ impl Store {
             attrs: serde_json::Map::new(),
             end: None,
         })
+    }
+
+    /// Forget an ended sandbox: its record goes (`brig rm`). A live one is
+    /// [`SandboxError::StillLive`].
+    pub fn remove_sandbox(&self, scope: Scope<'_>, id: &SandboxId) -> Result<(), SandboxError> {
+        let record = self.get_sandbox(scope, id)?;
+        if !record.state.is_final() {
+            return Err(SandboxError::StillLive {
+                id: id.clone(),
+                state: record.state,
+            });
+        }
+        self.conn
+            .execute(
+                "DELETE FROM sandboxes WHERE id = ?1 AND state IN ('stopped', 'dead')",
+                [id.as_str()],
+            )
+            .map_err(StoreError::query("remove sandbox record"))?;
+        Ok(())
     }
 
     /// One sandbox. In [`Scope::Tenant`], another tenant's sandbox is

@@ -169,6 +169,45 @@ impl Client {
         })
     }
 
+    /// A sandbox id from what a person typed: the id itself, or a unique
+    /// prefix of one of this tenant's sandboxes (as docker takes them).
+    pub fn resolve(&self, given: &str) -> anyhow::Result<String> {
+        if brig_core::SandboxId::parse(given).is_some() {
+            return Ok(given.to_string());
+        }
+        if given.is_empty() || given.len() > 12 || !given.bytes().all(|b| b.is_ascii_hexdigit()) {
+            sandbox_id(given)?;
+        }
+        let given = given.to_ascii_lowercase();
+        let mut found: Vec<String> = Vec::new();
+        let mut path = "/v1/sandboxes?limit=1000".to_string();
+        loop {
+            let page = self.json("GET", &path, None)?;
+            found.extend(
+                page["items"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|s| s["id"].as_str())
+                    .filter(|id| id.starts_with(&given))
+                    .map(str::to_string),
+            );
+            match page["next"].as_str() {
+                Some(next) => path = format!("/v1/sandboxes?limit=1000&cursor={next}"),
+                None => break,
+            }
+        }
+        match found.as_slice() {
+            [one] => Ok(one.clone()),
+            [] => anyhow::bail!("no sandbox id starts with {given:?} (`brig ls -a` lists them)"),
+            many => anyhow::bail!(
+                "{given:?} is the start of {} sandbox ids ({}): type more of it",
+                many.len(),
+                many.join(", ")
+            ),
+        }
+    }
+
     pub fn request(&self, method: &str, path: &str) -> ureq::Request {
         self.agent
             .request(method, &format!("{}{path}", self.base))

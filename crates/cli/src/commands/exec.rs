@@ -85,7 +85,11 @@ struct ExecConfig {
 
 impl ExecArgs {
     fn into_config(self) -> anyhow::Result<ExecConfig> {
-        sandbox_id(&self.id)?;
+        // An id or a prefix; the prefix is resolved once the daemon is
+        // reachable.
+        if self.id.is_empty() || !self.id.bytes().all(|b| b.is_ascii_hexdigit()) {
+            sandbox_id(&self.id)?;
+        }
         let mode = match (self.background, self.interactive, self.tty) {
             (true, _, _) => Mode::Background,
             (false, false, false) => Mode::Stream,
@@ -123,7 +127,7 @@ impl ExecArgs {
 }
 
 pub fn run(args: ExecArgs) -> anyhow::Result<i32> {
-    let config = args.into_config()?;
+    let mut config = args.into_config()?;
     if config.mode
         == (Mode::Session {
             tty: true,
@@ -133,6 +137,7 @@ pub fn run(args: ExecArgs) -> anyhow::Result<i32> {
         tty::require_terminal_input()?;
     }
     let client = Client::from_env()?;
+    config.id = client.resolve(&config.id)?;
     let done = match config.mode {
         Mode::Stream => stream(&client, &config),
         Mode::Background => background(&client, &config),

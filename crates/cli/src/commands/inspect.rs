@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-use super::client::{ago, now_millis, sandbox_id, span, Client};
+use super::client::{ago, now_millis, span, Client};
 
 #[derive(Debug, clap::Args)]
 pub struct InspectArgs {
@@ -15,8 +15,8 @@ pub struct InspectArgs {
 }
 
 pub fn run(args: InspectArgs) -> anyhow::Result<i32> {
-    let id = sandbox_id(&args.id)?;
     let client = Client::from_env()?;
+    let id = client.resolve(&args.id)?;
     let sandbox = client.json("GET", &format!("/v1/sandboxes/{id}"), None)?;
     if args.json {
         println!("{sandbox}");

@@ -4,12 +4,13 @@ use super::client::Client;
 
 #[derive(Debug, clap::Args)]
 pub struct KillArgs {
-    /// The sandbox's id.
+    /// The sandbox's id (or a unique prefix of it).
     id: String,
 }
 
 pub fn run(args: KillArgs) -> anyhow::Result<i32> {
     let client = Client::from_env()?;
-    client.json("DELETE", &format!("/v1/sandboxes/{}", args.id), None)?;
+    let id = client.resolve(&args.id)?;
+    client.json("DELETE", &format!("/v1/sandboxes/{id}"), None)?;
     Ok(0)
 }

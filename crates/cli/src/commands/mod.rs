@@ -5,16 +5,19 @@
 use clap::{Parser, Subcommand};
 
 pub mod client;
+pub mod completion;
 pub mod cp;
 pub mod create;
 pub mod doctor;
 pub mod exec;
+pub mod extend;
 pub mod inspect;
 pub mod keys;
 pub mod kill;
 pub mod ls;
 pub mod pause;
 pub mod resume;
+pub mod rm;
 pub mod run;
 pub mod serve;
 pub mod template;
@@ -57,6 +60,12 @@ pub enum Command {
     Keys(keys::KeysArgs),
     /// Create, list and remove tenants (admin keys only).
     Tenants(tenants::TenantsArgs),
+    /// Give a live sandbox more time, counted from now.
+    Extend(extend::ExtendArgs),
+    /// Forget ended sandboxes (`-f`: end live ones first).
+    Rm(rm::RmArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completion(completion::CompletionArgs),
     /// Build and list the named templates (`base`, `code-interpreter-v1`).
     Template(template::TemplateArgs),
 }
@@ -76,6 +85,9 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Cp(args) => cp::run(args),
         Command::Keys(args) => keys::run(args),
         Command::Tenants(args) => tenants::run(args),
+        Command::Extend(args) => extend::run(args),
+        Command::Rm(args) => rm::run(args),
+        Command::Completion(args) => completion::run(args),
         Command::Template(args) => template::run(args),
     }
 }

@@ -1,7 +1,7 @@
 //! `brig pause ID`: freeze every process of a sandbox on the daemon. Its
 //! memory and files stay; its timeout keeps running.
 
-use super::client::{sandbox_id, Client};
+use super::client::Client;
 
 #[derive(Debug, clap::Args)]
 pub struct PauseArgs {
@@ -10,8 +10,8 @@ pub struct PauseArgs {
 }
 
 pub fn run(args: PauseArgs) -> anyhow::Result<i32> {
-    let id = sandbox_id(&args.id)?;
     let client = Client::from_env()?;
+    let id = client.resolve(&args.id)?;
     client.send(
         client.request("POST", &format!("/v1/sandboxes/{id}/pause")),
         None,

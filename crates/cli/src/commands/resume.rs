@@ -3,7 +3,7 @@
 
 use serde_json::json;
 
-use super::client::{sandbox_id, Client};
+use super::client::Client;
 
 #[derive(Debug, clap::Args)]
 pub struct ResumeArgs {
@@ -15,7 +15,6 @@ pub struct ResumeArgs {
 }
 
 pub fn run(args: ResumeArgs) -> anyhow::Result<i32> {
-    let id = sandbox_id(&args.id)?;
     // Always a JSON object (perhaps empty), so the daemon sees one body
     // shape whether or not a timeout was given.
     let body = match args.timeout {
@@ -23,6 +22,7 @@ pub fn run(args: ResumeArgs) -> anyhow::Result<i32> {
         None => json!({}),
     };
     let client = Client::from_env()?;
+    let id = client.resolve(&args.id)?;
     client.send(
         client.request("POST", &format!("/v1/sandboxes/{id}/resume")),
         Some(&body),
