@@ -1201,8 +1201,8 @@ fn ls_rm_extend_prefixes_and_completion_as_docker_users_expect() {
         "{live:?}"
     );
     assert!(ids(&["-a"]).contains(&gone), "ls -a shows the ended one");
-    assert_eq!(ids(&["--filter", "label=team=ml"]), [ml.clone()]);
-    assert_eq!(ids(&["--filter", "state=stopped"]), [gone.clone()]);
+    assert_eq!(ids(&["--filter", "label=team=ml"]), vec![ml.clone()]);
+    assert_eq!(ids(&["--filter", "state=stopped"]), vec![gone.clone()]);
     assert!(ids(&["--filter", "label=team"]).len() == 2);
     fails(
         daemon.brig(&["ls", "--filter", "colour=red"]),
