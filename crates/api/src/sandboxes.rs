@@ -131,6 +131,10 @@ pub struct SandboxView {
     /// TENANT}`, ...) and the same as a sentence; absent while it lives.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub end: Option<serde_json::Value>,
+    /// The limits it was created with: memory and disk in bytes, pids,
+    /// cpus (null: unlimited).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limits: Option<serde_json::Value>,
 }
 
 impl From<SandboxRecord> for SandboxView {
@@ -145,6 +149,14 @@ impl From<SandboxRecord> for SandboxView {
             expires_at: r.expires_at,
             ended_at: r.ended_at,
             exit_code: r.exit_code,
+            limits: r.spec.get("limits").map(|l| {
+                serde_json::json!({
+                    "memory_bytes": l["memory"],
+                    "disk_bytes": l["disk"],
+                    "pids": l["pids"],
+                    "cpus": l["cpus"],
+                })
+            }),
             end: r.end.map(|cause| {
                 let mut v = serde_json::to_value(&cause).unwrap_or_default();
                 v["message"] = cause.describe().into();

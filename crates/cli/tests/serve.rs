@@ -141,7 +141,7 @@ fn the_cli_drives_sandboxes_on_a_real_daemon() {
         .filter(|d| d.exists())
         .collect();
     assert!(left.is_empty(), "cgroups left: {left:?}");
-    let out = daemon.brig(&["ls", "--json"]);
+    let out = daemon.brig(&["ls", "-a", "--json"]);
     let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(list[0]["state"], "stopped", "{list}");
 
@@ -1263,5 +1263,64 @@ fn ls_rm_extend_prefixes_and_completion_as_docker_users_expect() {
     assert!(
         script.contains("_brig") && script.contains("tenants"),
         "a bash completion"
+    );
+}
+
+/// `create` takes docker's environment habits (`-e KEY` passes a value
+/// through, `--env-file`), `--pids` and `--disk`; `inspect` shows the
+/// limits and the template's name.
+#[test]
+fn create_takes_env_files_passthrough_and_limits_and_inspect_shows_them() {
+    require_root!();
+    let daemon = Daemon::start();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("env");
+    std::fs::write(&file, "# settings\nA=from-file\n\nB=file-b\n").unwrap();
+    let out = daemon
+        .command(&[
+            "create",
+            "--pids",
+            "64",
+            "--disk",
+            "256M",
+            "--memory",
+            "300M",
+            "--env-file",
+            file.to_str().unwrap(),
+            "-e",
+            "B=flag-b",
+            "-e",
+            "PASSED",
+            "-e",
+            "NOT_SET_HERE",
+        ])
+        .env("PASSED", "through")
+        .env_remove("NOT_SET_HERE")
+        .output()
+        .unwrap();
+    let id = ok(out, "create").trim().to_string();
+    let env = ok(
+        daemon.brig(&[
+            "exec",
+            &id,
+            "--",
+            "sh",
+            "-c",
+            "echo $A $B $PASSED ${NOT_SET_HERE-unset}",
+        ]),
+        "exec",
+    );
+    assert_eq!(env, "from-file flag-b through unset\n");
+    let summary = ok(daemon.brig(&["inspect", &id]), "inspect");
+    assert!(
+        summary.contains("Limits:    memory 300 MiB, disk 256 MiB, pids 64, cpus unlimited"),
+        "{summary}"
+    );
+    let bad = dir.path().join("bad");
+    std::fs::write(&bad, "NOEQUALS\n").unwrap();
+    fails(
+        daemon.brig(&["create", "--env-file", bad.to_str().unwrap()]),
+        "a bad env file",
+        "expected KEY=VALUE",
     );
 }

@@ -348,6 +348,47 @@ impl Client {
 }
 
 /// `KEY=VALUE` pairs from repeated flags.
+/// `-e KEY=VALUE` items, `-e KEY` (the value of KEY here, as docker passes
+/// it through; left out if unset) and `--env-file` files (KEY=VALUE lines,
+/// `#` comments and blank lines skipped), files first so flags win.
+pub fn env_pairs(
+    items: &[String],
+    files: &[std::path::PathBuf],
+) -> anyhow::Result<serde_json::Map<String, serde_json::Value>> {
+    let mut map = serde_json::Map::new();
+    for file in files {
+        let text = std::fs::read_to_string(file)
+            .with_context(|| format!("cannot read --env-file {}", file.display()))?;
+        for (n, line) in text.lines().enumerate() {
+            let line = line.trim();
+            if line.is_empty() || line.starts_with('#') {
+                continue;
+            }
+            let (k, v) = line.split_once('=').with_context(|| {
+                format!(
+                    "{}:{}: expected KEY=VALUE, got {line:?}",
+                    file.display(),
+                    n + 1
+                )
+            })?;
+            map.insert(k.trim().to_string(), v.into());
+        }
+    }
+    for item in items {
+        match item.split_once('=') {
+            Some((k, v)) => {
+                map.insert(k.to_string(), v.into());
+            }
+            None => {
+                if let Ok(v) = std::env::var(item) {
+                    map.insert(item.clone(), v.into());
+                }
+            }
+        }
+    }
+    Ok(map)
+}
+
 pub fn pairs(
     flag: &str,
     items: &[String],

@@ -2,7 +2,7 @@
 
 use serde_json::{json, Value};
 
-use super::client::{pairs, Client};
+use super::client::{env_pairs, pairs, Client};
 
 #[derive(Debug, clap::Args)]
 pub struct CreateArgs {
@@ -18,9 +18,19 @@ pub struct CreateArgs {
     /// CPU quota in cores.
     #[arg(long, value_name = "N")]
     cpus: Option<f64>,
-    /// Environment of every process in the sandbox (repeatable).
-    #[arg(long = "env", short = 'e', value_name = "KEY=VALUE")]
+    /// Most processes and threads alive at once.
+    #[arg(long, value_name = "N")]
+    pids: Option<u32>,
+    /// Size of the writable layer (and separately of /tmp), e.g. 2G.
+    #[arg(long, value_name = "SIZE")]
+    disk: Option<String>,
+    /// Environment of every process in the sandbox (repeatable); `-e KEY`
+    /// passes KEY's value here through.
+    #[arg(long = "env", short = 'e', value_name = "KEY[=VALUE]")]
     env: Vec<String>,
+    /// Read environment variables from a file of KEY=VALUE lines.
+    #[arg(long = "env-file", value_name = "FILE")]
+    env_file: Vec<std::path::PathBuf>,
     /// A label to find the sandbox by (repeatable).
     #[arg(long = "label", short = 'l', value_name = "KEY=VALUE")]
     label: Vec<String>,
@@ -33,7 +43,7 @@ impl CreateArgs {
     /// Stage two: the request body.
     fn into_body(self) -> anyhow::Result<Value> {
         let mut body = json!({
-            "env": pairs("env", &self.env)?,
+            "env": env_pairs(&self.env, &self.env_file)?,
             "labels": pairs("label", &self.label)?,
         });
         let fields = [
@@ -41,6 +51,8 @@ impl CreateArgs {
             ("timeout", self.timeout.map(Value::from)),
             ("memory", self.memory.map(Value::from)),
             ("cpus", self.cpus.map(Value::from)),
+            ("pids", self.pids.map(Value::from)),
+            ("disk", self.disk.map(Value::from)),
         ];
         for (k, v) in fields {
             if let Some(v) = v {

@@ -25,18 +25,22 @@ use serde_json::{json, Value};
 use tungstenite::stream::MaybeTlsStream;
 use tungstenite::Message;
 
-use super::client::{pairs, sandbox_id, Client, RemoteError, WebSocket};
+use super::client::{env_pairs, sandbox_id, Client, RemoteError, WebSocket};
 use crate::exit;
 use crate::tty::{self, RawTerminal, SignalFd};
 
 #[derive(Debug, clap::Args)]
 #[command(trailing_var_arg = true)]
 pub struct ExecArgs {
-    /// The sandbox's id.
+    /// The sandbox's id (or a unique prefix of it).
     id: String,
-    /// Set an environment variable (repeatable).
-    #[arg(long = "env", short = 'e', value_name = "KEY=VALUE")]
+    /// Set an environment variable (repeatable); `-e KEY` passes KEY's
+    /// value here through.
+    #[arg(long = "env", short = 'e', value_name = "KEY[=VALUE]")]
     env: Vec<String>,
+    /// Read environment variables from a file of KEY=VALUE lines.
+    #[arg(long = "env-file", value_name = "FILE")]
+    env_file: Vec<std::path::PathBuf>,
     /// Working directory inside the sandbox.
     #[arg(long, short = 'w', value_name = "DIR")]
     workdir: Option<String>,
@@ -95,7 +99,7 @@ impl ExecArgs {
             (false, false, false) => Mode::Stream,
             (false, stdin, tty) => Mode::Session { tty, stdin },
         };
-        let mut env = pairs("env", &self.env)?;
+        let mut env = env_pairs(&self.env, &self.env_file)?;
         if self.tty {
             // The remote terminal speaks what ours does (as `brig run -t`).
             env.entry("TERM").or_insert_with(|| {
@@ -547,7 +551,9 @@ mod tests {
         assert_eq!(c.mode, Mode::Background);
         assert_eq!(c.body["env"], json!({"A": "1"}));
         assert!(config(&["-d", "-t", "0123456789ab", "--", "sh"]).is_err());
-        assert!(config(&["-e", "novalue", "0123456789ab", "--", "sh"]).is_err());
+        // `-e KEY` passes KEY's value here through, and nothing if unset.
+        let c = config(&["-e", "BRIG_SURELY_UNSET_7", "0123456789ab", "--", "sh"]).unwrap();
+        assert_eq!(c.body["env"], json!({}));
         assert!(config(&["../x", "--", "sh"]).is_err());
     }
 }

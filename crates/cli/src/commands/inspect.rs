@@ -51,8 +51,12 @@ fn summary(s: &Value, now: i64) -> String {
     let rows = [
         ("ID", text("id")),
         ("State", Some(state.to_string())),
-        ("Template", text("template")),
+        (
+            "Template",
+            text("template").map(|t| super::ls::template_name(&t).to_string()),
+        ),
         ("Isolation", text("isolation")),
+        ("Limits", limits(&s["limits"])),
         ("Labels", labels),
         ("Created", s["created_at"].as_i64().map(ago)),
         ("Expires", expires),
@@ -67,6 +71,20 @@ fn summary(s: &Value, now: i64) -> String {
         }
     }
     out
+}
+
+/// "memory 512 MiB, disk 1024 MiB, pids 256, cpus unlimited".
+fn limits(l: &Value) -> Option<String> {
+    let mib = |v: &Value| v.as_u64().map(|b| format!("{} MiB", b >> 20));
+    Some(format!(
+        "memory {}, disk {}, pids {}, cpus {}",
+        mib(&l["memory_bytes"])?,
+        mib(&l["disk_bytes"])?,
+        l["pids"].as_u64()?,
+        l["cpus"]
+            .as_f64()
+            .map_or("unlimited".to_string(), |c| c.to_string())
+    ))
 }
 
 #[cfg(test)]
