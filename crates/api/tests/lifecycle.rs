@@ -507,6 +507,54 @@ async fn prometheus_metrics_count_creates_execs_and_live_sandboxes() {
     assert!(sample(&after, r#"brig_http_requests_total{code="2xx"}"#) >= 5.0);
     assert!(sample(&after, r#"brig_http_requests_total{code="4xx"}"#) >= 2.0);
 
+    // Ends are counted by cause.
+    assert_eq!(
+        sample(&after, r#"brig_sandbox_ends_total{cause="deleted"}"#),
+        0.0
+    );
+    let (status, _) = call(
+        &f.app,
+        Method::DELETE,
+        &format!("/v1/sandboxes/{id}"),
+        Some(&f.key),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let short = create(&f, r#"{"timeout": "1s"}"#).await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (_, sb) = call(
+            &f.app,
+            Method::GET,
+            &format!("/v1/sandboxes/{short}"),
+            Some(&f.key),
+            None,
+        )
+        .await;
+        if sb["state"] == "stopped" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the short sandbox never expired: {sb}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let ended = scrape(&f.app, Some(&f.key)).await;
+    assert_eq!(
+        sample(&ended, r#"brig_sandbox_ends_total{cause="deleted"}"#),
+        1.0
+    );
+    assert_eq!(
+        sample(&ended, r#"brig_sandbox_ends_total{cause="timeout"}"#),
+        1.0
+    );
+    assert_eq!(
+        sample(&ended, r#"brig_sandbox_ends_total{cause="out_of_memory"}"#),
+        0.0
+    );
+
     // `--metrics-public`: no key needed.
     let public = app(AppState::new(Arc::clone(&f.manager)).with_public_metrics(true));
     let open = scrape(&public, None).await;

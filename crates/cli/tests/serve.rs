@@ -1324,3 +1324,35 @@ fn create_takes_env_files_passthrough_and_limits_and_inspect_shows_them() {
         "expected KEY=VALUE",
     );
 }
+
+/// `brig stats` shows a sandbox's live numbers (every live one by default)
+/// and `brig top` the processes in it.
+#[test]
+fn stats_and_top_show_what_runs() {
+    require_root!();
+    let daemon = Daemon::start();
+    let id = ok(daemon.brig(&["create", "--memory", "200M"]), "create")
+        .trim()
+        .to_string();
+    ok(
+        daemon.brig(&["exec", &id, "--background", "--", "sleep", "300"]),
+        "a background sleep",
+    );
+    let table = ok(daemon.brig(&["stats"]), "stats");
+    let row = table
+        .lines()
+        .find(|l| l.starts_with(&id))
+        .unwrap_or_else(|| panic!("{id} in {table}"));
+    assert!(
+        row.contains("/ 200.0MiB") && row.contains("running"),
+        "{row}"
+    );
+    let json = ok(daemon.brig(&["stats", &id[..6], "--json"]), "stats --json");
+    let json: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(json[0]["id"], id.as_str());
+    assert!(json[0]["pids"].as_u64().unwrap() >= 2, "{json}");
+    let top = ok(daemon.brig(&["top", &id]), "top");
+    assert!(top.starts_with("PID"), "{top}");
+    assert!(top.lines().any(|l| l.ends_with("sleep 300")), "{top}");
+    assert!(top.lines().any(|l| l.contains("brig-agent")), "{top}");
+}

@@ -341,6 +341,8 @@ pub struct SandboxManager {
     sweeper_stop: Mutex<Option<mpsc::Sender<()>>>,
     /// Where creates, pauses, resumes and ends are told (`events.rs`).
     events: Events,
+    /// Sandboxes torn down, by cause (metrics).
+    ends: Arc<crate::sandboxes::EndCounts>,
 }
 
 impl std::fmt::Debug for SandboxManager {
@@ -388,6 +390,7 @@ impl SandboxManager {
             pool,
             waiting: AtomicUsize::new(0),
             events: Events::new(),
+            ends: Arc::default(),
         });
         manager.readopt()?;
 
@@ -1037,6 +1040,11 @@ impl SandboxManager {
         self.pool.served()
     }
 
+    /// Sandboxes this daemon tore down since it started, by cause name.
+    pub fn end_counts(&self) -> Vec<(&'static str, u64)> {
+        self.ends.snapshot()
+    }
+
     /// The number of sandboxes this daemon is running.
     pub fn live_count(&self) -> usize {
         lock(&self.live).len()
@@ -1134,12 +1142,16 @@ impl SandboxManager {
         }
         let store_path = self.store().path().to_path_buf();
         let job = {
-            let (live, map, events) = (
+            let (live, map, events, ends) = (
                 Arc::clone(live),
                 Arc::clone(&self.live),
                 self.events.clone(),
+                Arc::clone(&self.ends),
             );
-            move || teardown(&live, state, cause, &store_path, &map, &events)
+            move || {
+                let cause = teardown(&live, state, cause, &store_path, &map, &events);
+                ends.count(&cause);
+            }
         };
         let thread = thread::Builder::new()
             .name(format!("brig-end-{}", live.instance.id()))
@@ -1219,7 +1231,7 @@ fn teardown(
     store_path: &Path,
     map: &LiveMap,
     events: &Events,
-) {
+) -> EndCause {
     let id = live.instance.id().clone();
     // Read before the kill: gone with the sandbox's cgroups after it.
     let memory_limit = match state {
@@ -1262,6 +1274,7 @@ fn teardown(
     for w in waiters {
         let _ = w.send(());
     }
+    cause
 }
 
 fn agent_err(id: &SandboxId) -> impl FnOnce(ClientError) -> ManagerError + '_ {

@@ -8,6 +8,7 @@
 //! | `brig_sandbox_creates_total` | counter | sandboxes created (answered 201) |
 //! | `brig_sandbox_create_seconds` | histogram | time to answer a successful create |
 //! | `brig_execs_total` | counter | commands started (exec and background processes) |
+//! | `brig_sandbox_ends_total{cause}` | counter | sandboxes this daemon tore down, by cause (`timeout`, `out_of_memory`, `deleted`, …) |
 //! | `brig_http_requests_total{code}` | counter | HTTP requests answered, by status class (`2xx`…) |
 //! | `brig_build_info{version}` | info | always 1 |
 //!
@@ -43,6 +44,11 @@ struct TemplateLabel {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CauseLabel {
+    cause: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CodeLabel {
     code: &'static str,
 }
@@ -60,6 +66,7 @@ pub struct Metrics {
     create_seconds: Histogram,
     execs: Counter,
     http_requests: Family<CodeLabel, Counter>,
+    ends: Family<CauseLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -113,6 +120,12 @@ impl Metrics {
             "HTTP requests answered, by status class",
             http_requests.clone(),
         );
+        let ends = Family::<CauseLabel, Counter>::default();
+        registry.register(
+            "brig_sandbox_ends",
+            "Sandboxes this daemon tore down, by why they ended",
+            ends.clone(),
+        );
         registry.register(
             "brig_build",
             "The running brig's version",
@@ -128,6 +141,7 @@ impl Metrics {
             create_seconds,
             execs,
             http_requests,
+            ends,
         }
     }
 
@@ -151,6 +165,13 @@ impl Metrics {
         let seen = self.pool_claims.get();
         if served > seen {
             self.pool_claims.inc_by(served - seen);
+        }
+        for (cause, n) in manager.end_counts() {
+            let counter = self.ends.get_or_create(&CauseLabel { cause });
+            let seen = counter.get();
+            if n > seen {
+                counter.inc_by(n - seen);
+            }
         }
         let mut out = String::new();
         // Writing into a String cannot fail.

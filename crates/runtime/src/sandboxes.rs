@@ -158,6 +158,26 @@ pub struct SandboxRecord {
     pub end: Option<EndCause>,
 }
 
+/// How many sandboxes this daemon tore down, by [`EndCause`] (for
+/// metrics).
+#[derive(Debug, Default)]
+pub struct EndCounts([std::sync::atomic::AtomicU64; 7]);
+
+impl EndCounts {
+    pub(crate) fn count(&self, cause: &EndCause) {
+        self.0[cause.index()].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// (cause name, count) for every cause.
+    pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
+        EndCause::NAMES
+            .iter()
+            .zip(&self.0)
+            .map(|(n, c)| (*n, c.load(std::sync::atomic::Ordering::Relaxed)))
+            .collect()
+    }
+}
+
 /// Why a sandbox ended, as recorded with its end and shown by `inspect`,
 /// the API and a stream that was open when it happened.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -183,6 +203,34 @@ pub enum EndCause {
 }
 
 impl EndCause {
+    /// Every cause's name, as serialized (`cause`) and in metrics.
+    pub const NAMES: [&'static str; 7] = [
+        "deleted",
+        "timeout",
+        "out_of_memory",
+        "agent_exited",
+        "ended_unwatched",
+        "shutdown",
+        "create_failed",
+    ];
+
+    /// This cause's name (one of [`EndCause::NAMES`]).
+    pub fn name(&self) -> &'static str {
+        Self::NAMES[self.index()]
+    }
+
+    fn index(&self) -> usize {
+        match self {
+            EndCause::Deleted { .. } => 0,
+            EndCause::Timeout => 1,
+            EndCause::OutOfMemory { .. } => 2,
+            EndCause::AgentExited { .. } => 3,
+            EndCause::EndedUnwatched => 4,
+            EndCause::Shutdown => 5,
+            EndCause::CreateFailed => 6,
+        }
+    }
+
     /// One line for people: "deleted by tenant …", "its timeout passed", ...
     pub fn describe(&self) -> String {
         match self {

@@ -20,8 +20,10 @@ pub mod resume;
 pub mod rm;
 pub mod run;
 pub mod serve;
+pub mod stats;
 pub mod template;
 pub mod tenants;
+pub mod top;
 
 /// brig runs untrusted code in fast, strongly isolated sandboxes.
 #[derive(Debug, Parser)]
@@ -64,6 +66,10 @@ pub enum Command {
     Extend(extend::ExtendArgs),
     /// Forget ended sandboxes (`-f`: end live ones first).
     Rm(rm::RmArgs),
+    /// Live CPU, memory, disk and pids of sandboxes (all live ones by default).
+    Stats(stats::StatsArgs),
+    /// The processes in a sandbox.
+    Top(top::TopArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completion(completion::CompletionArgs),
     /// Build and list the named templates (`base`, `code-interpreter-v1`).
@@ -87,6 +93,8 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Tenants(args) => tenants::run(args),
         Command::Extend(args) => extend::run(args),
         Command::Rm(args) => rm::run(args),
+        Command::Stats(args) => stats::run(args),
+        Command::Top(args) => top::run(args),
         Command::Completion(args) => completion::run(args),
         Command::Template(args) => template::run(args),
     }
