@@ -276,6 +276,17 @@ async fn pump(
                 let v = stream_error(&limit.manager, &limit.tenant, &limit.id, &e).await;
                 Bytes::from(format!("{v}\n"))
             }
+            Ok(Output::Exited {
+                code,
+                signal: Some(libc::SIGKILL),
+            }) => {
+                let mut v = json!({ "type": "exited", "code": code, "signal": libc::SIGKILL });
+                if let Some(why) = oom_note(&limit.manager, &limit.tenant, &limit.id).await {
+                    v["oom_killed"] = true.into();
+                    v["message"] = why.into();
+                }
+                Bytes::from(format!("{v}\n"))
+            }
             item => event_line(item),
         };
         if tx.send(Ok(line)).await.is_err() {
@@ -324,6 +335,27 @@ pub(crate) async fn stream_error(
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// For a process killed by SIGKILL: if the kernel's OOM killer has fired
+/// in the sandbox, say so (a process over the memory limit dies of
+/// SIGKILL, which alone reads like any other kill), as `brig run` does.
+pub(crate) async fn oom_note(
+    manager: &std::sync::Arc<brig_runtime::SandboxManager>,
+    tenant: &brig_runtime::TenantId,
+    id: &brig_core::SandboxId,
+) -> Option<String> {
+    let (m, t, i) = (std::sync::Arc::clone(manager), tenant.clone(), id.clone());
+    let metrics = tokio::task::spawn_blocking(move || m.metrics(&t, &i))
+        .await
+        .ok()?
+        .ok()?;
+    (metrics.oom_kills? > 0).then(|| {
+        format!(
+            "killed by the kernel's OOM killer: the sandbox's memory limit is {} MiB",
+            metrics.memory_limit_bytes >> 20
+        )
+    })
 }
 
 /// One NDJSON line for one thing a process did. Shared with the re-attach

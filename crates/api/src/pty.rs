@@ -418,7 +418,16 @@ async fn pump_output(
             Ok(Output::Exited { code: c, signal }) => {
                 exited.store(true, Ordering::Relaxed);
                 code = close_code::NORMAL;
-                Message::text(json!({ "type": "exited", "code": c, "signal": signal }).to_string())
+                let mut v = json!({ "type": "exited", "code": c, "signal": signal });
+                if signal == Some(libc::SIGKILL) {
+                    if let Some(why) =
+                        super::exec::oom_note(&limit.manager, &limit.tenant, &limit.id).await
+                    {
+                        v["oom_killed"] = true.into();
+                        v["message"] = why.into();
+                    }
+                }
+                Message::text(v.to_string())
             }
             Ok(Output::Started { .. } | Output::Attached { .. }) => continue,
             Err(e) => {

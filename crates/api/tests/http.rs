@@ -707,3 +707,46 @@ async fn the_end_of_a_sandbox_is_explained_to_its_streams_and_in_its_record() {
         "a live sandbox has no end: {live}"
     );
 }
+
+/// A process the OOM killer ends is reported as such: `exited` with
+/// signal 9, `oom_killed` and a message naming the limit; the sandbox
+/// lives on, and its metrics count the kill.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_exec_killed_by_the_oom_killer_says_so() {
+    if !root_or_skip() {
+        return;
+    }
+    let f = fixture(|_| {});
+    let id = create(&f, r#"{"memory": "128M"}"#).await;
+    let hog =
+        "import time; b = bytearray(512 << 20); b[::4096] = b'x' * (len(b) // 4096); time.sleep(5)";
+    let (status, events) = exec(&f, &f.key, &id, json!({"argv": ["python3", "-c", hog]})).await;
+    assert_eq!(status, StatusCode::OK);
+    let last = events.last().unwrap();
+    assert_eq!(
+        (
+            last["type"].as_str(),
+            last["signal"].as_i64(),
+            last["oom_killed"].as_bool()
+        ),
+        (Some("exited"), Some(9), Some(true)),
+        "{events:?}"
+    );
+    assert!(
+        last["message"].as_str().unwrap().contains("128 MiB"),
+        "{last}"
+    );
+    assert_eq!(sh(&f, &id, "echo alive").await, "alive\n");
+    // A plain SIGKILL in a sandbox whose OOM killer never fired is just that.
+    let other = create(&f, "{}").await;
+    let (_, events) = exec(
+        &f,
+        &f.key,
+        &other,
+        json!({"argv": ["sh", "-c", "kill -9 $$"]}),
+    )
+    .await;
+    let last = events.last().unwrap();
+    assert_eq!(last["signal"], 9, "{events:?}");
+    assert!(last.get("oom_killed").is_none(), "{last}");
+}

@@ -1356,3 +1356,22 @@ fn stats_and_top_show_what_runs() {
     assert!(top.lines().any(|l| l.ends_with("sleep 300")), "{top}");
     assert!(top.lines().any(|l| l.contains("brig-agent")), "{top}");
 }
+
+/// `brig exec` of a command the OOM killer ends exits 137 and says why, as
+/// `brig run` does.
+#[test]
+fn brig_exec_says_when_the_oom_killer_ended_the_command() {
+    require_root!();
+    let daemon = Daemon::start();
+    let id = ok(daemon.brig(&["create", "--memory", "128M"]), "create")
+        .trim()
+        .to_string();
+    let hog = "b = bytearray(512 << 20); b[::4096] = b'x' * (len(b) // 4096)";
+    let out = daemon.brig(&["exec", &id, "--", "python3", "-c", hog]);
+    assert_eq!(out.status.code(), Some(137), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("OOM killer") && text(&out.stderr).contains("128 MiB"),
+        "{}",
+        text(&out.stderr)
+    );
+}

@@ -128,6 +128,8 @@ pub struct Usage {
     /// The writable root filesystem, if the tier can tell.
     pub disk_used_bytes: Option<u64>,
     pub disk_total_bytes: Option<u64>,
+    /// Processes the kernel's OOM killer killed in it, if the tier can tell.
+    pub oom_kills: Option<u64>,
 }
 
 /// How a sandbox ended, as far as the tier can tell.

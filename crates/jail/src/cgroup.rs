@@ -469,6 +469,8 @@ pub struct CgroupStats {
     pub memory_limit: u64,
     /// Tasks (processes and threads) alive.
     pub pids: u64,
+    /// Processes the kernel's OOM killer has killed in it, ever.
+    pub oom_kills: Option<u64>,
 }
 
 /// Disk use of a sandbox's writable root, in bytes.
@@ -633,6 +635,9 @@ impl CgroupControls {
                     memory_peak_bytes: read_u64(&memory.join("memory.max_usage_in_bytes")).ok(),
                     memory_limit: read_u64(&memory.join("memory.limit_in_bytes"))?,
                     pids: read_u64(&self.dir("pids")?.join("pids.current"))?,
+                    oom_kills: fs::read_to_string(memory.join("memory.oom_control"))
+                        .ok()
+                        .and_then(|s| parse_flat_keyed(&s, "oom_kill")),
                 })
             }
             Hierarchy::V2 { .. } => {
@@ -645,6 +650,9 @@ impl CgroupControls {
                     memory_peak_bytes: read_u64(&dir.join("memory.peak")).ok(),
                     memory_limit: read_u64(&dir.join("memory.max"))?,
                     pids: read_u64(&dir.join("pids.current"))?,
+                    oom_kills: fs::read_to_string(dir.join("memory.events"))
+                        .ok()
+                        .and_then(|s| parse_flat_keyed(&s, "oom_kill")),
                 })
             }
         }
@@ -991,6 +999,7 @@ mod tests {
                 memory_peak_bytes: Some(8192),
                 memory_limit: Limits::default().memory.bytes(),
                 pids: 3,
+                oom_kills: None,
             }
         );
         put("memory.max", "max\n");

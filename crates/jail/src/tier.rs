@@ -513,6 +513,7 @@ impl Instance for ProcessInstance {
             pids: stats.pids,
             disk_used_bytes: disk.map(|d| d.used_bytes),
             disk_total_bytes: disk.map(|d| d.total_bytes),
+            oom_kills: stats.oom_kills,
         })
     }
 

@@ -155,6 +155,9 @@ pub struct SandboxMetrics {
     pub disk_total_bytes: Option<u64>,
     /// Tasks (processes and threads) alive, the agent included.
     pub pids: u64,
+    /// Processes the kernel's OOM killer killed in it since it started.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub oom_kills: Option<u64>,
     pub state: SandboxState,
     /// When the sample was taken, milliseconds since the epoch.
     pub timestamp: UnixMillis,
@@ -440,6 +443,7 @@ impl SandboxManager {
             disk_used_bytes: stats.disk_used_bytes,
             disk_total_bytes: stats.disk_total_bytes,
             pids: stats.pids,
+            oom_kills: stats.oom_kills,
             state: if lc.paused.is_some() {
                 SandboxState::Paused
             } else {

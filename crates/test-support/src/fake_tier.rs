@@ -267,6 +267,7 @@ impl Instance for FakeInstance {
             pids: 1,
             disk_used_bytes: None,
             disk_total_bytes: None,
+            oom_kills: None,
         })
     }
 

@@ -176,6 +176,15 @@ fn stream_failed(event: &Value, otherwise: &str) -> anyhow::Result<i32> {
 }
 
 fn exit_code(event: &Value) -> i32 {
+    if event["oom_killed"] == true {
+        eprintln!(
+            "brig: {}",
+            event["message"]
+                .as_str()
+                .unwrap_or("killed by the kernel's OOM killer")
+        );
+        return exit::OOM;
+    }
     if event["timed_out"] == true {
         let ms = event["timeout_ms"].as_u64().unwrap_or(0);
         eprintln!(
