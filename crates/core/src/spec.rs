@@ -26,6 +26,11 @@ pub enum SpecError {
         value: String,
         hint: &'static str,
     },
+    #[error(
+        "invalid cpus {asked}: this host has only {host} CPUs; use a number of cores between \
+         0.01 and {host}"
+    )]
+    TooManyCpus { asked: String, host: usize },
     #[error("invalid environment variable {input:?}: expected KEY=VALUE with KEY made of letters, digits and _ (not starting with a digit)")]
     Env { input: String },
     #[error("invalid --workdir {path:?}: it must be an absolute path inside the sandbox")]
@@ -293,6 +298,15 @@ impl SandboxSpec {
                     hint: "use a number of cores between 0.01 and 1024, for example 0.5 or 2",
                 });
             }
+            // A quota above the host's CPUs limits nothing: refused, as
+            // docker does, rather than silently meaningless.
+            let host = std::thread::available_parallelism().map_or(1, |n| n.get());
+            if c > host as f64 {
+                return Err(SpecError::TooManyCpus {
+                    asked: c.to_string(),
+                    host,
+                });
+            }
         }
         if l.disk.bytes() < ByteSize::MIB {
             return Err(SpecError::OutOfRange {
@@ -416,6 +430,22 @@ mod tests {
     fn validation_rejects_each_bad_field() {
         let ok = SandboxSpec::new(vec!["true".into()]);
         ok.validate().unwrap();
+
+        // More cores than the host has: refused, naming the host's count.
+        let host = std::thread::available_parallelism().unwrap().get();
+        let mut s = ok.clone();
+        s.limits.cpus = Some(host as f64 + 1.0);
+        let err = s.validate().unwrap_err();
+        assert!(
+            matches!(err, SpecError::TooManyCpus { host: h, .. } if h == host),
+            "{err}"
+        );
+        assert!(
+            err.to_string().contains(&format!("only {host} CPUs")),
+            "{err}"
+        );
+        s.limits.cpus = Some(host as f64);
+        s.validate().unwrap();
 
         let mut s = ok.clone();
         s.command.clear();
