@@ -27,6 +27,11 @@
 //!    null), then a close. A stream that broke ends with an `error` frame
 //!    instead.
 //!
+//! Re-attach: a session's process is started `background + attached`, so
+//! it outlives the daemon (a restart, an upgrade); `?pid=N` re-attaches
+//! to it (`{"type":"attached","pid":N}` first, no start message). A
+//! client that leaves still takes its process with it (an explicit kill).
+//!
 //! Flow control: output is taken from the agent only as fast as the client
 //! reads the socket (a few frames between the two), so a slow client pauses
 //! the process; input is read from the socket only as fast as the process's
@@ -159,13 +164,22 @@ impl FromRequestParts<AppState> for PtyAuth {
     }
 }
 
+/// `?pid=N`: re-attach to a session's process instead of starting one.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PtyQuery {
+    pub pid: Option<i32>,
+}
+
 pub async fn pty(
     State(state): State<AppState>,
     PtyAuth(Auth(tenant)): PtyAuth,
     id: Result<Path<String>, PathRejection>,
+    query: Result<axum::extract::Query<PtyQuery>, axum::extract::rejection::QueryRejection>,
     ws: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
 ) -> Result<Response, ApiError> {
     let id = sandbox_id(&id?.0)?;
+    let reattach = query.map_err(ApiError::from)?.0.pid;
     let ws = ws.map_err(|r| {
         ApiError::new(
             StatusCode::UPGRADE_REQUIRED,
@@ -184,8 +198,46 @@ pub async fn pty(
         .protocols([SUBPROTOCOL])
         .max_message_size(MAX_MESSAGE)
         .on_upgrade(move |socket| async move {
-            session(socket, state, tenant, id).await;
+            match reattach {
+                Some(pid) => reattach_session(socket, state, tenant, id, pid).await,
+                None => session(socket, state, tenant, id).await,
+            }
         }))
+}
+
+/// A session on a process an earlier session started (its client or the
+/// daemon went away meanwhile: the process lives on, as every session's
+/// does until its client leaves): `attached` with the pid, the output the
+/// agent kept, then as a new session.
+async fn reattach_session(
+    mut socket: WebSocket,
+    state: AppState,
+    tenant: brig_runtime::TenantId,
+    id: brig_core::SandboxId,
+    pid: i32,
+) {
+    let manager = Arc::clone(&state.manager);
+    let (t, i) = (tenant.clone(), id.clone());
+    let found = blocking(move || -> Result<_, brig_runtime::ManagerError> {
+        let pty = match manager.call(&t, &i, &Call::ListProcesses)? {
+            brig_agent_client::Reply::Processes(list) => {
+                list.into_iter().find(|p| p.pid == pid).map(|p| p.pty)
+            }
+            _ => None,
+        };
+        let process = manager.attach(&t, &i, pid)?;
+        Ok((manager.connection(&t, &i)?, process, pty.unwrap_or(false)))
+    })
+    .await;
+    let (conn, process, pty) = match found {
+        Ok(found) => found,
+        Err(e) => return refuse(socket, ApiError::from(e)).await,
+    };
+    let attached = json!({ "type": "attached", "pid": pid }).to_string();
+    if socket.send(Message::text(attached)).await.is_err() {
+        return;
+    }
+    run_session(socket, state, tenant, id, conn, process, pty, None).await;
 }
 
 /// One session: read the start message, start the process, then pump both
@@ -223,6 +275,11 @@ async fn session(
             rows: start.rows,
             cols: start.cols,
         }),
+        // Its own, not the session's: it outlives a daemon that goes away
+        // (restarted, upgraded) and a client re-attaches with `?pid=`; the
+        // client leaving is what kills it (`Input::Gone`).
+        background: true,
+        attached: true,
         ..ExecRequest::default()
     };
     let manager = &state.manager;
@@ -237,9 +294,27 @@ async fn session(
     let pid = process.pid().unwrap_or(0);
     let started = json!({ "type": "started", "pid": pid }).to_string();
     if socket.send(Message::text(started)).await.is_err() {
-        return; // dropping `process` kills it
+        // Nobody will ever attach: end it.
+        let _ = process.stdin().signal_async(libc::SIGKILL).await;
+        return;
     }
+    run_session(socket, state, tenant, id, conn, process, pty, timeout).await;
+}
 
+/// Pump a session's process both ways until it exits or the client leaves
+/// (then it is killed).
+#[allow(clippy::too_many_arguments)]
+async fn run_session(
+    socket: WebSocket,
+    state: AppState,
+    tenant: brig_runtime::TenantId,
+    id: brig_core::SandboxId,
+    conn: Arc<Connection>,
+    process: Process,
+    pty: bool,
+    timeout: Option<Duration>,
+) {
+    let pid = process.pid().unwrap_or(0);
     let (mut sink, mut stream) = socket.split();
     let (out_tx, mut out_rx) = mpsc::channel::<Message>(FRAMES_IN_FLIGHT);
     let (in_tx, in_rx) = mpsc::channel::<Input>(INPUT_IN_FLIGHT);

@@ -355,3 +355,88 @@ fn sandboxes_and_their_processes_survive_kill_9_and_an_upgrade() {
         assert!(cgroups.is_empty(), "{id}: cgroups left: {cgroups:?}");
     }
 }
+
+/// A native terminal session (`GET /pty`) outlives a `kill -9` of the
+/// daemon: its shell keeps its state, and a client re-attaches with
+/// `?pid=N` (`attached`, then the session as before, input and all).
+#[test]
+fn a_native_terminal_session_survives_kill_9_and_is_reattached() {
+    require_root!();
+    let home = tempfile::tempdir().unwrap();
+    let bin = PathBuf::from(BRIG);
+    let daemon = Daemon::start(&bin, home.path());
+    let id = daemon.call("POST", "/v1/sandboxes", Some(json!({"timeout": "5m"})))["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    let open = |daemon: &Daemon, query: &str| {
+        let url = format!(
+            "{}/v1/sandboxes/{id}/pty{query}",
+            daemon.url.replacen("http://", "ws://", 1)
+        );
+        let mut req = tungstenite::client::IntoClientRequest::into_client_request(url).unwrap();
+        req.headers_mut().insert(
+            "Authorization",
+            format!("Bearer {}", daemon.key).parse().unwrap(),
+        );
+        tungstenite::connect(req).unwrap().0
+    };
+    type Ws = tungstenite::WebSocket<tungstenite::stream::MaybeTlsStream<std::net::TcpStream>>;
+    let text_of = |ws: &mut Ws| -> Value {
+        loop {
+            match ws.read().unwrap() {
+                tungstenite::Message::Text(t) => return serde_json::from_str(t.as_str()).unwrap(),
+                tungstenite::Message::Binary(_) => continue,
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    };
+    let until = |ws: &mut Ws, want: &str| {
+        let mut seen = String::new();
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while !seen.contains(want) {
+            assert!(Instant::now() < deadline, "never saw {want:?}: {seen:?}");
+            if let tungstenite::Message::Binary(b) = ws.read().unwrap() {
+                seen.push_str(&String::from_utf8_lossy(&b));
+            }
+        }
+    };
+
+    let mut ws = open(&daemon, "");
+    ws.send(tungstenite::Message::text(r#"{"argv": ["sh"]}"#))
+        .unwrap();
+    let started = text_of(&mut ws);
+    assert_eq!(started["type"], "started", "{started}");
+    let pid = started["pid"].as_i64().unwrap();
+    ws.send(tungstenite::Message::binary(
+        b"X=kept; echo one-$X\n".to_vec(),
+    ))
+    .unwrap();
+    until(&mut ws, "one-kept");
+
+    daemon.kill9();
+    drop(ws);
+    let daemon = Daemon::start(&bin, home.path());
+    let mut ws = open(&daemon, &format!("?pid={pid}"));
+    let attached = text_of(&mut ws);
+    assert_eq!(
+        (attached["type"].as_str(), attached["pid"].as_i64()),
+        (Some("attached"), Some(pid)),
+        "{attached}"
+    );
+    // The same shell, with its variable.
+    ws.send(tungstenite::Message::binary(b"echo two-$X\n".to_vec()))
+        .unwrap();
+    until(&mut ws, "two-kept");
+    ws.send(tungstenite::Message::binary(b"exit 7\n".to_vec()))
+        .unwrap();
+    let exited = loop {
+        let v = text_of(&mut ws);
+        if v["type"] == "exited" {
+            break v;
+        }
+    };
+    assert_eq!(exited["code"], 7, "{exited}");
+    drop(daemon);
+}
