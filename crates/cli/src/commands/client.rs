@@ -46,16 +46,10 @@ enum Found {
 /// holds a lock on `$BRIG_HOME/daemon` and writes its address there (see
 /// serve.rs); a file nobody holds is a daemon that is gone.
 fn local_daemon(home: &std::path::Path) -> Option<String> {
-    use std::os::fd::AsRawFd;
-    let path = home.join("daemon");
+    let path = home.join(super::serve::DAEMON_FILE);
     let text = std::fs::read_to_string(&path).ok()?;
     let file = std::fs::File::open(&path).ok()?;
-    // SAFETY: flock on a descriptor this function owns (closed on return,
-    // which drops a lock that was taken).
-    let free = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) } == 0;
-    if free {
-        return None;
-    }
+    super::serve::lock_holder(&file)?;
     let addr = text.lines().nth(1)?.trim();
     (!addr.is_empty()).then(|| format!("http://{addr}"))
 }
@@ -169,6 +163,23 @@ impl Client {
         })
     }
 
+    /// Every sandbox of this tenant the daemon has a record of, live and
+    /// ended, page by page.
+    pub fn sandboxes(&self) -> anyhow::Result<Vec<serde_json::Value>> {
+        let mut all = Vec::new();
+        let mut path = "/v1/sandboxes?limit=1000".to_string();
+        loop {
+            let page = self.json("GET", &path, None)?;
+            if let Some(items) = page["items"].as_array() {
+                all.extend(items.iter().cloned());
+            }
+            match page["next"].as_str() {
+                Some(next) => path = format!("/v1/sandboxes?limit=1000&cursor={next}"),
+                None => return Ok(all),
+            }
+        }
+    }
+
     /// A sandbox id from what a person typed: the id itself, or a unique
     /// prefix of one of this tenant's sandboxes (as docker takes them).
     pub fn resolve(&self, given: &str) -> anyhow::Result<String> {
@@ -179,24 +190,13 @@ impl Client {
             sandbox_id(given)?;
         }
         let given = given.to_ascii_lowercase();
-        let mut found: Vec<String> = Vec::new();
-        let mut path = "/v1/sandboxes?limit=1000".to_string();
-        loop {
-            let page = self.json("GET", &path, None)?;
-            found.extend(
-                page["items"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|s| s["id"].as_str())
-                    .filter(|id| id.starts_with(&given))
-                    .map(str::to_string),
-            );
-            match page["next"].as_str() {
-                Some(next) => path = format!("/v1/sandboxes?limit=1000&cursor={next}"),
-                None => break,
-            }
-        }
+        let found: Vec<String> = self
+            .sandboxes()?
+            .iter()
+            .filter_map(|s| s["id"].as_str())
+            .filter(|id| id.starts_with(&given))
+            .map(str::to_string)
+            .collect();
         match found.as_slice() {
             [one] => Ok(one.clone()),
             [] => anyhow::bail!("no sandbox id starts with {given:?} (`brig ls -a` lists them)"),

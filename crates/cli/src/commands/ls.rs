@@ -85,18 +85,7 @@ pub fn run(args: LsArgs) -> anyhow::Result<i32> {
         .map(|f| Filter::parse(f))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let client = Client::from_env()?;
-    let mut all: Vec<Value> = Vec::new();
-    let mut path = "/v1/sandboxes?limit=1000".to_string();
-    loop {
-        let page = client.json("GET", &path, None)?;
-        if let Some(items) = page["items"].as_array() {
-            all.extend(items.iter().cloned());
-        }
-        match page["next"].as_str() {
-            Some(next) => path = format!("/v1/sandboxes?limit=1000&cursor={next}"),
-            None => break,
-        }
-    }
+    let mut all = client.sandboxes()?;
     let asked_for_state = filters.iter().any(|f| matches!(f, Filter::State(_)));
     all.retain(|s| {
         (args.all || asked_for_state || live(s["state"].as_str().unwrap_or("")))

@@ -303,15 +303,36 @@ pub fn harden(router: axum::Router, plane: &'static str) -> axum::Router {
 
 type Listener = axum::serve::TapIo<tokio::net::TcpListener, fn(&mut tokio::net::TcpStream)>;
 
-/// This daemon's hold on its home: an exclusive `flock` on
-/// `$HOME/daemon`, which says "pid\naddress\n" for whoever finds it taken
-/// (the kernel drops the lock when the daemon exits, however it exits).
+/// This daemon's hold on its home: an exclusive POSIX record lock
+/// (`fcntl(F_SETLK)`) on `$HOME/daemon`, which says "pid\naddress\n" for
+/// whoever finds it taken. A record lock belongs to this process alone —
+/// unlike an `flock`, a sandbox child cloned from the daemon (which holds a
+/// copy of the descriptor until its exec) does not keep it alive — and the
+/// kernel drops it when the daemon exits, however it exits.
 pub struct HomeClaim {
     file: std::fs::File,
 }
 
 /// The file a daemon holds while it serves a home.
 pub const DAEMON_FILE: &str = "daemon";
+
+/// An `F_WRLCK` record lock over the whole file (`l_len` 0: to the end).
+fn whole_file_lock(kind: libc::c_int) -> libc::flock {
+    // SAFETY: flock is plain data; zero is a valid value for every field.
+    let mut l: libc::flock = unsafe { std::mem::zeroed() };
+    l.l_type = kind as libc::c_short;
+    l.l_whence = libc::SEEK_SET as libc::c_short;
+    l
+}
+
+/// The pid holding a write lock on `file`, if any (`F_GETLK`).
+pub fn lock_holder(file: &std::fs::File) -> Option<libc::pid_t> {
+    use std::os::fd::AsRawFd;
+    let mut l = whole_file_lock(libc::F_WRLCK);
+    // SAFETY: F_GETLK fills `l`, a valid flock, for a descriptor we own.
+    let r = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETLK, &mut l) };
+    (r == 0 && l.l_type != libc::F_UNLCK as libc::c_short).then_some(l.l_pid)
+}
 
 impl HomeClaim {
     fn take(home: &std::path::Path) -> anyhow::Result<HomeClaim> {
@@ -325,8 +346,9 @@ impl HomeClaim {
             .truncate(false)
             .open(&path)
             .with_context(|| format!("cannot open {}", path.display()))?;
-        // SAFETY: flock on a descriptor this function owns.
-        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        let lock = whole_file_lock(libc::F_WRLCK);
+        // SAFETY: F_SETLK with a valid flock on a descriptor we own.
+        if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_SETLK, &lock) } != 0 {
             let mut text = String::new();
             let _ = file.read_to_string(&mut text);
             let mut lines = text.lines();

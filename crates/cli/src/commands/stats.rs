@@ -18,11 +18,9 @@ pub struct StatsArgs {
 pub fn run(args: StatsArgs) -> anyhow::Result<i32> {
     let client = Client::from_env()?;
     let ids: Vec<String> = if args.ids.is_empty() {
-        let page = client.json("GET", "/v1/sandboxes?limit=1000", None)?;
-        page["items"]
-            .as_array()
-            .into_iter()
-            .flatten()
+        client
+            .sandboxes()?
+            .iter()
             .filter(|s| matches!(s["state"].as_str(), Some("running" | "paused")))
             .filter_map(|s| s["id"].as_str().map(str::to_string))
             .collect()
