@@ -581,6 +581,7 @@ impl CgroupControls {
         loop {
             let left = others(&procs)?.len();
             if left == 0 {
+                self.settle_pids(deadline.min(Instant::now() + Duration::from_millis(250)));
                 return Ok(victims.len());
             }
             if Instant::now() >= deadline {
@@ -590,6 +591,21 @@ impl CgroupControls {
                     waited: KILL_WAIT,
                 });
             }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// A killed task leaves `cgroup.procs` when it exits but stays charged
+    /// to `pids.current` until the init reaps it: wait (at most until
+    /// `deadline`) for the count to come down to the init alone, so that a
+    /// freeze right after does not keep a zombie counted for the whole
+    /// pause. Best effort: an init with threads of its own never gets there.
+    fn settle_pids(&self, deadline: Instant) {
+        let Ok(dir) = self.dir("pids") else {
+            return;
+        };
+        let current = dir.join("pids.current");
+        while read_u64(&current).is_ok_and(|n| n > 1) && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(1));
         }
     }
