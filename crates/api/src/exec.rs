@@ -346,14 +346,15 @@ pub(crate) async fn oom_note(
     id: &brig_core::SandboxId,
 ) -> Option<String> {
     let (m, t, i) = (std::sync::Arc::clone(manager), tenant.clone(), id.clone());
-    let metrics = tokio::task::spawn_blocking(move || m.metrics(&t, &i))
+    let usage = tokio::task::spawn_blocking(move || m.usage(&t, &i))
         .await
         .ok()?
         .ok()?;
-    (metrics.oom_kills? > 0).then(|| {
+    (usage.oom_kills? > 0).then(|| {
         format!(
-            "killed by the kernel's OOM killer: the sandbox's memory limit is {} MiB",
-            metrics.memory_limit_bytes >> 20
+            "killed by the kernel's OOM killer: the sandbox's memory limit is {} MiB; give it \
+             more (--memory) or make the command use less",
+            usage.memory_limit_bytes >> 20
         )
     })
 }

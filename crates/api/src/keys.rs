@@ -139,11 +139,10 @@ pub async fn create(
             Some(name) => tenant_named(s, &caller, name)?,
             None => caller.tenant.clone(),
         };
-        let expires_at = expires_in.map(|d| now_millis() + d.as_millis() as UnixMillis);
         let new = NewKey {
             name: config.name.as_deref(),
             role: config.role,
-            expires_at,
+            expires_in,
         };
         let (info, key) = s.create_key_as(&caller, &tenant, &new)?;
         let name = s.tenant_name(&tenant)?.unwrap_or_default();
@@ -207,10 +206,4 @@ pub async fn revoke(
         .ok_or_else(|| ApiError::not_found(format!("no api key {raw} for this tenant")))?;
     with_store(&state, move |s| s.revoke_key_as(&caller, &id)).await?;
     Ok(StatusCode::NO_CONTENT)
-}
-
-pub(crate) fn now_millis() -> UnixMillis {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as UnixMillis)
 }

@@ -466,13 +466,10 @@ async fn pump_output(
                 &mut process,
             )
             .await;
-            for item in last {
-                let msg = match item {
-                    Ok(Output::Stdout(b)) if pty => Message::Binary(b.into()),
-                    Ok(Output::Stdout(b)) => Message::Binary(tagged(STDOUT, b)),
-                    Ok(Output::Stderr(b)) => Message::Binary(tagged(STDERR, b)),
-                    _ => continue,
-                };
+            for msg in last
+                .into_iter()
+                .filter_map(|item| output_frame(item.ok()?, pty))
+            {
                 if tx.send(msg).await.is_err() {
                     return;
                 }
@@ -487,9 +484,10 @@ async fn pump_output(
         };
         let Some(item) = next else { break };
         let msg = match item {
-            Ok(Output::Stdout(b)) if pty => Message::Binary(b.into()),
-            Ok(Output::Stdout(b)) => Message::Binary(tagged(STDOUT, b)),
-            Ok(Output::Stderr(b)) => Message::Binary(tagged(STDERR, b)),
+            Ok(out @ (Output::Stdout(_) | Output::Stderr(_))) => match output_frame(out, pty) {
+                Some(frame) => frame,
+                None => continue,
+            },
             Ok(Output::Exited { code: c, signal }) => {
                 exited.store(true, Ordering::Relaxed);
                 code = close_code::NORMAL;
@@ -523,6 +521,17 @@ async fn pump_output(
         }
     }
     let _ = tx.send(close(code)).await;
+}
+
+/// The binary frame for some output: a terminal's bytes as they are, on
+/// pipes tagged with the stream they came from; `None` for anything else.
+fn output_frame(out: Output, pty: bool) -> Option<Message> {
+    Some(match out {
+        Output::Stdout(b) if pty => Message::Binary(b.into()),
+        Output::Stdout(b) => Message::Binary(tagged(STDOUT, b)),
+        Output::Stderr(b) => Message::Binary(tagged(STDERR, b)),
+        _ => return None,
+    })
 }
 
 fn tagged(tag: u8, bytes: Vec<u8>) -> Bytes {

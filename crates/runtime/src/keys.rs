@@ -106,8 +106,9 @@ pub struct NewKey<'a> {
     pub name: Option<&'a str>,
     /// `None`: [`Role::Tenant`].
     pub role: Option<Role>,
-    /// After this it authenticates nothing.
-    pub expires_at: Option<UnixMillis>,
+    /// How long it works, counted on the store's clock from its
+    /// creation; after that it authenticates nothing.
+    pub expires_in: Option<std::time::Duration>,
 }
 
 /// What listing keys shows. There is no field for the secret or its hash.
@@ -130,7 +131,7 @@ pub struct KeyInfo {
 /// Why managing keys failed.
 #[derive(Debug, thiserror::Error)]
 pub enum KeyError {
-    #[error("no api key {id} for this tenant")]
+    #[error("no api key {id} for this tenant (`brig keys ls` lists them)")]
     NotFound { id: KeyId },
     #[error(
         "api key {id} is this tenant's last active key: revoking it would lock the tenant out; \
@@ -150,7 +151,7 @@ pub enum KeyError {
          tenants and keys; create another first (`brig keys create --admin`)"
     )]
     LastAdmin { id: KeyId },
-    #[error("the key's expiry must be in the future")]
+    #[error("the key's lifetime must be more than zero, e.g. 30d or 12h")]
     BadExpiry,
     #[error("no tenant named {name:?} (`brig tenants ls` lists them)")]
     UnknownTenant { name: String },
@@ -247,7 +248,7 @@ impl Store {
                 });
             }
         }
-        if new.expires_at.is_some_and(|at| at <= self.now()) {
+        if new.expires_in.is_some_and(|d| d.is_zero()) {
             return Err(KeyError::BadExpiry);
         }
         Ok(self.insert_key(
@@ -293,6 +294,7 @@ impl Store {
         let prefix = format!("{KEY_PREFIX}{id}_{}", &secret[..SECRET_SHOWN]);
         let now = self.now();
         let role = new.role.unwrap_or(Role::Tenant);
+        let expires_at = new.expires_in.map(|d| now + d.as_millis() as UnixMillis);
         self.conn
             .execute(
                 "INSERT INTO api_keys
@@ -306,7 +308,7 @@ impl Store {
                     new.name,
                     now,
                     role.as_str(),
-                    new.expires_at,
+                    expires_at,
                 ),
             )
             .map_err(StoreError::query("create api key"))?;
@@ -314,7 +316,7 @@ impl Store {
             id,
             tenant: tenant.clone(),
             role,
-            expires_at: new.expires_at,
+            expires_at,
             prefix,
             name: new.name.map(str::to_string),
             created_at: now,
@@ -579,7 +581,7 @@ impl Store {
             &NewKey {
                 name,
                 role: Some(Role::Admin),
-                expires_at: None,
+                expires_in: None,
             },
         )
     }

@@ -26,7 +26,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use brig_core::SandboxId;
+use brig_core::{SandboxId, Usage};
 use serde::{Deserialize, Serialize};
 
 use crate::events::EventKind;
@@ -405,6 +405,16 @@ impl SandboxManager {
     }
 
     /// A sample of the sandbox's resource use (running or paused).
+    /// What the tier reports of a sandbox's resource use now, without
+    /// taking a CPU sample (unlike [`SandboxManager::metrics`], whose
+    /// `cpu_percent` is measured from one call to the next).
+    pub fn usage(&self, tenant: &TenantId, id: &SandboxId) -> Result<Usage, ManagerError> {
+        let live = self.owned_live(tenant, id)?;
+        live.instance
+            .usage()
+            .map_err(tier_err(id, "read the sandbox's resource use"))
+    }
+
     pub fn metrics(
         &self,
         tenant: &TenantId,

@@ -3,9 +3,9 @@
 //! Every sandbox runs `brig-agent` and is started by an isolation tier
 //! behind brig-core's [`Tier`] boundary; the caller hands the tiers in
 //! (`brig serve` the process tier, `brig_jail::ProcessTier`; the unit
-//! tests a fake one). This crate depends on no tier. The manager speaks to a sandbox only through its
-//! [`Instance`] (pause, resume, usage, limits, kill, wait) and its agent
-//! [`Connection`].
+//! tests a fake one). This crate depends on no tier crate: the manager
+//! speaks to a sandbox only through its [`Instance`] (pause, resume, usage,
+//! limits, kill, wait) and its agent [`Connection`].
 //!
 //! **Sandboxes outlive the daemon.** The manager picks a sandbox's id and
 //! writes its record (`creating`) before the tier starts anything; the

@@ -46,10 +46,11 @@ enum Found {
 /// holds a lock on `$BRIG_HOME/daemon` and writes its address there (see
 /// serve.rs); a file nobody holds is a daemon that is gone.
 fn local_daemon(home: &std::path::Path) -> Option<String> {
-    let path = home.join(super::serve::DAEMON_FILE);
-    let text = std::fs::read_to_string(&path).ok()?;
-    let file = std::fs::File::open(&path).ok()?;
+    use std::io::Read;
+    let mut file = std::fs::File::open(home.join(super::serve::DAEMON_FILE)).ok()?;
     super::serve::lock_holder(&file)?;
+    let mut text = String::new();
+    file.read_to_string(&mut text).ok()?;
     let addr = text.lines().nth(1)?.trim();
     (!addr.is_empty()).then(|| format!("http://{addr}"))
 }
