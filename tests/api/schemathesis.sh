@@ -45,6 +45,8 @@ cd "$work"
 #    crates/api/tests/pty.rs covers it.
 #  - GET /v1/sandboxes/{id}/files/watch is a stream that ends only when the
 #    client leaves; schemathesis reads a whole body and would time out.
+#  - GET /v1/sandboxes/{id}/logs with follow=true is such a stream too;
+#    crates/cli/tests/serve.rs (logs_*) covers the endpoint.
 # An id no sandbox has, so the settings file reads without one.
 export BRIG_SANDBOX_ID=${BRIG_SANDBOX_ID:-0123456789ab}
 exec "$st" --config-file "$repo/tests/api/schemathesis.toml" run "$repo/api/openapi.yaml" \
@@ -57,6 +59,6 @@ exec "$st" --config-file "$repo/tests/api/schemathesis.toml" run "$repo/api/open
     --request-timeout 60 \
     --max-response-time 30 \
     --seed "${BRIG_SCHEMATHESIS_SEED:-1}" \
-    --exclude-path-regex '/(pty|files/watch)$|/ports/' \
+    --exclude-path-regex '/(pty|files/watch|logs)$|/ports/' \
     --no-color \
     "$@"

@@ -24,13 +24,14 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use brig_protocol::message::{
-    self, Call, ErrorBody, ErrorCode, ExecRequest, CHANNEL_STDOUT, MAX_EXEC_REQUEST,
+    self, Call, ErrorBody, ErrorCode, ExecRequest, LogsRequest, CHANNEL_STDOUT, MAX_EXEC_REQUEST,
 };
 use brig_protocol::{
     negotiate, Body, Decoder, Frame, ResetCode, StreamClass, StreamId, MAX_OPEN_HEADER, SUPPORTED,
 };
 
 use crate::files::FileReader;
+use crate::logs::LogReader;
 use crate::port::PortStream;
 use crate::process::Process;
 use crate::reactor::Reactor;
@@ -496,6 +497,32 @@ impl Connection {
             }),
         )?;
         Watcher::start(handle)
+    }
+
+    /// Read the sandbox's log (its background processes' output). Needs an
+    /// agent of protocol version 4; an older one is a clear error.
+    pub fn logs(&self, req: &LogsRequest) -> Result<LogReader, ClientError> {
+        LogReader::start(self.open_logs(req)?)
+    }
+
+    /// [`Connection::logs`], awaited.
+    pub async fn logs_async(&self, req: &LogsRequest) -> Result<LogReader, ClientError> {
+        LogReader::start_async(self.open_logs(req)?).await
+    }
+
+    fn open_logs(&self, req: &LogsRequest) -> Result<Handle, ClientError> {
+        if self.version() < 4 {
+            return Err(ClientError::Agent {
+                code: ErrorCode::Unsupported,
+                message: format!(
+                    "this sandbox's agent speaks protocol version {}, which keeps no log \
+                     (version 4 does): a sandbox created by this brig has one",
+                    self.version()
+                ),
+            });
+        }
+        self.shared
+            .open(StreamClass::LOGS, message::encode_header(req))
     }
 
     /// Connect to TCP port `port` on the sandbox's loopback (127.0.0.1),

@@ -19,6 +19,7 @@
 //!   file contents in either direction.
 //! - [`Reply`] (`call.rs`): the typed answer to a one-shot [`Call`].
 //! - [`Watcher`] (`watch.rs`): a watched directory's [`WatchEvent`]s.
+//! - [`LogReader`] (`logs.rs`): the sandbox's log, [`LogOutput`]s.
 //! - [`PortStream`] (`port.rs`): a TCP connection to a port inside the
 //!   sandbox, as blocking `Read + Write` with half-close and abort.
 //! - `stream.rs`: one stream's receive buffer and send credit, shared
@@ -46,6 +47,7 @@ pub mod call;
 pub mod connection;
 pub mod files;
 mod inbound;
+pub mod logs;
 pub mod port;
 pub mod process;
 mod reactor;
@@ -55,12 +57,13 @@ pub mod watch;
 use brig_protocol::ResetCode;
 
 pub use brig_protocol::message::{
-    Call, ChangeKind, Entry, ErrorCode, ExecRequest, FileKind, ProcessInfo, PtySize,
-    MAX_EXEC_REQUEST, MAX_META,
+    Call, ChangeKind, Entry, ErrorCode, ExecRequest, FileKind, LogsRequest, ProcessInfo, PtySize,
+    LOG_KEEP, MAX_EXEC_REQUEST, MAX_META,
 };
 pub use call::Reply;
 pub use connection::Connection;
 pub use files::FileReader;
+pub use logs::{LogOutput, LogReader};
 pub use port::PortStream;
 pub use process::{ExitStatus, Output, Process, Stdin};
 pub use watch::{WatchEvent, WatchStopper, Watcher};

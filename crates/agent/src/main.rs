@@ -15,6 +15,7 @@
 
 mod files;
 mod forward;
+mod logs;
 mod process;
 mod session;
 mod sys;

@@ -23,6 +23,7 @@ use std::process::{Command, Stdio};
 
 use brig_protocol::message::{ExecRequest, CHANNEL_STDERR, CHANNEL_STDOUT, MAX_META};
 
+use crate::logs::Logs;
 use crate::sys::{self, WaitStatus};
 use crate::users;
 
@@ -241,7 +242,7 @@ impl Proc {
 
     /// Read what is available from one pipe into the queue. Returns false
     /// once the pipe has ended (and closes it).
-    pub fn read_pipe(&mut self, which: Pipe) -> bool {
+    pub fn read_pipe(&mut self, which: Pipe, log: &mut Logs) -> bool {
         let (slot, channel) = match which {
             Pipe::Stdout => (&mut self.stdout, CHANNEL_STDOUT),
             Pipe::Stderr => (&mut self.stderr, CHANNEL_STDERR),
@@ -255,6 +256,11 @@ impl Proc {
             }
             Ok(n) => {
                 buf.truncate(n);
+                // What a background process prints is the sandbox's log; a
+                // PTY's output is a terminal session, not a log.
+                if self.background && !self.pty {
+                    log.append(self.pid, channel, &buf);
+                }
                 self.queued += n;
                 self.queue.push_back((channel, buf));
                 while self.unattended() && self.queued > BACKGROUND_QUEUE {

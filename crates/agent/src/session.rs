@@ -19,8 +19,8 @@ use std::os::unix::net::UnixListener;
 
 use brig_protocol::message::{
     self, AttachRequest, Call, ConnectRequest, DataMsg, ErrorBody, ErrorCode, Event, ExecRequest,
-    Input, ProcessInfo, ReadRequest, WatchRequest, WriteRequest, CHANNEL_STDOUT, MAX_CHUNK,
-    MAX_EXEC_REQUEST,
+    Input, LogsRequest, ProcessInfo, ReadRequest, WatchRequest, WriteRequest, CHANNEL_STDOUT,
+    MAX_CHUNK, MAX_EXEC_REQUEST,
 };
 use brig_protocol::{
     negotiate, Body, Decoder, Frame, RecvWindow, ResetCode, SendWindow, StreamClass, StreamId,
@@ -29,6 +29,7 @@ use brig_protocol::{
 
 use crate::files;
 use crate::forward::{self, Forwards, Pulled};
+use crate::logs::{self, Logs};
 use crate::process::{Pipe, Proc, SpawnError};
 use crate::sys::{self, WaitStatus};
 use crate::watch::{Popped, Watches};
@@ -78,6 +79,8 @@ enum Role {
         need: usize,
         buf: Vec<u8>,
     },
+    /// A reader of the sandbox's log (`logs.rs`).
+    Logs,
     /// Nothing more to do but drain control messages and close.
     Idle,
 }
@@ -153,6 +156,7 @@ pub struct Session {
     sigchld: File,
     watches: Watches,
     forwards: Forwards,
+    logs: Logs,
 }
 
 fn push_frame(out: &mut Vec<u8>, frame: Frame) {
@@ -196,6 +200,7 @@ impl Session {
             sigchld: File::from(sys::sigchld_fd()?),
             watches: Watches::default(),
             forwards: Forwards::default(),
+            logs: Logs::default(),
         })
     }
 
@@ -332,7 +337,7 @@ impl Session {
                 Token::Sigchld => self.reap(),
                 Token::Out(pid, which) => {
                     if let Some(p) = self.procs.get_mut(&pid) {
-                        p.read_pipe(which);
+                        p.read_pipe(which, &mut self.logs);
                     }
                 }
                 Token::Stdin(pid) => self.write_stdin(pid),
@@ -541,6 +546,9 @@ impl Session {
         if let Role::Forward = st.role {
             self.forwards.abort(id);
         }
+        if let Role::Logs = st.role {
+            self.logs.close(id);
+        }
         if let Role::Process { pid } = st.role {
             if let Some(p) = self.procs.get_mut(&pid) {
                 p.attached = None;
@@ -641,6 +649,16 @@ impl Session {
                         }
                         Err(e) => st.reply(&e),
                     },
+                    Err(e) => st.reply(&Event::error(ErrorCode::InvalidRequest, e.to_string())),
+                }
+            }
+            StreamClass::LOGS if self.version >= 4 => {
+                match message::decode::<LogsRequest>("logs request", header) {
+                    Ok(req) => {
+                        let dropped = self.logs.open(id, &req);
+                        st.event(&Event::Logging { dropped });
+                        st.role = Role::Logs;
+                    }
                     Err(e) => st.reply(&Event::error(ErrorCode::InvalidRequest, e.to_string())),
                 }
             }
@@ -921,6 +939,12 @@ impl Session {
                 st.role = Role::Idle;
                 st.finish = true;
             }
+            Role::Logs => {
+                // The host's Close stops following.
+                self.logs.close(id);
+                st.role = Role::Idle;
+                st.finish = true;
+            }
             Role::Forward => {
                 let ready = self.forwards.shut_write(id);
                 return self.forward_ready(id, ready);
@@ -1058,6 +1082,21 @@ impl Session {
                             st.reply(&event);
                         }
                         Popped::Nothing => break,
+                    },
+                    Role::Logs => match self.logs.pull(id, room) {
+                        logs::Pulled::Bytes(channel, chunk) => {
+                            let payload = message::bytes_payload(channel, &chunk);
+                            // `room` left a byte for the channel tag.
+                            let _ = st.send.consume(payload.len());
+                            push_frame(&mut self.out, Frame::data(sid, payload));
+                        }
+                        logs::Pulled::Skipped(bytes) => st.event(&Event::Skipped { bytes }),
+                        logs::Pulled::Done => {
+                            self.logs.close(id);
+                            st.role = Role::Idle;
+                            st.finish = true;
+                        }
+                        logs::Pulled::Nothing => break,
                     },
                     Role::Forward => {
                         if st.finish {

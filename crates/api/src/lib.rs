@@ -8,7 +8,8 @@
 //! metrics), [`exec`] (one
 //! foreground command, streamed as NDJSON), [`processes`] (background
 //! processes: start, list, signal, stdin, re-attach to their output),
-//! [`pty`] (an interactive session over a WebSocket) and
+//! [`pty`] (an interactive session over a WebSocket), [`logs`] (what
+//! background processes printed) and
 //! [`files`] (raw download and upload, multipart upload, list, stat, mkdir,
 //! rename, remove), [`ports`] (HTTP and WebSocket to a port inside the
 //! sandbox) and [`keys`] (the tenant's API keys). Handlers are
@@ -30,6 +31,7 @@ pub mod exec;
 pub mod files;
 pub mod info;
 pub mod keys;
+pub mod logs;
 pub mod metrics;
 pub mod ports;
 pub mod processes;
@@ -123,6 +125,7 @@ pub fn app(state: AppState) -> Router {
         .merge(processes::routes())
         .merge(ports::routes())
         .route("/v1/sandboxes/{id}/pty", get(pty::pty))
+        .route("/v1/sandboxes/{id}/logs", get(logs::logs))
         .fallback(|| async { ApiError::not_found("no such endpoint; see api/openapi.yaml") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(

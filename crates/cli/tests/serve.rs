@@ -1375,3 +1375,139 @@ fn brig_exec_says_when_the_oom_killer_ended_the_command() {
         text(&out.stderr)
     );
 }
+
+/// `brig logs`: what background processes printed, stdout and stderr apart,
+/// readable again and again, with `--tail`, `--pid` and `-f`; a foreground
+/// exec's output is not in it; a follower learns that its sandbox ended.
+#[test]
+fn logs_show_background_output_and_follow_it() {
+    require_root!();
+    let daemon = Daemon::start();
+    let id = ok(daemon.brig(&["create"]), "create").trim().to_string();
+    let script = "for i in 1 2 3; do echo out$i; echo err$i >&2; done";
+    let first = ok(
+        daemon.brig(&["exec", &id, "-d", "--", "sh", "-c", script]),
+        "a background script",
+    )
+    .trim()
+    .to_string();
+    ok(
+        daemon.brig(&["exec", &id, "--", "echo", "foreground"]),
+        "a foreground exec",
+    );
+    let seen = |out: &Output| text(&out.stdout).matches("out").count() == 3;
+    assert!(
+        eventually(Duration::from_secs(10), || seen(
+            &daemon.brig(&["logs", &id])
+        )),
+        "the background output never reached the log"
+    );
+    for _ in 0..2 {
+        // Reading takes nothing away.
+        let out = daemon.brig(&["logs", &id[..8]]);
+        assert_eq!(text(&out.stdout), "out1\nout2\nout3\n");
+        assert_eq!(text(&out.stderr), "err1\nerr2\nerr3\n");
+        assert!(out.status.success());
+    }
+    let second = ok(
+        daemon.brig(&[
+            "exec",
+            &id,
+            "-d",
+            "--",
+            "sh",
+            "-c",
+            "echo second; echo last",
+        ]),
+        "a second background process",
+    )
+    .trim()
+    .to_string();
+    assert!(eventually(Duration::from_secs(10), || text(
+        &daemon.brig(&["logs", &id]).stdout
+    )
+    .ends_with("last\n")));
+    let tail = ok(daemon.brig(&["logs", &id, "--tail", "2"]), "--tail 2");
+    assert_eq!(tail, "second\nlast\n");
+    let only = daemon.brig(&["logs", &id, "--pid", &first]);
+    assert_eq!(
+        text(&only.stdout),
+        "out1\nout2\nout3\n",
+        "--pid {first} (not {second})"
+    );
+    fails(daemon.brig(&["logs", &id, "--pid", "0"]), "--pid 0", "0");
+
+    // Follow: output that comes later arrives, then the sandbox's end.
+    let mut follower = daemon
+        .command(&["logs", "-f", "--tail", "0", &id])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = follower.stdout.take().unwrap();
+    let lines = std::thread::spawn(move || {
+        use std::io::BufRead;
+        std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+            .collect::<Vec<_>>()
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    ok(
+        daemon.brig(&[
+            "exec",
+            &id,
+            "-d",
+            "--",
+            "sh",
+            "-c",
+            "echo later; sleep 1; echo much-later",
+        ]),
+        "output while following",
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    ok(daemon.brig(&["kill", &id]), "kill");
+    let status = follower.wait().unwrap();
+    let mut err = String::new();
+    use std::io::Read;
+    follower
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert_eq!(lines.join().unwrap(), ["later", "much-later"], "{err}");
+    assert!(status.success(), "{status:?}: {err}");
+    assert!(err.contains("the sandbox ended"), "{err}");
+    fails(
+        daemon.brig(&["logs", &id]),
+        "logs of an ended sandbox",
+        "not running",
+    );
+}
+
+/// The log is bounded (1 MiB for the sandbox) and says what it dropped.
+#[test]
+fn logs_keep_the_last_mebibyte_and_say_so() {
+    require_root!();
+    let daemon = Daemon::start();
+    let id = ok(daemon.brig(&["create"]), "create").trim().to_string();
+    // 1.5 MiB of numbered lines, then a marker.
+    let script = "seq 1 200000 | sed 's/$/ xxxxxx/'; echo done";
+    ok(
+        daemon.brig(&["exec", &id, "-d", "--", "sh", "-c", script]),
+        "a chatty process",
+    );
+    assert!(eventually(Duration::from_secs(20), || text(
+        &daemon.brig(&["logs", &id, "--tail", "1"]).stdout
+    ) == "done\n"));
+    let out = daemon.brig(&["logs", &id]);
+    let log = text(&out.stdout);
+    assert_eq!(log.len(), 1 << 20);
+    assert!(log.ends_with("200000 xxxxxx\ndone\n"));
+    assert!(
+        text(&out.stderr).contains("earlier bytes are gone"),
+        "{}",
+        text(&out.stderr)
+    );
+}

@@ -43,7 +43,9 @@ pub use frame::{
 /// process, kept by the agent across reconnections).
 /// 3: `ExecRequest::continued` (an exec request larger than an Open
 /// header: a command line or environment of megabytes).
-pub const PROTOCOL_VERSION: u16 = 3;
+/// 4: `LOGS` streams (the sandbox's background output, read without
+/// taking it).
+pub const PROTOCOL_VERSION: u16 = 4;
 
 /// The oldest protocol version this build still speaks.
 pub const MIN_SUPPORTED: u16 = 1;

@@ -44,6 +44,7 @@
 //! | `FILE_WRITE` 3 | [`WriteRequest`] | channel 1: contents; Close: end of file | `written{bytes}` after the host's Close, Close |
 //! | `WATCH` 4 | [`WatchRequest`] | Close: stop watching | `watching`, then one [`Event::Change`] or [`Event::Overflow`] per Data frame (control channel) until the host's Close or Reset, then Close |
 //! | `CALL` 5 | [`Call`] | Close | one typed reply (`entries`… `done`, `stat`, `processes`, `done`), Close. `stat`/`list` with `xattrs: PREFIX` also report extended attributes; `set_xattrs`, `remove_xattr` change them |
+//! | `LOGS` 8 | [`LogsRequest`] | Close: stop following | `logging{dropped}`, then channel 1/2: the sandbox's background output from the agent's log (skipped spans reported as `skipped{bytes}`); Close once caught up, or with `follow` live output until the host's Close (version 4) |
 //! | `CONNECT` 7 | [`ConnectRequest`] | channel 1: bytes to the socket; Close: half-close (`shutdown(SHUT_WR)` once the bytes are written); Reset: abort (RST) | `connected`, then channel 1: bytes from the socket; Close at its EOF; Reset if the connection breaks. Refused: `error{connection_refused}`, Close |
 //!
 //! ## Port forwarding
@@ -110,6 +111,9 @@ impl StreamClass {
     pub const ATTACH: StreamClass = StreamClass(6);
     /// A TCP connection to a port inside the sandbox: [`ConnectRequest`].
     pub const CONNECT: StreamClass = StreamClass(7);
+    /// The sandbox's log: output of its background processes
+    /// ([`LogsRequest`], version 4).
+    pub const LOGS: StreamClass = StreamClass(8);
     /// Opened by the agent to report a connection-level error
     /// ([`ErrorBody`]) just before it ends the connection.
     pub const NOTICE: StreamClass = StreamClass(0x100);
@@ -264,6 +268,29 @@ pub const MAX_EXEC_REQUEST: usize = 16 << 20;
 pub struct AttachRequest {
     pub pid: i32,
 }
+
+/// Read the sandbox's log: what its background processes (not PTYs)
+/// printed, interleaved as it arrived, from a bounded buffer of the last
+/// [`LOG_KEEP`] bytes that the agent keeps (reading it takes nothing
+/// away, unlike `ATTACH`). Header of a `LOGS` stream.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogsRequest {
+    /// Only this process's output.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid: Option<i32>,
+    /// Keep the stream open and send output as it comes.
+    #[serde(default)]
+    pub follow: bool,
+    /// Start this many lines before the end instead of at the oldest
+    /// byte kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tail: Option<u32>,
+}
+
+/// Bytes of background output the agent keeps for `LOGS`, for the whole
+/// sandbox.
+pub const LOG_KEEP: usize = 1 << 20;
 
 /// Read a file. Header of a `FILE_READ` stream.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -498,6 +525,18 @@ pub enum Event {
     Attached {
         pid: i32,
         dropped: u64,
+    },
+    /// Reply to `LOGS`; `dropped` bytes of output had already fallen out
+    /// of the agent's log (for the whole sandbox: with a `pid`, at most
+    /// that many were this process's).
+    Logging {
+        dropped: u64,
+    },
+    /// On a `LOGS` stream: `bytes` of output fell out of the log before
+    /// this reader got to them (it read too slowly); the stream goes on
+    /// after the gap.
+    Skipped {
+        bytes: u64,
     },
     /// Exactly one of `code` and `signal` is set.
     Exited {

@@ -40,7 +40,9 @@ use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
-use brig_agent_client::{Call, ClientError, Connection, ExecRequest, FileReader, Process, Reply};
+use brig_agent_client::{
+    Call, ClientError, Connection, ExecRequest, FileReader, LogReader, LogsRequest, Process, Reply,
+};
 use brig_core::{
     EnvVar, Instance, Isolation, Launch, Limits, NetworkAttachment, SandboxId, SandboxSpec,
     SpecError, TemplateRef, Tier, TierError, TierErrorKind,
@@ -950,6 +952,19 @@ impl SandboxManager {
     ) -> Result<Process, ManagerError> {
         let conn = self.connection(tenant, id)?;
         conn.attach(pid).map_err(agent_err(id))
+    }
+
+    /// Read the sandbox's log: what its background processes printed (the
+    /// agent keeps the last [`LOG_KEEP`](brig_agent_client::LOG_KEEP)
+    /// bytes), then, with `follow`, output as it comes.
+    pub async fn logs_async(
+        &self,
+        tenant: &TenantId,
+        id: &SandboxId,
+        req: &LogsRequest,
+    ) -> Result<LogReader, ManagerError> {
+        let conn = self.connection(tenant, id)?;
+        conn.logs_async(req).await.map_err(agent_err(id))
     }
 
     /// A one-shot request to the agent: list, stat, mkdir, rename, remove,

@@ -14,6 +14,7 @@ pub mod extend;
 pub mod inspect;
 pub mod keys;
 pub mod kill;
+pub mod logs;
 pub mod ls;
 pub mod pause;
 pub mod resume;
@@ -70,6 +71,8 @@ pub enum Command {
     Stats(stats::StatsArgs),
     /// The processes in a sandbox.
     Top(top::TopArgs),
+    /// What a sandbox's background processes printed (`-f`: follow).
+    Logs(logs::LogsArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completion(completion::CompletionArgs),
     /// Build and list the named templates (`base`, `code-interpreter-v1`).
@@ -95,6 +98,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Rm(args) => rm::run(args),
         Command::Stats(args) => stats::run(args),
         Command::Top(args) => top::run(args),
+        Command::Logs(args) => logs::run(args),
         Command::Completion(args) => completion::run(args),
         Command::Template(args) => template::run(args),
     }
