@@ -1024,6 +1024,37 @@ fn the_cli_finds_its_homes_daemon_and_says_how_to_start_one() {
     let id = text(&out.stdout).trim().to_string();
     let out = brig(&["ls"]);
     assert!(text(&out.stdout).contains(&id), "{}", text(&out.stdout));
+    // The same through flags alone, before or after the subcommand, as
+    // every subcommand takes them (`template` included).
+    let home_arg = home.path().to_str().unwrap();
+    let bare = |args: &[&str]| {
+        Command::new(BRIG)
+            .args(args)
+            .env_remove("BRIG_HOME")
+            .env_remove("BRIG_URL")
+            .env_remove("BRIG_API_KEY")
+            .output()
+            .unwrap()
+    };
+    let out = bare(&["ls", "-q", "--home", home_arg]);
+    assert_eq!(text(&out.stdout).trim(), id, "{}", text(&out.stderr));
+    let out = bare(&["--home", home_arg, "--url", &url, "inspect", &id]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = bare(&["ls", "--home", home_arg, "--url", "http://127.0.0.1:9"]);
+    assert!(
+        text(&out.stderr).contains("cannot reach the brig daemon at http://127.0.0.1:9 (--url"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = bare(&["template", "ls", "--json", "--home", home_arg]);
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        list.as_array()
+            .unwrap()
+            .iter()
+            .all(|t| t["state"] == "missing"),
+        "a fresh home has no template built: {list}"
+    );
 
     support::stop_daemon(&mut child);
     let out = brig(&["ls"]);

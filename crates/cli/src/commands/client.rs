@@ -13,12 +13,28 @@ pub const LOCAL_KEY_FILE: &str = "local.key";
 pub const DEFAULT_URL: &str = "http://127.0.0.1:7777";
 pub const DEFAULT_HOME: &str = "/var/lib/brig";
 
-/// `$BRIG_HOME`, else /var/lib/brig.
+/// Where the daemon's home and address came from: `--home`/`--url`,
+/// which clap also fills from `BRIG_HOME`/`BRIG_URL`.
+static LOCATION: std::sync::OnceLock<(Option<PathBuf>, Option<String>)> =
+    std::sync::OnceLock::new();
+
+/// Record the global `--home` and `--url` (once, before any subcommand
+/// runs).
+pub fn set_location(home: Option<PathBuf>, url: Option<String>) {
+    let _ = LOCATION.set((home, url.filter(|u| !u.is_empty())));
+}
+
+/// `--home` (or `$BRIG_HOME`), else /var/lib/brig.
 pub fn home_dir() -> PathBuf {
-    std::env::var_os("BRIG_HOME")
-        .filter(|h| !h.is_empty())
-        .map(PathBuf::from)
+    LOCATION
+        .get()
+        .and_then(|(home, _)| home.clone())
         .unwrap_or_else(|| PathBuf::from(DEFAULT_HOME))
+}
+
+/// `--url` (or `$BRIG_URL`).
+fn url_given() -> Option<String> {
+    LOCATION.get().and_then(|(_, url)| url.clone())
 }
 
 /// A connection to the daemon: base URL and key.
@@ -34,7 +50,7 @@ pub struct Client {
 /// How the CLI found the daemon's address.
 #[derive(Debug, Clone)]
 enum Found {
-    /// `BRIG_URL`.
+    /// `--url` or `BRIG_URL`.
     Env,
     /// The running daemon of `$BRIG_HOME` said so in its `daemon` file.
     HomeFile(PathBuf),
@@ -133,7 +149,7 @@ impl Client {
     /// From the environment, or a clear error saying what to set.
     pub fn from_env() -> anyhow::Result<Client> {
         let home = home_dir();
-        let (base, found) = match std::env::var("BRIG_URL").ok().filter(|u| !u.is_empty()) {
+        let (base, found) = match url_given() {
             Some(url) => (url, Found::Env),
             None => match local_daemon(&home) {
                 Some(url) => (url, Found::HomeFile(home.join("daemon"))),
@@ -148,7 +164,7 @@ impl Client {
                     .with_context(|| {
                         format!(
                             "no api key: set BRIG_API_KEY, or run where the local daemon's key \
-                             {} is readable (BRIG_HOME selects the daemon's home)",
+                             {} is readable (--home or BRIG_HOME selects the daemon's home)",
                             path.display()
                         )
                     })?
@@ -260,20 +276,24 @@ impl Client {
                 }
                 .into())
             }
-            Err(e) => {
-                let whence = match &self.found {
-                    Found::Env => "BRIG_URL".to_string(),
-                    Found::HomeFile(p) => p.display().to_string(),
-                    Found::Default => "the default; BRIG_URL sets another".to_string(),
-                };
-                Err(anyhow::Error::new(e).context(format!(
-                    "cannot reach the brig daemon at {} ({whence}): start it with `sudo brig \
-                     serve` (it listens on {DEFAULT_URL} unless told otherwise), or point \
-                     BRIG_URL at the daemon you run",
-                    self.base
-                )))
-            }
+            Err(e) => Err(self.unreachable(e)),
         }
+    }
+
+    /// "Cannot reach the daemon": which address, where it came from, and
+    /// how to start one or point at another.
+    fn unreachable(&self, e: impl std::error::Error + Send + Sync + 'static) -> anyhow::Error {
+        let whence = match &self.found {
+            Found::Env => "--url or BRIG_URL".to_string(),
+            Found::HomeFile(p) => p.display().to_string(),
+            Found::Default => "the default; --url or BRIG_URL sets another".to_string(),
+        };
+        anyhow::Error::new(e).context(format!(
+            "cannot reach the brig daemon at {} ({whence}): start it with `sudo brig serve` (it \
+             listens on {DEFAULT_URL} unless told otherwise), or point --url or BRIG_URL at the \
+             daemon you run",
+            self.base
+        ))
     }
 
     pub fn json(
@@ -331,19 +351,7 @@ impl Client {
                 }
                 .into())
             }
-            Err(e) => {
-                let whence = match &self.found {
-                    Found::Env => "BRIG_URL".to_string(),
-                    Found::HomeFile(p) => p.display().to_string(),
-                    Found::Default => "the default; BRIG_URL sets another".to_string(),
-                };
-                Err(anyhow::Error::new(e).context(format!(
-                    "cannot reach the brig daemon at {} ({whence}): start it with `sudo brig \
-                     serve` (it listens on {DEFAULT_URL} unless told otherwise), or point \
-                     BRIG_URL at the daemon you run",
-                    self.base
-                )))
-            }
+            Err(e) => Err(self.unreachable(e)),
         }
     }
 }

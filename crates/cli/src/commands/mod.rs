@@ -32,6 +32,14 @@ pub mod top;
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// The daemon's home: its state, keys and templates [default:
+    /// /var/lib/brig].
+    #[arg(long, global = true, value_name = "DIR", env = "BRIG_HOME")]
+    pub home: Option<std::path::PathBuf>,
+    /// The daemon to talk to [default: the running daemon of the home, else
+    /// http://127.0.0.1:7777].
+    #[arg(long, global = true, value_name = "URL", env = "BRIG_URL")]
+    pub url: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -80,6 +88,7 @@ pub enum Command {
 }
 
 pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
+    client::set_location(cli.home.filter(|h| !h.as_os_str().is_empty()), cli.url);
     match cli.command {
         Command::Run(args) => run::run(*args),
         Command::Doctor(args) => doctor::run(args),

@@ -37,10 +37,6 @@ pub struct ServeArgs {
     /// is printed on stderr).
     #[arg(long, default_value = "127.0.0.1:7777", value_name = "ADDR:PORT")]
     listen: SocketAddr,
-    /// Where the daemon keeps its state [default: $BRIG_HOME, else
-    /// /var/lib/brig].
-    #[arg(long, value_name = "DIR")]
-    home: Option<PathBuf>,
     /// The longest timeout a sandbox may be given.
     #[arg(long, value_name = "DURATION")]
     max_timeout: Option<String>,
@@ -120,7 +116,7 @@ impl ServeArgs {
             defaults.push(pool::e2b_default());
         }
         manager.pool = pool::merge(defaults, self.pool);
-        let home = self.home.unwrap_or_else(home_dir);
+        let home = home_dir();
         manager.template_roots = std::iter::once(home.join("templates"))
             .chain(self.template_roots)
             .collect();
