@@ -40,6 +40,9 @@ pub struct CreateSandboxConfig {
     pub env: BTreeMap<String, String>,
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// A name unique among the tenant's sandboxes until its record is
+    /// removed: letters, digits, `_`, `.`, `-`, at most 64.
+    pub name: Option<String>,
 }
 
 impl CreateSandboxConfig {
@@ -101,6 +104,7 @@ impl CreateSandboxConfig {
             limits,
             env,
             labels: self.labels,
+            name: self.name,
             timeout,
             ..CreateConfig::default()
         })
@@ -119,6 +123,8 @@ pub struct TimeoutConfig {
 #[derive(Debug, Serialize)]
 pub struct SandboxView {
     pub id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
     pub state: SandboxState,
     pub template: String,
     pub isolation: String,
@@ -141,6 +147,7 @@ impl From<SandboxRecord> for SandboxView {
     fn from(r: SandboxRecord) -> SandboxView {
         SandboxView {
             id: r.id.to_string(),
+            name: r.name,
             state: r.state,
             template: r.template,
             isolation: r.isolation,

@@ -349,7 +349,7 @@ fn keys_inspect_and_cp_on_a_real_daemon() {
     fails(
         as_third(&["inspect", "x/y"]),
         "inspect a bad id",
-        "invalid sandbox id",
+        "no sandbox is named",
     );
 
     // cp: a few MB of binary both ways, byte for byte.
@@ -453,20 +453,7 @@ fn keys_inspect_and_cp_on_a_real_daemon() {
         "cp into a missing directory",
         "no directory /no/such/dir",
     );
-    fails(
-        as_third(&[
-            "cp",
-            local_dir.path().to_str().unwrap(),
-            &format!("{id}:/tmp/"),
-        ]),
-        "cp of a local directory",
-        "is a directory",
-    );
-    fails(
-        as_third(&["cp", &format!("{id}:/tmp"), out]),
-        "cp of a sandbox directory",
-        "is a directory",
-    );
+    // Directories (copied as trees): crates/cli/tests/cp.rs.
     fails(
         as_third(&["cp", "a", "b"]),
         "cp with no sandbox side",
@@ -1541,4 +1528,97 @@ fn logs_keep_the_last_mebibyte_and_say_so() {
         "{}",
         text(&out.stderr)
     );
+}
+
+/// `--name`: a name stands for the id everywhere, is unique until the
+/// record is removed, and `ls` shows, filters and formats it.
+#[test]
+fn names_stand_for_ids_and_ls_formats_them() {
+    require_root!();
+    let daemon = Daemon::start();
+    let id = ok(
+        daemon.brig(&["create", "--name", "dev", "-l", "team=ml"]),
+        "create --name",
+    )
+    .trim()
+    .to_string();
+    fails(
+        daemon.brig(&["create", "--name", "dev"]),
+        "a second sandbox named dev",
+        &format!("the name \"dev\" is taken by sandbox {id} (running)"),
+    );
+    fails(
+        daemon.brig(&["create", "--name", "a b"]),
+        "a name with a space",
+        "invalid sandbox name",
+    );
+    fails(
+        daemon.brig(&["create", "--name", "0123456789ab"]),
+        "a name that reads as an id",
+        "read as a sandbox id",
+    );
+    assert_eq!(
+        ok(
+            daemon.brig(&["exec", "dev", "--", "echo", "hi"]),
+            "exec by name"
+        ),
+        "hi\n"
+    );
+    let inspect = ok(daemon.brig(&["inspect", "dev"]), "inspect by name");
+    assert!(
+        inspect.contains("Name:      dev") && inspect.contains(&id),
+        "{inspect}"
+    );
+    let table = ok(daemon.brig(&["ls"]), "ls");
+    assert!(table.lines().next().unwrap().contains("NAME"), "{table}");
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with(&id) && l.contains(" dev ")),
+        "{table}"
+    );
+    ok(daemon.brig(&["create"]), "an unnamed one");
+    let quiet = ok(
+        daemon.brig(&["ls", "-q", "--filter", "name=dev"]),
+        "--filter name=",
+    );
+    assert_eq!(quiet.trim(), id);
+    let formatted = ok(
+        daemon.brig(&[
+            "ls",
+            "--filter",
+            "name=dev",
+            "--format",
+            "{{.Name}}\\t{{.ID}} {{.Label \"team\"}}",
+        ]),
+        "--format",
+    );
+    assert_eq!(formatted, format!("dev\t{id} ml\n"));
+    let lines = ok(daemon.brig(&["ls", "--format", "json"]), "--format json");
+    let docs: Vec<serde_json::Value> = lines
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(docs.len(), 2, "{lines}");
+    assert!(docs
+        .iter()
+        .any(|d| d["name"] == "dev" && d["id"] == id.as_str()));
+    fails(
+        daemon.brig(&["ls", "--format", "{{.Colour}}"]),
+        "an unknown field",
+        "no field",
+    );
+
+    ok(daemon.brig(&["kill", "dev"]), "kill by name");
+    fails(
+        daemon.brig(&["create", "--name", "dev"]),
+        "the name of an ended sandbox",
+        "has ended",
+    );
+    ok(daemon.brig(&["rm", "dev"]), "rm by name");
+    let again = ok(
+        daemon.brig(&["create", "--name", "dev"]),
+        "the name, free again",
+    );
+    assert_ne!(again.trim(), id);
 }

@@ -138,6 +138,8 @@ pub struct CreateConfig {
     pub limits: Limits,
     pub env: Vec<EnvVar>,
     pub labels: BTreeMap<String, String>,
+    /// A name unique among the tenant's sandboxes (`brig create --name`).
+    pub name: Option<String>,
     /// `None`: [`ManagerConfig::default_timeout`].
     pub timeout: Option<Duration>,
     /// Let setuid binaries (`sudo`) work inside the sandbox
@@ -155,6 +157,7 @@ impl Default for CreateConfig {
             limits: Limits::default(),
             env: Vec::new(),
             labels: BTreeMap::new(),
+            name: None,
             timeout: None,
             allow_setuid: false,
             isolation: Isolation::Process,
@@ -588,6 +591,9 @@ impl SandboxManager {
         // the template's environment: create-time variables are given to
         // each process it starts (see `exec`), so a pre-made sandbox and a
         // new one behave alike.
+        if let Some(name) = &req.name {
+            crate::sandboxes::check_name(name)?;
+        }
         let template = self.allowed_template(req.template)?;
         let mut spec = agent_spec(template, req.limits);
         spec.env = req.env;
@@ -602,6 +608,7 @@ impl SandboxManager {
             isolation: req.isolation.to_string(),
             spec: serde_json::to_value(&spec).unwrap_or(serde_json::Value::Null),
             labels: req.labels.clone(),
+            name: req.name.clone(),
             timeout,
         };
         if req.isolation == Isolation::Process {

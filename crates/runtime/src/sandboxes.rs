@@ -128,6 +128,8 @@ pub struct NewSandbox {
     /// sandbox can be inspected, and re-created after a restart.
     pub spec: serde_json::Value,
     pub labels: BTreeMap<String, String>,
+    /// A name unique among the tenant's records ([`check_name`]).
+    pub name: Option<String>,
     /// Time to live from now.
     pub timeout: Duration,
 }
@@ -141,6 +143,8 @@ pub struct SandboxRecord {
     pub isolation: String,
     pub spec: serde_json::Value,
     pub labels: BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
     pub state: SandboxState,
     pub init_pid: Option<u32>,
     pub created_at: UnixMillis,
@@ -310,6 +314,51 @@ pub struct Page {
     pub next: Option<Cursor>,
 }
 
+/// The longest sandbox name.
+pub const MAX_NAME: usize = 64;
+
+/// A sandbox name is 1 to [`MAX_NAME`] letters, digits, `_`, `.` and `-`,
+/// starting with a letter or digit (docker's rule), and not 12 hex digits
+/// (it would read as another sandbox's id).
+pub fn check_name(name: &str) -> Result<(), SandboxError> {
+    let bad = |reason| {
+        Err(SandboxError::BadName {
+            name: name.to_string(),
+            reason,
+        })
+    };
+    if name.is_empty() || name.len() > MAX_NAME {
+        return bad("a name is 1 to 64 characters");
+    }
+    if !name
+        .bytes()
+        .next()
+        .is_some_and(|b| b.is_ascii_alphanumeric())
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+    {
+        return bad("use letters, digits, '_', '.' and '-', starting with a letter or digit");
+    }
+    if SandboxId::parse(name).is_some() {
+        return bad("12 hex digits read as a sandbox id; choose another name");
+    }
+    Ok(())
+}
+
+fn name_taken(name: &str, holder: Option<&(SandboxId, SandboxState)>) -> String {
+    match holder {
+        Some((id, state)) if state.is_final() => format!(
+            "the name {name:?} is taken by sandbox {id}, which has ended ({state}): remove its \
+             record first, or choose another name"
+        ),
+        Some((id, state)) => {
+            format!("the name {name:?} is taken by sandbox {id} ({state}): choose another name")
+        }
+        None => format!("the name {name:?} is taken: choose another name"),
+    }
+}
+
 /// Why a sandbox operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum SandboxError {
@@ -327,6 +376,13 @@ pub enum SandboxError {
     Ended { id: SandboxId, state: SandboxState },
     #[error("sandbox {id} is {state}: end it before removing its record")]
     StillLive { id: SandboxId, state: SandboxState },
+    #[error("{}", name_taken(name, holder.as_ref()))]
+    NameTaken {
+        name: String,
+        holder: Option<(SandboxId, SandboxState)>,
+    },
+    #[error("invalid sandbox name {name:?}: {reason}")]
+    BadName { name: String, reason: &'static str },
     #[error(
         "invalid page cursor {cursor:?}: pass back the `next` value of the previous page unchanged"
     )]
@@ -347,8 +403,9 @@ impl SandboxError {
             SandboxError::NotFound { .. } => ErrorKind::NotFound,
             SandboxError::InvalidTransition { .. }
             | SandboxError::Ended { .. }
-            | SandboxError::StillLive { .. } => ErrorKind::Conflict,
-            SandboxError::BadCursor { .. } => ErrorKind::BadRequest,
+            | SandboxError::StillLive { .. }
+            | SandboxError::NameTaken { .. } => ErrorKind::Conflict,
+            SandboxError::BadCursor { .. } | SandboxError::BadName { .. } => ErrorKind::BadRequest,
             // Ids are random: a clash is a bug, not the client's doing.
             SandboxError::AlreadyExists { .. } | SandboxError::Encode { .. } => ErrorKind::Internal,
             SandboxError::Store(e) => e.kind(),
@@ -358,7 +415,7 @@ impl SandboxError {
 
 const COLUMNS: &str = "id, tenant_id, template, isolation, spec_json, labels_json, state, \
                        init_pid, created_at, expires_at, ended_at, exit_code, lifecycle_json, \
-                       attrs_json, end_json";
+                       attrs_json, end_json, name";
 
 /// A row as SQLite hands it over, before the checks that turn it into a
 /// [`SandboxRecord`] (done outside rusqlite's closure so a bad row becomes a
@@ -379,6 +436,7 @@ struct RawRow {
     lifecycle_json: Option<String>,
     attrs_json: Option<String>,
     end_json: Option<String>,
+    name: Option<String>,
 }
 
 fn raw_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawRow> {
@@ -398,6 +456,7 @@ fn raw_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<RawRow> {
         lifecycle_json: r.get(12)?,
         attrs_json: r.get(13)?,
         end_json: r.get(14)?,
+        name: r.get(15)?,
     })
 }
 
@@ -448,6 +507,7 @@ impl RawRow {
             isolation: self.isolation,
             spec,
             labels,
+            name: self.name,
             state,
             init_pid,
             created_at: self.created_at,
@@ -491,8 +551,8 @@ impl Store {
         let expires_at = now.saturating_add(duration_ms(new.timeout));
         let inserted = self.conn.execute(
             "INSERT INTO sandboxes (id, tenant_id, template, isolation, spec_json, labels_json,
-                                    state, created_at, expires_at)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'creating', ?7, ?8)",
+                                    state, created_at, expires_at, name)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'creating', ?7, ?8, ?9)",
             (
                 new.id.as_str(),
                 new.tenant.as_str(),
@@ -502,10 +562,28 @@ impl Store {
                 &labels_json,
                 now,
                 expires_at,
+                &new.name,
             ),
         );
         match inserted {
             Ok(_) => {}
+            Err(rusqlite::Error::SqliteFailure(e, _))
+                if e.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_UNIQUE =>
+            {
+                let name = new.name.clone().unwrap_or_default();
+                let holder = self
+                    .conn
+                    .query_row(
+                        "SELECT id, state FROM sandboxes WHERE tenant_id = ?1 AND name = ?2",
+                        (new.tenant.as_str(), &name),
+                        |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)),
+                    )
+                    .ok()
+                    .and_then(|(id, state)| {
+                        Some((SandboxId::parse(&id)?, SandboxState::parse(&state)?))
+                    });
+                return Err(SandboxError::NameTaken { name, holder });
+            }
             Err(rusqlite::Error::SqliteFailure(e, _))
                 if e.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY =>
             {
@@ -526,6 +604,7 @@ impl Store {
             isolation: new.isolation.clone(),
             spec: new.spec.clone(),
             labels: new.labels.clone(),
+            name: new.name.clone(),
             state: SandboxState::Creating,
             init_pid: None,
             created_at: now,
@@ -994,6 +1073,7 @@ mod tests {
                     .iter()
                     .map(|(k, v)| (k.to_string(), v.to_string()))
                     .collect(),
+                name: None,
                 timeout,
             };
             let rec = self.store.insert_sandbox(&new).unwrap();
@@ -1032,6 +1112,7 @@ mod tests {
             isolation: "process".into(),
             spec: serde_json::Value::Null,
             labels: BTreeMap::new(),
+            name: None,
             timeout: Duration::from_secs(1),
         };
         let err = f.store.insert_sandbox(&dup).unwrap_err();
@@ -1108,6 +1189,78 @@ mod tests {
             f.store.transition(t, &missing, SandboxState::Dead, None),
             Err(SandboxError::NotFound { .. })
         ));
+    }
+
+    #[test]
+    fn a_name_is_unique_per_tenant_until_its_record_is_removed() {
+        let mut f = fixture();
+        let named = |id: u64, tenant: &TenantId, name: &str| NewSandbox {
+            id: SandboxId::from_random(id),
+            tenant: tenant.clone(),
+            template: "host".into(),
+            isolation: "process".into(),
+            spec: serde_json::Value::Null,
+            labels: BTreeMap::new(),
+            name: Some(name.into()),
+            timeout: Duration::from_secs(60),
+        };
+        let first = f
+            .store
+            .insert_sandbox(&named(100, &f.tenant, "dev"))
+            .unwrap();
+        assert_eq!(first.name.as_deref(), Some("dev"));
+        let got = f
+            .store
+            .get_sandbox(Scope::Tenant(&f.tenant), &first.id)
+            .unwrap();
+        assert_eq!(got.name.as_deref(), Some("dev"));
+        let err = f
+            .store
+            .insert_sandbox(&named(101, &f.tenant, "dev"))
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Conflict);
+        assert!(err.to_string().contains(first.id.as_str()), "{err}");
+        // Another tenant may use it; unnamed sandboxes never clash.
+        let other = f.store.create_tenant("other").unwrap();
+        f.store.insert_sandbox(&named(102, &other, "dev")).unwrap();
+        f.insert(&[], Duration::from_secs(60));
+        f.insert(&[], Duration::from_secs(60));
+        // Ended, the name stays taken (the message says how to free it)...
+        f.store
+            .transition(Scope::Daemon, &first.id, SandboxState::Dead, None)
+            .unwrap();
+        let err = f
+            .store
+            .insert_sandbox(&named(103, &f.tenant, "dev"))
+            .unwrap_err();
+        assert!(err.to_string().contains("has ended"), "{err}");
+        // ...until the record is removed.
+        f.store
+            .remove_sandbox(Scope::Tenant(&f.tenant), &first.id)
+            .unwrap();
+        f.store
+            .insert_sandbox(&named(104, &f.tenant, "dev"))
+            .unwrap();
+    }
+
+    #[test]
+    fn names_follow_one_rule() {
+        for good in ["dev", "a", "web-1.test_x", &"n".repeat(MAX_NAME)] {
+            check_name(good).unwrap();
+        }
+        for bad in [
+            "",
+            "-x",
+            ".x",
+            "a b",
+            "a/b",
+            "é",
+            "0123456789ab",
+            &"n".repeat(MAX_NAME + 1),
+        ] {
+            let err = check_name(bad).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::BadRequest, "{bad:?}");
+        }
     }
 
     #[test]

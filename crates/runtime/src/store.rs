@@ -112,6 +112,13 @@ const MIGRATIONS: &[&str] = &[
         SELECT k.id FROM api_keys k JOIN tenants t ON t.id = k.tenant_id
         WHERE t.name = 'default' ORDER BY k.created_at, k.id LIMIT 1);
     ",
+    // 6: an optional name per sandbox (`brig create --name`), unique among
+    // the tenant's records until the record is removed, as docker's
+    // container names are.
+    "
+    ALTER TABLE sandboxes ADD COLUMN name TEXT;
+    CREATE UNIQUE INDEX sandboxes_name ON sandboxes(tenant_id, name) WHERE name IS NOT NULL;
+    ",
 ];
 
 /// The schema version this code writes and understands.

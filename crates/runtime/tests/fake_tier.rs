@@ -228,6 +228,7 @@ fn a_new_manager_adopts_what_the_last_one_kept_and_settles_the_rest() {
             isolation: "process".into(),
             spec: serde_json::Value::Null,
             labels: BTreeMap::new(),
+            name: None,
             timeout: Duration::from_secs(60),
         })
         .unwrap();

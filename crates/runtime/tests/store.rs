@@ -21,6 +21,7 @@ fn new_sandbox(tenant: &TenantId, labels: &[(&str, &str)]) -> NewSandbox {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
+        name: None,
         timeout: Duration::from_secs(300),
     }
 }

@@ -197,26 +197,38 @@ impl Client {
         }
     }
 
-    /// A sandbox id from what a person typed: the id itself, or a unique
-    /// prefix of one of this tenant's sandboxes (as docker takes them).
+    /// A sandbox id from what a person typed: the id itself, a sandbox's
+    /// name, or a unique prefix of one of this tenant's sandbox ids (as
+    /// docker takes them, in that order).
     pub fn resolve(&self, given: &str) -> anyhow::Result<String> {
         if brig_core::SandboxId::parse(given).is_some() {
             return Ok(given.to_string());
         }
-        if given.is_empty() || given.len() > 12 || !given.bytes().all(|b| b.is_ascii_hexdigit()) {
+        if given.is_empty() {
             sandbox_id(given)?;
         }
-        let given = given.to_ascii_lowercase();
-        let found: Vec<String> = self
-            .sandboxes()?
+        let all = self.sandboxes()?;
+        if let Some(named) = all.iter().find(|s| s["name"].as_str() == Some(given)) {
+            return Ok(named["id"].as_str().unwrap_or_default().to_string());
+        }
+        let hex = given.len() <= 12 && given.bytes().all(|b| b.is_ascii_hexdigit());
+        let prefix = given.to_ascii_lowercase();
+        let found: Vec<String> = all
             .iter()
             .filter_map(|s| s["id"].as_str())
-            .filter(|id| id.starts_with(&given))
+            .filter(|id| hex && id.starts_with(&prefix))
             .map(str::to_string)
             .collect();
         match found.as_slice() {
             [one] => Ok(one.clone()),
-            [] => anyhow::bail!("no sandbox id starts with {given:?} (`brig ls -a` lists them)"),
+            [] if hex => anyhow::bail!(
+                "no sandbox is named {given:?} and no sandbox id starts with it (`brig ls -a` \
+                 lists them)"
+            ),
+            [] => anyhow::bail!(
+                "no sandbox is named {given:?} (`brig ls -a` lists them; an id is 12 hex digits \
+                 or a unique start of them)"
+            ),
             many => anyhow::bail!(
                 "{given:?} is the start of {} sandbox ids ({}): type more of it",
                 many.len(),

@@ -31,6 +31,10 @@ pub struct CreateArgs {
     /// Read environment variables from a file of KEY=VALUE lines.
     #[arg(long = "env-file", value_name = "FILE")]
     env_file: Vec<std::path::PathBuf>,
+    /// A name to use instead of the id in other commands (unique among
+    /// your sandboxes until `brig rm`).
+    #[arg(long, value_name = "NAME")]
+    name: Option<String>,
     /// A label to find the sandbox by (repeatable).
     #[arg(long = "label", short = 'l', value_name = "KEY=VALUE")]
     label: Vec<String>,
@@ -47,6 +51,7 @@ impl CreateArgs {
             "labels": pairs("label", &self.label)?,
         });
         let fields = [
+            ("name", self.name.map(Value::from)),
             ("template", self.template.map(Value::from)),
             ("timeout", self.timeout.map(Value::from)),
             ("memory", self.memory.map(Value::from)),

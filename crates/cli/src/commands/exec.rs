@@ -32,7 +32,7 @@ use crate::tty::{self, RawTerminal, SignalFd};
 #[derive(Debug, clap::Args)]
 #[command(trailing_var_arg = true)]
 pub struct ExecArgs {
-    /// The sandbox's id (or a unique prefix of it).
+    /// The sandbox: its id, its name, or a unique start of its id.
     id: String,
     /// Set an environment variable (repeatable); `-e KEY` passes KEY's
     /// value here through.
@@ -89,9 +89,8 @@ struct ExecConfig {
 
 impl ExecArgs {
     fn into_config(self) -> anyhow::Result<ExecConfig> {
-        // An id or a prefix; the prefix is resolved once the daemon is
-        // reachable.
-        if self.id.is_empty() || !self.id.bytes().all(|b| b.is_ascii_hexdigit()) {
+        // An id, a name or a prefix, resolved once the daemon is reachable.
+        if self.id.is_empty() {
             sandbox_id(&self.id)?;
         }
         let mode = match (self.background, self.interactive, self.tty) {

@@ -5,7 +5,7 @@ use super::client::Client;
 
 #[derive(Debug, clap::Args)]
 pub struct ExtendArgs {
-    /// The sandbox's id (or a unique prefix of it).
+    /// The sandbox: its id, its name, or a unique start of its id.
     id: String,
     /// How long it may live from now, e.g. 30m, 2h.
     duration: String,

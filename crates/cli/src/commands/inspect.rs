@@ -7,7 +7,7 @@ use super::client::{ago, now_millis, span, Client};
 
 #[derive(Debug, clap::Args)]
 pub struct InspectArgs {
-    /// The sandbox's id.
+    /// The sandbox: its id, its name, or a unique start of its id.
     id: String,
     /// The daemon's JSON, unchanged, instead of a summary.
     #[arg(long)]
@@ -50,6 +50,7 @@ fn summary(s: &Value, now: i64) -> String {
     });
     let rows = [
         ("ID", text("id")),
+        ("Name", text("name")),
         ("State", Some(state.to_string())),
         (
             "Template",

@@ -4,7 +4,7 @@ use super::client::Client;
 
 #[derive(Debug, clap::Args)]
 pub struct KillArgs {
-    /// The sandbox's id (or a unique prefix of it).
+    /// The sandbox: its id, its name, or a unique start of its id.
     id: String,
 }
 

@@ -17,7 +17,7 @@ use super::client::Client;
 
 #[derive(Debug, clap::Args)]
 pub struct LogsArgs {
-    /// The sandbox's id (or a unique prefix of it).
+    /// The sandbox: its id, its name, or a unique start of its id.
     id: String,
     /// Keep following: print output as it comes until interrupted.
     #[arg(short, long)]

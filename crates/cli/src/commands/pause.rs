@@ -5,7 +5,7 @@ use super::client::Client;
 
 #[derive(Debug, clap::Args)]
 pub struct PauseArgs {
-    /// The sandbox's id.
+    /// The sandbox: its id, its name, or a unique start of its id.
     id: String,
 }
 

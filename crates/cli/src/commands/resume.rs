@@ -7,7 +7,7 @@ use super::client::Client;
 
 #[derive(Debug, clap::Args)]
 pub struct ResumeArgs {
-    /// The sandbox's id.
+    /// The sandbox: its id, its name, or a unique start of its id.
     id: String,
     /// A new time to live from now, e.g. 30s, 10m, 1h.
     #[arg(long, value_name = "DURATION")]

@@ -5,7 +5,7 @@ use super::client::{Client, RemoteError};
 
 #[derive(Debug, clap::Args)]
 pub struct RmArgs {
-    /// Sandbox ids (or unique prefixes).
+    /// Sandboxes: ids, names or unique starts of ids.
     #[arg(required = true)]
     ids: Vec<String>,
     /// End a live sandbox first instead of refusing.

@@ -8,7 +8,7 @@ use super::client::Client;
 
 #[derive(Debug, clap::Args)]
 pub struct StatsArgs {
-    /// Sandbox ids (or unique prefixes); default: every live sandbox.
+    /// Sandboxes: ids, names or unique starts of ids; default: every live sandbox.
     ids: Vec<String>,
     /// One JSON array of the API's metrics instead of a table.
     #[arg(long)]

@@ -6,7 +6,7 @@ use super::client::Client;
 
 #[derive(Debug, clap::Args)]
 pub struct TopArgs {
-    /// The sandbox's id (or a unique prefix of it).
+    /// The sandbox: its id, its name, or a unique start of its id.
     id: String,
 }
 
