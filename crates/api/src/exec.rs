@@ -106,6 +106,7 @@ pub(crate) async fn kill_for_timeout(
     id: &brig_core::SandboxId,
     process: &mut Process,
 ) -> Vec<Result<Output, ClientError>> {
+    manager.note_exec_timeout();
     let mut last = Vec::new();
     if let Some(pid) = process.pid() {
         let (m, t, i) = (std::sync::Arc::clone(manager), tenant.clone(), id.clone());

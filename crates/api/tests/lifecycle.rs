@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use axum::http::{Method, StatusCode};
 use brig_api::{app, AppState};
 use serde_json::{json, Value};
-use support::{assert_error, call, create, fixture, root_or_skip, sh, Fixture};
+use support::{assert_error, call, create, fixture, ndjson, raw, root_or_skip, sh, Fixture};
 
 async fn post(f: &Fixture, key: &str, uri: &str, body: Option<&str>) -> (StatusCode, Value) {
     call(&f.app, Method::POST, uri, Some(key), body).await
@@ -507,6 +507,44 @@ async fn prometheus_metrics_count_creates_execs_and_live_sandboxes() {
     assert!(sample(&after, r#"brig_http_requests_total{code="2xx"}"#) >= 5.0);
     assert!(sample(&after, r#"brig_http_requests_total{code="4xx"}"#) >= 2.0);
 
+    // One series per live sandbox, labelled with its id and tenant name.
+    let of = |samples: &[(String, f64)], metric: &str, id: &str| {
+        samples
+            .iter()
+            .find(|(s, _)| {
+                s.starts_with(&format!("{metric}{{"))
+                    && s.contains(&format!(r#"id="{id}""#))
+                    && s.contains(r#"tenant="default""#)
+            })
+            .map(|(_, v)| *v)
+    };
+    for sb in [&id, &other] {
+        assert!(
+            of(&after, "brig_sandbox_pids", sb).unwrap_or(0.0) >= 1.0,
+            "{after:?}"
+        );
+        assert!(of(&after, "brig_sandbox_memory_bytes", sb).unwrap_or(0.0) > 0.0);
+        assert!(of(&after, "brig_sandbox_memory_limit_bytes", sb).unwrap_or(0.0) > 0.0);
+        assert!(of(&after, "brig_sandbox_cpu_seconds_total", sb).is_some());
+        assert_eq!(of(&after, "brig_sandbox_oom_kills_total", sb), Some(0.0));
+    }
+    // An exec killed at its timeout is counted.
+    assert_eq!(sample(&after, "brig_exec_timeouts_total"), 0.0);
+    let body = serde_json::json!({ "argv": ["sleep", "30"], "timeout": "200ms" }).to_string();
+    let (status, _, bytes) = raw(
+        &f.app,
+        Method::POST,
+        &format!("/v1/sandboxes/{id}/exec"),
+        &f.key,
+        Some("application/json"),
+        body.into_bytes(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(ndjson(&bytes).last().unwrap()["code"], 124);
+    let timed = scrape(&f.app, Some(&f.key)).await;
+    assert_eq!(sample(&timed, "brig_exec_timeouts_total"), 1.0);
+
     // Ends are counted by cause.
     assert_eq!(
         sample(&after, r#"brig_sandbox_ends_total{cause="deleted"}"#),
@@ -546,6 +584,9 @@ async fn prometheus_metrics_count_creates_execs_and_live_sandboxes() {
         sample(&ended, r#"brig_sandbox_ends_total{cause="deleted"}"#),
         1.0
     );
+    // An ended sandbox's series are gone; a live one's stay.
+    assert_eq!(of(&ended, "brig_sandbox_pids", &id), None);
+    assert!(of(&ended, "brig_sandbox_pids", &other).is_some());
     assert_eq!(
         sample(&ended, r#"brig_sandbox_ends_total{cause="timeout"}"#),
         1.0

@@ -35,7 +35,7 @@
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
@@ -348,6 +348,8 @@ pub struct SandboxManager {
     events: Events,
     /// Sandboxes torn down, by cause (metrics).
     ends: Arc<crate::sandboxes::EndCounts>,
+    /// Execs killed at their timeout (`note_exec_timeout`).
+    exec_timeouts: AtomicU64,
 }
 
 impl std::fmt::Debug for SandboxManager {
@@ -396,6 +398,7 @@ impl SandboxManager {
             waiting: AtomicUsize::new(0),
             events: Events::new(),
             ends: Arc::default(),
+            exec_timeouts: Default::default(),
         });
         manager.readopt()?;
 
@@ -1065,6 +1068,29 @@ impl SandboxManager {
     /// Sandboxes this daemon tore down since it started, by cause name.
     pub fn end_counts(&self) -> Vec<(&'static str, u64)> {
         self.ends.snapshot()
+    }
+
+    /// Every live sandbox's resource use, read from its tier now (for the
+    /// per-sandbox Prometheus series): id, tenant, usage. A sandbox whose
+    /// tier cannot answer (it is ending) is left out.
+    pub fn live_usage(&self) -> Vec<(SandboxId, TenantId, brig_core::Usage)> {
+        let live: Vec<(SandboxId, Arc<Live>)> = lock(&self.live)
+            .iter()
+            .map(|(id, l)| (id.clone(), Arc::clone(l)))
+            .collect();
+        live.into_iter()
+            .filter_map(|(id, l)| Some((id, l.tenant.clone(), l.instance.usage().ok()?)))
+            .collect()
+    }
+
+    /// An exec ran into its timeout and was killed (a front-end says so).
+    pub fn note_exec_timeout(&self) {
+        self.exec_timeouts.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Execs killed at their timeout since this daemon started.
+    pub fn exec_timeouts(&self) -> u64 {
+        self.exec_timeouts.load(Ordering::Relaxed)
     }
 
     /// The number of sandboxes this daemon is running.

@@ -10,7 +10,20 @@
 //! | `brig_execs_total` | counter | commands started (exec and background processes) |
 //! | `brig_sandbox_ends_total{cause}` | counter | sandboxes this daemon tore down, by cause (`timeout`, `out_of_memory`, `deleted`, …) |
 //! | `brig_http_requests_total{code}` | counter | HTTP requests answered, by status class (`2xx`…) |
+//! | `brig_exec_timeouts_total` | counter | execs killed at their timeout (`timeout` on exec, pty) |
 //! | `brig_build_info{version}` | info | always 1 |
+//!
+//! And one series per live sandbox, labelled `id` and `tenant` (the
+//! tenant's name), read from its tier at scrape time; a sandbox's series
+//! go when it ends:
+//!
+//! | metric | type | what |
+//! |---|---|---|
+//! | `brig_sandbox_cpu_seconds_total` | counter | CPU time of its processes |
+//! | `brig_sandbox_memory_bytes` | gauge | memory in use (page cache included) |
+//! | `brig_sandbox_memory_limit_bytes` | gauge | its memory limit |
+//! | `brig_sandbox_pids` | gauge | tasks alive (processes and threads) |
+//! | `brig_sandbox_oom_kills_total` | counter | processes the OOM killer killed in it |
 //!
 //! The registry knows nothing of HTTP: a front-end reports what it answered
 //! ([`Metrics::answered`], [`Metrics::created`], [`Metrics::exec_started`];
@@ -18,6 +31,7 @@
 //! about metrics), and the sandbox and pool gauges are read from the
 //! [`SandboxManager`] at scrape time ([`Metrics::encode`]).
 
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -49,6 +63,22 @@ struct CauseLabel {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SandboxLabels {
+    id: String,
+    tenant: String,
+}
+
+/// The per-sandbox series, rebuilt at every scrape.
+#[derive(Debug, Default)]
+struct PerSandbox {
+    cpu_seconds: Family<SandboxLabels, Counter<f64, AtomicU64>>,
+    memory: Family<SandboxLabels, Gauge>,
+    memory_limit: Family<SandboxLabels, Gauge>,
+    pids: Family<SandboxLabels, Gauge>,
+    oom_kills: Family<SandboxLabels, Counter>,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct CodeLabel {
     code: &'static str,
 }
@@ -67,6 +97,8 @@ pub struct Metrics {
     execs: Counter,
     http_requests: Family<CodeLabel, Counter>,
     ends: Family<CauseLabel, Counter>,
+    exec_timeouts: Counter,
+    per_sandbox: PerSandbox,
 }
 
 impl Default for Metrics {
@@ -126,6 +158,38 @@ impl Metrics {
             "Sandboxes this daemon tore down, by why they ended",
             ends.clone(),
         );
+        let exec_timeouts = Counter::default();
+        registry.register(
+            "brig_exec_timeouts",
+            "Execs killed at their timeout",
+            exec_timeouts.clone(),
+        );
+        let per_sandbox = PerSandbox::default();
+        registry.register(
+            "brig_sandbox_cpu_seconds",
+            "CPU time of a live sandbox's processes",
+            per_sandbox.cpu_seconds.clone(),
+        );
+        registry.register(
+            "brig_sandbox_memory_bytes",
+            "Memory a live sandbox uses",
+            per_sandbox.memory.clone(),
+        );
+        registry.register(
+            "brig_sandbox_memory_limit_bytes",
+            "A live sandbox's memory limit",
+            per_sandbox.memory_limit.clone(),
+        );
+        registry.register(
+            "brig_sandbox_pids",
+            "Tasks alive in a live sandbox",
+            per_sandbox.pids.clone(),
+        );
+        registry.register(
+            "brig_sandbox_oom_kills",
+            "Processes the OOM killer killed in a live sandbox",
+            per_sandbox.oom_kills.clone(),
+        );
         registry.register(
             "brig_build",
             "The running brig's version",
@@ -142,6 +206,8 @@ impl Metrics {
             execs,
             http_requests,
             ends,
+            exec_timeouts,
+            per_sandbox,
         }
     }
 
@@ -173,10 +239,54 @@ impl Metrics {
                 counter.inc_by(n - seen);
             }
         }
+        let timeouts = manager.exec_timeouts();
+        if timeouts > self.exec_timeouts.get() {
+            self.exec_timeouts
+                .inc_by(timeouts - self.exec_timeouts.get());
+        }
+        self.sample_sandboxes(manager);
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+
+    /// Rebuild the per-sandbox series from the live sandboxes now, so an
+    /// ended sandbox's series are gone.
+    fn sample_sandboxes(&self, manager: &SandboxManager) {
+        let p = &self.per_sandbox;
+        p.cpu_seconds.clear();
+        p.memory.clear();
+        p.memory_limit.clear();
+        p.pids.clear();
+        p.oom_kills.clear();
+        let names: std::collections::HashMap<String, String> = manager
+            .store()
+            .list_tenants()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|t| (t.id.0, t.name))
+            .collect();
+        for (id, tenant, usage) in manager.live_usage() {
+            let labels = SandboxLabels {
+                id: id.to_string(),
+                tenant: names.get(&tenant.0).cloned().unwrap_or(tenant.0),
+            };
+            if let Some(ns) = usage.cpu_ns {
+                p.cpu_seconds.get_or_create(&labels).inc_by(ns as f64 / 1e9);
+            }
+            let as_gauge = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+            p.memory
+                .get_or_create(&labels)
+                .set(as_gauge(usage.memory_bytes));
+            p.memory_limit
+                .get_or_create(&labels)
+                .set(as_gauge(usage.memory_limit_bytes));
+            p.pids.get_or_create(&labels).set(as_gauge(usage.pids));
+            if let Some(n) = usage.oom_kills {
+                p.oom_kills.get_or_create(&labels).inc_by(n);
+            }
+        }
     }
 
     /// An HTTP answer with this status was sent (any front-end).
