@@ -16,6 +16,7 @@ pub mod keys;
 pub mod kill;
 pub mod logs;
 pub mod ls;
+pub mod man;
 pub mod pause;
 pub mod resume;
 pub mod rm;
@@ -83,6 +84,8 @@ pub enum Command {
     Logs(logs::LogsArgs),
     /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
     Completion(completion::CompletionArgs),
+    /// Print the manual page (`--dir`: write one per subcommand).
+    Man(man::ManArgs),
     /// Build and list the named templates (`base`, `code-interpreter-v1`).
     Template(template::TemplateArgs),
 }
@@ -109,6 +112,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Top(args) => top::run(args),
         Command::Logs(args) => logs::run(args),
         Command::Completion(args) => completion::run(args),
+        Command::Man(args) => man::run(args),
         Command::Template(args) => template::run(args),
     }
 }
