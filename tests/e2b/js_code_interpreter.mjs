@@ -222,7 +222,8 @@ await section('timeout', async () => {
   await sbx.runCode('kept = 11')
   const t0 = Date.now()
   const to = await rejection(sbx.runCode('import time; time.sleep(30)', { timeoutMs: 1500 }))
-  check('timeoutMs rejects with TimeoutError', to instanceof TimeoutError && Date.now() - t0 < 10_000, String(to))
+  const took = Date.now() - t0
+  check('timeoutMs rejects with TimeoutError, at the timeout', to instanceof TimeoutError && took >= 1400 && took < 4_000, `${String(to)} after ${took} ms`)
   const t1 = Date.now()
   const next = await sbx.runCode('kept')
   check('the kernel was interrupted: the next run is quick and keeps state', next.text === '11' && Date.now() - t1 < 10_000, `${show(next)} ${Date.now() - t1} ms`)
