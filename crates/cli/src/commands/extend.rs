@@ -12,8 +12,8 @@ pub struct ExtendArgs {
 }
 
 pub fn run(args: ExtendArgs) -> anyhow::Result<i32> {
-    brig_core::parse_duration(&args.duration)
-        .map_err(|e| anyhow::anyhow!("invalid duration {:?}: {e}", args.duration))?;
+    // The unit error names the input and the units.
+    brig_core::parse_duration(&args.duration)?;
     let client = Client::from_env()?;
     let id = client.resolve(&args.id)?;
     let record = client.json(
