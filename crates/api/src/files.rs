@@ -3,7 +3,8 @@
 //! no direction holds a file in the daemon; and the one-shot calls `list`,
 //! `stat`, `mkdir`, `rename` and remove (`DELETE ?path=&recursive=`); and
 //! `GET /files/watch?path=&recursive=`, a directory's changes streamed as
-//! NDJSON (see [`watch`]).
+//! NDJSON (see [`watch`]); and `/v1/sandboxes/{id}/archive?path=`, a file
+//! or a whole tree as one tar stream, both ways (see [`archive`]).
 //!
 //! Every agent failure keeps the agent's message and gets its status from
 //! its code in `error.rs`: not found 404, already exists 409, invalid input
@@ -30,6 +31,8 @@ use tokio_util::io::{StreamReader, SyncIoBridge};
 
 use super::{blocking, sandbox_id, ApiError, AppState, Auth};
 use brig_runtime::ManagerError;
+
+pub mod archive;
 
 /// Chunks in flight between the agent and the HTTP client.
 const CHUNKS_IN_FLIGHT: usize = 4;

@@ -122,6 +122,13 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/files/mkdir", post(files::mkdir))
         .route("/v1/sandboxes/{id}/files/rename", post(files::rename))
         .route("/v1/sandboxes/{id}/files/watch", get(files::watch))
+        .route(
+            "/v1/sandboxes/{id}/archive",
+            get(files::archive::download)
+                .put(files::archive::upload)
+                // Archives are unpacked as they arrive, never held here.
+                .layer(axum::extract::DefaultBodyLimit::disable()),
+        )
         .merge(processes::routes())
         .merge(ports::routes())
         .route("/v1/sandboxes/{id}/pty", get(pty::pty))

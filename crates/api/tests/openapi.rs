@@ -26,11 +26,13 @@ const ROUTES: &[(&str, &[&str])] = &[
     ("/v1/sandboxes/{id}/files/rename", &["post"]),
     ("/v1/sandboxes/{id}/files/upload", &["post"]),
     ("/v1/sandboxes/{id}/files/watch", &["get"]),
+    ("/v1/sandboxes/{id}/archive", &["get", "put"]),
     ("/v1/sandboxes/{id}/processes", &["get", "post"]),
     ("/v1/sandboxes/{id}/processes/{pid}/signal", &["post"]),
     ("/v1/sandboxes/{id}/processes/{pid}/output", &["get"]),
     ("/v1/sandboxes/{id}/processes/{pid}/stdin", &["post"]),
     ("/v1/sandboxes/{id}/pty", &["get"]),
+    ("/v1/sandboxes/{id}/logs", &["get"]),
     (
         "/v1/sandboxes/{id}/ports/{port}/{path}",
         &["get", "post", "put", "patch", "delete"],
