@@ -49,9 +49,13 @@ pub struct RunArgs {
     /// sandbox dies and brig exits with 124.
     #[arg(long, value_name = "DURATION")]
     timeout: Option<String>,
-    /// Set an environment variable (repeatable).
-    #[arg(long = "env", short = 'e', value_name = "KEY=VALUE")]
+    /// Set an environment variable (repeatable); `-e KEY` passes KEY's
+    /// value here through.
+    #[arg(long = "env", short = 'e', value_name = "KEY[=VALUE]")]
     env: Vec<String>,
+    /// Read environment variables from a file of KEY=VALUE lines.
+    #[arg(long = "env-file", value_name = "FILE")]
+    env_file: Vec<std::path::PathBuf>,
     /// Working directory inside the sandbox (created if missing).
     #[arg(long, short = 'w', value_name = "DIR")]
     workdir: Option<String>,
@@ -96,10 +100,10 @@ impl RunArgs {
             .map(parse_duration)
             .transpose()
             .context("--timeout")?;
-        spec.env = self
-            .env
+        // The files first, then -e (a later value wins), as `brig create`.
+        spec.env = super::client::env_pairs(&self.env, &self.env_file)?
             .iter()
-            .map(|e| EnvVar::parse(e))
+            .map(|(k, v)| EnvVar::parse(&format!("{k}={}", v.as_str().unwrap_or_default())))
             .collect::<Result<_, _>>()?;
         spec.workdir = self.workdir;
         spec.user = self.user.as_deref().map(UserSpec::parse).transpose()?;
@@ -305,6 +309,47 @@ mod tests {
         let e = parse(&["brig", "run", "-e", "1X=2", "--", "true"]).unwrap_err();
         assert!(
             format!("{e:#}").contains("invalid environment variable"),
+            "{e:#}"
+        );
+    }
+
+    #[test]
+    fn env_comes_from_files_flags_and_the_callers_environment() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("vars");
+        std::fs::write(&file, "# comment\nA=from-file\nB=file\n").unwrap();
+        let file = file.to_str().unwrap();
+        // PATH is set in every test environment.
+        let s = parse(&[
+            "brig",
+            "run",
+            "--env-file",
+            file,
+            "-e",
+            "B=flag",
+            "-e",
+            "PATH",
+            "-e",
+            "NO_SUCH_VAR_X",
+            "--",
+            "true",
+        ])
+        .unwrap();
+        let env: Vec<String> = s
+            .env
+            .iter()
+            .map(|e| format!("{}={}", e.key, e.value))
+            .collect();
+        assert!(env.contains(&"A=from-file".to_string()), "{env:?}");
+        assert!(env.contains(&"B=flag".to_string()), "{env:?}");
+        assert!(env.iter().any(|e| e.starts_with("PATH=/")), "{env:?}");
+        assert!(
+            !env.iter().any(|e| e.starts_with("NO_SUCH_VAR_X")),
+            "{env:?}"
+        );
+        let e = parse(&["brig", "run", "--env-file", "/no/such", "--", "true"]).unwrap_err();
+        assert!(
+            format!("{e:#}").contains("cannot read --env-file /no/such"),
             "{e:#}"
         );
     }
