@@ -1609,6 +1609,20 @@ fn names_stand_for_ids_and_ls_formats_them() {
         "no field",
     );
 
+    let local = tempfile::tempdir().unwrap();
+    let file = local.path().join("note");
+    std::fs::write(&file, "by name\n").unwrap();
+    ok(
+        daemon.brig(&["cp", file.to_str().unwrap(), "dev:/tmp/note"]),
+        "cp to NAME:/path",
+    );
+    assert_eq!(
+        ok(
+            daemon.brig(&["exec", "dev", "--", "cat", "/tmp/note"]),
+            "cat"
+        ),
+        "by name\n"
+    );
     ok(daemon.brig(&["kill", "dev"]), "kill by name");
     fails(
         daemon.brig(&["create", "--name", "dev"]),

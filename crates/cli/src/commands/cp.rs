@@ -96,10 +96,14 @@ impl Operand {
         }
         match s.split_once(':') {
             Some((id, path)) if !id.is_empty() && !id.contains('/') => {
-                if brig_core::SandboxId::parse(id).is_none() {
+                // An id, a unique start of one, or a name (resolved once
+                // the daemon is reachable).
+                let token = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-');
+                if !id.bytes().all(token) {
                     bail!(
-                        "invalid sandbox id {id:?} in {s:?}: ids are 12 hex digits, as `brig ls` \
-                         shows (a local path with a `:` is written ./{s})"
+                        "invalid sandbox {id:?} in {s:?}: name a sandbox by its id, its name or \
+                         a unique start of its id, as `brig ls` shows (a local path with a `:` \
+                         is written ./{s})"
                     );
                 }
                 if !path.starts_with('/') {
@@ -133,8 +137,11 @@ impl CpArgs {
 }
 
 pub fn run(args: CpArgs) -> anyhow::Result<i32> {
-    let config = args.into_config()?;
+    let mut config = args.into_config()?;
     let client = Client::from_env()?;
+    match &mut config {
+        CpConfig::Upload { id, .. } | CpConfig::Download { id, .. } => *id = client.resolve(id)?,
+    }
     match config {
         CpConfig::Upload { from, id, path } => upload(&client, from, &id, &path),
         CpConfig::Download { id, path, to } => download(&client, &id, &path, to),
@@ -847,12 +854,22 @@ mod tests {
     }
 
     #[test]
+    fn a_sandbox_side_may_be_named_or_an_id_prefix() {
+        for (src, id) in [("web-1:/a", "web-1"), ("01ab:/a", "01ab")] {
+            match config(src, "b").unwrap() {
+                CpConfig::Download { id: got, .. } => assert_eq!(got, id),
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+
+    #[test]
     fn bad_operands_say_what_to_write() {
         for (src, dst, says) in [
             ("a", "b", "neither side"),
             ("-", "-", "neither side"),
             ("0123456789ab:/a", "0123456789ab:/b", "both sides"),
-            ("nothex:/a", "b", "./nothex:/a"),
+            ("not a name:/a", "b", "./not a name:/a"),
             ("0123456789ab:rel", "b", "absolute"),
             ("", "0123456789ab:/b", "empty path"),
         ] {
