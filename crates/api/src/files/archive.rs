@@ -444,7 +444,6 @@ fn unpack(
             other => return Err(refused(&shown, other, &entry)),
         }
     }
-    drop(archive);
     // Even an empty tar has its end (two zero blocks); no body at all is a
     // request that forgot it.
     if body.n == 0 {
