@@ -135,8 +135,8 @@ fn bad_input_gets_one_line_a_person_can_act_on() {
         (&["--cpus", "0"], "--cpus 0 is out of range"),
         (&["--pids", "1"], "--pids 1 is out of range"),
         (
-            &["--env", "NOEQUALS"],
-            "invalid environment variable \"NOEQUALS\"",
+            &["--env", "1X=2"],
+            "invalid environment variable \"1X=2\"",
         ),
         (&["--workdir", "rel/dir"], "invalid --workdir \"rel/dir\""),
         (

@@ -204,9 +204,7 @@ impl Client {
         if brig_core::SandboxId::parse(given).is_some() {
             return Ok(given.to_string());
         }
-        if given.is_empty() {
-            sandbox_id(given)?;
-        }
+        check_sandbox_ref(given)?;
         let all = self.sandboxes()?;
         if let Some(named) = all.iter().find(|s| s["name"].as_str() == Some(given)) {
             return Ok(named["id"].as_str().unwrap_or_default().to_string());
@@ -426,13 +424,17 @@ pub fn pairs(
 
 /// A sandbox id from the command line, checked before it goes into a URL
 /// (where a `/` or `?` would address something else).
-pub fn sandbox_id(id: &str) -> anyhow::Result<&str> {
-    match brig_core::SandboxId::parse(id) {
-        Some(_) => Ok(id),
-        None => {
-            anyhow::bail!("invalid sandbox id {id:?}: ids are 12 hex digits, as `brig ls` shows")
-        }
+/// What may name a sandbox before the daemon is asked: an id, a start of
+/// one, or a name (letters, digits, `_`, `.`, `-`).
+pub fn check_sandbox_ref(given: &str) -> anyhow::Result<()> {
+    let token = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-');
+    if given.is_empty() || !given.bytes().all(token) {
+        anyhow::bail!(
+            "invalid sandbox {given:?}: name a sandbox by its id (12 hex digits), its name or a \
+             unique start of its id, as `brig ls` shows"
+        );
     }
+    Ok(())
 }
 
 /// Milliseconds since the Unix epoch (the daemon's timestamps).
@@ -511,10 +513,12 @@ mod tests {
     }
 
     #[test]
-    fn only_sandbox_ids_go_into_urls() {
-        assert!(sandbox_id("0123456789ab").is_ok());
-        for bad in ["", "x", "../keys", "0123456789ab/files", "0123456789ab?x"] {
-            let err = sandbox_id(bad).unwrap_err().to_string();
+    fn only_ids_and_names_are_looked_up() {
+        for good in ["0123456789ab", "3f9a", "web-1", "a.b_c"] {
+            check_sandbox_ref(good).unwrap();
+        }
+        for bad in ["", "../keys", "0123456789ab/files", "0123456789ab?x", "a b"] {
+            let err = check_sandbox_ref(bad).unwrap_err().to_string();
             assert!(err.contains("brig ls"), "{err}");
         }
     }

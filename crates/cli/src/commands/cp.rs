@@ -98,8 +98,7 @@ impl Operand {
             Some((id, path)) if !id.is_empty() && !id.contains('/') => {
                 // An id, a unique start of one, or a name (resolved once
                 // the daemon is reachable).
-                let token = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-');
-                if !id.bytes().all(token) {
+                if super::client::check_sandbox_ref(id).is_err() {
                     bail!(
                         "invalid sandbox {id:?} in {s:?}: name a sandbox by its id, its name or \
                          a unique start of its id, as `brig ls` shows (a local path with a `:` \

@@ -25,7 +25,7 @@ use serde_json::{json, Value};
 use tungstenite::stream::MaybeTlsStream;
 use tungstenite::Message;
 
-use super::client::{env_pairs, sandbox_id, Client, RemoteError, WebSocket};
+use super::client::{check_sandbox_ref, env_pairs, Client, RemoteError, WebSocket};
 use crate::exit;
 use crate::tty::{self, RawTerminal, SignalFd};
 
@@ -90,9 +90,7 @@ struct ExecConfig {
 impl ExecArgs {
     fn into_config(self) -> anyhow::Result<ExecConfig> {
         // An id, a name or a prefix, resolved once the daemon is reachable.
-        if self.id.is_empty() {
-            sandbox_id(&self.id)?;
-        }
+        check_sandbox_ref(&self.id)?;
         let mode = match (self.background, self.interactive, self.tty) {
             (true, _, _) => Mode::Background,
             (false, false, false) => Mode::Stream,
