@@ -70,7 +70,12 @@ impl Daemon {
         };
         let e2b_api = addr("brig: e2b api on ");
         let e2b_data = addr("brig: e2b sandboxes on ");
-        std::thread::spawn(move || for _ in lines {});
+        // The daemon's log goes to the test's stderr: shown when it fails.
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                eprintln!("daemon: {line}");
+            }
+        });
         let key = std::fs::read_to_string(home.join("local.key"))
             .unwrap()
             .trim()

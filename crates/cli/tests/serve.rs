@@ -349,7 +349,7 @@ fn keys_inspect_and_cp_on_a_real_daemon() {
     fails(
         as_third(&["inspect", "x/y"]),
         "inspect a bad id",
-        "no sandbox is named",
+        "invalid sandbox \"x/y\"",
     );
 
     // cp: a few MB of binary both ways, byte for byte.

@@ -505,14 +505,20 @@ impl SandboxManager {
         let instance: Arc<dyn Instance> = Arc::from(instance);
         // A paused sandbox's agent is frozen and cannot answer the
         // handshake: thawed for that moment (a few milliseconds in which
-        // its processes run), then frozen again.
-        let frozen = instance.is_paused().unwrap_or(false);
+        // its processes run), then frozen again. The record decides, not
+        // the freezer's state: a v1 freezer can read FREEZING (a task
+        // caught mid-way, or a pause the last daemon died in the middle
+        // of), which is neither thawed nor answering; seen under load, the
+        // handshake then timed out and the sandbox was lost. So every
+        // adopted sandbox is thawed first (a no-op for a running one).
+        let frozen = record.state == SandboxState::Paused;
+        let thawed = instance.resume().map_err(|source| ManagerError::Tier {
+            id: id.clone(),
+            op: "thaw it to reconnect",
+            source,
+        });
         if frozen {
-            instance.resume().map_err(|source| ManagerError::Tier {
-                id: id.clone(),
-                op: "thaw it to reconnect",
-                source,
-            })?;
+            thawed?;
         }
         let conn = self.connect(&*instance);
         if frozen {

@@ -252,6 +252,11 @@ fn a_new_manager_adopts_what_the_last_one_kept_and_settles_the_rest() {
         .unwrap()
         .release();
 
+    // The kept one left stopped in a way its tier does not report as
+    // paused (a v1 freezer reading FREEZING): it must still be adopted, not
+    // lost to a handshake that never comes.
+    s.tier.stop_unreported(&kept.id);
+
     let m = s.manager(0);
     let calls = s.tier.calls();
     assert!(calls.contains(&Call::Adopt(kept.id.clone())), "{calls:?}");

@@ -98,6 +98,22 @@ impl FakeTier {
         lock(&self.state).calls.push(call);
     }
 
+    /// Stop sandbox `id` (SIGSTOP) without it reading as paused: what a v1
+    /// freezer left FREEZING looks like (a daemon that died mid-pause, a
+    /// task caught mid-way): its agent does not answer, and `is_paused`
+    /// says no.
+    pub fn stop_unreported(&self, id: &SandboxId) {
+        let slot = lock(&self.state).running.get(id).cloned();
+        if let Some(r) = slot
+            .as_ref()
+            .and_then(|s| lock(s).as_ref().map(|r| r.child.id()))
+        {
+            if let Some(pid) = rustix::process::Pid::from_raw(r as i32) {
+                let _ = rustix::process::kill_process(pid, rustix::process::Signal::STOP);
+            }
+        }
+    }
+
     fn instance(&self, id: &SandboxId, slot: Arc<Mutex<Option<Running>>>) -> FakeInstance {
         FakeInstance {
             id: id.clone(),
