@@ -1373,6 +1373,8 @@ fn stats_and_top_show_what_runs() {
     assert!(top.starts_with("PID"), "{top}");
     assert!(top.lines().any(|l| l.ends_with("sleep 300")), "{top}");
     assert!(top.lines().any(|l| l.contains("brig-agent")), "{top}");
+    // Not the listing's own shell script.
+    assert_eq!(top.lines().count(), 3, "{top}");
 }
 
 /// `brig exec` of a command the OOM killer ends exits 137 and says why, as

@@ -15,6 +15,9 @@ const SCRIPT: &str = r#"printf '%-7s %-6s %-5s %s\n' PID UID STATE COMMAND
 for d in /proc/[0-9]*; do
   p=${d#/proc/}
   [ -r "$d/status" ] || continue
+  # Not this listing itself (the shell and what it runs meanwhile).
+  pp=$(sed -n 's/^PPid:[[:space:]]*//p' "$d/status")
+  [ "$p" = "$$" ] || [ "$pp" = "$$" ] && continue
   uid=$(sed -n 's/^Uid:[[:space:]]*\([0-9]*\).*/\1/p' "$d/status")
   st=$(sed -n 's/^State:[[:space:]]*\(.\).*/\1/p' "$d/status")
   cmd=$(tr '\000' ' ' < "$d/cmdline" 2>/dev/null); cmd=${cmd% }
