@@ -21,6 +21,10 @@
 //!
 //! Finally a SIGTERM ends everything and nothing is left on the host.
 //! Needs root and the E2B SDK venv (scripts/test installs it).
+//!
+//! And an upgrade across versions: sandboxes started by an earlier build
+//! of brig (`BRIG_TEST_PREVIOUS`, built by tests/support/build-previous.sh:
+//! an older agent protocol and state schema) are re-adopted by this one.
 
 mod support;
 
@@ -45,7 +49,17 @@ struct Daemon {
 
 impl Daemon {
     fn start(bin: &Path, home: &Path) -> Daemon {
-        let mut cmd = Command::new(bin);
+        Daemon::start_with(Command::new(bin), home)
+    }
+
+    /// A daemon of another build, with that build's agent.
+    fn start_build(dir: &Path, home: &Path) -> Daemon {
+        let mut cmd = Command::new(dir.join("brig"));
+        cmd.env("BRIG_AGENT", dir.join("brig-agent"));
+        Daemon::start_with(cmd, home)
+    }
+
+    fn start_with(mut cmd: Command, home: &Path) -> Daemon {
         cmd.args([
             "serve",
             "--listen",
@@ -444,4 +458,130 @@ fn a_native_terminal_session_survives_kill_9_and_is_reattached() {
     };
     assert_eq!(exited["code"], 7, "{exited}");
     drop(daemon);
+}
+
+/// The earlier build of brig that scripts/test makes
+/// (tests/support/build-previous.sh), or a skip with the reason.
+fn previous_build() -> Option<PathBuf> {
+    match std::env::var_os("BRIG_TEST_PREVIOUS") {
+        Some(dir) => Some(PathBuf::from(dir)),
+        None => {
+            let why = "BRIG_TEST_PREVIOUS is not set: tests/support/build-previous.sh builds an \
+                       earlier brig (scripts/test sets it)";
+            assert!(!brig_test_support::strict(), "{why}");
+            eprintln!("skipped: {why}");
+            None
+        }
+    }
+}
+
+/// An upgrade across versions in place: sandboxes an earlier brig started
+/// (agent protocol 3, state schema 5) run on under this one, which
+/// migrates the store, adopts their agents, keeps their processes, pause
+/// and deadlines, and says clearly what their older agent cannot do.
+#[test]
+fn an_earlier_brigs_sandboxes_run_on_after_an_upgrade() {
+    require_root!();
+    let Some(previous) = previous_build() else {
+        return;
+    };
+    let home = tempfile::tempdir().unwrap();
+    let old = Daemon::start_build(&previous, home.path());
+    let counter = "i=0; while :; do echo $i >> /tmp/counter; i=$((i+1)); sleep 0.02; done";
+    let mut ids = Vec::new();
+    for n in 0..3 {
+        let sb = old.call(
+            "POST",
+            "/v1/sandboxes",
+            Some(json!({"timeout": "10m", "labels": {"n": n.to_string()}})),
+        );
+        let id = sb["id"].as_str().unwrap().to_string();
+        old.call(
+            "POST",
+            &format!("/v1/sandboxes/{id}/processes"),
+            Some(json!({"argv": ["sh", "-c", counter], "background": true})),
+        );
+        ids.push(id);
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let paused = ids[2].clone();
+    old.call(
+        "POST",
+        &format!("/v1/sandboxes/{paused}/pause"),
+        Some(json!({})),
+    );
+    let before = records(&old, &ids);
+    let counts: Vec<usize> = ids[..2].iter().map(|id| counted(&old, id)).collect();
+    old.kill9();
+
+    let new = Daemon::start(Path::new(BRIG), home.path());
+    let after = records(&new, &ids);
+    for (b, a) in before.iter().zip(&after) {
+        for field in [
+            "id",
+            "state",
+            "labels",
+            "created_at",
+            "expires_at",
+            "template",
+        ] {
+            assert_eq!(a[field], b[field], "{field}: {a} (before: {b})");
+        }
+    }
+    // The running ones counted on, without a gap, and answer.
+    for (id, was) in ids[..2].iter().zip(&counts) {
+        assert!(
+            eventually(Duration::from_secs(5), || counted(&new, id) > was + 10),
+            "{id}: the counter stood still"
+        );
+        let lines = ureq::post(&format!("{}/v1/sandboxes/{id}/exec", new.url))
+            .set("Authorization", &format!("Bearer {}", new.key))
+            .send_json(json!({"argv": ["echo", "adopted"]}))
+            .unwrap()
+            .into_string()
+            .unwrap();
+        let last: Value = serde_json::from_str(lines.lines().last().unwrap()).unwrap();
+        assert!(
+            lines.contains(r#""type":"stdout""#) && last["type"] == "exited" && last["code"] == 0,
+            "{lines}"
+        );
+    }
+    // What only the new agent has is refused in words, not broken.
+    let refused = ureq::get(&format!("{}/v1/sandboxes/{}/logs", new.url, ids[0]))
+        .set("Authorization", &format!("Bearer {}", new.key))
+        .call();
+    match refused {
+        Err(ureq::Error::Status(400, resp)) => {
+            let body = resp.into_string().unwrap();
+            assert!(body.contains("protocol version 3"), "{body}");
+        }
+        other => panic!("logs of an older agent: {other:?}"),
+    }
+    // The paused one resumes where it stopped.
+    new.call(
+        "POST",
+        &format!("/v1/sandboxes/{paused}/resume"),
+        Some(json!({})),
+    );
+    let resumed = counted(&new, &paused);
+    assert!(eventually(Duration::from_secs(5), || counted(
+        &new, &paused
+    ) > resumed + 10));
+    // A sandbox made now gets this build's agent: its log works.
+    let fresh = new.call(
+        "POST",
+        "/v1/sandboxes",
+        Some(json!({"name": "after-upgrade"})),
+    );
+    assert_eq!(fresh["name"], "after-upgrade", "{fresh}");
+    let id = fresh["id"].as_str().unwrap();
+    let logs = ureq::get(&format!("{}/v1/sandboxes/{id}/logs", new.url))
+        .set("Authorization", &format!("Bearer {}", new.key))
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap();
+    let first: Value = serde_json::from_str(logs.lines().next().unwrap()).unwrap();
+    assert_eq!(first["type"], "logging", "{logs}");
+    drop(new);
 }

@@ -176,9 +176,13 @@ pub fn start_daemon_with(
     if let Some(parent) = rootfs().and_then(|r| r.parent().map(Path::to_path_buf)) {
         cmd.arg("--template-root").arg(parent);
     }
+    // The agent built with this brig, unless the caller chose another (the
+    // upgrade test's earlier build brings its own).
+    if !cmd.get_envs().any(|(k, _)| k == "BRIG_AGENT") {
+        cmd.env("BRIG_AGENT", Path::new(BRIG).with_file_name("brig-agent"));
+    }
     let mut child = cmd
         .env("BRIG_HOME", home)
-        .env("BRIG_AGENT", Path::new(BRIG).with_file_name("brig-agent"))
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()
