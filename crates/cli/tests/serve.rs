@@ -1330,8 +1330,13 @@ fn create_takes_env_files_passthrough_and_limits_and_inspect_shows_them() {
     );
     assert_eq!(env, "from-file flag-b through unset\n");
     let summary = ok(daemon.brig(&["inspect", &id]), "inspect");
+    // No --cpus: the daemon's default quota, half the host's CPUs (>= 1).
+    let host = std::thread::available_parallelism().unwrap().get();
+    let default_cpus = (host / 2).max(1);
     assert!(
-        summary.contains("Limits:    memory 300 MiB, disk 256 MiB, pids 64, cpus unlimited"),
+        summary.contains(&format!(
+            "Limits:    memory 300 MiB, disk 256 MiB, pids 64, cpus {default_cpus}\n"
+        )),
         "{summary}"
     );
     let bad = dir.path().join("bad");
@@ -1637,4 +1642,73 @@ fn names_stand_for_ids_and_ls_formats_them() {
         "the name, free again",
     );
     assert_ne!(again.trim(), id);
+}
+
+/// No sandbox takes the whole host by default: one created without
+/// `--cpus` gets the daemon's default quota, in its record and in its cpu
+/// cgroup; `--default-cpus` sets another or `none`; a bad value is refused.
+#[test]
+fn daemon_sandboxes_get_a_default_cpu_quota() {
+    require_root!();
+    let host = std::thread::available_parallelism().unwrap().get();
+    let quota = |id: &str| -> Option<String> {
+        let v1 = format!("/sys/fs/cgroup/cpu/brig/{id}/cpu.cfs_quota_us");
+        let v2 = format!("/sys/fs/cgroup/brig/{id}/cpu.max");
+        std::fs::read_to_string(v1)
+            .or_else(|_| std::fs::read_to_string(v2))
+            .ok()
+            .map(|s| s.trim().to_string())
+    };
+    let daemon = Daemon::start();
+    let id = ok(daemon.brig(&["create"]), "create").trim().to_string();
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(daemon.brig(&["inspect", &id, "--json"]), "inspect")).unwrap();
+    let cpus = (host / 2).max(1) as f64;
+    assert_eq!(json["limits"]["cpus"].as_f64(), Some(cpus), "{json}");
+    // 100 ms periods: cores x 100000 us (v1), "QUOTA 100000" (v2).
+    let want = format!("{}", (cpus * 100_000.0) as u64);
+    let got = quota(&id).expect("the sandbox's cpu cgroup");
+    assert!(got.starts_with(&want), "quota {got}, want {want}");
+    let asked = ok(daemon.brig(&["create", "--cpus", "0.5"]), "create --cpus")
+        .trim()
+        .to_string();
+    assert!(
+        quota(&asked).unwrap().starts_with("50000"),
+        "{:?}",
+        quota(&asked)
+    );
+    drop(daemon);
+
+    let home = tempfile::tempdir().unwrap();
+    let (mut child, url, lines) = support::start_daemon(home.path(), &["--default-cpus", "none"]);
+    std::thread::spawn(move || for _ in lines {});
+    let brig = |args: &[&str]| {
+        Command::new(BRIG)
+            .args(args)
+            .env("BRIG_HOME", home.path())
+            .env("BRIG_URL", &url)
+            .env_remove("BRIG_API_KEY")
+            .output()
+            .unwrap()
+    };
+    let id = ok(brig(&["create"]), "create, no default quota")
+        .trim()
+        .to_string();
+    let inspect = ok(brig(&["inspect", &id]), "inspect");
+    assert!(inspect.contains("cpus unlimited"), "{inspect}");
+    support::stop_daemon(&mut child);
+
+    let bad = tempfile::tempdir().unwrap();
+    let out = Command::new(BRIG)
+        .args(["serve", "--listen", "127.0.0.1:0", "--default-cpus"])
+        .arg((host + 1).to_string())
+        .env("BRIG_HOME", bad.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let says = text(&out.stderr);
+    assert!(
+        says.contains("--default-cpus") && says.contains("CPUs"),
+        "{says}"
+    );
 }

@@ -105,6 +105,9 @@ pub struct ManagerConfig {
     /// built and cached under its `templates/` (brig-template). `None`
     /// refuses named templates.
     pub home: Option<PathBuf>,
+    /// The CPU quota (cores) of a sandbox created without one, so no
+    /// sandbox takes the whole host by default; `None`: unlimited.
+    pub default_cpus: Option<f64>,
 }
 
 impl Default for ManagerConfig {
@@ -126,8 +129,16 @@ impl ManagerConfig {
             }],
             template_roots: Vec::new(),
             home: None,
+            default_cpus: Some(default_cpus()),
         }
     }
+}
+
+/// Half the host's CPUs, at least one: a sandbox created without a quota
+/// can use no more (`brig serve --default-cpus` sets another).
+pub fn default_cpus() -> f64 {
+    let host = std::thread::available_parallelism().map_or(1, |n| n.get());
+    (host / 2).max(1) as f64
 }
 
 /// What a client asks for when it creates a sandbox, already parsed.
@@ -384,7 +395,11 @@ impl SandboxManager {
                 tracing::info!("removed old template builds: {} MiB", freed >> 20);
             }
         }
-        let pool = Arc::new(Pool::new(config.pool.clone(), config.home.as_deref()));
+        let made = Limits {
+            cpus: config.default_cpus,
+            ..Limits::default()
+        };
+        let pool = Arc::new(Pool::new(config.pool.clone(), config.home.as_deref(), made));
         let (stop_tx, stop_rx) = mpsc::channel::<()>();
         let manager = Arc::new(SandboxManager {
             config,
@@ -604,7 +619,11 @@ impl SandboxManager {
             crate::sandboxes::check_name(name)?;
         }
         let template = self.allowed_template(req.template)?;
-        let mut spec = agent_spec(template, req.limits);
+        let mut limits = req.limits;
+        if limits.cpus.is_none() {
+            limits.cpus = self.config.default_cpus;
+        }
+        let mut spec = agent_spec(template, limits);
         spec.env = req.env;
         spec.allow_setuid = req.allow_setuid;
         spec.validate()?;
@@ -719,7 +738,7 @@ impl SandboxManager {
         let Some(warm) = self.pool.take(&spec.template, setuid) else {
             return Ok(None);
         };
-        let made = Pool::limits();
+        let made = self.pool.limits();
         if spec.limits.memory != made.memory || spec.limits.pids != made.pids {
             warm.instance
                 .set_limits(&spec.limits)
@@ -817,7 +836,7 @@ impl SandboxManager {
         let Some(reserved) = self.pool.reserve() else {
             return Some(Duration::from_secs(1));
         };
-        let mut spec = agent_spec(reserved.template.clone(), Pool::limits());
+        let mut spec = agent_spec(reserved.template.clone(), self.pool.limits());
         spec.allow_setuid = reserved.setuid;
         let made = match self.tier(Isolation::Process) {
             Ok(tier) => self.launch(&**tier, &SandboxId::from_random(rand::random()), &spec),

@@ -169,6 +169,9 @@ pub(crate) struct Pool {
     claimed: Condvar,
     /// Creates served from the pool since the start.
     served: AtomicU64,
+    /// The limits every pooled sandbox is made with (the defaults, the
+    /// daemon's default CPU quota included).
+    made: Limits,
 }
 
 impl Pool {
@@ -176,7 +179,7 @@ impl Pool {
     /// setuid replaces an earlier one; size 0 is none). Named templates
     /// already built under `home` fill at once; the others wait for
     /// [`Pool::resolve`].
-    pub fn new(targets: Vec<PoolTarget>, home: Option<&Path>) -> Pool {
+    pub fn new(targets: Vec<PoolTarget>, home: Option<&Path>, made: Limits) -> Pool {
         let mut slots: Vec<Slot> = Vec::new();
         for target in targets {
             slots.retain(|s| {
@@ -204,12 +207,13 @@ impl Pool {
             slots: Mutex::new(slots),
             claimed: Condvar::new(),
             served: AtomicU64::new(0),
+            made,
         }
     }
 
     /// The limits every pooled sandbox is made with.
-    pub fn limits() -> Limits {
-        Limits::default()
+    pub fn limits(&self) -> Limits {
+        self.made.clone()
     }
 
     /// The named template `name` is built at `made_from` (a create just
@@ -241,8 +245,10 @@ impl Pool {
     /// rootfs) with `limits` and `setuid` can be served from the pool at
     /// all (see the module docs).
     pub fn serves(&self, template: &TemplateRef, setuid: bool, limits: &Limits) -> bool {
-        limits.disk == Pool::limits().disk
-            && limits.cpus.is_none()
+        // Memory and pids change on a live sandbox; its disk and CPU quota
+        // are what it was made with.
+        limits.disk == self.made.disk
+            && limits.cpus == self.made.cpus
             && self.lock().iter().any(|s| s.serves(template, setuid))
     }
 
@@ -436,6 +442,7 @@ mod tests {
                 size: 2,
             }],
             None,
+            Limits::default(),
         );
         let mut limits = Limits::default();
         assert!(pool.serves(&TemplateRef::Host, false, &limits));
@@ -467,7 +474,7 @@ mod tests {
             "host+setuid=1",
         ]
         .map(|t| PoolTarget::parse(t).unwrap());
-        let pool = Pool::new(targets.to_vec(), None);
+        let pool = Pool::new(targets.to_vec(), None, Limits::default());
         // base=0 is no pool; a later host+setuid replaced the earlier one.
         assert_eq!(
             pool.sizes(),

@@ -40,6 +40,11 @@ pub struct ServeArgs {
     /// The longest timeout a sandbox may be given.
     #[arg(long, value_name = "DURATION")]
     max_timeout: Option<String>,
+    /// The CPU quota, in cores, of a sandbox created without one, so that
+    /// no sandbox takes the whole host by default; `none`: unlimited
+    /// [default: half the host's CPUs, at least 1].
+    #[arg(long, value_name = "N|none")]
+    default_cpus: Option<String>,
     /// Serve the Prometheus metrics at GET /metrics without an API key
     /// (for a scraper on a trusted network).
     #[arg(long)]
@@ -108,6 +113,24 @@ impl ServeArgs {
             None => DEFAULT_MAX_TIMEOUT,
         };
         manager.default_timeout = manager.default_timeout.min(manager.max_timeout);
+        match self.default_cpus.as_deref() {
+            None => {}
+            Some("none") => manager.default_cpus = None,
+            Some(n) => {
+                let cpus: f64 = n.parse().map_err(|_| {
+                    anyhow::anyhow!(
+                        "invalid --default-cpus {n:?}: give a number of cores (0.5, 2) or `none`"
+                    )
+                })?;
+                // The same rule as a sandbox's own --cpus.
+                let mut limits = brig_core::Limits::default();
+                limits.cpus = Some(cpus);
+                let mut spec = brig_core::SandboxSpec::new(vec!["true".into()]);
+                spec.limits = limits;
+                spec.validate().context("--default-cpus")?;
+                manager.default_cpus = Some(cpus);
+            }
+        }
         // The defaults (host=4; with --e2b also base+setuid=2, for E2B's
         // creates) give way to any flag naming their template; a later flag
         // for the same template and setuid replaces an earlier one.
