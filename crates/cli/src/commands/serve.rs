@@ -123,10 +123,8 @@ impl ServeArgs {
                     )
                 })?;
                 // The same rule as a sandbox's own --cpus.
-                let mut limits = brig_core::Limits::default();
-                limits.cpus = Some(cpus);
                 let mut spec = brig_core::SandboxSpec::new(vec!["true".into()]);
-                spec.limits = limits;
+                spec.limits.cpus = Some(cpus);
                 spec.validate().context("--default-cpus")?;
                 manager.default_cpus = Some(cpus);
             }
