@@ -53,6 +53,8 @@ struct State {
     /// What runs, by id: survives the instance handles (as a process
     /// tier's sandboxes survive the daemon), so `adopt` can find them.
     running: HashMap<SandboxId, Arc<Mutex<Option<Running>>>>,
+    /// The agent of the next launch, if not the real one.
+    next_agent: Option<PathBuf>,
 }
 
 /// See the module documentation.
@@ -96,6 +98,12 @@ impl FakeTier {
 
     fn record(&self, call: Call) {
         lock(&self.state).calls.push(call);
+    }
+
+    /// Start the next sandbox with `agent` instead of the real one (a
+    /// hostile program standing in for a compromised agent).
+    pub fn use_agent_once(&self, agent: &Path) {
+        lock(&self.state).next_agent = Some(agent.to_path_buf());
     }
 
     /// Stop sandbox `id` (SIGSTOP) without it reading as paused: what a v1
@@ -147,7 +155,11 @@ impl Tier for FakeTier {
         let socket = self.dir.path().join(format!("{}.sock", launch.id));
         let listener = UnixListener::bind(&socket)
             .map_err(|e| TierError::failed(&launch.id, "bind the agent socket", e))?;
-        let child = Command::new(&self.agent)
+        let agent = lock(&self.state)
+            .next_agent
+            .take()
+            .unwrap_or_else(|| self.agent.clone());
+        let child = Command::new(&agent)
             .arg("--listen")
             .stdin(Stdio::from(OwnedFd::from(listener)))
             .stdout(Stdio::null())
