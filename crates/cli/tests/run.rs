@@ -483,6 +483,33 @@ fn cpus_sets_a_cfs_quota() {
     assert_eq!(child.wait().unwrap().code(), Some(143));
 }
 
+/// The quota is enforced, not only written: a command that spins for 1.5 s
+/// of wall time under `--cpus 0.25` gets at most a quarter of it (CFS: 25
+/// ms per 100 ms period), where unthrottled it would take a whole core.
+#[test]
+fn cpus_bounds_the_cpu_time_a_spinning_command_gets() {
+    require_root!();
+    let script = "import os, time\n\
+                  t = time.monotonic()\n\
+                  while time.monotonic() - t < 1.5: pass\n\
+                  c = os.times()\n\
+                  print(c.user + c.system, time.monotonic() - t)";
+    let out = brig()
+        .args(["run", "--cpus", "0.25", "--", "python3", "-c", script])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut nums = text.split_whitespace().map(|n| n.parse::<f64>().unwrap());
+    let (cpu, wall) = (nums.next().unwrap(), nums.next().unwrap());
+    // 0.25 x wall, plus one period of slack.
+    assert!(
+        cpu <= 0.25 * wall + 0.1,
+        "{cpu:.2} s of CPU in {wall:.2} s under --cpus 0.25"
+    );
+    assert!(cpu > 0.1, "it did run: {cpu:.2} s");
+}
+
 /// Start `brig run -- sh -c 'hostname; <rest>'` and return the child and
 /// the sandbox id it printed.
 fn start_with_id(args: &[&str], rest: &str) -> (std::process::Child, String) {
