@@ -1,8 +1,8 @@
 //! The sandbox's log: what its background processes printed, kept for
 //! `LOGS` readers (`brig logs`).
 //!
-//! One bounded buffer for the whole sandbox ([`LOG_KEEP`] bytes, the oldest
-//! dropped first) rather than one per process: memory stays bounded however
+//! One bounded buffer for the whole sandbox ([`LOG_KEEP`] bytes with their
+//! bookkeeping, the oldest dropped first) rather than one per process: memory stays bounded however
 //! many processes run, and output of several processes reads interleaved
 //! as it arrived, as `docker logs` shows a container's. Each byte ever
 //! logged has an offset; a reader is a cursor over those offsets, so
@@ -14,6 +14,16 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use brig_protocol::message::{LogsRequest, LOG_KEEP};
+
+/// What a chunk costs beyond its bytes (its header and allocation),
+/// counted against [`LOG_KEEP`] so that output in tiny pieces (a spinner
+/// printing a dot a second for days) cannot make the log's memory grow
+/// past its bound in headers. The agent runs in the sandbox's memory
+/// cgroup: an unbounded log would be the sandbox's own OOM.
+const CHUNK_OVERHEAD: usize = 64;
+/// Consecutive output of the same process and channel is appended to the
+/// last chunk while it is smaller than this.
+const COALESCE: usize = 16 << 10;
 
 #[derive(Debug)]
 struct Chunk {
@@ -72,12 +82,22 @@ impl Logs {
         if bytes.is_empty() {
             return;
         }
-        self.chunks.push_back(Chunk {
-            start: self.end,
-            pid,
-            channel,
-            bytes: bytes.to_vec(),
-        });
+        match self.chunks.back_mut() {
+            Some(last)
+                if last.pid == pid && last.channel == channel && last.bytes.len() < COALESCE =>
+            {
+                last.bytes.extend_from_slice(bytes);
+            }
+            _ => {
+                self.chunks.push_back(Chunk {
+                    start: self.end,
+                    pid,
+                    channel,
+                    bytes: bytes.to_vec(),
+                });
+                self.kept += CHUNK_OVERHEAD;
+            }
+        }
         self.kept += bytes.len();
         self.end += bytes.len() as u64;
         while self.kept > LOG_KEEP {
@@ -86,12 +106,12 @@ impl Logs {
                 break;
             };
             if old.bytes.len() > excess {
-                // Keep exactly the last LOG_KEEP bytes.
+                // Trim the oldest chunk rather than drop it whole.
                 old.bytes.drain(..excess);
                 old.start += excess as u64;
                 self.kept -= excess;
             } else {
-                self.kept -= old.bytes.len();
+                self.kept -= old.bytes.len() + CHUNK_OVERHEAD;
                 self.chunks.pop_front();
             }
         }
@@ -227,6 +247,32 @@ mod tests {
     }
 
     #[test]
+    fn output_in_tiny_pieces_is_coalesced_and_its_bookkeeping_bounded() {
+        let mut logs = Logs::default();
+        // A million one-byte writes of one process: a few chunks.
+        for _ in 0..1_000_000 {
+            logs.append(10, 1, b".");
+        }
+        assert!(
+            logs.chunks.len() <= LOG_KEEP / COALESCE + 2,
+            "{}",
+            logs.chunks.len()
+        );
+        // Two processes taking turns byte by byte cannot be coalesced: the
+        // bookkeeping counts, so fewer bytes are kept and memory stays at
+        // the bound.
+        for i in 0..1_000_000 {
+            logs.append(10 + (i % 2), 1, b".");
+        }
+        assert!(logs.kept <= LOG_KEEP);
+        assert!(
+            logs.chunks.len() * CHUNK_OVERHEAD <= LOG_KEEP,
+            "{}",
+            logs.chunks.len()
+        );
+    }
+
+    #[test]
     fn tail_counts_lines_from_the_end() {
         let mut logs = Logs::default();
         logs.append(10, 1, b"one\ntw");
@@ -251,17 +297,21 @@ mod tests {
         let mut logs = Logs::default();
         logs.open(1, &req(None, true, None));
         let block = vec![b'x'; 64 << 10];
-        for _ in 0..(LOG_KEEP / block.len() + 4) {
+        let blocks = LOG_KEEP / block.len() + 4;
+        for _ in 0..blocks {
             logs.append(10, 1, &block);
         }
         assert_eq!(logs.kept, LOG_KEEP);
-        assert_eq!(logs.pull(1, 100), Pulled::Skipped(4 * block.len() as u64));
+        let Pulled::Skipped(lost) = logs.pull(1, 100) else {
+            panic!("the reader was not told of the loss")
+        };
         let (got, end) = drain(&mut logs, 1, 1 << 20);
-        assert_eq!((got.len(), end), (LOG_KEEP, Pulled::Nothing));
+        assert_eq!(end, Pulled::Nothing);
+        // Nothing lost unsaid, and the bytes kept are the bound less the
+        // chunks' bookkeeping.
+        assert_eq!(lost as usize + got.len(), blocks * block.len());
+        assert_eq!(got.len() + logs.chunks.len() * CHUNK_OVERHEAD, LOG_KEEP);
         // A new reader is told what had gone before it came.
-        assert_eq!(
-            logs.open(2, &req(None, false, None)),
-            4 * block.len() as u64
-        );
+        assert_eq!(logs.open(2, &req(None, false, None)), lost);
     }
 }
