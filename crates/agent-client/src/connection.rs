@@ -66,6 +66,19 @@ pub(crate) struct Shared {
     /// Signalled when a Pong arrives or the connection dies.
     pongs_changed: Condvar,
     next_nonce: AtomicU64,
+    /// How long a request waits for the agent's first answer, in ms.
+    answer_ms: AtomicU64,
+}
+
+/// How long a request waits for the agent's first answer by default. A
+/// working agent answers in milliseconds even on a loaded host; one that
+/// does not is stuck or hostile, and a request must not wait on it forever.
+pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
+
+impl Shared {
+    pub(crate) fn answer_timeout(&self) -> Duration {
+        Duration::from_millis(self.answer_ms.load(Ordering::Relaxed))
+    }
 }
 
 #[derive(Debug)]
@@ -329,6 +342,7 @@ impl Connection {
             table: Mutex::new(Table::default()),
             pongs_changed: Condvar::new(),
             next_nonce: AtomicU64::new(1),
+            answer_ms: AtomicU64::new(ANSWER_TIMEOUT.as_millis() as u64),
         });
         Reactor::get()
             .and_then(|r| r.register(sock, decoder, Arc::clone(&shared)))
@@ -336,6 +350,19 @@ impl Connection {
                 "register the agent socket with the reactor",
             ))?;
         Ok(Connection { shared, version })
+    }
+
+    /// How long a request waits for the agent's first answer (`started`,
+    /// `attached`) before it fails with [`ClientError::NoAnswer`]
+    /// ([`ANSWER_TIMEOUT`] unless set).
+    pub fn set_answer_timeout(&self, within: Duration) {
+        self.shared
+            .answer_ms
+            .store(within.as_millis() as u64, Ordering::Relaxed);
+    }
+
+    pub fn answer_timeout(&self) -> Duration {
+        self.shared.answer_timeout()
     }
 
     /// The protocol version both sides agreed on.

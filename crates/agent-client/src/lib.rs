@@ -91,6 +91,14 @@ pub enum ClientError {
     /// died, or the [`Connection`] was dropped).
     #[error("connection to the agent closed")]
     Closed,
+    /// The agent did not answer a request within the connection's answer
+    /// timeout ([`Connection::set_answer_timeout`]): an agent that is
+    /// stuck, or taken over by code in its sandbox.
+    #[error("the sandbox's agent did not answer within {} s", .waited.as_secs_f64())]
+    NoAnswer {
+        stream: u32,
+        waited: std::time::Duration,
+    },
     /// A local I/O operation failed: `op` says which.
     #[error("{op}")]
     Io {
@@ -139,6 +147,7 @@ impl From<ClientError> for std::io::Error {
             ClientError::Closed | ClientError::StreamClosed { .. } => ErrorKind::BrokenPipe,
             ClientError::Reset { .. } => ErrorKind::ConnectionReset,
             ClientError::Protocol { .. } => ErrorKind::InvalidData,
+            ClientError::NoAnswer { .. } => ErrorKind::TimedOut,
         };
         std::io::Error::new(kind, e)
     }

@@ -74,7 +74,7 @@ pub struct Process {
 impl Process {
     /// Wait for the agent's first answer on a new stream.
     pub(crate) fn start(handle: Handle) -> Result<Process, ClientError> {
-        let pid = handle.stream.first_event()?;
+        let pid = handle.stream.first_event(handle.shared.answer_timeout())?;
         Ok(Process {
             handle,
             pid,

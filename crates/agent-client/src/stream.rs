@@ -8,6 +8,7 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
+use std::time::Duration;
 
 use brig_protocol::message::{self, Event, Input, CHANNEL_CONTROL, MAX_CHUNK};
 use brig_protocol::{Frame, RecvWindow, ResetCode, SendWindow, StreamId};
@@ -259,13 +260,26 @@ impl Stream {
     /// Wait for the first item without taking it: returns the agent's error
     /// if that is what came first (taking it), otherwise the pid of a
     /// `started` or `attached` event (left in the queue).
-    pub(crate) fn first_event(&self) -> Result<Option<i32>, ClientError> {
+    /// Gives up after `within` with [`ClientError::NoAnswer`].
+    pub(crate) fn first_event(&self, within: Duration) -> Result<Option<i32>, ClientError> {
+        let deadline = std::time::Instant::now() + within;
         let mut st = self.lock();
         loop {
             if let Some(first) = self.first(&st) {
                 return first;
             }
-            st = self.wait(st);
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Err(ClientError::NoAnswer {
+                    stream: self.id.0,
+                    waited: within,
+                });
+            }
+            st = self
+                .changed
+                .wait_timeout(st, left)
+                .map(|(g, _)| g)
+                .unwrap_or_else(|e| e.into_inner().0);
         }
     }
 

@@ -108,6 +108,9 @@ pub struct ManagerConfig {
     /// The CPU quota (cores) of a sandbox created without one, so no
     /// sandbox takes the whole host by default; `None`: unlimited.
     pub default_cpus: Option<f64>,
+    /// How long a request waits for an agent's first answer before it
+    /// fails (a stuck or hostile agent must not hold a request forever).
+    pub agent_answer_timeout: Duration,
 }
 
 impl Default for ManagerConfig {
@@ -130,6 +133,7 @@ impl ManagerConfig {
             template_roots: Vec::new(),
             home: None,
             default_cpus: Some(default_cpus()),
+            agent_answer_timeout: brig_agent_client::connection::ANSWER_TIMEOUT,
         }
     }
 }
@@ -276,6 +280,8 @@ impl ManagerError {
                 ClientError::Closed
                 | ClientError::StreamClosed { .. }
                 | ClientError::Reset { .. } => ErrorKind::NotRunning,
+                // Stuck or taken over: not the daemon's failure.
+                ClientError::NoAnswer { .. } => ErrorKind::Unavailable,
                 _ => ErrorKind::Internal,
             },
             ManagerError::Paused { .. } => ErrorKind::Paused,
@@ -781,10 +787,12 @@ impl SandboxManager {
                 op: "connect to its agent",
                 source,
             })?;
-        Connection::new(stream).map_err(|source| ManagerError::Handshake {
+        let conn = Connection::new(stream).map_err(|source| ManagerError::Handshake {
             id: instance.id().clone(),
             source,
-        })
+        })?;
+        conn.set_answer_timeout(self.config.agent_answer_timeout);
+        Ok(conn)
     }
 
     /// Make a running sandbox whose record exists (`creating`) `tenant`'s:
@@ -955,9 +963,16 @@ impl SandboxManager {
         req: &ExecRequest,
     ) -> Result<Process, ManagerError> {
         let conn = self.connection(tenant, id)?;
-        conn.exec_async(&self.with_sandbox_env(id, req))
-            .await
-            .map_err(agent_err(id))
+        let within = conn.answer_timeout();
+        // The blocking form waits on a condvar with the deadline; here a
+        // timer does it.
+        match tokio::time::timeout(within, conn.exec_async(&self.with_sandbox_env(id, req))).await {
+            Ok(started) => started.map_err(agent_err(id)),
+            Err(_) => Err(agent_err(id)(ClientError::NoAnswer {
+                stream: 0,
+                waited: within,
+            })),
+        }
     }
 
     /// The request with the sandbox's create-time environment under its
