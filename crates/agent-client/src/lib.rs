@@ -94,7 +94,11 @@ pub enum ClientError {
     /// The agent did not answer a request within the connection's answer
     /// timeout ([`Connection::set_answer_timeout`]): an agent that is
     /// stuck, or taken over by code in its sandbox.
-    #[error("the sandbox's agent did not answer within {} s", .waited.as_secs_f64())]
+    #[error(
+        "the sandbox's agent did not answer within {} s: something in the sandbox may have \
+         stopped or replaced it; end the sandbox and start a new one",
+        .waited.as_secs_f64()
+    )]
     NoAnswer {
         stream: u32,
         waited: std::time::Duration,

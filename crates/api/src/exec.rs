@@ -24,10 +24,9 @@ use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::time::Duration;
 
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::extract::rejection::{JsonRejection, PathRejection};
 use axum::extract::{Path, State};
-use axum::http::header::CONTENT_TYPE;
 use axum::response::Response;
 use axum::Json;
 use base64::engine::general_purpose::STANDARD as BASE64;
@@ -185,11 +184,7 @@ pub async fn exec(
         after: timeout,
     };
     tokio::spawn(pump(process, stdin, tx, limit));
-    let body = Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
-    Response::builder()
-        .header(CONTENT_TYPE, "application/x-ndjson")
-        .body(body)
-        .map_err(|e| ApiError::internal(&e))
+    super::ndjson::response(rx)
 }
 
 /// argv, env and cwd reach execve as C strings, which cannot hold a NUL
@@ -375,7 +370,5 @@ pub(crate) fn event_line(item: Result<Output, ClientError>) -> Bytes {
         }
         Err(e) => json!({ "type": "error", "message": e.to_string() }),
     };
-    let mut line = event.to_string();
-    line.push('\n');
-    Bytes::from(line)
+    super::ndjson::line(&event)
 }

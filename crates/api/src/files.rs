@@ -29,6 +29,7 @@ use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
 use tokio_util::io::{StreamReader, SyncIoBridge};
 
+use super::ndjson;
 use super::{blocking, sandbox_id, ApiError, AppState, Auth};
 use brig_runtime::ManagerError;
 
@@ -452,12 +453,7 @@ pub async fn watch(
 
     let (tx, rx) = mpsc::channel::<Result<Bytes, Infallible>>(WATCH_LINES_IN_FLIGHT);
     tokio::spawn(watch_pump(watcher, tx));
-    Response::builder()
-        .header(CONTENT_TYPE, "application/x-ndjson")
-        .body(Body::from_stream(
-            tokio_stream::wrappers::ReceiverStream::new(rx),
-        ))
-        .map_err(|e| ApiError::internal(&e))
+    super::ndjson::response(rx)
 }
 
 /// `started`, then one line per watch event until the watch ends or the
@@ -465,7 +461,7 @@ pub async fn watch(
 /// agent). Waits on the agent without a thread, possibly for hours.
 async fn watch_pump(mut watcher: Watcher, tx: mpsc::Sender<Result<Bytes, Infallible>>) {
     if tx
-        .send(Ok(line(json!({ "type": "started" }))))
+        .send(Ok(ndjson::line(&json!({ "type": "started" }))))
         .await
         .is_err()
     {
@@ -484,7 +480,7 @@ async fn watch_pump(mut watcher: Watcher, tx: mpsc::Sender<Result<Bytes, Infalli
 }
 
 fn watch_line(item: Result<WatchEvent, ClientError>) -> Bytes {
-    line(match item {
+    ndjson::line(&match item {
         Ok(WatchEvent::Change {
             kind,
             name,
@@ -499,10 +495,4 @@ fn watch_line(item: Result<WatchEvent, ClientError>) -> Bytes {
         Ok(WatchEvent::Overflow) => json!({ "type": "overflow" }),
         Err(e) => json!({ "type": "error", "message": e.to_string() }),
     })
-}
-
-fn line(v: Value) -> Bytes {
-    let mut s = v.to_string();
-    s.push('\n');
-    Bytes::from(s)
 }

@@ -33,6 +33,7 @@ pub mod info;
 pub mod keys;
 pub mod logs;
 pub mod metrics;
+mod ndjson;
 pub mod ports;
 pub mod processes;
 pub mod pty;

@@ -19,10 +19,9 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::extract::rejection::{PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
-use axum::http::header::CONTENT_TYPE;
 use axum::response::Response;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use base64::Engine as _;
@@ -34,6 +33,7 @@ use serde_json::json;
 use tokio::sync::mpsc;
 
 use super::exec::stream_error;
+use super::ndjson::{self, line};
 use super::{sandbox_id, ApiError, AppState, Auth};
 
 /// Lines in flight between the agent and the HTTP client; the agent's
@@ -86,12 +86,7 @@ pub async fn logs(
         )
         .await;
     });
-    Response::builder()
-        .header(CONTENT_TYPE, "application/x-ndjson")
-        .body(Body::from_stream(
-            tokio_stream::wrappers::ReceiverStream::new(rx),
-        ))
-        .map_err(|e| ApiError::internal(&e))
+    ndjson::response(rx)
 }
 
 /// Whose log: to say why a stream broke when the sandbox ended under it.
@@ -120,10 +115,4 @@ async fn pump(mut reader: LogReader, tx: &mpsc::Sender<Result<Bytes, Infallible>
             return;
         }
     }
-}
-
-fn line(v: &serde_json::Value) -> Bytes {
-    let mut s = v.to_string();
-    s.push('\n');
-    Bytes::from(s)
 }

@@ -34,7 +34,6 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::extract::{Path, Query, State};
-use axum::http::header::CONTENT_TYPE;
 use axum::http::StatusCode;
 use axum::response::Response;
 use axum::routing::{get, post};
@@ -260,12 +259,7 @@ pub async fn output(
     })?;
     let (tx, rx) = mpsc::channel::<Result<Bytes, Infallible>>(LINES_IN_FLIGHT);
     tokio::spawn(async move { pump(&hub, &(id, pid), &att, parked, &tx).await });
-    Response::builder()
-        .header(CONTENT_TYPE, "application/x-ndjson")
-        .body(Body::from_stream(
-            tokio_stream::wrappers::ReceiverStream::new(rx),
-        ))
-        .map_err(|e| ApiError::internal(&e))
+    super::ndjson::response(rx)
 }
 
 pub async fn stdin(

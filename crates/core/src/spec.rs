@@ -163,6 +163,61 @@ impl Default for Limits {
     }
 }
 
+impl Limits {
+    /// The limits' own rule, the same wherever they come from (a spec, a
+    /// daemon's defaults).
+    pub fn validate(&self) -> Result<(), SpecError> {
+        let l = self;
+        if l.memory.bytes() < 16 * ByteSize::MIB {
+            return Err(SpecError::OutOfRange {
+                field: "memory",
+                value: l.memory.to_string(),
+                hint: "the minimum is 16M",
+            });
+        }
+        if l.pids < 4 || l.pids > 1 << 22 {
+            return Err(SpecError::OutOfRange {
+                field: "pids",
+                value: l.pids.to_string(),
+                hint: "use a number between 4 and 4194304",
+            });
+        }
+        if let Some(c) = l.cpus {
+            if !(c.is_finite() && (0.01..=1024.0).contains(&c)) {
+                return Err(SpecError::OutOfRange {
+                    field: "cpus",
+                    value: c.to_string(),
+                    hint: "use a number of cores between 0.01 and 1024, for example 0.5 or 2",
+                });
+            }
+            // A quota above the host's CPUs limits nothing: refused, as
+            // docker does, rather than silently meaningless.
+            let host = std::thread::available_parallelism().map_or(1, |n| n.get());
+            if c > host as f64 {
+                return Err(SpecError::TooManyCpus {
+                    asked: c.to_string(),
+                    host,
+                });
+            }
+        }
+        if l.disk.bytes() < ByteSize::MIB {
+            return Err(SpecError::OutOfRange {
+                field: "disk",
+                value: l.disk.to_string(),
+                hint: "the minimum is 1M",
+            });
+        }
+        if l.timeout.is_some_and(|t| t.is_zero()) {
+            return Err(SpecError::OutOfRange {
+                field: "timeout",
+                value: "0s".into(),
+                hint: "use a positive duration such as 30s, or leave it out for no limit",
+            });
+        }
+        Ok(())
+    }
+}
+
 /// An environment variable for the sandboxed command.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct EnvVar {
@@ -275,53 +330,7 @@ impl SandboxSpec {
                 reason: "arguments may not contain NUL bytes",
             });
         }
-        let l = &self.limits;
-        if l.memory.bytes() < 16 * ByteSize::MIB {
-            return Err(SpecError::OutOfRange {
-                field: "memory",
-                value: l.memory.to_string(),
-                hint: "the minimum is 16M",
-            });
-        }
-        if l.pids < 4 || l.pids > 1 << 22 {
-            return Err(SpecError::OutOfRange {
-                field: "pids",
-                value: l.pids.to_string(),
-                hint: "use a number between 4 and 4194304",
-            });
-        }
-        if let Some(c) = l.cpus {
-            if !(c.is_finite() && (0.01..=1024.0).contains(&c)) {
-                return Err(SpecError::OutOfRange {
-                    field: "cpus",
-                    value: c.to_string(),
-                    hint: "use a number of cores between 0.01 and 1024, for example 0.5 or 2",
-                });
-            }
-            // A quota above the host's CPUs limits nothing: refused, as
-            // docker does, rather than silently meaningless.
-            let host = std::thread::available_parallelism().map_or(1, |n| n.get());
-            if c > host as f64 {
-                return Err(SpecError::TooManyCpus {
-                    asked: c.to_string(),
-                    host,
-                });
-            }
-        }
-        if l.disk.bytes() < ByteSize::MIB {
-            return Err(SpecError::OutOfRange {
-                field: "disk",
-                value: l.disk.to_string(),
-                hint: "the minimum is 1M",
-            });
-        }
-        if l.timeout.is_some_and(|t| t.is_zero()) {
-            return Err(SpecError::OutOfRange {
-                field: "timeout",
-                value: "0s".into(),
-                hint: "use a positive duration such as 30s, or leave it out for no limit",
-            });
-        }
+        self.limits.validate()?;
         if let Some(w) = &self.workdir {
             if !w.starts_with('/') || w.contains('\0') {
                 return Err(SpecError::Workdir { path: w.clone() });

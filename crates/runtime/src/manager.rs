@@ -2,8 +2,7 @@
 //!
 //! Every sandbox runs `brig-agent` and is started by an isolation tier
 //! behind brig-core's [`Tier`] boundary; the caller hands the tiers in
-//! (`brig serve` the process tier, `brig_jail::ProcessTier`; the unit
-//! tests a fake one). This crate depends on no tier crate: the manager
+//! (`brig serve` the process tier; the unit tests a fake one). This crate depends on no tier crate: the manager
 //! speaks to a sandbox only through its [`Instance`] (pause, resume, usage,
 //! limits, kill, wait) and its agent [`Connection`].
 //!
@@ -527,11 +526,11 @@ impl SandboxManager {
         // A paused sandbox's agent is frozen and cannot answer the
         // handshake: thawed for that moment (a few milliseconds in which
         // its processes run), then frozen again. The record decides, not
-        // the freezer's state: a v1 freezer can read FREEZING (a task
-        // caught mid-way, or a pause the last daemon died in the middle
-        // of), which is neither thawed nor answering; seen under load, the
+        // the tier's `is_paused`: a freeze caught half-way (or one the last
+        // daemon died in the middle of) reads as neither paused nor
+        // running, and such an agent does not answer; seen under load, the
         // handshake then timed out and the sandbox was lost. So every
-        // adopted sandbox is thawed first (a no-op for a running one).
+        // adopted sandbox is resumed first (a no-op for a running one).
         let frozen = record.state == SandboxState::Paused;
         let thawed = instance.resume().map_err(|source| ManagerError::Tier {
             id: id.clone(),
@@ -1321,7 +1320,7 @@ fn teardown(
     events: &Events,
 ) -> EndCause {
     let id = live.instance.id().clone();
-    // Read before the kill: gone with the sandbox's cgroups after it.
+    // Read before the kill: the tier cannot tell once the sandbox is gone.
     let memory_limit = match state {
         SandboxState::Dead => live.instance.usage().ok().map(|u| u.memory_limit_bytes),
         _ => None,

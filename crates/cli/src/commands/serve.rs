@@ -123,9 +123,12 @@ impl ServeArgs {
                     )
                 })?;
                 // The same rule as a sandbox's own --cpus.
-                let mut spec = brig_core::SandboxSpec::new(vec!["true".into()]);
-                spec.limits.cpus = Some(cpus);
-                spec.validate().context("--default-cpus")?;
+                brig_core::Limits {
+                    cpus: Some(cpus),
+                    ..brig_core::Limits::default()
+                }
+                .validate()
+                .context("--default-cpus")?;
                 manager.default_cpus = Some(cpus);
             }
         }
