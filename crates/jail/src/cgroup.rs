@@ -32,8 +32,14 @@ pub enum CgroupError {
     },
     #[error("this sandbox has no {controller} cgroup: on cgroup v1 it needs the {controller} controller mounted under /sys/fs/cgroup and a pausable sandbox (the daemon's)")]
     NoGroup { controller: &'static str },
-    #[error("the sandbox's tasks did not all stop within {waited:?} ({path} still not frozen); it was thawed again")]
-    FreezeTimeout { path: PathBuf, waited: Duration },
+    #[error("the sandbox's tasks did not all stop within {waited:?} ({path} still not frozen; not stopped: {running}); it was thawed again")]
+    FreezeTimeout {
+        path: PathBuf,
+        waited: Duration,
+        /// The tasks that had not stopped: tid, name, state and where in
+        /// the kernel they waited.
+        running: String,
+    },
     #[error(
         "{left} process(es) of the sandbox were still alive {waited:?} after SIGKILL ({path}): \
          they are stuck in the kernel (uninterruptible I/O); delete the sandbox, which waits for them"
@@ -441,6 +447,34 @@ fn v1_quota(cpus: Option<f64>) -> String {
     }
 }
 
+/// The tasks of the group at `dir` that are not in the freezer's wait,
+/// described for an error message: `tid name state wchan`, comma
+/// separated.
+fn unfrozen_tasks(dir: &Path) -> String {
+    // v1 lists threads in `tasks`, v2 in `cgroup.threads`.
+    let tids = fs::read_to_string(dir.join("tasks"))
+        .or_else(|_| fs::read_to_string(dir.join("cgroup.threads")))
+        .unwrap_or_default();
+    let described: Vec<String> = tids
+        .split_whitespace()
+        .filter_map(|tid| {
+            let stat = fs::read_to_string(format!("/proc/{tid}/stat")).ok()?;
+            let wchan = fs::read_to_string(format!("/proc/{tid}/wchan")).unwrap_or_default();
+            if wchan.contains("refrigerator") || wchan.contains("freezer") {
+                return None;
+            }
+            let (name, rest) = stat.split_once(" (")?.1.rsplit_once(") ")?;
+            let state = rest.split_whitespace().next().unwrap_or("?");
+            Some(format!("{tid} {name} {state} {wchan}"))
+        })
+        .collect();
+    if described.is_empty() {
+        "none found".into()
+    } else {
+        described.join(", ")
+    }
+}
+
 /// `cpu.max` for a CPU limit in cores.
 fn v2_cpu_max(cpus: Option<f64>) -> String {
     match cpus {
@@ -525,15 +559,34 @@ impl CgroupControls {
         // v1 reads FREEZING until every task has stopped; v2 says
         // `frozen 1` in cgroup.events.
         let deadline = Instant::now() + FREEZE_WAIT;
+        let mut polls = 0u32;
         loop {
             if self.is_frozen_via(&file, events.as_deref())? {
                 return Ok(());
             }
+            polls += 1;
+            // The v1 freezer can stay FREEZING for good when a task forks
+            // or is woken at the wrong moment (seen here: a sandbox thawed
+            // and frozen again at re-adoption, 1 in ~60 under load; runc
+            // meets it too). Asking again makes it walk the tasks again;
+            // now and then a short thaw lets a task caught half-way finish
+            // what it was doing.
+            if events.is_none() {
+                if polls % 50 == 0 {
+                    let _ = self.thaw();
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                if polls % 10 == 0 {
+                    write_existing(&file, value)?;
+                }
+            }
             if Instant::now() >= deadline {
+                let running = unfrozen_tasks(file.parent().unwrap_or(&file));
                 let _ = self.thaw();
                 return Err(CgroupError::FreezeTimeout {
                     path: file,
                     waited: FREEZE_WAIT,
+                    running,
                 });
             }
             std::thread::sleep(Duration::from_millis(1));

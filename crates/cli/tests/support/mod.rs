@@ -196,6 +196,9 @@ pub fn start_daemon_with(
         if let Some(url) = line.strip_prefix("brig: listening on ") {
             break url.to_string();
         }
+        // What it said while starting (re-adoption warnings above all)
+        // belongs in the failing test's output.
+        eprintln!("daemon: {line}");
     };
     (child, url, lines)
 }
