@@ -572,11 +572,11 @@ impl CgroupControls {
             // now and then a short thaw lets a task caught half-way finish
             // what it was doing.
             if events.is_none() {
-                if polls % 50 == 0 {
+                if polls.is_multiple_of(50) {
                     let _ = self.thaw();
                     std::thread::sleep(Duration::from_millis(10));
                 }
-                if polls % 10 == 0 {
+                if polls.is_multiple_of(10) {
                     write_existing(&file, value)?;
                 }
             }
