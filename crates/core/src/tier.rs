@@ -87,15 +87,28 @@ impl FromStr for Isolation {
     }
 }
 
-/// How a sandbox is attached to the network. Today every sandbox has a
-/// network namespace of its own with loopback only; the networking work
-/// adds attachments with egress (a veth or tap behind brig's policy).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// How a sandbox is attached to the network.
+#[derive(Debug, Clone, Default)]
 #[non_exhaustive]
 pub enum NetworkAttachment {
     /// Loopback only: nothing leaves the sandbox.
     #[default]
     Loopback,
+    /// A network namespace made for the sandbox by brig-net, linked to
+    /// its gateway (where the sandbox's policy is enforced) and owned by
+    /// the host's user namespace: the tier starts the sandbox inside it.
+    Namespace(std::sync::Arc<OwnedFd>),
+}
+
+impl PartialEq for NetworkAttachment {
+    fn eq(&self, other: &Self) -> bool {
+        use std::os::fd::AsRawFd;
+        match (self, other) {
+            (Self::Loopback, Self::Loopback) => true,
+            (Self::Namespace(a), Self::Namespace(b)) => a.as_raw_fd() == b.as_raw_fd(),
+            _ => false,
+        }
+    }
 }
 
 /// Everything a tier needs to start one sandbox running brig-agent.

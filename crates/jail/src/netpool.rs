@@ -39,8 +39,6 @@ struct State {
 #[derive(Debug)]
 pub struct NetnsPool {
     target: usize,
-    /// The network namespace of the process, to return to after a spawn.
-    host_ns: OwnedFd,
     state: Mutex<State>,
     wake: Condvar,
 }
@@ -48,10 +46,8 @@ pub struct NetnsPool {
 impl NetnsPool {
     /// Start a pool keeping `target` namespaces ready.
     pub fn start(target: usize) -> std::io::Result<Arc<Self>> {
-        let host_ns = OwnedFd::from(std::fs::File::open("/proc/thread-self/ns/net")?);
         let pool = Arc::new(NetnsPool {
             target: target.max(1),
-            host_ns,
             state: Mutex::default(),
             wake: Condvar::new(),
         });
@@ -80,10 +76,6 @@ impl NetnsPool {
             st = self.wake.wait(st).unwrap_or_else(|e| e.into_inner());
         }
         Ok(())
-    }
-
-    pub(crate) fn host_ns(&self) -> &OwnedFd {
-        &self.host_ns
     }
 
     fn fill_forever(&self) {
@@ -118,6 +110,31 @@ impl Drop for NetnsPool {
         self.state.lock().unwrap_or_else(|e| e.into_inner()).stop = true;
         self.wake.notify_all();
     }
+}
+
+impl PooledNet {
+    /// Ready a namespace made elsewhere (brig-net's, linked to the
+    /// gateway) for a spawn: its sysfs is made from inside it, on a
+    /// short-lived thread.
+    pub fn for_namespace(ns: OwnedFd) -> Result<PooledNet, Errno> {
+        let inside = ns
+            .try_clone()
+            .map_err(|e| Errno(e.raw_os_error().unwrap_or(libc::EIO)))?;
+        let sysfs = std::thread::spawn(move || {
+            enter(&inside)?;
+            detached_sysfs()
+        })
+        .join()
+        .map_err(|_| Errno(libc::EIO))??;
+        Ok(PooledNet { ns, sysfs })
+    }
+}
+
+/// The calling thread's network namespace.
+pub(crate) fn current() -> Result<OwnedFd, Errno> {
+    std::fs::File::open("/proc/thread-self/ns/net")
+        .map(OwnedFd::from)
+        .map_err(|e| Errno(e.raw_os_error().unwrap_or(libc::EIO)))
 }
 
 /// Make one namespace on the calling (filler) thread, which moves into it

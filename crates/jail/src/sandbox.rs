@@ -191,6 +191,9 @@ pub struct Extras {
     /// with [`Sandbox::adopt`]. For a daemon's sandboxes (the command must
     /// be a long-lived init such as brig-agent).
     pub detach: bool,
+    /// Start the sandbox in this ready-made network namespace (one with a
+    /// link to brig's gateway) instead of a fresh one with loopback only.
+    pub net: Option<PooledNet>,
 }
 
 /// How a sandbox ended.
@@ -258,7 +261,11 @@ impl Sandbox {
             Some(id) => id.clone(),
             None => SandboxId::from_random(rand::random()),
         };
-        let pooled: Option<PooledNet> = opts.net_pool.as_ref().and_then(|p| p.take());
+        let mut extras = extras;
+        let pooled: Option<PooledNet> = extras
+            .net
+            .take()
+            .or_else(|| opts.net_pool.as_ref().and_then(|p| p.take()));
         let layout = opts.host.layout(&spec.template);
         let identity = template::resolve_user(layout.root_on_host(), spec.user.as_ref())?;
         let staging = opts.staging();
@@ -309,6 +316,12 @@ impl Sandbox {
         // A pooled network namespace is entered by this thread just for the
         // clone (network namespaces are per thread) and left right after;
         // otherwise the init gets a fresh one.
+        let home_net = match &pooled {
+            Some(_) => {
+                Some(netpool::current().map_err(os_err("open this thread's network namespace"))?)
+            }
+            None => None,
+        };
         if let Some(net) = &pooled {
             netpool::enter(&net.ns).map_err(os_err("enter a pooled network namespace"))?;
         } else {
@@ -371,12 +384,11 @@ impl Sandbox {
             },
         };
         if pid != 0 {
-            if let (Some(_), Some(pool)) = (&pooled, &opts.net_pool) {
-                // Back to the process's namespace, whatever clone did. If
+            if let Some(home) = &home_net {
+                // Back to the thread's namespace, whatever clone did. If
                 // this fails the thread is unusable for networking; say so
                 // rather than carry on in a sandbox's namespace.
-                netpool::enter(pool.host_ns())
-                    .expect("return to the host network namespace after a spawn");
+                netpool::enter(home).expect("return to the host network namespace after a spawn");
             }
         }
         if pid < 0 {

@@ -146,13 +146,29 @@ impl ProcessTier {
     fn spawn(&self, launch: &Launch, dir: &Path) -> Result<Sandbox, TierError> {
         let id = &launch.id;
         let DaemonSide { agent, owner } = self.daemon()?;
-        if launch.network != NetworkAttachment::Loopback {
-            return Err(TierError::Unsupported {
-                tier: Isolation::Process,
-                op: "attach a sandbox to this network",
-                reason: "only loopback is implemented".into(),
-            });
-        }
+        let net = match &launch.network {
+            NetworkAttachment::Loopback => None,
+            NetworkAttachment::Namespace(ns) => Some(
+                ns.try_clone()
+                    .map_err(|e| TierError::failed(id, "take the sandbox's network namespace", e))
+                    .and_then(|ns| {
+                        crate::netpool::PooledNet::for_namespace(ns).map_err(|e| {
+                            TierError::failed(
+                                id,
+                                "ready the sandbox's network namespace",
+                                std::io::Error::from_raw_os_error(e.0),
+                            )
+                        })
+                    })?,
+            ),
+            other => {
+                return Err(TierError::Unsupported {
+                    tier: Isolation::Process,
+                    op: "attach a sandbox to this network",
+                    reason: format!("{other:?} is not known to this tier"),
+                })
+            }
+        };
         let io = |op: &'static str| move |e: std::io::Error| TierError::failed(id, op, e);
         // The directory appears with its owner already in it (made aside,
         // then renamed into place): a daemon that dies at any point from
@@ -197,6 +213,7 @@ impl ProcessTier {
             as_init: true,
             id: Some(id.clone()),
             detach: true,
+            net,
         };
         let sandbox =
             Sandbox::spawn_with(&spec, &self.opts, extras).map_err(|e| from_jail(id, e))?;

@@ -1,0 +1,569 @@
+//! The gateway: one network namespace per daemon that every sandbox's
+//! link leads to, and nowhere else.
+//!
+//! ```text
+//!  sandbox netns               gateway netns (brig's)                the daemon's netns
+//!  eth0 10.88.x.y/32  ──veth──  b-<id> 10.87.0.1/32                    (the host, or a test world)
+//!  default via 10.87.0.1        every address routed as local ─┐
+//!                               BPF socket lookup: TCP → proxy ─┼─ accepted socket ─ proxy dials ─→
+//!                                                 UDP 53 → DNS ─┘
+//! ```
+//!
+//! Why it is shaped so:
+//! - **The sandbox's namespace belongs to the host's user namespace**, not
+//!   the sandbox's: root inside a sandbox has no capability over it, so it
+//!   cannot change its address, routes or interfaces, or open raw sockets.
+//! - **Nothing is forwarded.** The gateway namespace has forwarding off
+//!   and no route anywhere but to the sandboxes; packets from a sandbox can
+//!   only be delivered to the gateway itself. Every address is routed as
+//!   local for packets from the sandboxes' range, and the BPF program of
+//!   `sys.rs` hands each TCP connection to the proxy's one listener and
+//!   each DNS datagram to the resolver, whatever the address; UDP to any
+//!   other port and every other protocol finds no socket and is refused.
+//!   Sandboxes cannot reach each other: there is no path between links.
+//! - **Decisions and dials happen in the daemon's namespace** (the proxy
+//!   and resolver run there, with sockets made inside the gateway), so the
+//!   host's firewall and routes are untouched: brig adds no rule to the
+//!   host.
+//! - **Each sandbox is known by its address**, which it cannot change;
+//!   strict reverse-path filtering in the gateway drops a packet whose
+//!   source is not the link's (defence in depth).
+//!
+//! The links are made with iproute2's `ip` (present wherever Linux
+//! networking is configured; netlink directly is a later step that saves
+//! the two process starts per sandbox).
+
+use std::collections::HashMap;
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex, RwLock};
+
+use crate::policy::Policy;
+use crate::sys;
+
+/// The gateway's address on every link: the sandboxes' next hop and DNS
+/// server.
+pub const GATEWAY_ADDR: Ipv4Addr = Ipv4Addr::new(10, 87, 0, 1);
+/// Sandboxes get addresses from 10.88.0.0/16 (the first and last are not
+/// used): 65,534 at once per daemon.
+const SANDBOX_NET: [u8; 2] = [10, 88];
+const SANDBOX_PREFIX: &str = "10.88.0.0/16";
+/// The routing table that makes every address local for the sandboxes.
+const LOCAL_TABLE: &str = "100";
+/// The proxy's listening port in the gateway (any port would do: the
+/// program assigns connections to the socket, not to the port).
+const PROXY_PORT: u16 = 1;
+
+#[derive(Debug, thiserror::Error)]
+pub enum NetError {
+    #[error("cannot {op}: {source}")]
+    Io {
+        op: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error(
+        "cannot {op}: `ip {args}` failed: {stderr}{hint}",
+        hint = if stderr.contains("No such file") && args.contains("veth") { " (the kernel has no veth support: load the veth module)" } else { "" }
+    )]
+    Ip {
+        op: &'static str,
+        args: String,
+        stderr: String,
+    },
+    #[error("iproute2's `ip` is not installed: install it (Debian: apt-get install iproute2) to give sandboxes a network, or use --network none")]
+    NoIp,
+    #[error("all {0} sandbox addresses are in use")]
+    Exhausted(usize),
+}
+
+fn io_err(op: &'static str) -> impl FnOnce(io::Error) -> NetError {
+    move |source| NetError::Io { op, source }
+}
+
+/// What the gateway knows of one attached sandbox; shared with the proxy
+/// and the resolver.
+#[derive(Debug)]
+pub struct SandboxNet {
+    pub id: String,
+    pub addr: Ipv4Addr,
+    pub policy: RwLock<Policy>,
+    /// What names resolved to, for this sandbox: address → names.
+    pub resolved: RwLock<HashMap<IpAddr, Vec<String>>>,
+    pub counters: crate::proxy::Counters,
+    pub log: Mutex<crate::proxy::ConnectionLog>,
+}
+
+impl SandboxNet {
+    /// Did `name` resolve to `addr` for this sandbox (or is it one of its
+    /// `--add-host` entries)?
+    pub fn resolved_to(&self, name: &str, addr: IpAddr) -> bool {
+        let name = name.trim_end_matches('.').to_ascii_lowercase();
+        let hosts = self.policy.read().unwrap_or_else(|e| e.into_inner());
+        if hosts
+            .hosts
+            .iter()
+            .any(|(h, a)| h.eq_ignore_ascii_case(&name) && *a == addr)
+        {
+            return true;
+        }
+        drop(hosts);
+        self.resolved
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&addr)
+            .is_some_and(|names| names.iter().any(|n| *n == name))
+    }
+
+    /// Names this sandbox resolved to `addr`.
+    pub fn names_of(&self, addr: IpAddr) -> Vec<String> {
+        self.resolved
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&addr)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Remember that `name` resolved to `addrs` (bounded: a sandbox that
+    /// resolves without end keeps its first 4096 addresses).
+    pub fn record(&self, name: &str, addrs: &[IpAddr]) {
+        let name = name.trim_end_matches('.').to_ascii_lowercase();
+        let mut map = self.resolved.write().unwrap_or_else(|e| e.into_inner());
+        for a in addrs {
+            if map.len() >= 4096 && !map.contains_key(a) {
+                break;
+            }
+            let names = map.entry(*a).or_default();
+            if !names.contains(&name) && names.len() < 16 {
+                names.push(name.clone());
+            }
+        }
+    }
+
+    pub fn policy(&self) -> Policy {
+        self.policy
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+}
+
+/// A sandbox's end of the network: the namespace to start it in.
+#[derive(Debug)]
+pub struct Attachment {
+    /// The sandbox's network namespace (loopback and `eth0` up, routes
+    /// set), owned by the host's user namespace.
+    pub netns: OwnedFd,
+    pub addr: Ipv4Addr,
+    pub net: Arc<SandboxNet>,
+}
+
+/// How the gateway is set up.
+#[derive(Debug, Clone)]
+pub struct GatewayConfig {
+    /// Where the gateway namespace is pinned (a file bind-mounted with the
+    /// namespace), so that it outlives a daemon restart.
+    pub pin: PathBuf,
+    /// Resolvers the gateway asks for names a policy allows.
+    pub upstream_dns: Vec<SocketAddr>,
+}
+
+/// The gateway of one daemon.
+#[derive(Debug)]
+pub struct Gateway {
+    netns: OwnedFd,
+    /// A thread parked inside the gateway namespace: `ip` moves a new
+    /// link's peer there by its id.
+    parked: ParkedThread,
+    pub(crate) sandboxes: RwLock<HashMap<Ipv4Addr, Arc<SandboxNet>>>,
+    next: Mutex<u32>,
+    pub(crate) config: GatewayConfig,
+    _steering: sys::Steering,
+}
+
+impl Gateway {
+    /// Open the pinned gateway namespace, or make it; steer its traffic to
+    /// the proxy and the resolver, which start as tasks on the current
+    /// tokio runtime.
+    pub fn start(config: GatewayConfig) -> Result<Arc<Gateway>, NetError> {
+        which_ip()?;
+        let netns = open_or_make(&config.pin)?;
+        let (tcp, dns) = sys::in_netns(&netns, || {
+            let tcp = std::net::TcpListener::bind((GATEWAY_ADDR, PROXY_PORT)).and_then(|l| {
+                sys::set_transparent(l.as_raw_fd())?;
+                l.set_nonblocking(true)?;
+                Ok(l)
+            })?;
+            let dns = std::net::UdpSocket::bind((GATEWAY_ADDR, 53)).and_then(|u| {
+                sys::set_transparent(u.as_raw_fd())?;
+                sys::set_pktinfo(u.as_raw_fd())?;
+                u.set_nonblocking(true)?;
+                Ok(u)
+            })?;
+            Ok((tcp, dns))
+        })
+        .map_err(io_err("open the proxy's sockets in the gateway namespace"))?;
+        let steering = sys::steer(&netns, tcp.as_raw_fd(), dns.as_raw_fd())
+            .map_err(io_err("steer the sandboxes' traffic to the proxy"))?;
+        let parked = ParkedThread::start(&netns).map_err(io_err("park a thread in the gateway"))?;
+        let gateway = Arc::new(Gateway {
+            netns,
+            parked,
+            sandboxes: RwLock::default(),
+            next: Mutex::new(2),
+            config,
+            _steering: steering,
+        });
+        crate::proxy::spawn(Arc::clone(&gateway), tcp).map_err(io_err("start the proxy"))?;
+        crate::dns::spawn(Arc::clone(&gateway), dns).map_err(io_err("start the resolver"))?;
+        Ok(gateway)
+    }
+
+    /// A new network namespace for sandbox `id`, linked to the gateway,
+    /// under `policy`.
+    pub fn attach(&self, id: &str, policy: Policy) -> Result<Attachment, NetError> {
+        let addr = self.allocate()?;
+        let link = link_name(id);
+        let netns = sys::in_netns(&self.netns, || {
+            // A fresh namespace for the sandbox, made from inside the
+            // gateway's (any thread's namespace would do: it is left).
+            // SAFETY: unshare on this short-lived thread only.
+            if unsafe { libc::unshare(libc::CLONE_NEWNET) } < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            sys::current()
+        })
+        .map_err(io_err("make the sandbox's network namespace"))?;
+        let sandbox_side = format!(
+            "link set lo up\n\
+             link add eth0 type veth peer name {link} netns {parked}\n\
+             addr add {addr}/32 dev eth0\n\
+             link set eth0 up\n\
+             route add {GATEWAY_ADDR}/32 dev eth0 scope link\n\
+             route add default via {GATEWAY_ADDR} dev eth0\n",
+            parked = self.parked.tid,
+        );
+        ip_batch(&netns, &sandbox_side, "link the sandbox to the gateway")?;
+        let gateway_side = format!(
+            "addr add {GATEWAY_ADDR}/32 dev {link}\n\
+             link set {link} up\n\
+             route add {addr}/32 dev {link}\n"
+        );
+        if let Err(e) = ip_batch(
+            &self.netns,
+            &gateway_side,
+            "configure the gateway's side of the link",
+        ) {
+            // The namespace (and with it both ends of the link) goes with
+            // its last descriptor.
+            self.release(addr);
+            return Err(e);
+        }
+        let net = Arc::new(SandboxNet {
+            id: id.to_string(),
+            addr,
+            policy: RwLock::new(policy),
+            resolved: RwLock::default(),
+            counters: Default::default(),
+            log: Mutex::default(),
+        });
+        self.sandboxes
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(addr, Arc::clone(&net));
+        Ok(Attachment { netns, addr, net })
+    }
+
+    /// Take back a sandbox an earlier daemon attached (its link is still
+    /// in the gateway namespace): known again by `addr`, under `policy`.
+    /// What it resolved before is forgotten; it resolves again.
+    pub fn readopt(&self, id: &str, addr: Ipv4Addr, policy: Policy) -> Arc<SandboxNet> {
+        let net = Arc::new(SandboxNet {
+            id: id.to_string(),
+            addr,
+            policy: RwLock::new(policy),
+            resolved: RwLock::default(),
+            counters: Default::default(),
+            log: Mutex::default(),
+        });
+        self.sandboxes
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(addr, Arc::clone(&net));
+        net
+    }
+
+    /// Forget sandbox `addr` (its namespace, and with it the link, goes
+    /// with the sandbox).
+    pub fn detach(&self, addr: Ipv4Addr) {
+        self.sandboxes
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&addr);
+    }
+
+    /// The sandbox at `addr`, if attached.
+    pub fn sandbox(&self, addr: Ipv4Addr) -> Option<Arc<SandboxNet>> {
+        self.sandboxes
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&addr)
+            .cloned()
+    }
+
+    /// Replace sandbox `addr`'s policy: new connections and lookups follow
+    /// it at once.
+    pub fn set_policy(&self, addr: Ipv4Addr, policy: Policy) -> bool {
+        match self.sandbox(addr) {
+            Some(net) => {
+                *net.policy.write().unwrap_or_else(|e| e.into_inner()) = policy;
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn allocate(&self) -> Result<Ipv4Addr, NetError> {
+        const SIZE: u32 = 1 << 16;
+        let taken = self.sandboxes.read().unwrap_or_else(|e| e.into_inner());
+        let mut next = self.next.lock().unwrap_or_else(|e| e.into_inner());
+        for _ in 0..SIZE {
+            let n = *next;
+            *next = if n + 1 >= SIZE - 1 { 2 } else { n + 1 };
+            let addr = Ipv4Addr::new(SANDBOX_NET[0], SANDBOX_NET[1], (n >> 8) as u8, n as u8);
+            if !taken.contains_key(&addr) {
+                return Ok(addr);
+            }
+        }
+        Err(NetError::Exhausted(SIZE as usize - 3))
+    }
+
+    fn release(&self, addr: Ipv4Addr) {
+        self.detach(addr);
+    }
+}
+
+/// The sandbox address of the network namespace process `pid` is in, read
+/// from the kernel's routing trie of that namespace (`/proc/<pid>/net`
+/// shows the process's namespace): the local /32 in the sandboxes' range.
+pub fn address_of_pid(pid: u32) -> Option<Ipv4Addr> {
+    let trie = std::fs::read_to_string(format!("/proc/{pid}/net/fib_trie")).ok()?;
+    let mut last: Option<Ipv4Addr> = None;
+    for line in trie.lines() {
+        let t = line.trim_start_matches([' ', '|', '+', '-']).trim();
+        if let Ok(a) = t.parse::<Ipv4Addr>() {
+            last = Some(a);
+        } else if t.starts_with("/32 host LOCAL") {
+            if let Some(a) = last {
+                if a.octets()[..2] == SANDBOX_NET {
+                    return Some(a);
+                }
+            }
+        }
+    }
+    None
+}
+
+/// The kernel names a link by at most 15 bytes: `b-` and the first 12 of
+/// the id.
+fn link_name(id: &str) -> String {
+    let short: String = id
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .take(12)
+        .collect();
+    format!("b-{short}")
+}
+
+fn which_ip() -> Result<(), NetError> {
+    match Command::new("ip")
+        .arg("-V")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+    {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Err(NetError::NoIp),
+        Err(e) => Err(NetError::Io {
+            op: "run ip",
+            source: e,
+        }),
+    }
+}
+
+/// Run `ip -batch -` inside `ns` with `commands`.
+fn ip_batch(ns: &OwnedFd, commands: &str, op: &'static str) -> Result<(), NetError> {
+    use std::io::Write;
+    let fd = ns.as_raw_fd();
+    let mut cmd = Command::new("ip");
+    cmd.args(["-batch", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    // SAFETY: setns is async-signal-safe; `fd` stays open in the parent
+    // until the child has exec'd (we wait for it below).
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setns(fd, libc::CLONE_NEWNET) < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().map_err(|e| {
+        if e.kind() == io::ErrorKind::NotFound {
+            NetError::NoIp
+        } else {
+            NetError::Io { op, source: e }
+        }
+    })?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin
+            .write_all(commands.as_bytes())
+            .map_err(io_err("write to ip"))?;
+    }
+    let out = child.wait_with_output().map_err(io_err("wait for ip"))?;
+    if !out.status.success() {
+        return Err(NetError::Ip {
+            op,
+            args: commands.lines().collect::<Vec<_>>().join("; "),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// The gateway namespace pinned at `pin`, made and configured if it is
+/// not there (or was left half-made).
+fn open_or_make(pin: &Path) -> Result<OwnedFd, NetError> {
+    let ready = pin.with_extension("ready");
+    if ready.exists() {
+        if let Ok(f) = std::fs::File::open(pin) {
+            return Ok(OwnedFd::from(f));
+        }
+    }
+    remove_pin(pin);
+    if let Some(dir) = pin.parent() {
+        std::fs::create_dir_all(dir).map_err(io_err("create the gateway's directory"))?;
+    }
+    std::fs::File::create(pin).map_err(io_err("create the gateway's pin file"))?;
+    let pin_owned = pin.to_path_buf();
+    let ns = std::thread::spawn(move || -> io::Result<OwnedFd> {
+        // SAFETY: unshare on this short-lived thread only.
+        if unsafe { libc::unshare(libc::CLONE_NEWNET) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let src = c"/proc/thread-self/ns/net";
+        let dst = std::ffi::CString::new(pin_owned.as_os_str().as_encoded_bytes())
+            .map_err(io::Error::other)?;
+        // SAFETY: bind-mount between two NUL-terminated paths.
+        if unsafe {
+            libc::mount(
+                src.as_ptr(),
+                dst.as_ptr(),
+                std::ptr::null(),
+                libc::MS_BIND,
+                std::ptr::null(),
+            )
+        } < 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+        // Forwarding is off in a new namespace; these make the rest true:
+        // a sandbox's packets must come from its own address, and nothing
+        // answers pings for addresses that are not really here.
+        for (key, value) in [
+            ("net/ipv4/conf/all/rp_filter", "1"),
+            ("net/ipv4/conf/default/rp_filter", "1"),
+            ("net/ipv4/icmp_echo_ignore_all", "1"),
+            ("net/ipv4/ip_forward", "0"),
+        ] {
+            std::fs::write(Path::new("/proc/sys").join(key), value)?;
+        }
+        sys::current()
+    })
+    .join()
+    .map_err(|_| NetError::Io {
+        op: "make the gateway namespace",
+        source: io::Error::other("the thread panicked"),
+    })?
+    .map_err(io_err("make the gateway namespace"))?;
+    let setup = format!(
+        "link set lo up\n\
+         route add local 0.0.0.0/0 dev lo table {LOCAL_TABLE}\n\
+         rule add from {SANDBOX_PREFIX} lookup {LOCAL_TABLE} pref 100\n\
+         addr add {GATEWAY_ADDR}/32 dev lo\n"
+    );
+    ip_batch(&ns, &setup, "configure the gateway namespace")?;
+    std::fs::write(&ready, b"").map_err(io_err("mark the gateway ready"))?;
+    Ok(ns)
+}
+
+/// Remove a pinned gateway namespace (it lives on while a sandbox's link
+/// or a descriptor holds it).
+pub fn remove_pin(pin: &Path) {
+    let _ = std::fs::remove_file(pin.with_extension("ready"));
+    if let Ok(c) = std::ffi::CString::new(pin.as_os_str().as_encoded_bytes()) {
+        // SAFETY: umount of a NUL-terminated path; failure is fine.
+        unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+    }
+    let _ = std::fs::remove_file(pin);
+}
+
+/// A thread that sits in a network namespace so that `ip … netns <tid>`
+/// can name it; it ends with the gateway.
+#[derive(Debug)]
+struct ParkedThread {
+    tid: libc::pid_t,
+    stop: Arc<(Mutex<bool>, std::sync::Condvar)>,
+}
+
+impl ParkedThread {
+    fn start(ns: &OwnedFd) -> io::Result<ParkedThread> {
+        let ns = ns.try_clone()?;
+        let stop = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let s = Arc::clone(&stop);
+        std::thread::Builder::new()
+            .name("brig-net-gateway".into())
+            .spawn(move || {
+                let entered = sys::enter(&ns);
+                // SAFETY: gettid cannot fail.
+                let tid = unsafe { libc::gettid() };
+                let _ = tx.send(entered.map(|()| tid));
+                let (lock, cv) = &*s;
+                let mut done = lock.lock().unwrap_or_else(|e| e.into_inner());
+                while !*done {
+                    done = cv.wait(done).unwrap_or_else(|e| e.into_inner());
+                }
+            })?;
+        let tid = rx
+            .recv()
+            .map_err(|_| io::Error::other("the parked thread died"))??;
+        Ok(ParkedThread { tid, stop })
+    }
+}
+
+impl Drop for ParkedThread {
+    fn drop(&mut self) {
+        let (lock, cv) = &*self.stop;
+        *lock.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        cv.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn link_names_fit_the_kernels_limit() {
+        assert_eq!(link_name("0123456789abcdef"), "b-0123456789ab");
+        assert!(link_name("0123456789abcdef").len() <= 15);
+    }
+}

@@ -1,0 +1,245 @@
+//! The egress proxy: every TCP connection a sandbox opens arrives here
+//! (see `gateway.rs`), is decided by the sandbox's policy, and is either
+//! refused (closed at once) or dialled from the daemon's namespace and
+//! spliced.
+//!
+//! A connection is decided on its address first. Only when that is not
+//! enough — the policy has domain rules and the address alone is not
+//! allowed, or a deny rule names a domain — does the proxy read the
+//! client's first bytes for the TLS SNI or HTTP Host (without consuming
+//! them: they are sent on once the connection is allowed). A name counts
+//! only together with an address that name resolved to *for this sandbox*
+//! through brig's resolver, so a forged Host or SNI, an IP literal, or a
+//! DNS answer rebound to another address gains nothing.
+
+use std::collections::VecDeque;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::gateway::{Gateway, SandboxNet};
+use crate::peek::{self, Peeked};
+use crate::policy::{Destination, Mode, Policy, Verdict};
+
+/// How long a client may take to send the bytes that name its
+/// destination.
+const PEEK_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a dial may take.
+const DIAL_TIMEOUT: Duration = Duration::from_secs(30);
+/// Entries kept in a sandbox's connection log.
+pub const LOG_ENTRIES: usize = 1000;
+
+/// Bytes and connections of one sandbox, since it was attached.
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub bytes_out: AtomicU64,
+    pub bytes_in: AtomicU64,
+    pub allowed: AtomicU64,
+    pub denied: AtomicU64,
+}
+
+/// One connection a sandbox tried.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Entry {
+    /// Milliseconds since the epoch.
+    pub at: u64,
+    pub protocol: &'static str,
+    pub destination: SocketAddr,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    pub allowed: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    pub bytes_out: u64,
+    pub bytes_in: u64,
+}
+
+/// The last [`LOG_ENTRIES`] connections of a sandbox.
+#[derive(Debug, Default)]
+pub struct ConnectionLog {
+    entries: VecDeque<Entry>,
+}
+
+impl ConnectionLog {
+    pub fn push(&mut self, entry: Entry) {
+        if self.entries.len() == LOG_ENTRIES {
+            self.entries.pop_front();
+        }
+        self.entries.push_back(entry);
+    }
+
+    pub fn entries(&self) -> Vec<Entry> {
+        self.entries.iter().cloned().collect()
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Start accepting on `listener` (made in the gateway namespace).
+pub(crate) fn spawn(gateway: Arc<Gateway>, listener: std::net::TcpListener) -> std::io::Result<()> {
+    let listener = TcpListener::from_std(listener)?;
+    tokio::spawn(async move {
+        loop {
+            match listener.accept().await {
+                Ok((stream, peer)) => {
+                    let gateway = Arc::clone(&gateway);
+                    tokio::spawn(async move { serve(gateway, stream, peer).await });
+                }
+                Err(e) => {
+                    // Out of descriptors, most likely: back off, go on.
+                    tracing::warn!("egress proxy: accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    });
+    Ok(())
+}
+
+/// Does deciding need the name the client will send?
+fn needs_name(policy: &Policy, verdict: &Verdict) -> bool {
+    let has_domains = |rules: &[crate::policy::Rule]| {
+        rules
+            .iter()
+            .any(|r| !matches!(r.target, crate::policy::Target::Net(_)))
+    };
+    match verdict {
+        Verdict::Allow => has_domains(&policy.deny),
+        Verdict::Deny(_) => policy.mode == Mode::Allow && has_domains(&policy.allow),
+    }
+}
+
+async fn serve(gateway: Arc<Gateway>, mut client: TcpStream, peer: SocketAddr) {
+    let IpAddr::V4(from) = peer.ip() else {
+        return;
+    };
+    let Some(net) = gateway.sandbox(from) else {
+        // Not (or no longer) a sandbox of this gateway.
+        return;
+    };
+    let Ok(dst) = client.local_addr() else {
+        return;
+    };
+    let policy = net.policy();
+    let mut first = Vec::new();
+    let mut name = None;
+    let mut verdict = decide(&policy, &net, dst, None);
+    if needs_name(&policy, &verdict) {
+        name = read_name(&mut client, &mut first).await;
+        verdict = decide(&policy, &net, dst, name.as_deref());
+    }
+    // The host itself is never a destination, whatever the policy says:
+    // its addresses are the daemon namespace's own.
+    if matches!(verdict, Verdict::Allow) && is_local(dst.ip()) {
+        verdict = Verdict::Deny(crate::policy::DenyReason::Special("the host itself"));
+    }
+    let mut entry = Entry {
+        at: now_ms(),
+        protocol: "tcp",
+        destination: dst,
+        name: name.clone(),
+        allowed: false,
+        reason: None,
+        bytes_out: 0,
+        bytes_in: 0,
+    };
+    if let Verdict::Deny(reason) = verdict {
+        net.counters.denied.fetch_add(1, Ordering::Relaxed);
+        entry.reason = Some(reason.to_string());
+        tracing::debug!(sandbox = net.id, %dst, ?name, %reason, "egress refused");
+        log(&net, entry);
+        return;
+    }
+    net.counters.allowed.fetch_add(1, Ordering::Relaxed);
+    let upstream = match tokio::time::timeout(DIAL_TIMEOUT, TcpStream::connect(dst)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            entry.allowed = true;
+            entry.reason = Some(format!("dial failed: {e}"));
+            log(&net, entry);
+            return;
+        }
+        Err(_) => {
+            entry.allowed = true;
+            entry.reason = Some("dial timed out".into());
+            log(&net, entry);
+            return;
+        }
+    };
+    entry.allowed = true;
+    let (out, inn) = splice(client, upstream, &first).await;
+    net.counters.bytes_out.fetch_add(out, Ordering::Relaxed);
+    net.counters.bytes_in.fetch_add(inn, Ordering::Relaxed);
+    entry.bytes_out = out;
+    entry.bytes_in = inn;
+    log(&net, entry);
+}
+
+fn log(net: &SandboxNet, entry: Entry) {
+    net.log
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(entry);
+}
+
+fn decide(policy: &Policy, net: &SandboxNet, dst: SocketAddr, name: Option<&str>) -> Verdict {
+    let names = net.names_of(dst.ip());
+    let resolved = |n: &str, a: IpAddr| net.resolved_to(n, a);
+    policy.decide(&Destination {
+        addr: dst.ip(),
+        port: dst.port(),
+        name,
+        resolved: &resolved,
+        names_of_addr: &names,
+    })
+}
+
+/// Read (and keep) the client's first bytes until they name a host, say
+/// there is none, or [`peek::PEEK_LIMIT`] or the timeout is reached.
+async fn read_name(client: &mut TcpStream, buf: &mut Vec<u8>) -> Option<String> {
+    let deadline = tokio::time::Instant::now() + PEEK_TIMEOUT;
+    let mut chunk = [0u8; 4096];
+    loop {
+        let (tls, http) = (peek::tls_sni(buf), peek::http_host(buf));
+        if let Peeked::Name(n) = tls {
+            return Some(n);
+        }
+        if let Peeked::Name(n) = http {
+            return Some(n);
+        }
+        let more =
+            buf.is_empty() || matches!(tls, Peeked::NeedMore) || matches!(http, Peeked::NeedMore);
+        if !more || buf.len() >= peek::PEEK_LIMIT {
+            return None;
+        }
+        let n = match tokio::time::timeout_at(deadline, client.read(&mut chunk)).await {
+            Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return None,
+            Ok(Ok(n)) => n,
+        };
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// Copy both ways until both sides are done; the bytes each way.
+async fn splice(mut client: TcpStream, mut upstream: TcpStream, first: &[u8]) -> (u64, u64) {
+    if !first.is_empty() && upstream.write_all(first).await.is_err() {
+        return (0, 0);
+    }
+    match tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
+        Ok((out, inn)) => (out + first.len() as u64, inn),
+        Err(_) => (first.len() as u64, 0),
+    }
+}
+
+/// Is `addr` one of the daemon namespace's own addresses?
+fn is_local(addr: IpAddr) -> bool {
+    crate::sys::local_addresses().contains(&addr)
+}
