@@ -34,6 +34,7 @@ pub mod keys;
 pub mod logs;
 pub mod metrics;
 mod ndjson;
+pub mod network;
 pub mod ports;
 pub mod processes;
 pub mod pty;
@@ -134,6 +135,14 @@ pub fn app(state: AppState) -> Router {
         .merge(ports::routes())
         .route("/v1/sandboxes/{id}/pty", get(pty::pty))
         .route("/v1/sandboxes/{id}/logs", get(logs::logs))
+        .route(
+            "/v1/sandboxes/{id}/network",
+            get(network::get).put(network::put),
+        )
+        .route(
+            "/v1/sandboxes/{id}/network/connections",
+            get(network::connections),
+        )
         .fallback(|| async { ApiError::not_found("no such endpoint; see api/openapi.yaml") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(

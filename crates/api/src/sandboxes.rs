@@ -43,6 +43,8 @@ pub struct CreateSandboxConfig {
     /// A name unique among the tenant's sandboxes until its record is
     /// removed: letters, digits, `_`, `.`, `-`, at most 64.
     pub name: Option<String>,
+    /// Its network (see `network.rs`); absent: loopback only.
+    pub network: Option<crate::network::NetworkConfig>,
 }
 
 impl CreateSandboxConfig {
@@ -99,6 +101,7 @@ impl CreateSandboxConfig {
             .map(|(k, v)| EnvVar::parse(&format!("{k}={v}")))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        let network = self.network.map(|n| n.parse()).transpose()?;
         Ok(CreateConfig {
             template,
             limits,
@@ -106,6 +109,7 @@ impl CreateSandboxConfig {
             labels: self.labels,
             name: self.name,
             timeout,
+            network,
             ..CreateConfig::default()
         })
     }

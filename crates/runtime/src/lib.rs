@@ -43,7 +43,7 @@ pub use error::{chain, ErrorKind};
 pub use events::{Event, EventKind};
 pub use keys::{AuthError, KeyError, KeyId, KeyInfo, NewKey, Principal, Role};
 pub use lifecycle::{LiveCounts, PauseMode, Resumed, SandboxMetrics};
-pub use manager::{CreateConfig, ManagerConfig, ManagerError, OnStop, SandboxManager};
+pub use manager::{CreateConfig, ManagerConfig, ManagerError, NetworkInfo, OnStop, SandboxManager};
 pub use metrics::Metrics;
 pub use pool::PoolTarget;
 pub use sandboxes::{

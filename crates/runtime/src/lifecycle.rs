@@ -190,7 +190,11 @@ fn now_millis() -> UnixMillis {
 impl SandboxManager {
     /// A live sandbox of `tenant`'s; another tenant's is not found, and one
     /// that is not live answers with its state.
-    fn owned_live(&self, tenant: &TenantId, id: &SandboxId) -> Result<Arc<Live>, ManagerError> {
+    pub(crate) fn owned_live(
+        &self,
+        tenant: &TenantId,
+        id: &SandboxId,
+    ) -> Result<Arc<Live>, ManagerError> {
         match self.live_sandbox(id) {
             Some(live) if &live.tenant == tenant => Ok(live),
             Some(_) => Err(SandboxError::NotFound { id: id.clone() }.into()),

@@ -110,6 +110,12 @@ pub struct ManagerConfig {
     /// How long a request waits for an agent's first answer before it
     /// fails (a stuck or hostile agent must not hold a request forever).
     pub agent_answer_timeout: Duration,
+    /// The network gateway sandboxes asking for a network are attached to;
+    /// `None`: this daemon offers loopback only (a create asking for more
+    /// is refused with the reason in [`ManagerConfig::network_unavailable`]).
+    pub gateway: Option<Arc<brig_net::Gateway>>,
+    /// Why there is no gateway, for that refusal.
+    pub network_unavailable: Option<String>,
 }
 
 impl Default for ManagerConfig {
@@ -133,6 +139,8 @@ impl ManagerConfig {
             home: None,
             default_cpus: Some(default_cpus()),
             agent_answer_timeout: brig_agent_client::connection::ANSWER_TIMEOUT,
+            gateway: None,
+            network_unavailable: None,
         }
     }
 }
@@ -162,6 +170,8 @@ pub struct CreateConfig {
     pub allow_setuid: bool,
     /// The isolation tier to start it on.
     pub isolation: Isolation,
+    /// Its network; `None`: loopback only.
+    pub network: Option<brig_net::Policy>,
 }
 
 impl Default for CreateConfig {
@@ -175,6 +185,7 @@ impl Default for CreateConfig {
             timeout: None,
             allow_setuid: false,
             isolation: Isolation::Process,
+            network: None,
         }
     }
 }
@@ -186,6 +197,8 @@ pub enum ManagerError {
     Spec(#[from] SpecError),
     #[error("invalid request: {reason}")]
     BadRequest { reason: String },
+    #[error("sandbox {id}: cannot give it a network: {reason}")]
+    Network { id: SandboxId, reason: String },
     #[error("sandbox {id} is {state}, not running (an ended sandbox cannot be used again: create a new one)")]
     NotRunning { id: SandboxId, state: SandboxState },
     #[error(transparent)]
@@ -260,6 +273,7 @@ impl ManagerError {
         use brig_agent_client::ErrorCode as Code;
         match self {
             ManagerError::Spec(_) | ManagerError::BadRequest { .. } => ErrorKind::BadRequest,
+            ManagerError::Network { .. } => ErrorKind::Unavailable,
             ManagerError::NotRunning { .. } => ErrorKind::NotRunning,
             ManagerError::Sandbox(e) => e.kind(),
             ManagerError::Store(e) => e.kind(),
@@ -329,6 +343,35 @@ pub(crate) struct Live {
     pub(crate) lifecycle: Mutex<crate::lifecycle::Lifecycle>,
     /// Started by an earlier daemon and re-adopted by this one.
     adopted: bool,
+    /// Its link to the gateway, if it has a network.
+    net: Option<NetLink>,
+}
+
+/// A sandbox's place at the gateway.
+#[derive(Debug, Clone)]
+pub(crate) struct NetLink {
+    gateway: Arc<brig_net::Gateway>,
+    net: Arc<brig_net::SandboxNet>,
+}
+
+/// What [`SandboxManager::network`] reports of a sandbox's network.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct NetworkInfo {
+    pub policy: brig_net::Policy,
+    /// Its address on the link to the gateway (`None` without a network).
+    pub address: Option<std::net::Ipv4Addr>,
+    pub bytes_out: u64,
+    pub bytes_in: u64,
+    pub connections_allowed: u64,
+    pub connections_denied: u64,
+}
+
+/// The policy kept on a record (in its attrs, under `network`).
+fn recorded_policy(record: &SandboxRecord) -> Option<brig_net::Policy> {
+    record
+        .attrs
+        .get("network")
+        .and_then(|v| serde_json::from_value(v.clone()).ok())
 }
 
 type LiveMap = Arc<Mutex<HashMap<SandboxId, Arc<Live>>>>;
@@ -565,6 +608,7 @@ impl SandboxManager {
         let env = spec
             .map(|s| s.env.into_iter().map(|e| (e.key, e.value)).collect())
             .unwrap_or_default();
+        let net = self.relink(&record, &*instance);
         let live = Arc::new(Live {
             tenant: record.tenant.clone(),
             conn: Arc::new(conn),
@@ -573,9 +617,118 @@ impl SandboxManager {
             env,
             lifecycle: Mutex::new(crate::lifecycle::Lifecycle::restored(&record)),
             adopted: true,
+            net,
         });
         lock(&self.live).insert(id, live);
         Ok(true)
+    }
+
+    /// Re-attach an adopted sandbox's network to this daemon's gateway:
+    /// its address is read from its namespace, its policy from its record.
+    /// Without a gateway, or if its address cannot be found, it runs on
+    /// with no egress (the gateway steers nothing of an unknown address).
+    fn relink(&self, record: &SandboxRecord, instance: &dyn Instance) -> Option<NetLink> {
+        let policy = recorded_policy(record)?;
+        if policy.mode == brig_net::Mode::None {
+            return None;
+        }
+        let gateway = self.config.gateway.as_ref()?;
+        let addr = instance.pid().and_then(brig_net::gateway::address_of_pid);
+        let Some(addr) = addr else {
+            tracing::warn!(
+                "sandbox {}: its network address cannot be found: it has no egress until recreated",
+                record.id
+            );
+            return None;
+        };
+        let net = gateway.readopt(record.id.as_str(), addr, policy);
+        Some(NetLink {
+            gateway: Arc::clone(gateway),
+            net,
+        })
+    }
+
+    /// Replace a running sandbox's network policy; new connections and
+    /// lookups follow it at once, and it is kept across daemon restarts.
+    pub fn set_network(
+        &self,
+        tenant: &TenantId,
+        id: &SandboxId,
+        policy: brig_net::Policy,
+    ) -> Result<NetworkInfo, ManagerError> {
+        policy.validate().map_err(|e| ManagerError::BadRequest {
+            reason: e.to_string(),
+        })?;
+        let live = self.owned_live(tenant, id)?;
+        let Some(link) = &live.net else {
+            if policy.mode == brig_net::Mode::None {
+                self.store().set_attrs(
+                    id,
+                    "network",
+                    &serde_json::to_value(&policy).unwrap_or_default(),
+                )?;
+                return self.network(tenant, id);
+            }
+            return Err(ManagerError::BadRequest {
+                reason: format!(
+                    "sandbox {id} was created without a network (mode none): its policy can only \
+                     be none; create a new sandbox with a network"
+                ),
+            });
+        };
+        *link.net.policy.write().unwrap_or_else(|e| e.into_inner()) = policy.clone();
+        self.store().set_attrs(
+            id,
+            "network",
+            &serde_json::to_value(&policy).unwrap_or_default(),
+        )?;
+        self.network(tenant, id)
+    }
+
+    /// A sandbox's network: its policy, address and counters.
+    pub fn network(&self, tenant: &TenantId, id: &SandboxId) -> Result<NetworkInfo, ManagerError> {
+        let record = self.get(tenant, id)?;
+        let live = self.live_sandbox(id);
+        let link = live.as_ref().and_then(|l| l.net.clone());
+        let policy = match &link {
+            Some(l) => l.net.policy(),
+            None => recorded_policy(&record).unwrap_or_else(|| brig_net::Policy {
+                mode: brig_net::Mode::None,
+                ..brig_net::Policy::default()
+            }),
+        };
+        let count = |f: fn(&brig_net::proxy::Counters) -> &std::sync::atomic::AtomicU64| {
+            link.as_ref()
+                .map_or(0, |l| f(&l.net.counters).load(Ordering::Relaxed))
+        };
+        Ok(NetworkInfo {
+            policy,
+            address: link.as_ref().map(|l| l.net.addr),
+            bytes_out: count(|c| &c.bytes_out),
+            bytes_in: count(|c| &c.bytes_in),
+            connections_allowed: count(|c| &c.allowed),
+            connections_denied: count(|c| &c.denied),
+        })
+    }
+
+    /// The last connections a sandbox tried, oldest first.
+    pub fn connections(
+        &self,
+        tenant: &TenantId,
+        id: &SandboxId,
+    ) -> Result<Vec<brig_net::proxy::Entry>, ManagerError> {
+        self.get(tenant, id)?;
+        Ok(self
+            .live_sandbox(id)
+            .and_then(|l| l.net.clone())
+            .map(|l| {
+                l.net
+                    .log
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .entries()
+            })
+            .unwrap_or_default())
     }
 
     /// The tier of `isolation`, if this daemon offers it.
@@ -644,28 +797,86 @@ impl SandboxManager {
             name: req.name.clone(),
             timeout,
         };
-        if req.isolation == Isolation::Process {
+        // A network other than loopback: checked before anything is made,
+        // and never from the pool (its sandboxes have loopback only).
+        let wants_net = req
+            .network
+            .as_ref()
+            .is_some_and(|p| p.mode != brig_net::Mode::None);
+        if let Some(policy) = &req.network {
+            policy.validate().map_err(|e| ManagerError::BadRequest {
+                reason: e.to_string(),
+            })?;
+        }
+        let gateway = if wants_net {
+            Some(Arc::clone(self.config.gateway.as_ref().ok_or_else(|| {
+                ManagerError::BadRequest {
+                    reason: format!(
+                        "this daemon cannot give sandboxes a network ({}); create it with network mode none",
+                        self.config
+                            .network_unavailable
+                            .as_deref()
+                            .unwrap_or("it was started without one")
+                    ),
+                }
+            })?))
+        } else {
+            None
+        };
+        let keep_policy = |id: &SandboxId| -> Result<(), ManagerError> {
+            if let Some(policy) = &req.network {
+                let value = serde_json::to_value(policy).unwrap_or_default();
+                self.store().set_attrs(id, "network", &value)?;
+            }
+            Ok(())
+        };
+        if req.isolation == Isolation::Process && !wants_net {
             if let Some(warm) = self.claim(&spec)? {
                 // A pre-made sandbox: its id was picked when it was made;
                 // its record is written now.
                 self.store()
                     .insert_sandbox(&new(warm.instance.id().clone()))?;
-                return self.register(tenant, warm, &spec);
+                keep_policy(warm.instance.id())?;
+                return self.register(tenant, warm, &spec, None);
             }
         }
         // The record first, so a crash from here on leaves a name for the
         // next daemon to clean up after.
         let id = SandboxId::from_random(rand::random());
         self.store().insert_sandbox(&new(id.clone()))?;
+        keep_policy(&id)?;
         let mut fresh = spec.clone();
         fresh.env.clear();
+        // Its network namespace, linked to the gateway, before the spawn.
+        let (attachment, link) = match (&gateway, &req.network) {
+            (Some(gateway), Some(policy)) => match gateway.attach(id.as_str(), policy.clone()) {
+                Ok(a) => {
+                    let link = NetLink {
+                        gateway: Arc::clone(gateway),
+                        net: Arc::clone(&a.net),
+                    };
+                    (NetworkAttachment::Namespace(Arc::new(a.netns)), Some(link))
+                }
+                Err(e) => {
+                    let _ = self.store().mark_dead(&id, None, &EndCause::CreateFailed);
+                    return Err(ManagerError::Network {
+                        id,
+                        reason: e.to_string(),
+                    });
+                }
+            },
+            _ => (NetworkAttachment::Loopback, None),
+        };
         // The filler steps aside while a client waits on a spawn.
         self.waiting.fetch_add(1, Ordering::SeqCst);
-        let made = self.launch(&*tier, &id, &fresh);
+        let made = self.launch(&*tier, &id, &fresh, attachment);
         self.waiting.fetch_sub(1, Ordering::SeqCst);
         match made {
-            Ok(warm) => self.register(tenant, warm, &spec),
+            Ok(warm) => self.register(tenant, warm, &spec, link),
             Err(e) => {
+                if let Some(link) = link {
+                    link.gateway.detach(link.net.addr);
+                }
                 let _ = self.store().mark_dead(&id, None, &EndCause::CreateFailed);
                 Err(e)
             }
@@ -764,13 +975,14 @@ impl SandboxManager {
         tier: &dyn Tier,
         id: &SandboxId,
         spec: &SandboxSpec,
+        network: NetworkAttachment,
     ) -> Result<Warm, ManagerError> {
         let launch = Launch {
             id: id.clone(),
             template: spec.template.clone(),
             limits: spec.limits.clone(),
             allow_setuid: spec.allow_setuid,
-            network: NetworkAttachment::Loopback,
+            network,
         };
         let instance = tier.launch(&launch).map_err(ManagerError::Spawn)?;
         let conn = self.connect(&*instance)?;
@@ -802,6 +1014,7 @@ impl SandboxManager {
         tenant: &TenantId,
         warm: Warm,
         spec: &SandboxSpec,
+        net: Option<NetLink>,
     ) -> Result<SandboxRecord, ManagerError> {
         let Warm { instance, conn } = warm;
         let instance: Arc<dyn Instance> = Arc::from(instance);
@@ -827,6 +1040,7 @@ impl SandboxManager {
                 .collect(),
             lifecycle: Mutex::default(),
             adopted: false,
+            net,
         });
         lock(&self.live).insert(id.clone(), live);
         self.events.publish(&id, tenant, EventKind::Created);
@@ -846,7 +1060,12 @@ impl SandboxManager {
         let mut spec = agent_spec(reserved.template.clone(), self.pool.limits());
         spec.allow_setuid = reserved.setuid;
         let made = match self.tier(Isolation::Process) {
-            Ok(tier) => self.launch(&**tier, &SandboxId::from_random(rand::random()), &spec),
+            Ok(tier) => self.launch(
+                &**tier,
+                &SandboxId::from_random(rand::random()),
+                &spec,
+                NetworkAttachment::Loopback,
+            ),
             Err(e) => Err(e),
         };
         match made {
@@ -1348,6 +1567,9 @@ fn teardown(
             let _ = store.end_sandbox(Scope::Daemon, &id, state, code, &cause);
         }
         Err(e) => tracing::warn!("sandbox {id}: cannot record its end: {e}"),
+    }
+    if let Some(link) = &live.net {
+        link.gateway.detach(link.net.addr);
     }
     // No longer live before anyone hears of the end: a listener that checks
     // `is_live` after the event never finds it live again.

@@ -38,6 +38,8 @@ pub struct CreateArgs {
     /// A label to find the sandbox by (repeatable).
     #[arg(long = "label", short = 'l', value_name = "KEY=VALUE")]
     label: Vec<String>,
+    #[command(flatten)]
+    network: super::net::NetworkFlags,
     /// Print the whole sandbox as JSON instead of its id.
     #[arg(long)]
     json: bool,
@@ -63,6 +65,9 @@ impl CreateArgs {
             if let Some(v) = v {
                 body[k] = v;
             }
+        }
+        if let Some(network) = self.network.body()? {
+            body["network"] = network;
         }
         Ok(body)
     }

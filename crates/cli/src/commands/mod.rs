@@ -17,6 +17,7 @@ pub mod kill;
 pub mod logs;
 pub mod ls;
 pub mod man;
+pub mod net;
 pub mod pause;
 pub mod resume;
 pub mod rm;
@@ -53,6 +54,8 @@ pub enum Command {
     Serve(serve::ServeArgs),
     /// Create a sandbox on the daemon and print its id.
     Create(create::CreateArgs),
+    /// Show or change a sandbox's network policy, or list its connections.
+    Net(net::NetArgs),
     /// Run a command in a sandbox on the daemon; exits with its status.
     Exec(exec::ExecArgs),
     /// List your sandboxes on the daemon.
@@ -97,6 +100,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Doctor(args) => doctor::run(args),
         Command::Serve(args) => serve::run(args),
         Command::Create(args) => create::run(args),
+        Command::Net(args) => net::run(args),
         Command::Exec(args) => exec::run(args),
         Command::Ls(args) => ls::run(args),
         Command::Kill(args) => kill::run(args),

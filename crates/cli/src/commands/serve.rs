@@ -64,6 +64,11 @@ pub struct ServeArgs {
     /// directory into a sandbox.
     #[arg(long = "template-root", value_name = "DIR")]
     template_roots: Vec<PathBuf>,
+    /// A resolver the sandboxes' DNS questions are forwarded to, for the
+    /// names their network policy allows (repeatable) [default: the
+    /// nameservers of /etc/resolv.conf].
+    #[arg(long = "dns-upstream", value_name = "IP[:PORT]", value_parser = parse_upstream)]
+    dns_upstream: Vec<SocketAddr>,
     /// Also serve E2B's API, so the official E2B SDKs work against brig
     /// (docs/e2b.md): the control plane on --e2b-api, the sandboxes' data
     /// plane on --e2b-sandbox.
@@ -103,6 +108,7 @@ struct ServeConfig {
     /// (control plane, data plane) when --e2b is given.
     e2b: Option<(SocketAddr, SocketAddr)>,
     on_stop: OnStop,
+    dns_upstream: Vec<SocketAddr>,
 }
 
 impl ServeArgs {
@@ -149,6 +155,7 @@ impl ServeArgs {
         // template is built (at once if it is; else after the first create
         // of it built it; see pool.rs), so an unbuilt one delays nothing.
         Ok(ServeConfig {
+            dns_upstream: self.dns_upstream,
             listen: self.listen,
             home,
             manager,
@@ -187,12 +194,32 @@ pub fn run(args: ServeArgs) -> anyhow::Result<i32> {
     let owner = store.path().display().to_string();
     let tier = ProcessTier::new(find_agent()?, &owner)
         .context("cannot prepare the process tier (see brig doctor)")?;
-    let manager = SandboxManager::start(store, config.manager, vec![Arc::new(tier)])?;
-
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
+    // The network gateway (its proxy and resolver run on the runtime), before
+    // the manager re-adopts sandboxes attached to it.
+    let mut manager_config = config.manager;
+    let pin = gateway_pin(&tier.options().run_dir, &owner);
+    let upstream = if config.dns_upstream.is_empty() {
+        brig_net::dns::upstream_from_resolv_conf()
+    } else {
+        config.dns_upstream.clone()
+    };
+    match runtime.block_on(async {
+        brig_net::Gateway::start(brig_net::GatewayConfig {
+            pin: pin.clone(),
+            upstream_dns: upstream,
+        })
+    }) {
+        Ok(gateway) => manager_config.gateway = Some(gateway),
+        Err(e) => {
+            tracing::warn!("sandboxes get no network from this daemon: {e}");
+            manager_config.network_unavailable = Some(e.to_string());
+        }
+    }
+    let manager = SandboxManager::start(store, manager_config, vec![Arc::new(tier)])?;
     let state = AppState::new(Arc::clone(&manager)).with_public_metrics(config.metrics_public);
     let served = runtime.block_on(serve(
         config.listen,
@@ -205,8 +232,31 @@ pub fn run(args: ServeArgs) -> anyhow::Result<i32> {
     // work that must finish before brig exits.
     manager.stop(config.on_stop);
     runtime.shutdown_timeout(Duration::from_secs(5));
+    if config.on_stop == OnStop::End {
+        // Every sandbox has ended: nothing is linked to the gateway.
+        brig_net::gateway::remove_pin(&pin);
+    }
     served?;
     Ok(0)
+}
+
+/// Where this daemon's gateway namespace is pinned: one per home (the
+/// tier's runtime directory is shared by every daemon of the host).
+fn gateway_pin(run_dir: &std::path::Path, owner: &str) -> PathBuf {
+    // FNV-1a: a short, stable name for the home's database path.
+    let hash = owner.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    run_dir.join("net").join(format!("gw-{hash:016x}"))
+}
+
+fn parse_upstream(s: &str) -> Result<SocketAddr, String> {
+    s.parse::<SocketAddr>()
+        .or_else(|_| {
+            s.parse::<std::net::IpAddr>()
+                .map(|ip| SocketAddr::new(ip, 53))
+        })
+        .map_err(|_| format!("{s:?} is not IP or IP:PORT"))
 }
 
 async fn serve(
