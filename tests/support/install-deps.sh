@@ -16,7 +16,7 @@ packages=(
     musl-tools      # musl-gcc: static test binaries with no glibc start-up cost
     busybox-static  # a shell and coreutils for minimal rootfs fixtures
     uidmap          # newuidmap/newgidmap for the unprivileged user-namespace tests
-    iproute2        # `ip` to inspect network namespaces in tests
+    iproute2        # `ip`: brig-net makes sandbox links with it; tests build their network worlds
     ca-certificates # mmdebstrap over https mirrors
     python3-venv    # the venv schemathesis runs in (tests/support/install-python-deps.sh)
     # The code interpreter (crates/e2b/resources/code-interpreter), tested on
