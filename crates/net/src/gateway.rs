@@ -116,7 +116,7 @@ impl SandboxNet {
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .get(&addr)
-            .is_some_and(|names| names.iter().any(|n| *n == name))
+            .is_some_and(|names| names.contains(&name))
     }
 
     /// Names this sandbox resolved to `addr`.
