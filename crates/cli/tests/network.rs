@@ -42,7 +42,8 @@ fn ip(ns: &str, script: &str) {
 fn enter(ns: &str) {
     let f = std::fs::File::open(format!("/run/netns/{ns}")).unwrap();
     // SAFETY: setns with a namespace descriptor we hold.
-    assert_eq!(unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) }, 0);
+    let r = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
+    assert_eq!(r, 0);
 }
 
 /// The two namespaces, deleted on drop.

@@ -60,15 +60,14 @@ fn ip(ns: Option<&str>, script: &str) {
 fn enter(path: &str) {
     let f = std::fs::File::open(path).unwrap();
     // SAFETY: setns with a namespace descriptor we hold.
-    assert_eq!(unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) }, 0);
+    let r = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
+    assert_eq!(r, 0);
 }
 
 fn enter_fd(fd: &OwnedFd) {
     // SAFETY: setns with a namespace descriptor we hold.
-    assert_eq!(
-        unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) },
-        0
-    );
+    let r = unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) };
+    assert_eq!(r, 0);
 }
 
 /// The world: two named namespaces, their servers, removed on drop.
