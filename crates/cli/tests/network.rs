@@ -7,162 +7,21 @@
 
 mod support;
 
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
-use std::os::fd::AsRawFd;
 use std::path::Path;
-use std::process::{Command, Output};
-use std::time::Duration;
+use std::process::{Child, Command, Output};
 
-use hickory_proto::op::{Message, MessageType, ResponseCode};
-use hickory_proto::rr::{RData, Record, RecordType};
+use brig_test_support::networld::{NetWorld, DNS};
 use serde_json::Value;
 use support::BRIG;
 
-const ALLOWED: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 10);
-const OTHER: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 11);
-const DNS: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 53);
-const HOST: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
+/// The daemon, stopped however the test ends (a panicking test must not
+/// leave it running).
+struct Daemon(Child);
 
-fn ip(ns: &str, script: &str) {
-    let mut child = Command::new("ip")
-        .args(["-n", ns, "-batch", "-"])
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .expect("run ip");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(script.as_bytes())
-        .unwrap();
-    assert!(child.wait().unwrap().success(), "ip -n {ns}: {script}");
-}
-
-fn enter(ns: &str) {
-    let f = std::fs::File::open(format!("/run/netns/{ns}")).unwrap();
-    // SAFETY: setns with a namespace descriptor we hold.
-    let r = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
-    assert_eq!(r, 0);
-}
-
-/// The two namespaces, deleted on drop.
-struct World {
-    host: String,
-    world: String,
-}
-
-impl Drop for World {
+impl Drop for Daemon {
     fn drop(&mut self) {
-        for ns in [&self.host, &self.world] {
-            let _ = Command::new("ip").args(["netns", "del", ns]).status();
-        }
+        support::stop_daemon(&mut self.0);
     }
-}
-
-/// Build the world and move the calling thread into its "host".
-fn world() -> World {
-    let world = World {
-        host: format!("brig-nt-h-{}", std::process::id()),
-        world: format!("brig-nt-w-{}", std::process::id()),
-    };
-    for ns in [&world.host, &world.world] {
-        let _ = Command::new("ip").args(["netns", "del", ns]).status();
-        assert!(Command::new("ip")
-            .args(["netns", "add", ns])
-            .status()
-            .unwrap()
-            .success());
-    }
-    ip(
-        &world.host,
-        &format!(
-            "link set lo up\n\
-             link add up0 type veth peer name down0 netns {w}\n\
-             addr add {HOST}/24 dev up0\n\
-             link set up0 up\n\
-             route add 203.0.113.0/24 via 198.51.100.2\n",
-            w = world.world
-        ),
-    );
-    ip(
-        &world.world,
-        &format!(
-            "link set lo up\n\
-             addr add 198.51.100.2/24 dev down0\n\
-             link set down0 up\n\
-             addr add {ALLOWED}/32 dev lo\n\
-             addr add {OTHER}/32 dev lo\n\
-             addr add {DNS}/32 dev lo\n\
-             route add default via {HOST}\n"
-        ),
-    );
-    let w = world.world.clone();
-    std::thread::spawn(move || {
-        enter(&w);
-        for addr in [ALLOWED, OTHER] {
-            serve_http(SocketAddr::new(addr.into(), 80));
-        }
-        serve_dns(SocketAddr::new(DNS.into(), 53));
-    })
-    .join()
-    .unwrap();
-    enter(&world.host);
-    world
-}
-
-/// HTTP/1.0 answering every request with "hello from ADDR".
-fn serve_http(addr: SocketAddr) {
-    let l = std::net::TcpListener::bind(addr).unwrap();
-    std::thread::spawn(move || {
-        for s in l.incoming().flatten() {
-            std::thread::spawn(move || {
-                let mut s = s;
-                let mut buf = [0u8; 4096];
-                let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-                let _ = s.read(&mut buf);
-                let body = format!("hello from {addr}");
-                let _ = s.write_all(
-                    format!(
-                        "HTTP/1.0 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
-                        body.len()
-                    )
-                    .as_bytes(),
-                );
-            });
-        }
-    });
-}
-
-fn serve_dns(addr: SocketAddr) {
-    let u = UdpSocket::bind(addr).unwrap();
-    std::thread::spawn(move || {
-        let mut buf = [0u8; 512];
-        while let Ok((n, from)) = u.recv_from(&mut buf) {
-            let Ok(q) = Message::from_vec(&buf[..n]) else {
-                continue;
-            };
-            let mut r = Message::new();
-            r.set_id(q.id()).set_message_type(MessageType::Response);
-            r.add_queries(q.queries().to_vec());
-            let name = q.queries()[0].name().clone();
-            let a = match name.to_ascii().trim_end_matches('.') {
-                "allowed.test" => Some(ALLOWED),
-                "other.test" => Some(OTHER),
-                _ => None,
-            };
-            match a {
-                Some(a) if q.queries()[0].query_type() == RecordType::A => {
-                    r.add_answer(Record::from_rdata(name, 30, RData::A(a.into())));
-                }
-                Some(_) => {}
-                None => {
-                    r.set_response_code(ResponseCode::NXDomain);
-                }
-            }
-            let _ = u.send_to(&r.to_vec().unwrap(), from);
-        }
-    });
 }
 
 /// Python in the sandbox: fetch each URL, print "URL BODY" or "URL ERR
@@ -210,9 +69,9 @@ fn line<'a>(out: &'a str, url: &str) -> &'a str {
 #[test]
 fn sandboxes_reach_what_their_policy_allows_and_nothing_else() {
     require_root!();
-    let _world = world();
+    let _world = NetWorld::build("cli");
     let home = tempfile::tempdir().unwrap();
-    let (mut child, url, lines) = support::start_daemon(
+    let (child, url, lines) = support::start_daemon(
         home.path(),
         &["--dns-upstream", &DNS.to_string(), "--pool", "host=0"],
     );
@@ -221,6 +80,7 @@ fn sandboxes_reach_what_their_policy_allows_and_nothing_else() {
             eprintln!("daemon: {l}");
         }
     });
+    let mut daemon = Daemon(child);
     let h = home.path();
     // The gateway's pin is named after the home's database (serve.rs).
     let owner = std::fs::canonicalize(home.path().join("brig.db"))
@@ -336,7 +196,7 @@ fn sandboxes_reach_what_their_policy_allows_and_nothing_else() {
 
     // Nothing is left once the sandboxes and the daemon are gone.
     ok(brig(h, &url, &["rm", "-f", id, plain.trim()]), "rm");
-    support::stop_daemon(&mut child);
+    support::stop_daemon(&mut daemon.0);
     assert!(!pin.exists(), "{pin:?} outlived the daemon");
     assert!(!pin.with_extension("ready").exists());
 }

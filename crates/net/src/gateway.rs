@@ -169,6 +169,10 @@ pub struct GatewayConfig {
     /// Where the gateway namespace is pinned (a file bind-mounted with the
     /// namespace), so that it outlives a daemon restart.
     pub pin: PathBuf,
+    /// What the gateway belongs to (the daemon's database): written next to
+    /// the pin, so that a later daemon can remove the pin of a home that
+    /// no longer exists ([`reap_orphan_pins`]).
+    pub owner: PathBuf,
     /// Resolvers the gateway asks for names a policy allows.
     pub upstream_dns: Vec<SocketAddr>,
 }
@@ -192,7 +196,7 @@ impl Gateway {
     /// tokio runtime.
     pub fn start(config: GatewayConfig) -> Result<Arc<Gateway>, NetError> {
         which_ip()?;
-        let netns = open_or_make(&config.pin)?;
+        let netns = open_or_make(&config.pin, &config.owner)?;
         let (tcp, dns) = sys::in_netns(&netns, || {
             let tcp = std::net::TcpListener::bind((GATEWAY_ADDR, PROXY_PORT)).and_then(|l| {
                 sys::set_transparent(l.as_raw_fd())?;
@@ -227,7 +231,22 @@ impl Gateway {
     /// A new network namespace for sandbox `id`, linked to the gateway,
     /// under `policy`.
     pub fn attach(&self, id: &str, policy: Policy) -> Result<Attachment, NetError> {
-        let addr = self.allocate()?;
+        // Known (and its address taken) from the start; forgotten again if
+        // the link cannot be made. The namespace, and with it both ends of
+        // a half-made link, goes with its last descriptor.
+        let net = self.register(id, self.allocate()?, policy);
+        let addr = net.addr;
+        match self.link(id, addr) {
+            Ok(netns) => Ok(Attachment { netns, addr, net }),
+            Err(e) => {
+                self.detach(addr);
+                Err(e)
+            }
+        }
+    }
+
+    /// A new namespace with `eth0` at `addr`, linked to the gateway.
+    fn link(&self, id: &str, addr: Ipv4Addr) -> Result<OwnedFd, NetError> {
         let link = link_name(id);
         let netns = sys::in_netns(&self.netns, || {
             // A fresh namespace for the sandbox, made from inside the
@@ -254,35 +273,22 @@ impl Gateway {
              link set {link} up\n\
              route add {addr}/32 dev {link}\n"
         );
-        if let Err(e) = ip_batch(
+        ip_batch(
             &self.netns,
             &gateway_side,
             "configure the gateway's side of the link",
-        ) {
-            // The namespace (and with it both ends of the link) goes with
-            // its last descriptor.
-            self.release(addr);
-            return Err(e);
-        }
-        let net = Arc::new(SandboxNet {
-            id: id.to_string(),
-            addr,
-            policy: RwLock::new(policy),
-            resolved: RwLock::default(),
-            counters: Default::default(),
-            log: Mutex::default(),
-        });
-        self.sandboxes
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(addr, Arc::clone(&net));
-        Ok(Attachment { netns, addr, net })
+        )?;
+        Ok(netns)
     }
 
     /// Take back a sandbox an earlier daemon attached (its link is still
     /// in the gateway namespace): known again by `addr`, under `policy`.
     /// What it resolved before is forgotten; it resolves again.
     pub fn readopt(&self, id: &str, addr: Ipv4Addr, policy: Policy) -> Arc<SandboxNet> {
+        self.register(id, addr, policy)
+    }
+
+    fn register(&self, id: &str, addr: Ipv4Addr, policy: Policy) -> Arc<SandboxNet> {
         let net = Arc::new(SandboxNet {
             id: id.to_string(),
             addr,
@@ -341,10 +347,6 @@ impl Gateway {
             }
         }
         Err(NetError::Exhausted(SIZE as usize - 3))
-    }
-
-    fn release(&self, addr: Ipv4Addr) {
-        self.detach(addr);
     }
 }
 
@@ -440,7 +442,7 @@ fn ip_batch(ns: &OwnedFd, commands: &str, op: &'static str) -> Result<(), NetErr
 
 /// The gateway namespace pinned at `pin`, made and configured if it is
 /// not there (or was left half-made).
-fn open_or_make(pin: &Path) -> Result<OwnedFd, NetError> {
+fn open_or_make(pin: &Path, owner: &Path) -> Result<OwnedFd, NetError> {
     let ready = pin.with_extension("ready");
     if ready.exists() {
         if let Ok(f) = std::fs::File::open(pin) {
@@ -500,8 +502,28 @@ fn open_or_make(pin: &Path) -> Result<OwnedFd, NetError> {
          addr add {GATEWAY_ADDR}/32 dev lo\n"
     );
     ip_batch(&ns, &setup, "configure the gateway namespace")?;
-    std::fs::write(&ready, b"").map_err(io_err("mark the gateway ready"))?;
+    std::fs::write(&ready, owner.as_os_str().as_encoded_bytes())
+        .map_err(io_err("mark the gateway ready"))?;
     Ok(ns)
+}
+
+/// Remove the gateway pins in `dir` whose owner no longer exists: a daemon
+/// that crashed and whose home was then removed (its sandboxes are
+/// discarded by the tier's own reconcile for the same reason). A pin
+/// without a recorded owner is an orphan too.
+pub fn reap_orphan_pins(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let path = e.path();
+        if path.extension().is_some_and(|x| x == "ready") {
+            let owner = std::fs::read_to_string(&path).unwrap_or_default();
+            if owner.is_empty() || !Path::new(&owner).exists() {
+                remove_pin(&path.with_extension(""));
+            }
+        }
+    }
 }
 
 /// Remove a pinned gateway namespace (it lives on while a sandbox's link

@@ -18,73 +18,32 @@
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream, UdpSocket};
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::process::Command;
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::Duration;
 
 use brig_net::policy::Policy;
 use brig_net::{Gateway, GatewayConfig, Mode, GATEWAY_ADDR};
-use hickory_proto::op::{Message, MessageType, Query, ResponseCode};
-use hickory_proto::rr::{Name, RData, Record, RecordType};
+use brig_test_support::networld::{
+    enter_fd, serve_http, NetWorld, ALLOWED, DNS, HOST, METADATA, OTHER, PRIVATE,
+};
+use hickory_proto::op::{Message, Query, ResponseCode};
+use hickory_proto::rr::{Name, RData, RecordType};
 
-const ALLOWED: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 10);
-const OTHER: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 11);
-const DNS: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 53);
-const PRIVATE: Ipv4Addr = Ipv4Addr::new(192, 168, 1, 10);
-const METADATA: Ipv4Addr = Ipv4Addr::new(169, 254, 169, 254);
-const HOST: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
-
-fn ip(ns: Option<&str>, script: &str) {
-    let mut cmd = Command::new("ip");
-    if let Some(ns) = ns {
-        cmd.args(["-n", ns]);
-    }
-    let out = cmd
-        .args(["-batch", "-"])
-        .stdin(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .and_then(|mut c| {
-            c.stdin.take().unwrap().write_all(script.as_bytes())?;
-            c.wait_with_output()
-        })
-        .expect("run ip");
-    assert!(
-        out.status.success(),
-        "ip {script}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn enter(path: &str) {
-    let f = std::fs::File::open(path).unwrap();
-    // SAFETY: setns with a namespace descriptor we hold.
-    let r = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
-    assert_eq!(r, 0);
-}
-
-fn enter_fd(fd: &OwnedFd) {
-    // SAFETY: setns with a namespace descriptor we hold.
-    let r = unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) };
-    assert_eq!(r, 0);
-}
-
-/// The world: two named namespaces, their servers, removed on drop.
+/// The world, this test's gateway in its host namespace, and the
+/// runtime the gateway's proxy and resolver run on.
 struct World {
-    d: String,
-    w: String,
-    _pin_dir: tempfile::TempDir,
     pin: std::path::PathBuf,
+    pin_dir: tempfile::TempDir,
     rt: tokio::runtime::Runtime,
     gateway: Arc<Gateway>,
+    // Last: the namespaces go after the gateway's pin.
+    _net: NetWorld,
 }
 
 impl Drop for World {
     fn drop(&mut self) {
         brig_net::gateway::remove_pin(&self.pin);
-        let _ = Command::new("ip").args(["netns", "del", &self.d]).status();
-        let _ = Command::new("ip").args(["netns", "del", &self.w]).status();
     }
 }
 
@@ -96,59 +55,9 @@ fn world(tag: &str) -> Option<World> {
         eprintln!("skipped: {why}");
         return None;
     }
-    let d = format!("brigt-d-{}-{tag}", std::process::id());
-    let w = format!("brigt-w-{}-{tag}", std::process::id());
-    for ns in [&d, &w] {
-        let _ = Command::new("ip").args(["netns", "del", ns]).status();
-        assert!(Command::new("ip")
-            .args(["netns", "add", ns])
-            .status()
-            .unwrap()
-            .success());
-    }
-    ip(
-        Some(&d),
-        &format!(
-            "link set lo up\n\
-             link add up0 type veth peer name down0 netns {w}\n\
-             addr add {HOST}/24 dev up0\n\
-             link set up0 up\n\
-             route add 203.0.113.0/24 via 198.51.100.2\n\
-             route add 192.168.1.0/24 via 198.51.100.2\n\
-             route add {METADATA}/32 via 198.51.100.2\n"
-        ),
-    );
-    ip(
-        Some(&w),
-        &format!(
-            "link set lo up\n\
-             addr add 198.51.100.2/24 dev down0\n\
-             link set down0 up\n\
-             addr add {ALLOWED}/32 dev lo\n\
-             addr add {OTHER}/32 dev lo\n\
-             addr add {DNS}/32 dev lo\n\
-             addr add {PRIVATE}/32 dev lo\n\
-             addr add {METADATA}/32 dev lo\n\
-             route add default via {HOST}\n"
-        ),
-    );
-    // The world's servers, in W.
-    let wpath = format!("/run/netns/{w}");
-    std::thread::spawn(move || {
-        enter(&wpath);
-        for addr in [ALLOWED, OTHER, PRIVATE, METADATA] {
-            serve_tcp(SocketAddr::new(addr.into(), 80));
-        }
-        serve_tcp(SocketAddr::new(ALLOWED.into(), 443));
-        serve_udp_echo(SocketAddr::new(ALLOWED.into(), 9999));
-        serve_dns(SocketAddr::new(DNS.into(), 53));
-    })
-    .join()
-    .unwrap();
-    // The host's own service, in D.
-    let dpath = format!("/run/netns/{d}");
-    enter(&dpath);
-    serve_tcp(SocketAddr::new(HOST.into(), 8080));
+    let net = NetWorld::build(tag);
+    // The host's own service.
+    serve_http(SocketAddr::new(HOST.into(), 8080));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -156,83 +65,28 @@ fn world(tag: &str) -> Option<World> {
         .unwrap();
     let pin_dir = tempfile::tempdir().unwrap();
     let pin = pin_dir.path().join("gw");
-    let gateway = {
-        let _guard = rt.enter();
-        Gateway::start(GatewayConfig {
-            pin: pin.clone(),
-            upstream_dns: vec![SocketAddr::new(DNS.into(), 53)],
-        })
-        .expect("start the gateway")
-    };
+    let gateway = start_gateway(&rt, &pin, pin_dir.path());
     Some(World {
-        d,
-        w,
-        _pin_dir: pin_dir,
         pin,
+        pin_dir,
         rt,
         gateway,
+        _net: net,
     })
 }
 
-/// A TCP server answering anything with "hello from ADDR" once it has
-/// read a request (an HTTP head or a TLS hello).
-fn serve_tcp(addr: SocketAddr) {
-    let l = std::net::TcpListener::bind(addr).unwrap();
-    std::thread::spawn(move || {
-        for s in l.incoming().flatten() {
-            std::thread::spawn(move || {
-                let mut s = s;
-                let mut buf = [0u8; 4096];
-                let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-                let _ = s.read(&mut buf);
-                let _ = s.write_all(format!("hello from {addr}").as_bytes());
-            });
-        }
-    });
-}
-
-fn serve_udp_echo(addr: SocketAddr) {
-    let u = UdpSocket::bind(addr).unwrap();
-    std::thread::spawn(move || {
-        let mut buf = [0u8; 512];
-        while let Ok((n, from)) = u.recv_from(&mut buf) {
-            let _ = u.send_to(&buf[..n], from);
-        }
-    });
-}
-
-/// The world's DNS: a few A records.
-fn serve_dns(addr: SocketAddr) {
-    let u = UdpSocket::bind(addr).unwrap();
-    std::thread::spawn(move || {
-        let mut buf = [0u8; 512];
-        while let Ok((n, from)) = u.recv_from(&mut buf) {
-            let Ok(q) = Message::from_vec(&buf[..n]) else {
-                continue;
-            };
-            let mut r = Message::new();
-            r.set_id(q.id()).set_message_type(MessageType::Response);
-            r.add_queries(q.queries().to_vec());
-            let name = q.queries()[0].name().clone();
-            let a = match name.to_ascii().trim_end_matches('.') {
-                "allowed.test" | "www.allowed.test" => Some(ALLOWED),
-                "other.test" => Some(OTHER),
-                "rebind.test" => Some(PRIVATE),
-                "meta.test" => Some(METADATA),
-                _ => None,
-            };
-            match a {
-                Some(a) if q.queries()[0].query_type() == RecordType::A => {
-                    r.add_answer(Record::from_rdata(name, 30, RData::A(a.into())));
-                }
-                Some(_) => {}
-                None => {
-                    r.set_response_code(ResponseCode::NXDomain);
-                }
-            }
-            let _ = u.send_to(&r.to_vec().unwrap(), from);
-        }
-    });
+fn start_gateway(
+    rt: &tokio::runtime::Runtime,
+    pin: &std::path::Path,
+    owner: &std::path::Path,
+) -> Arc<Gateway> {
+    let _guard = rt.enter();
+    Gateway::start(GatewayConfig {
+        pin: pin.to_path_buf(),
+        owner: owner.to_path_buf(),
+        upstream_dns: vec![SocketAddr::new(DNS.into(), 53)],
+    })
+    .expect("start the gateway")
 }
 
 /// Run `f` in the sandbox's namespace.
@@ -253,9 +107,14 @@ fn get(addr: SocketAddr, host: &str) -> Option<String> {
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     s.write_all(format!("GET / HTTP/1.1\r\nHost: {host}\r\n\r\n").as_bytes())
         .ok()?;
+    body(&mut s)
+}
+
+/// The body of the HTTP response on `s`, or None if there was none.
+fn body(s: &mut TcpStream) -> Option<String> {
     let mut out = String::new();
     s.read_to_string(&mut out).ok()?;
-    (!out.is_empty()).then_some(out)
+    out.split_once("\r\n\r\n").map(|(_, b)| b.to_string())
 }
 
 /// A TLS ClientHello naming `sni` (enough for the proxy to read; the
@@ -291,9 +150,7 @@ fn tls(addr: SocketAddr, sni: &str) -> Option<String> {
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(3)).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     s.write_all(&client_hello(sni)).ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    (!out.is_empty()).then_some(out)
+    body(&mut s)
 }
 
 /// Resolve `name` (A) through whatever address the sandbox asks: the
@@ -527,4 +384,20 @@ fn a_sandboxs_link_is_gone_when_its_namespace_is() {
     }
     assert!(gone, "the gateway's end of the link outlived the sandbox");
     let _ = &world.rt;
+}
+
+#[test]
+fn a_pin_whose_owner_is_gone_is_reaped_and_a_live_ones_kept() {
+    let Some(world) = world("reap") else { return };
+    let owner = tempfile::NamedTempFile::new_in(world.pin_dir.path()).unwrap();
+    let other_pin = world.pin_dir.path().join("gw-other");
+    let _other = start_gateway(&world.rt, &other_pin, owner.path());
+    assert!(other_pin.exists() && other_pin.with_extension("ready").exists());
+    brig_net::gateway::reap_orphan_pins(world.pin_dir.path());
+    assert!(other_pin.exists(), "a pin whose owner exists was reaped");
+    drop(owner);
+    brig_net::gateway::reap_orphan_pins(world.pin_dir.path());
+    assert!(!other_pin.exists(), "an orphan pin was kept");
+    assert!(!other_pin.with_extension("ready").exists());
+    assert!(world.pin.exists(), "the live gateway's pin was reaped");
 }

@@ -167,6 +167,8 @@ pub use fixture::{manager_fixture, ManagerFixture};
 
 #[cfg(feature = "fake-tier")]
 pub mod fake_tier;
+#[cfg(feature = "networld")]
+pub mod networld;
 
 #[cfg(feature = "runtime")]
 mod fixture {

@@ -191,7 +191,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<i32> {
     // The process tier, run by the agent next to this binary, and tagged
     // with this daemon's database: sandboxes of another home on the same
     // host are none of its business.
-    let owner = store.path().display().to_string();
+    let store_path = store.path().to_path_buf();
+    let owner = store_path.display().to_string();
     let tier = ProcessTier::new(find_agent()?, &owner)
         .context("cannot prepare the process tier (see brig doctor)")?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -207,9 +208,13 @@ pub fn run(args: ServeArgs) -> anyhow::Result<i32> {
     } else {
         config.dns_upstream.clone()
     };
+    if let Some(dir) = pin.parent() {
+        brig_net::gateway::reap_orphan_pins(dir);
+    }
     match runtime.block_on(async {
         brig_net::Gateway::start(brig_net::GatewayConfig {
             pin: pin.clone(),
+            owner: store_path.clone(),
             upstream_dns: upstream,
         })
     }) {
