@@ -33,6 +33,8 @@ const ROUTES: &[(&str, &[&str])] = &[
     ("/v1/sandboxes/{id}/processes/{pid}/stdin", &["post"]),
     ("/v1/sandboxes/{id}/pty", &["get"]),
     ("/v1/sandboxes/{id}/logs", &["get"]),
+    ("/v1/sandboxes/{id}/network", &["get", "put"]),
+    ("/v1/sandboxes/{id}/network/connections", &["get"]),
     (
         "/v1/sandboxes/{id}/ports/{port}/{path}",
         &["get", "post", "put", "patch", "delete"],
