@@ -19,6 +19,9 @@ Each group starts the same program in every tool and in no sandbox at all
             host directory we could put a binary in, hence the separate root.)
     python  /usr/bin/python3 -c pass, layouts as in `true`
 
+brig runs with --network none: like the peers' sandboxes here, it gets a
+network namespace with loopback only (bench/net.py measures brig's network).
+
 Timing is hyperfine -N (no shell). To keep slow drifts of this noisy machine
 from landing on one tool, the runs are split into rounds; every round runs
 every group, each hyperfine call covers all of a group's commands, and the
@@ -184,7 +187,7 @@ def make_cases(brig, fx, work, groups):
     if "true" in groups:
         cases += [
             Case("true", "bare", ["/bin/true"]),
-            Case("true", "brig", [str(brig), "run", "--template", "host", "--", "/bin/true"]),
+            Case("true", "brig", [str(brig), "run", "--network", "none", "--template", "host", "--", "/bin/true"]),
             Case("true", "bwrap", bwrap + ["--ro-bind", "/", "/", "/bin/true"]),
             Case("true", "crun", crun("true"), private_mounts=True),
         ]
@@ -192,7 +195,7 @@ def make_cases(brig, fx, work, groups):
         tiny = str(fx["tiny"])
         cases += [
             Case("musl", "bare", [tiny + fx["musl"]]),
-            Case("musl", "brig", [str(brig), "run", "--template", f"dir:{tiny}", "--", fx["musl"]]),
+            Case("musl", "brig", [str(brig), "run", "--network", "none", "--template", f"dir:{tiny}", "--", fx["musl"]]),
             Case("musl", "bwrap", bwrap + ["--ro-bind", tiny, "/", fx["musl"]]),
             Case("musl", "crun", crun("musl"), private_mounts=True),
         ]
@@ -200,7 +203,7 @@ def make_cases(brig, fx, work, groups):
         py = [PYTHON, "-c", "pass"]
         cases += [
             Case("python", "bare", py),
-            Case("python", "brig", [str(brig), "run", "--template", "host", "--"] + py),
+            Case("python", "brig", [str(brig), "run", "--network", "none", "--template", "host", "--"] + py),
             Case("python", "bwrap", bwrap + ["--ro-bind", "/", "/"] + py),
             Case("python", "crun", crun("python"), private_mounts=True),
         ]

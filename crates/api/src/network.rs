@@ -69,6 +69,7 @@ impl NetworkConfig {
             allow: rules(&self.allow, "allow")?,
             deny: rules(&self.deny, "deny")?,
             hosts,
+            ..brig_net::Policy::default()
         };
         policy.validate().map_err(|e| bad(&e))?;
         Ok(policy)
@@ -122,6 +123,12 @@ pub fn policy_view(policy: &brig_net::Policy) -> serde_json::Value {
         "allow": policy.allow.iter().map(ToString::to_string).collect::<Vec<_>>(),
         "deny": policy.deny.iter().map(ToString::to_string).collect::<Vec<_>>(),
         "hosts": policy.hosts.iter().map(|(n, a)| (n.clone(), serde_json::Value::String(a.to_string()))).collect::<serde_json::Map<_, _>>(),
+        // "allow" only for a policy set through E2B's API, whose allow
+        // rules are exceptions to its deny rules.
+        "precedence": match policy.precedence {
+            brig_net::policy::Precedence::Deny => "deny",
+            brig_net::policy::Precedence::Allow => "allow",
+        },
     })
 }
 

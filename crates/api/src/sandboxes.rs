@@ -43,7 +43,8 @@ pub struct CreateSandboxConfig {
     /// A name unique among the tenant's sandboxes until its record is
     /// removed: letters, digits, `_`, `.`, `-`, at most 64.
     pub name: Option<String>,
-    /// Its network (see `network.rs`); absent: loopback only.
+    /// Its network (see `network.rs`); absent: the daemon's default,
+    /// `public` (loopback only if the daemon cannot give sandboxes a network).
     pub network: Option<crate::network::NetworkConfig>,
 }
 

@@ -296,6 +296,11 @@ fn case(program: &'static str) -> Case {
             c.expect = Expect::ReportOrOom;
         }
         "fd_exhaust" => c.expect = Expect::ReportOrOom,
+        // A sandbox with no network must have nothing but loopback. (What a
+        // networked sandbox can reach is attacked in tests/network.rs and
+        // crates/net/tests/world.rs: the host, private ranges, metadata,
+        // other sandboxes.)
+        "network_egress" => c.brig_args = vec!["--network", "none", "--timeout", "60s"],
         // The daemon it leaves must not keep brig (or the sandbox) alive.
         "orphan_daemon" => c.within = Duration::from_secs(20),
         "cpu_spin" => {

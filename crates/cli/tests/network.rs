@@ -170,18 +170,6 @@ fn sandboxes_reach_what_their_policy_allows_and_nothing_else() {
         "the host itself: {got}"
     );
 
-    // Without --network a sandbox has loopback only.
-    let plain = ok(brig(h, &url, &["create"]), "create");
-    let got = fetch(h, &url, plain.trim(), &["http://203.0.113.10/"]);
-    assert!(line(&got, "http://203.0.113.10/").contains("ERR"), "{got}");
-    let refused = brig(h, &url, &["net", plain.trim(), "--network", "public"]);
-    assert!(!refused.status.success());
-    assert!(
-        String::from_utf8_lossy(&refused.stderr).contains("created without a network"),
-        "{}",
-        String::from_utf8_lossy(&refused.stderr)
-    );
-
     // Bad rules are a clear 400.
     let bad = brig(
         h,
@@ -195,8 +183,241 @@ fn sandboxes_reach_what_their_policy_allows_and_nothing_else() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("sideways"));
 
     // Nothing is left once the sandboxes and the daemon are gone.
-    ok(brig(h, &url, &["rm", "-f", id, plain.trim()]), "rm");
+    ok(brig(h, &url, &["rm", "-f", id]), "rm");
     support::stop_daemon(&mut daemon.0);
     assert!(!pin.exists(), "{pin:?} outlived the daemon");
     assert!(!pin.with_extension("ready").exists());
+}
+
+/// E2B's network options through the official Python client
+/// (tests/e2b/network_sdk.py), against `brig serve --e2b` in the test
+/// world; and the daemon's default network for native creates.
+#[test]
+fn e2b_network_options_work_through_the_official_client() {
+    use brig_test_support::networld::{ALLOWED, METADATA, OTHER, PRIVATE};
+    require_root!();
+    let python = brig_test_support::test_cache().join("e2b-venv/bin/python");
+    if !python.exists() {
+        let why = format!(
+            "{} is missing: tests/support/install-python-deps.sh makes it",
+            python.display()
+        );
+        brig_test_support::skip(&why);
+        return;
+    }
+    let _world = NetWorld::build("e2b");
+    let home = tempfile::tempdir().unwrap();
+    let (child, url, mut lines) = support::start_daemon(
+        home.path(),
+        &[
+            "--dns-upstream",
+            &DNS.to_string(),
+            "--e2b",
+            "--e2b-api",
+            "127.0.0.1:0",
+            "--e2b-sandbox",
+            "127.0.0.1:0",
+        ],
+    );
+    let mut daemon = Daemon(child);
+    let mut addr = |prefix: &str| loop {
+        let line = lines.next().expect("brig serve exited").unwrap();
+        if let Some(a) = line.strip_prefix(prefix) {
+            break a.to_string();
+        }
+    };
+    let api = addr("brig: e2b api on ");
+    let data = addr("brig: e2b sandboxes on ");
+    std::thread::spawn(move || {
+        for l in lines.map_while(Result::ok) {
+            eprintln!("daemon: {l}");
+        }
+    });
+    let key = std::fs::read_to_string(home.path().join("local.key")).unwrap();
+
+    // Native: a create that names no network gets the default, public.
+    let h = home.path();
+    let id = ok(brig(h, &url, &["create"]), "create");
+    let got = fetch(
+        h,
+        &url,
+        id.trim(),
+        &["http://other.test/", &format!("http://{PRIVATE}/")],
+    );
+    assert!(
+        line(&got, "http://other.test/").ends_with("hello from 203.0.113.11:80"),
+        "{got}"
+    );
+    assert!(
+        line(&got, &format!("http://{PRIVATE}/")).contains("ERR"),
+        "{got}"
+    );
+    let info: Value = serde_json::from_str(&ok(brig(h, &url, &["net", id.trim()]), "net")).unwrap();
+    assert_eq!(info["mode"], "public", "{info}");
+    // `none` is a policy like any other: it can be opened later.
+    let closed = ok(
+        brig(h, &url, &["create", "--network", "none"]),
+        "create none",
+    );
+    let got = fetch(h, &url, closed.trim(), &["http://other.test/"]);
+    assert!(line(&got, "http://other.test/").contains("ERR"), "{got}");
+    ok(
+        brig(h, &url, &["net", closed.trim(), "--network", "public"]),
+        "net --network public",
+    );
+    let got = fetch(h, &url, closed.trim(), &["http://other.test/"]);
+    assert!(
+        line(&got, "http://other.test/").ends_with("hello from 203.0.113.11:80"),
+        "{got}"
+    );
+    ok(brig(h, &url, &["rm", "-f", id.trim(), closed.trim()]), "rm");
+
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/e2b/network_sdk.py");
+    let out = Command::new(&python)
+        .arg(&script)
+        .args([ALLOWED, OTHER, PRIVATE, METADATA].map(|a| a.to_string()))
+        .env("E2B_API_KEY", key.trim())
+        .env("E2B_API_URL", &api)
+        .env("E2B_SANDBOX_URL", &data)
+        .env_remove("E2B_DEBUG")
+        .env_remove("E2B_DOMAIN")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains(&format!("{NETWORK_SDK_CHECKS} passed, 0 failed")),
+        "network_sdk.py:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // The same through the official JS client.
+    let node_dir = brig_test_support::test_cache().join("e2b-node");
+    if !node_dir.join("node_modules/e2b/package.json").exists() {
+        let why = format!(
+            "{} has no e2b: tests/support/install-node-deps.sh installs it",
+            node_dir.display()
+        );
+        brig_test_support::skip(&why);
+    } else {
+        // Copies next to node_modules (where node resolves `e2b`), named
+        // by pid: tests may run side by side.
+        let src = script.with_file_name("js_network.mjs");
+        let pid = std::process::id();
+        let checks = format!("sdk_checks-net-{pid}.mjs");
+        let copy = node_dir.join(format!("{pid}-js_network.mjs"));
+        let text = std::fs::read_to_string(&src)
+            .unwrap()
+            .replace("'./sdk_checks.mjs'", &format!("'./{checks}'"));
+        std::fs::write(&copy, text).unwrap();
+        std::fs::copy(src.with_file_name("sdk_checks.mjs"), node_dir.join(&checks)).unwrap();
+        let out = Command::new("node")
+            .arg(&copy)
+            .args([ALLOWED, OTHER].map(|a| a.to_string()))
+            .current_dir(&node_dir)
+            .env("E2B_API_KEY", key.trim())
+            .env("E2B_API_URL", &api)
+            .env("E2B_SANDBOX_URL", &data)
+            .env("E2B_USER_AGENT_SOURCE", "ci")
+            .env_remove("E2B_DEBUG")
+            .env_remove("E2B_DOMAIN")
+            .output()
+            .unwrap();
+        let _ = std::fs::remove_file(&copy);
+        let _ = std::fs::remove_file(node_dir.join(&checks));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success()
+                && stdout.contains(&format!("{JS_NETWORK_CHECKS} passed, 0 failed")),
+            "js_network.mjs:\n{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    support::stop_daemon(&mut daemon.0);
+}
+
+/// The checks of tests/e2b/network_sdk.py.
+const NETWORK_SDK_CHECKS: usize = 33;
+/// The checks of tests/e2b/js_network.mjs.
+const JS_NETWORK_CHECKS: usize = 15;
+
+/// `brig run` gives its sandbox a network of its own (no daemon): public
+/// by default, narrowed by the same flags as `brig create`, none with
+/// `--network none`; nothing of it is left once it exits.
+#[test]
+fn brig_run_has_a_network_of_its_own() {
+    require_root!();
+    let world = NetWorld::build("run");
+    let links = || {
+        Command::new("ip")
+            .args(["-n", &world.host, "-o", "link"])
+            .output()
+            .unwrap()
+            .stdout
+            .len()
+    };
+    let before = links();
+    let run = |flags: &[&str], urls: &[&str]| -> String {
+        let mut args = vec!["run", "--dns-upstream", "203.0.113.53"];
+        args.extend_from_slice(flags);
+        args.extend_from_slice(&["--", "python3", "-c", FETCH]);
+        args.extend_from_slice(urls);
+        let out = Command::new(BRIG).args(&args).output().unwrap();
+        ok(out, &format!("brig run {flags:?}"))
+    };
+    let got = run(
+        &[],
+        &[
+            "http://allowed.test/",
+            "http://203.0.113.11/",
+            "http://192.168.1.10/",
+            "http://169.254.169.254/",
+            "http://198.51.100.1:9/",
+        ],
+    );
+    assert!(
+        line(&got, "http://allowed.test/").ends_with("hello from 203.0.113.10:80"),
+        "{got}"
+    );
+    assert!(
+        line(&got, "http://203.0.113.11/").ends_with("hello from 203.0.113.11:80"),
+        "{got}"
+    );
+    for refused in [
+        "http://192.168.1.10/",
+        "http://169.254.169.254/",
+        "http://198.51.100.1:9/",
+    ] {
+        assert!(line(&got, refused).contains("ERR"), "{refused}: {got}");
+    }
+    let got = run(
+        &["--network", "allow", "--allow", "allowed.test"],
+        &[
+            "http://allowed.test/",
+            "http://other.test/",
+            "http://203.0.113.10/",
+        ],
+    );
+    assert!(
+        line(&got, "http://allowed.test/").ends_with("hello from 203.0.113.10:80"),
+        "{got}"
+    );
+    assert!(line(&got, "http://other.test/").contains("ERR"), "{got}");
+    assert!(line(&got, "http://203.0.113.10/").contains("ERR"), "{got}");
+    let got = run(&["--network", "none"], &["http://203.0.113.10/"]);
+    assert!(line(&got, "http://203.0.113.10/").contains("ERR"), "{got}");
+    // A bad rule is refused before anything runs.
+    let out = Command::new(BRIG)
+        .args(["run", "--allow", "a.*.com", "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(125), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("a.*.com"),
+        "{out:?}"
+    );
+    assert_eq!(
+        links(),
+        before,
+        "brig run left a link in the host namespace"
+    );
 }

@@ -285,7 +285,17 @@ fn dir_templates_belong_to_the_sandboxs_root() {
 fn the_sandbox_has_its_own_hostname_network_and_identity() {
     require_root!();
     for t in templates() {
-        let o = run(&t, &[], &["sh", "-c", "hostname; cat /proc/net/dev | tail -n +3 | cut -d: -f1; cat /proc/self/uid_map; ls /proc | grep -c '^[0-9]'"]);
+        let script = "hostname; echo $(cat /proc/net/dev | tail -n +3 | cut -d: -f1); cat /proc/self/uid_map; ls /proc | grep -c '^[0-9]'";
+        // --network none: loopback only; by default also the link to its
+        // gateway (docs/server.md "Network").
+        let none = run(&t, &["--network", "none"], &["sh", "-c", script]);
+        let none = stdout(&none);
+        assert_eq!(
+            none.lines().nth(1),
+            Some("lo"),
+            "{t}: only loopback: {none}"
+        );
+        let o = run(&t, &[], &["sh", "-c", script]);
         let out = stdout(&o);
         let lines: Vec<&str> = out.lines().collect();
         assert!(
@@ -293,7 +303,13 @@ fn the_sandbox_has_its_own_hostname_network_and_identity() {
             "{t}: hostname {:?}",
             lines[0]
         );
-        assert_eq!(lines[1].trim(), "lo", "{t}: only loopback");
+        let mut links: Vec<&str> = lines[1].split_whitespace().collect();
+        links.sort_unstable();
+        assert_eq!(
+            links,
+            ["eth0", "lo"],
+            "{t}: loopback and the gateway's link"
+        );
         let map: Vec<u64> = lines[2]
             .split_whitespace()
             .map(|x| x.parse().unwrap())

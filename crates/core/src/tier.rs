@@ -269,8 +269,13 @@ pub trait Tier: Send + Sync + fmt::Debug {
     /// stderr (a new terminal if `spec.tty`): `brig run`. The sandbox dies
     /// with this process and ends when the command does. Returns once the
     /// command is running (or could not start: [`TierError::Command`]).
-    fn run(&self, spec: &SandboxSpec) -> Result<Box<dyn OneShot>, TierError> {
-        let _ = spec;
+    /// `network`: as [`Launch::network`].
+    fn run(
+        &self,
+        spec: &SandboxSpec,
+        network: &NetworkAttachment,
+    ) -> Result<Box<dyn OneShot>, TierError> {
+        let _ = (spec, network);
         Err(TierError::Unsupported {
             tier: self.isolation(),
             op: "run a one-shot command",

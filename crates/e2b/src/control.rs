@@ -17,6 +17,7 @@
 //! it ended.
 
 mod interpreter;
+mod network;
 mod time;
 mod wire;
 
@@ -35,8 +36,8 @@ use rand::distributions::{Alphanumeric, DistString};
 
 pub use interpreter::InterpreterError;
 pub use time::{parse_rfc3339, rfc3339};
-pub use wire::E2bError;
 use wire::{Detail, Metric};
+pub use wire::{E2bError, NetworkConfig};
 
 use super::{on_end, E2bLifecycle, E2bSandbox, E2bState, Ended, Registry};
 use brig_http::{blocking, Auth, AuthRejection};
@@ -62,6 +63,10 @@ pub fn router(state: E2bState) -> Router {
         .route("/sandboxes/{id}/timeout", post(set_timeout))
         .route("/sandboxes/{id}/pause", post(pause))
         .route("/sandboxes/{id}/metrics", get(metrics))
+        .route(
+            "/sandboxes/{id}/network",
+            axum::routing::put(network::update),
+        )
         .fallback(|| async {
             E2bError::new(
                 StatusCode::NOT_FOUND,
@@ -170,6 +175,33 @@ async fn create(
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| E2bError::bad_request(format!("envVars: {e}")))?;
     let metadata = req.metadata.unwrap_or_default();
+    // The network: E2B's settings as a brig policy (`None`: unrestricted,
+    // the daemon's default), what brig cannot do refused.
+    let given = req.network.clone().unwrap_or_default();
+    network::check_supported(
+        given.rules.as_ref(),
+        given.egress_proxy.as_ref(),
+        given.https_ports.as_deref(),
+    )?;
+    network::check_ingress(&given, req.secure)?;
+    if req
+        .iam
+        .as_ref()
+        .and_then(|i| i.get("tokens"))
+        .and_then(|t| t.as_object())
+        .is_some_and(|t| !t.is_empty())
+    {
+        return Err(E2bError::bad_request(
+            "iam workload-identity tokens are not supported by this brig server yet: create the \
+             sandbox without `iam`",
+        ));
+    }
+    let policy = network::policy(
+        req.allow_internet_access,
+        given.allow_out.as_deref().unwrap_or_default(),
+        given.deny_out.as_deref().unwrap_or_default(),
+    )?;
+    let traffic_token = (given.allow_public_traffic == Some(false)).then(access_token);
     let config = CreateConfig {
         template,
         env: env_vars,
@@ -186,6 +218,7 @@ async fn create(
             },
             ..Limits::default()
         },
+        network: policy,
         ..CreateConfig::default()
     };
 
@@ -235,16 +268,12 @@ async fn create(
             lifecycle,
             env,
             metadata,
+            allow_internet_access: req.allow_internet_access,
+            network: req.network,
+            traffic_token,
         });
         // Kept on its record: a restarted daemon knows it again.
-        match serde_json::to_value(&*sb) {
-            Ok(kept) => {
-                if let Err(e) = manager.store().set_attrs(&sb.id, crate::ATTRS_KEY, &kept) {
-                    tracing::warn!("sandbox {}: cannot keep its E2B state: {e}", sb.id);
-                }
-            }
-            Err(e) => tracing::warn!("sandbox {}: cannot encode its E2B state: {e}", sb.id),
-        }
+        crate::keep(&manager, &sb);
         // Ended before it was registered: its end was published before
         // (or while) it went in, so the registry's follower may have missed
         // it; not live is the same as gone.

@@ -132,6 +132,30 @@ pub struct E2bSandbox {
     pub env: BTreeMap<String, String>,
     /// E2B's `metadata` (brig labels).
     pub metadata: BTreeMap<String, String>,
+    /// `allow_internet_access` as the client last gave it (`None`: never).
+    #[serde(default)]
+    pub allow_internet_access: Option<bool>,
+    /// The `network` configuration as given (egress replaced by updates).
+    #[serde(default)]
+    pub network: Option<control::NetworkConfig>,
+    /// With `allowPublicTraffic: false`: the token every request to one of
+    /// its ports (other than envd's) must carry in
+    /// `e2b-traffic-access-token`.
+    #[serde(default)]
+    pub traffic_token: Option<String>,
+}
+
+/// Keep what the E2B planes know of `sb` on its record, so a restarted
+/// daemon knows it again (a failure is logged: the sandbox runs on).
+pub(crate) fn keep(manager: &SandboxManager, sb: &E2bSandbox) {
+    match serde_json::to_value(sb) {
+        Ok(kept) => {
+            if let Err(e) = manager.store().set_attrs(&sb.id, ATTRS_KEY, &kept) {
+                tracing::warn!("sandbox {}: cannot keep its E2B state: {e}", sb.id);
+            }
+        }
+        Err(e) => tracing::warn!("sandbox {}: cannot encode its E2B state: {e}", sb.id),
+    }
 }
 
 /// E2B's `lifecycle` of a sandbox.

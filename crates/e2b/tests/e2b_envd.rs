@@ -56,6 +56,9 @@ async fn env() -> Env {
         lifecycle: Default::default(),
         env: BTreeMap::from([("SANDBOX_VAR".to_string(), "from-create".to_string())]),
         metadata: BTreeMap::new(),
+        allow_internet_access: None,
+        network: None,
+        traffic_token: None,
     });
     let data = serve(brig_e2b::data_router(state.clone())).await;
     let control = serve(brig_e2b::control_router(state.clone())).await;

@@ -79,9 +79,14 @@ pub enum ProxyError {
 /// `tenant`'s and running) and stream the answer back; WebSocket and other
 /// upgrades included. `req`'s URI is sent as its path and query (the
 /// caller strips any prefix of its own); `Authorization` is not forwarded,
-/// `Host` becomes `127.0.0.1:PORT`. A failure is a [`ProxyError`], which
+/// `Host` becomes `127.0.0.1:PORT` (or the request's [`UpstreamHost`]). A failure is a [`ProxyError`], which
 /// each front-end answers in its own shape (the native API's
 /// `502 port_closed`, E2B's `port is not open`).
+/// A request extension: the `Host` [`proxy`] sends instead of
+/// `127.0.0.1:PORT` (E2B's `maskRequestHost`).
+#[derive(Debug, Clone)]
+pub struct UpstreamHost(pub HeaderValue);
+
 pub async fn proxy(
     manager: Arc<SandboxManager>,
     tenant: TenantId,
@@ -101,10 +106,11 @@ pub async fn proxy(
             .headers
             .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
     }
-    parts.headers.insert(
-        header::HOST,
-        HeaderValue::from_str(&format!("127.0.0.1:{port}")).expect("a valid header value"),
-    );
+    let host = match parts.extensions.remove::<UpstreamHost>() {
+        Some(UpstreamHost(host)) => host,
+        None => HeaderValue::from_str(&format!("127.0.0.1:{port}")).expect("a valid header value"),
+    };
+    parts.headers.insert(header::HOST, host);
     parts.uri = parts
         .uri
         .path_and_query()

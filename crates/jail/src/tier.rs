@@ -143,10 +143,13 @@ impl ProcessTier {
         sandboxes_dir(&self.opts.run_dir).join(id.as_str())
     }
 
-    fn spawn(&self, launch: &Launch, dir: &Path) -> Result<Sandbox, TierError> {
-        let id = &launch.id;
-        let DaemonSide { agent, owner } = self.daemon()?;
-        let net = match &launch.network {
+    /// The ready network namespace of `network`, if it is not loopback.
+    fn network_of(
+        &self,
+        id: &SandboxId,
+        network: &NetworkAttachment,
+    ) -> Result<Option<crate::netpool::PooledNet>, TierError> {
+        Ok(match network {
             NetworkAttachment::Loopback => None,
             NetworkAttachment::Namespace(ns) => Some(
                 ns.try_clone()
@@ -168,7 +171,13 @@ impl ProcessTier {
                     reason: format!("{other:?} is not known to this tier"),
                 })
             }
-        };
+        })
+    }
+
+    fn spawn(&self, launch: &Launch, dir: &Path) -> Result<Sandbox, TierError> {
+        let id = &launch.id;
+        let DaemonSide { agent, owner } = self.daemon()?;
+        let net = self.network_of(id, &launch.network)?;
         let io = |op: &'static str| move |e: std::io::Error| TierError::failed(id, op, e);
         // The directory appears with its owner already in it (made aside,
         // then renamed into place): a daemon that dies at any point from
@@ -341,10 +350,15 @@ impl Tier for ProcessTier {
     /// The command runs under brig's init inside the sandbox, which is
     /// tied to this process by `PR_SET_PDEATHSIG`: a `brig run` that dies
     /// takes its sandbox with it.
-    fn run(&self, spec: &SandboxSpec) -> Result<Box<dyn OneShot>, TierError> {
+    fn run(
+        &self,
+        spec: &SandboxSpec,
+        network: &NetworkAttachment,
+    ) -> Result<Box<dyn OneShot>, TierError> {
         let id = SandboxId::from_random(rand::random());
         let extras = Extras {
             id: Some(id.clone()),
+            net: self.network_of(&id, network)?,
             ..Extras::default()
         };
         let sandbox =

@@ -29,19 +29,17 @@
 //!   strict reverse-path filtering in the gateway drops a packet whose
 //!   source is not the link's (defence in depth).
 //!
-//! The links are made with iproute2's `ip` (present wherever Linux
-//! networking is configured; netlink directly is a later step that saves
-//! the two process starts per sandbox).
+//! The links are made over rtnetlink (`netlink.rs`), a few system calls
+//! per sandbox.
 
 use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex, RwLock};
 
+use crate::netlink::{Route, Rtnl, MAIN_TABLE};
 use crate::policy::Policy;
 use crate::sys;
 
@@ -51,9 +49,11 @@ pub const GATEWAY_ADDR: Ipv4Addr = Ipv4Addr::new(10, 87, 0, 1);
 /// Sandboxes get addresses from 10.88.0.0/16 (the first and last are not
 /// used): 65,534 at once per daemon.
 const SANDBOX_NET: [u8; 2] = [10, 88];
-const SANDBOX_PREFIX: &str = "10.88.0.0/16";
+const SANDBOX_PREFIX: (Ipv4Addr, u8) = (Ipv4Addr::new(10, 88, 0, 0), 16);
 /// The routing table that makes every address local for the sandboxes.
-const LOCAL_TABLE: &str = "100";
+const LOCAL_TABLE: u32 = 100;
+/// The loopback link's index, in every namespace.
+const LOOPBACK: u32 = 1;
 /// The proxy's listening port in the gateway (any port would do: the
 /// program assigns connections to the socket, not to the port).
 const PROXY_PORT: u16 = 1;
@@ -67,16 +67,16 @@ pub enum NetError {
         source: io::Error,
     },
     #[error(
-        "cannot {op}: `ip {args}` failed: {stderr}{hint}",
-        hint = if stderr.contains("No such file") && args.contains("veth") { " (the kernel has no veth support: load the veth module)" } else { "" }
+        "cannot {op}: the kernel refused: {source}{hint}",
+        hint = if *veth && source.raw_os_error() == Some(libc::EOPNOTSUPP) { " (the kernel has no veth support: load the veth module)" } else { "" }
     )]
-    Ip {
+    Netlink {
         op: &'static str,
-        args: String,
-        stderr: String,
+        /// The request made a veth pair.
+        veth: bool,
+        #[source]
+        source: io::Error,
     },
-    #[error("iproute2's `ip` is not installed: install it (Debian: apt-get install iproute2) to give sandboxes a network, or use --network none")]
-    NoIp,
     #[error("all {0} sandbox addresses are in use")]
     Exhausted(usize),
 }
@@ -166,24 +166,31 @@ pub struct Attachment {
 /// How the gateway is set up.
 #[derive(Debug, Clone)]
 pub struct GatewayConfig {
-    /// Where the gateway namespace is pinned (a file bind-mounted with the
-    /// namespace), so that it outlives a daemon restart.
-    pub pin: PathBuf,
+    /// Where the gateway namespace is pinned, so that it outlives a daemon
+    /// restart; `None`: a private gateway that goes with this process
+    /// (`brig run`).
+    pub pin: Option<Pin>,
+    /// Resolvers the gateway asks for names a policy allows.
+    pub upstream_dns: Vec<SocketAddr>,
+}
+
+/// A pinned gateway namespace.
+#[derive(Debug, Clone)]
+pub struct Pin {
+    /// The file the namespace is bind-mounted on.
+    pub path: PathBuf,
     /// What the gateway belongs to (the daemon's database): written next to
     /// the pin, so that a later daemon can remove the pin of a home that
     /// no longer exists ([`reap_orphan_pins`]).
     pub owner: PathBuf,
-    /// Resolvers the gateway asks for names a policy allows.
-    pub upstream_dns: Vec<SocketAddr>,
 }
 
 /// The gateway of one daemon.
 #[derive(Debug)]
 pub struct Gateway {
     netns: OwnedFd,
-    /// A thread parked inside the gateway namespace: `ip` moves a new
-    /// link's peer there by its id.
-    parked: ParkedThread,
+    /// An rtnetlink socket acting in the gateway namespace.
+    rtnl: Mutex<Rtnl>,
     pub(crate) sandboxes: RwLock<HashMap<Ipv4Addr, Arc<SandboxNet>>>,
     next: Mutex<u32>,
     pub(crate) config: GatewayConfig,
@@ -195,8 +202,12 @@ impl Gateway {
     /// the proxy and the resolver, which start as tasks on the current
     /// tokio runtime.
     pub fn start(config: GatewayConfig) -> Result<Arc<Gateway>, NetError> {
-        which_ip()?;
-        let netns = open_or_make(&config.pin, &config.owner)?;
+        let netns = match &config.pin {
+            Some(pin) => open_or_make(pin)?,
+            None => make_namespace(None)?,
+        };
+        let rtnl = sys::in_netns(&netns, Rtnl::open)
+            .map_err(io_err("open a netlink socket in the gateway"))?;
         let (tcp, dns) = sys::in_netns(&netns, || {
             let tcp = std::net::TcpListener::bind((GATEWAY_ADDR, PROXY_PORT)).and_then(|l| {
                 sys::set_transparent(l.as_raw_fd())?;
@@ -214,10 +225,9 @@ impl Gateway {
         .map_err(io_err("open the proxy's sockets in the gateway namespace"))?;
         let steering = sys::steer(&netns, tcp.as_raw_fd(), dns.as_raw_fd())
             .map_err(io_err("steer the sandboxes' traffic to the proxy"))?;
-        let parked = ParkedThread::start(&netns).map_err(io_err("park a thread in the gateway"))?;
         let gateway = Arc::new(Gateway {
             netns,
-            parked,
+            rtnl: Mutex::new(rtnl),
             sandboxes: RwLock::default(),
             next: Mutex::new(2),
             config,
@@ -248,36 +258,60 @@ impl Gateway {
     /// A new namespace with `eth0` at `addr`, linked to the gateway.
     fn link(&self, id: &str, addr: Ipv4Addr) -> Result<OwnedFd, NetError> {
         let link = link_name(id);
-        let netns = sys::in_netns(&self.netns, || {
+        let (netns, mut rtnl) = sys::in_netns(&self.netns, || {
             // A fresh namespace for the sandbox, made from inside the
-            // gateway's (any thread's namespace would do: it is left).
+            // gateway's (any thread's namespace would do: it is left),
+            // and a netlink socket acting in it.
             // SAFETY: unshare on this short-lived thread only.
             if unsafe { libc::unshare(libc::CLONE_NEWNET) } < 0 {
                 return Err(io::Error::last_os_error());
             }
-            sys::current()
+            Ok((sys::current()?, Rtnl::open()?))
         })
         .map_err(io_err("make the sandbox's network namespace"))?;
-        let sandbox_side = format!(
-            "link set lo up\n\
-             link add eth0 type veth peer name {link} netns {parked}\n\
-             addr add {addr}/32 dev eth0\n\
-             link set eth0 up\n\
-             route add {GATEWAY_ADDR}/32 dev eth0 scope link\n\
-             route add default via {GATEWAY_ADDR} dev eth0\n",
-            parked = self.parked.tid,
-        );
-        ip_batch(&netns, &sandbox_side, "link the sandbox to the gateway")?;
-        let gateway_side = format!(
-            "addr add {GATEWAY_ADDR}/32 dev {link}\n\
-             link set {link} up\n\
-             route add {addr}/32 dev {link}\n"
-        );
-        ip_batch(
-            &self.netns,
-            &gateway_side,
-            "configure the gateway's side of the link",
-        )?;
+        let nl =
+            |op: &'static str, veth: bool| move |source| NetError::Netlink { op, veth, source };
+        // The sandbox's side: `eth0` at `addr`, everything via the gateway.
+        rtnl.up(LOOPBACK)
+            .map_err(nl("set the sandbox's loopback up", false))?;
+        rtnl.add_veth("eth0", &link, self.netns.as_raw_fd())
+            .map_err(nl("link the sandbox to the gateway", true))?;
+        let eth0 = rtnl
+            .index("eth0")
+            .map_err(nl("find the sandbox's eth0", false))?;
+        rtnl.add_address(eth0, addr, 32)
+            .map_err(nl("address the sandbox's eth0", false))?;
+        rtnl.up(eth0)
+            .map_err(nl("set the sandbox's eth0 up", false))?;
+        let route = |dst, prefix, via| Route {
+            dst,
+            prefix,
+            via,
+            oif: eth0,
+            table: MAIN_TABLE,
+            local: false,
+        };
+        rtnl.add_route(route(GATEWAY_ADDR, 32, None))
+            .and_then(|()| rtnl.add_route(route(Ipv4Addr::UNSPECIFIED, 0, Some(GATEWAY_ADDR))))
+            .map_err(nl("route the sandbox's traffic to the gateway", false))?;
+        // The gateway's side: its address, and the way back to `addr`.
+        let mut gw = self.rtnl.lock().unwrap_or_else(|e| e.into_inner());
+        let peer = gw
+            .index(&link)
+            .map_err(nl("find the gateway's end of the link", false))?;
+        gw.add_address(peer, GATEWAY_ADDR, 32)
+            .and_then(|()| gw.up(peer))
+            .and_then(|()| {
+                gw.add_route(Route {
+                    dst: addr,
+                    prefix: 32,
+                    via: None,
+                    oif: peer,
+                    table: MAIN_TABLE,
+                    local: false,
+                })
+            })
+            .map_err(nl("configure the gateway's side of the link", false))?;
         Ok(netns)
     }
 
@@ -311,6 +345,18 @@ impl Gateway {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&addr);
+    }
+
+    /// Forget `net`, if it is still the sandbox known at its address (the
+    /// address may have gone to another sandbox since).
+    pub fn forget(&self, net: &Arc<SandboxNet>) {
+        let mut map = self.sandboxes.write().unwrap_or_else(|e| e.into_inner());
+        if map
+            .get(&net.addr)
+            .is_some_and(|known| Arc::ptr_eq(known, net))
+        {
+            map.remove(&net.addr);
+        }
     }
 
     /// The sandbox at `addr`, if attached.
@@ -382,99 +428,51 @@ fn link_name(id: &str) -> String {
     format!("b-{short}")
 }
 
-fn which_ip() -> Result<(), NetError> {
-    match Command::new("ip")
-        .arg("-V")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-    {
-        Ok(_) => Ok(()),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Err(NetError::NoIp),
-        Err(e) => Err(NetError::Io {
-            op: "run ip",
-            source: e,
-        }),
-    }
-}
-
-/// Run `ip -batch -` inside `ns` with `commands`.
-fn ip_batch(ns: &OwnedFd, commands: &str, op: &'static str) -> Result<(), NetError> {
-    use std::io::Write;
-    let fd = ns.as_raw_fd();
-    let mut cmd = Command::new("ip");
-    cmd.args(["-batch", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped());
-    // SAFETY: setns is async-signal-safe; `fd` stays open in the parent
-    // until the child has exec'd (we wait for it below).
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::setns(fd, libc::CLONE_NEWNET) < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-    let mut child = cmd.spawn().map_err(|e| {
-        if e.kind() == io::ErrorKind::NotFound {
-            NetError::NoIp
-        } else {
-            NetError::Io { op, source: e }
-        }
-    })?;
-    if let Some(mut stdin) = child.stdin.take() {
-        stdin
-            .write_all(commands.as_bytes())
-            .map_err(io_err("write to ip"))?;
-    }
-    let out = child.wait_with_output().map_err(io_err("wait for ip"))?;
-    if !out.status.success() {
-        return Err(NetError::Ip {
-            op,
-            args: commands.lines().collect::<Vec<_>>().join("; "),
-            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-        });
-    }
-    Ok(())
-}
-
 /// The gateway namespace pinned at `pin`, made and configured if it is
 /// not there (or was left half-made).
-fn open_or_make(pin: &Path, owner: &Path) -> Result<OwnedFd, NetError> {
-    let ready = pin.with_extension("ready");
+fn open_or_make(pin: &Pin) -> Result<OwnedFd, NetError> {
+    let ready = pin.path.with_extension("ready");
     if ready.exists() {
-        if let Ok(f) = std::fs::File::open(pin) {
+        if let Ok(f) = std::fs::File::open(&pin.path) {
             return Ok(OwnedFd::from(f));
         }
     }
-    remove_pin(pin);
-    if let Some(dir) = pin.parent() {
+    remove_pin(&pin.path);
+    if let Some(dir) = pin.path.parent() {
         std::fs::create_dir_all(dir).map_err(io_err("create the gateway's directory"))?;
     }
-    std::fs::File::create(pin).map_err(io_err("create the gateway's pin file"))?;
-    let pin_owned = pin.to_path_buf();
+    std::fs::File::create(&pin.path).map_err(io_err("create the gateway's pin file"))?;
+    let ns = make_namespace(Some(&pin.path))?;
+    std::fs::write(&ready, pin.owner.as_os_str().as_encoded_bytes())
+        .map_err(io_err("mark the gateway ready"))?;
+    Ok(ns)
+}
+
+/// A new gateway namespace, configured, bind-mounted on `pin` if given.
+fn make_namespace(pin: Option<&Path>) -> Result<OwnedFd, NetError> {
+    let pin_owned = pin.map(Path::to_path_buf);
     let ns = std::thread::spawn(move || -> io::Result<OwnedFd> {
         // SAFETY: unshare on this short-lived thread only.
         if unsafe { libc::unshare(libc::CLONE_NEWNET) } < 0 {
             return Err(io::Error::last_os_error());
         }
-        let src = c"/proc/thread-self/ns/net";
-        let dst = std::ffi::CString::new(pin_owned.as_os_str().as_encoded_bytes())
-            .map_err(io::Error::other)?;
-        // SAFETY: bind-mount between two NUL-terminated paths.
-        if unsafe {
-            libc::mount(
-                src.as_ptr(),
-                dst.as_ptr(),
-                std::ptr::null(),
-                libc::MS_BIND,
-                std::ptr::null(),
-            )
-        } < 0
-        {
-            return Err(io::Error::last_os_error());
+        if let Some(pin) = pin_owned {
+            let src = c"/proc/thread-self/ns/net";
+            let dst = std::ffi::CString::new(pin.as_os_str().as_encoded_bytes())
+                .map_err(io::Error::other)?;
+            // SAFETY: bind-mount between two NUL-terminated paths.
+            if unsafe {
+                libc::mount(
+                    src.as_ptr(),
+                    dst.as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_BIND,
+                    std::ptr::null(),
+                )
+            } < 0
+            {
+                return Err(io::Error::last_os_error());
+            }
         }
         // Forwarding is off in a new namespace; these make the rest true:
         // a sandbox's packets must come from its own address, and nothing
@@ -487,6 +485,21 @@ fn open_or_make(pin: &Path, owner: &Path) -> Result<OwnedFd, NetError> {
         ] {
             std::fs::write(Path::new("/proc/sys").join(key), value)?;
         }
+        // Every address is local for packets from the sandboxes (the
+        // BPF program then finds the proxy's socket for them), and the
+        // gateway's own address is on loopback.
+        let mut rtnl = Rtnl::open()?;
+        rtnl.up(LOOPBACK)?;
+        rtnl.add_route(Route {
+            dst: Ipv4Addr::UNSPECIFIED,
+            prefix: 0,
+            via: None,
+            oif: LOOPBACK,
+            table: LOCAL_TABLE,
+            local: true,
+        })?;
+        rtnl.add_rule(SANDBOX_PREFIX.0, SANDBOX_PREFIX.1, LOCAL_TABLE, 100)?;
+        rtnl.add_address(LOOPBACK, GATEWAY_ADDR, 32)?;
         sys::current()
     })
     .join()
@@ -495,15 +508,6 @@ fn open_or_make(pin: &Path, owner: &Path) -> Result<OwnedFd, NetError> {
         source: io::Error::other("the thread panicked"),
     })?
     .map_err(io_err("make the gateway namespace"))?;
-    let setup = format!(
-        "link set lo up\n\
-         route add local 0.0.0.0/0 dev lo table {LOCAL_TABLE}\n\
-         rule add from {SANDBOX_PREFIX} lookup {LOCAL_TABLE} pref 100\n\
-         addr add {GATEWAY_ADDR}/32 dev lo\n"
-    );
-    ip_batch(&ns, &setup, "configure the gateway namespace")?;
-    std::fs::write(&ready, owner.as_os_str().as_encoded_bytes())
-        .map_err(io_err("mark the gateway ready"))?;
     Ok(ns)
 }
 
@@ -535,48 +539,6 @@ pub fn remove_pin(pin: &Path) {
         unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
     }
     let _ = std::fs::remove_file(pin);
-}
-
-/// A thread that sits in a network namespace so that `ip … netns <tid>`
-/// can name it; it ends with the gateway.
-#[derive(Debug)]
-struct ParkedThread {
-    tid: libc::pid_t,
-    stop: Arc<(Mutex<bool>, std::sync::Condvar)>,
-}
-
-impl ParkedThread {
-    fn start(ns: &OwnedFd) -> io::Result<ParkedThread> {
-        let ns = ns.try_clone()?;
-        let stop = Arc::new((Mutex::new(false), std::sync::Condvar::new()));
-        let (tx, rx) = std::sync::mpsc::channel();
-        let s = Arc::clone(&stop);
-        std::thread::Builder::new()
-            .name("brig-net-gateway".into())
-            .spawn(move || {
-                let entered = sys::enter(&ns);
-                // SAFETY: gettid cannot fail.
-                let tid = unsafe { libc::gettid() };
-                let _ = tx.send(entered.map(|()| tid));
-                let (lock, cv) = &*s;
-                let mut done = lock.lock().unwrap_or_else(|e| e.into_inner());
-                while !*done {
-                    done = cv.wait(done).unwrap_or_else(|e| e.into_inner());
-                }
-            })?;
-        let tid = rx
-            .recv()
-            .map_err(|_| io::Error::other("the parked thread died"))??;
-        Ok(ParkedThread { tid, stop })
-    }
-}
-
-impl Drop for ParkedThread {
-    fn drop(&mut self) {
-        let (lock, cv) = &*self.stop;
-        *lock.lock().unwrap_or_else(|e| e.into_inner()) = true;
-        cv.notify_all();
-    }
 }
 
 #[cfg(test)]

@@ -16,10 +16,12 @@
 
 pub mod dns;
 pub mod gateway;
+pub mod netlink;
 pub mod peek;
 pub mod policy;
 pub mod proxy;
+pub mod relay;
 pub mod sys;
 
-pub use gateway::{Attachment, Gateway, GatewayConfig, NetError, SandboxNet, GATEWAY_ADDR};
+pub use gateway::{Attachment, Gateway, GatewayConfig, NetError, Pin, SandboxNet, GATEWAY_ADDR};
 pub use policy::{Mode, Policy, Rule, Target};

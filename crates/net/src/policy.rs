@@ -101,6 +101,11 @@ pub enum Target {
     /// Every address in this network. A bare IP is a /32 or /128; host bits
     /// are cleared, and an IPv4-mapped IPv6 network is stored as IPv4.
     Net(IpNet),
+    /// Every name (E2B's `*` in `allowOut`): a connection that names its
+    /// destination (TLS SNI, HTTP Host) with a name that resolved to it.
+    /// Not accepted from brig's own `--allow` (that is `--network public`);
+    /// see [`Rule::any_name`].
+    AnyName,
 }
 
 /// One `--allow` or `--deny` rule.
@@ -200,11 +205,15 @@ impl Rule {
                     && name[name.len() - d.len()..].eq_ignore_ascii_case(d)
             }
             Target::Net(_) => false,
+            Target::AnyName => true,
         }
     }
 
     fn is_name_rule(&self) -> bool {
-        matches!(self.target, Target::Domain(_) | Target::Wildcard(_))
+        matches!(
+            self.target,
+            Target::Domain(_) | Target::Wildcard(_) | Target::AnyName
+        )
     }
 }
 
@@ -429,6 +438,7 @@ impl fmt::Display for Rule {
         match &self.target {
             Target::Domain(d) => f.write_str(d)?,
             Target::Wildcard(d) => write!(f, "*.{d}")?,
+            Target::AnyName => f.write_str("*")?,
             Target::Net(n) => {
                 let bracket = n.addr().is_ipv6() && self.ports.is_some();
                 if bracket {
@@ -457,10 +467,25 @@ impl Serialize for Rule {
     }
 }
 
+/// Deserialized is what was serialized: a kept policy may hold
+/// [`Rule::any_name`], which brig's own parser refuses.
 impl<'de> Deserialize<'de> for Rule {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let s = String::deserialize(d)?;
+        if s == "*" {
+            return Ok(Rule::any_name());
+        }
         s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl Rule {
+    /// E2B's `*`: every name, on every port.
+    pub fn any_name() -> Rule {
+        Rule {
+            target: Target::AnyName,
+            ports: None,
+        }
     }
 }
 
@@ -470,12 +495,17 @@ impl<'de> Deserialize<'de> for Rule {
 pub struct Policy {
     /// How much of the network the sandbox may reach.
     pub mode: Mode,
-    /// `--allow` rules; only consulted in [`Mode::Allow`].
+    /// `--allow` rules: what [`Mode::Allow`] admits (with
+    /// [`Precedence::Allow`], also exceptions to the deny rules).
     pub allow: Vec<Rule>,
-    /// `--deny` rules; they beat allow rules and the public mode.
+    /// `--deny` rules; they beat allow rules and the public mode, unless
+    /// `precedence` says otherwise.
     pub deny: Vec<Rule>,
     /// `--add-host NAME:IP` entries, answered by the sandbox's resolver.
     pub hosts: Vec<(String, IpAddr)>,
+    /// Which wins when an allow and a deny rule both match.
+    #[serde(skip_serializing_if = "Precedence::is_deny")]
+    pub precedence: Precedence,
 }
 
 impl Default for Policy {
@@ -485,7 +515,38 @@ impl Default for Policy {
             allow: Vec::new(),
             deny: Vec::new(),
             hosts: Vec::new(),
+            precedence: Precedence::Deny,
         }
+    }
+}
+
+impl Policy {
+    /// Loopback only: nothing leaves the sandbox.
+    pub fn none() -> Policy {
+        Policy {
+            mode: Mode::None,
+            ..Policy::default()
+        }
+    }
+}
+
+/// Which rule wins when an allow rule and a deny rule both match a
+/// destination.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precedence {
+    /// brig's own: a deny rule beats every allow rule.
+    #[default]
+    Deny,
+    /// E2B's: an allow rule beats every deny rule, so `allowOut` lists
+    /// exceptions to `denyOut` (its `0.0.0.0/0` in `denyOut` is brig's
+    /// [`Mode::Allow`]).
+    Allow,
+}
+
+impl Precedence {
+    fn is_deny(&self) -> bool {
+        *self == Precedence::Deny
     }
 }
 
@@ -734,23 +795,45 @@ impl Policy {
         if let Some(range) = special_range(addr) {
             return Verdict::Deny(DenyReason::Special(range));
         }
-        let denied = self.deny.iter().any(|rule| {
-            rule.ports_match(dst.port)
-                && match &rule.target {
-                    Target::Net(net) => net.contains(&addr),
-                    _ => {
-                        dst.name.is_some_and(|n| rule.matches_name(n))
-                            || dst.names_of_addr.iter().any(|n| rule.matches_name(n))
+        let denied = || {
+            self.deny.iter().any(|rule| {
+                rule.ports_match(dst.port)
+                    && match &rule.target {
+                        Target::Net(net) => net.contains(&addr),
+                        _ => {
+                            dst.name.is_some_and(|n| rule.matches_name(n))
+                                || dst.names_of_addr.iter().any(|n| rule.matches_name(n))
+                        }
                     }
+            })
+        };
+        match self.precedence {
+            Precedence::Deny => {
+                if denied() {
+                    return Verdict::Deny(DenyReason::Denied);
                 }
-        });
-        if denied {
-            return Verdict::Deny(DenyReason::Denied);
+                if self.mode == Mode::Public {
+                    return Verdict::Allow;
+                }
+                self.allowed(dst, addr)
+            }
+            Precedence::Allow => {
+                let allowed = self.allowed(dst, addr);
+                if allowed.is_allow() {
+                    allowed
+                } else if denied() {
+                    Verdict::Deny(DenyReason::Denied)
+                } else if self.mode == Mode::Public {
+                    Verdict::Allow
+                } else {
+                    allowed
+                }
+            }
         }
-        if self.mode == Mode::Public {
-            return Verdict::Allow;
-        }
+    }
 
+    /// Whether an allow rule admits `dst` (at `addr`, canonical).
+    fn allowed(&self, dst: &Destination, addr: IpAddr) -> Verdict {
         // Resolution is asked at most once, and only if a name rule needs it.
         let mut resolved: Option<bool> = None;
         let mut mismatch = false;
@@ -799,6 +882,14 @@ impl Policy {
         {
             return true;
         }
+        let allowed = || {
+            self.allow
+                .iter()
+                .any(|rule| rule.is_name_rule() && rule.matches_name(name))
+        };
+        if self.precedence == Precedence::Allow && allowed() {
+            return true;
+        }
         if self
             .deny
             .iter()
@@ -809,10 +900,7 @@ impl Policy {
         match self.mode {
             Mode::None => false,
             Mode::Public => true,
-            Mode::Allow => self
-                .allow
-                .iter()
-                .any(|rule| rule.is_name_rule() && rule.matches_name(name)),
+            Mode::Allow => allowed(),
         }
     }
 }
@@ -846,7 +934,7 @@ mod tests {
             mode,
             allow: allow.iter().map(|s| rule(s)).collect(),
             deny: deny.iter().map(|s| rule(s)).collect(),
-            hosts: Vec::new(),
+            ..Policy::default()
         }
     }
 
@@ -1404,6 +1492,7 @@ mod tests {
             hosts: (0..MAX_HOSTS)
                 .map(|i| (format!("h{i}.internal"), ip("192.0.2.1")))
                 .collect(),
+            ..Policy::default()
         };
         assert_eq!(p.validate(), Ok(()));
 
@@ -1545,5 +1634,81 @@ mod tests {
             normalize_name("123.example").as_deref(),
             Some("123.example")
         );
+    }
+
+    /// E2B's order: an allow rule is an exception to the deny rules, the
+    /// deny rules to the mode; the always-refused ranges stay refused.
+    #[test]
+    fn with_allow_precedence_an_allow_rule_beats_a_deny_rule() {
+        let e2b = |mode, allow: &[&str], deny: &[&str]| Policy {
+            precedence: Precedence::Allow,
+            ..policy(mode, allow, deny)
+        };
+        // denyOut ["0.0.0.0/0"], allowOut ["1.1.1.1"]: brig's allow mode.
+        let p = e2b(Mode::Allow, &["1.1.1.1"], &[]);
+        assert_eq!(decide(&p, "1.1.1.1", 443, None, &[]), Verdict::Allow);
+        assert_eq!(decide(&p, "8.8.8.8", 443, None, &[]), DENY_NOT_ALLOWED);
+        // denyOut a range, allowOut one address in it: public minus the
+        // range, plus the address.
+        let p = e2b(Mode::Public, &["1.1.1.1"], &["1.1.1.0/24"]);
+        assert_eq!(decide(&p, "1.1.1.1", 80, None, &[]), Verdict::Allow);
+        assert_eq!(decide(&p, "1.1.1.2", 80, None, &[]), DENY_DENIED);
+        assert_eq!(decide(&p, "8.8.8.8", 80, None, &[]), Verdict::Allow);
+        // The same rules in brig's order: the deny wins.
+        let p = policy(Mode::Public, &["1.1.1.1"], &["1.1.1.0/24"]);
+        assert_eq!(decide(&p, "1.1.1.1", 80, None, &[]), DENY_DENIED);
+        // Allowing a private range does not open it.
+        let p = e2b(Mode::Allow, &["10.0.0.0/8"], &[]);
+        assert!(!decide(&p, "10.1.2.3", 80, None, &[]).is_allow());
+        // A name rule still needs the name to have resolved to the address.
+        let p = e2b(Mode::Allow, &["example.com"], &["93.184.216.0/24"]);
+        let dns = [("example.com", "93.184.216.34")];
+        assert_eq!(
+            decide(&p, "93.184.216.34", 443, Some("example.com"), &dns),
+            Verdict::Allow
+        );
+        assert_eq!(
+            decide(&p, "93.184.216.35", 443, Some("example.com"), &dns),
+            DENY_DENIED
+        );
+        // Names: an allowed name resolves even inside a denied domain.
+        let mut p = e2b(Mode::Public, &["api.example.com"], &[]);
+        p.deny = vec![rule("*.example.com")];
+        assert!(p.allows_name("api.example.com"));
+        assert!(!p.allows_name("www.example.com"));
+        assert!(p.allows_name("other.org"));
+        p.precedence = Precedence::Deny;
+        assert!(!p.allows_name("api.example.com"));
+    }
+
+    #[test]
+    fn any_name_admits_every_name_that_resolved_and_no_bare_address() {
+        let p = Policy {
+            precedence: Precedence::Allow,
+            allow: vec![Rule::any_name()],
+            ..policy(Mode::Allow, &[], &[])
+        };
+        let dns = [("anything.example", "198.51.100.7")];
+        assert_eq!(
+            decide(&p, "198.51.100.7", 443, Some("anything.example"), &dns),
+            Verdict::Allow
+        );
+        assert_eq!(
+            decide(&p, "198.51.100.7", 443, None, &dns),
+            DENY_NOT_ALLOWED
+        );
+        assert_eq!(
+            decide(&p, "198.51.100.8", 443, Some("anything.example"), &dns),
+            DENY_MISMATCH
+        );
+        assert!(p.allows_name("whatever.test"));
+        // Kept and read back as "*"; brig's own parser still refuses it.
+        let json = serde_json::to_string(&p).unwrap();
+        assert!(json.contains(r#""allow":["*"]"#), "{json}");
+        assert!(json.contains(r#""precedence":"allow""#), "{json}");
+        assert_eq!(serde_json::from_str::<Policy>(&json).unwrap(), p);
+        assert!("*".parse::<Rule>().is_err());
+        let plain = serde_json::to_string(&Policy::default()).unwrap();
+        assert!(!plain.contains("precedence"), "{plain}");
     }
 }

@@ -175,7 +175,7 @@ async fn serve(gateway: Arc<Gateway>, mut client: TcpStream, peer: SocketAddr) {
         }
     };
     entry.allowed = true;
-    let (out, inn) = splice(client, upstream, &first).await;
+    let (out, inn) = pass_through(client, upstream, &first).await;
     net.counters.bytes_out.fetch_add(out, Ordering::Relaxed);
     net.counters.bytes_in.fetch_add(inn, Ordering::Relaxed);
     entry.bytes_out = out;
@@ -228,12 +228,13 @@ async fn read_name(client: &mut TcpStream, buf: &mut Vec<u8>) -> Option<String> 
     }
 }
 
-/// Copy both ways until both sides are done; the bytes each way.
-async fn splice(mut client: TcpStream, mut upstream: TcpStream, first: &[u8]) -> (u64, u64) {
+/// Relay both ways until both sides are done (`relay.rs`); the bytes each
+/// way. `first`: what the client sent while its name was read.
+async fn pass_through(client: TcpStream, mut upstream: TcpStream, first: &[u8]) -> (u64, u64) {
     if !first.is_empty() && upstream.write_all(first).await.is_err() {
         return (0, 0);
     }
-    match tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
+    match crate::relay::relay(&client, &upstream).await {
         Ok((out, inn)) => (out + first.len() as u64, inn),
         Err(_) => (first.len() as u64, 0),
     }

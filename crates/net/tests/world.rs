@@ -82,8 +82,10 @@ fn start_gateway(
 ) -> Arc<Gateway> {
     let _guard = rt.enter();
     Gateway::start(GatewayConfig {
-        pin: pin.to_path_buf(),
-        owner: owner.to_path_buf(),
+        pin: Some(brig_net::Pin {
+            path: pin.to_path_buf(),
+            owner: owner.to_path_buf(),
+        }),
         upstream_dns: vec![SocketAddr::new(DNS.into(), 53)],
     })
     .expect("start the gateway")
@@ -187,7 +189,7 @@ fn policy(mode: Mode, allow: &[&str], deny: &[&str]) -> Policy {
         mode,
         allow: allow.iter().map(|r| r.parse().unwrap()).collect(),
         deny: deny.iter().map(|r| r.parse().unwrap()).collect(),
-        hosts: Vec::new(),
+        ..Policy::default()
     }
 }
 

@@ -170,7 +170,8 @@ pub struct CreateConfig {
     pub allow_setuid: bool,
     /// The isolation tier to start it on.
     pub isolation: Isolation,
-    /// Its network; `None`: loopback only.
+    /// Its network policy; `None`: the daemon's default, `public` when it
+    /// has a gateway, loopback only when it has none.
     pub network: Option<brig_net::Policy>,
 }
 
@@ -343,15 +344,29 @@ pub(crate) struct Live {
     pub(crate) lifecycle: Mutex<crate::lifecycle::Lifecycle>,
     /// Started by an earlier daemon and re-adopted by this one.
     adopted: bool,
-    /// Its link to the gateway, if it has a network.
-    net: Option<NetLink>,
+    /// Its link to the gateway: every sandbox of a daemon with a gateway
+    /// has one, whatever its policy (`none` is a policy, so it can change).
+    net: Option<Arc<NetLink>>,
 }
 
-/// A sandbox's place at the gateway.
-#[derive(Debug, Clone)]
+/// A sandbox's place at the gateway, given up when its last holder drops
+/// it (a pre-made sandbox dropped by the pool, an ended one).
+#[derive(Debug)]
 pub(crate) struct NetLink {
     gateway: Arc<brig_net::Gateway>,
     net: Arc<brig_net::SandboxNet>,
+}
+
+impl NetLink {
+    fn set_policy(&self, policy: brig_net::Policy) {
+        *self.net.policy.write().unwrap_or_else(|e| e.into_inner()) = policy;
+    }
+}
+
+impl Drop for NetLink {
+    fn drop(&mut self) {
+        self.gateway.forget(&self.net);
+    }
 }
 
 /// What [`SandboxManager::network`] reports of a sandbox's network.
@@ -627,25 +642,25 @@ impl SandboxManager {
     /// its address is read from its namespace, its policy from its record.
     /// Without a gateway, or if its address cannot be found, it runs on
     /// with no egress (the gateway steers nothing of an unknown address).
-    fn relink(&self, record: &SandboxRecord, instance: &dyn Instance) -> Option<NetLink> {
+    fn relink(&self, record: &SandboxRecord, instance: &dyn Instance) -> Option<Arc<NetLink>> {
         let policy = recorded_policy(record)?;
-        if policy.mode == brig_net::Mode::None {
-            return None;
-        }
         let gateway = self.config.gateway.as_ref()?;
         let addr = instance.pid().and_then(brig_net::gateway::address_of_pid);
         let Some(addr) = addr else {
-            tracing::warn!(
-                "sandbox {}: its network address cannot be found: it has no egress until recreated",
-                record.id
-            );
+            // Made before sandboxes were always linked, or its link is gone.
+            if policy.mode != brig_net::Mode::None {
+                tracing::warn!(
+                    "sandbox {}: its network address cannot be found: it has no egress until recreated",
+                    record.id
+                );
+            }
             return None;
         };
         let net = gateway.readopt(record.id.as_str(), addr, policy);
-        Some(NetLink {
+        Some(Arc::new(NetLink {
             gateway: Arc::clone(gateway),
             net,
-        })
+        }))
     }
 
     /// Replace a running sandbox's network policy; new connections and
@@ -671,12 +686,12 @@ impl SandboxManager {
             }
             return Err(ManagerError::BadRequest {
                 reason: format!(
-                    "sandbox {id} was created without a network (mode none): its policy can only \
-                     be none; create a new sandbox with a network"
+                    "sandbox {id} has no link to a network (it was made by a daemon that could \
+                     not give sandboxes one): its policy can only be none; create a new sandbox"
                 ),
             });
         };
-        *link.net.policy.write().unwrap_or_else(|e| e.into_inner()) = policy.clone();
+        link.set_policy(policy.clone());
         self.store().set_attrs(
             id,
             "network",
@@ -692,10 +707,7 @@ impl SandboxManager {
         let link = live.as_ref().and_then(|l| l.net.clone());
         let policy = match &link {
             Some(l) => l.net.policy(),
-            None => recorded_policy(&record).unwrap_or_else(|| brig_net::Policy {
-                mode: brig_net::Mode::None,
-                ..brig_net::Policy::default()
-            }),
+            None => recorded_policy(&record).unwrap_or_else(brig_net::Policy::none),
         };
         let count = |f: fn(&brig_net::proxy::Counters) -> &std::sync::atomic::AtomicU64| {
             link.as_ref()
@@ -797,47 +809,47 @@ impl SandboxManager {
             name: req.name.clone(),
             timeout,
         };
-        // A network other than loopback: checked before anything is made,
-        // and never from the pool (its sandboxes have loopback only).
-        let wants_net = req
-            .network
-            .as_ref()
-            .is_some_and(|p| p.mode != brig_net::Mode::None);
-        if let Some(policy) = &req.network {
-            policy.validate().map_err(|e| ManagerError::BadRequest {
-                reason: e.to_string(),
-            })?;
-        }
-        let gateway = if wants_net {
-            Some(Arc::clone(self.config.gateway.as_ref().ok_or_else(|| {
-                ManagerError::BadRequest {
-                    reason: format!(
-                        "this daemon cannot give sandboxes a network ({}); create it with network mode none",
-                        self.config
-                            .network_unavailable
-                            .as_deref()
-                            .unwrap_or("it was started without one")
-                    ),
-                }
-            })?))
-        } else {
-            None
-        };
-        let keep_policy = |id: &SandboxId| -> Result<(), ManagerError> {
-            if let Some(policy) = &req.network {
-                let value = serde_json::to_value(policy).unwrap_or_default();
-                self.store().set_attrs(id, "network", &value)?;
+        // The network: checked before anything is made. With a gateway
+        // every sandbox is linked to it (`none` is then a policy like any
+        // other), pre-made ones too.
+        let policy = match req.network {
+            Some(policy) => {
+                policy.validate().map_err(|e| ManagerError::BadRequest {
+                    reason: e.to_string(),
+                })?;
+                policy
             }
+            None if self.config.gateway.is_some() => brig_net::Policy::default(),
+            None => brig_net::Policy::none(),
+        };
+        if policy.mode != brig_net::Mode::None && self.config.gateway.is_none() {
+            return Err(ManagerError::BadRequest {
+                reason: format!(
+                    "this daemon cannot give sandboxes a network ({}); create it with network mode none",
+                    self.config
+                        .network_unavailable
+                        .as_deref()
+                        .unwrap_or("it was started without one")
+                ),
+            });
+        }
+        let keep_policy = |id: &SandboxId| -> Result<(), ManagerError> {
+            let value = serde_json::to_value(&policy).unwrap_or_default();
+            self.store().set_attrs(id, "network", &value)?;
             Ok(())
         };
-        if req.isolation == Isolation::Process && !wants_net {
-            if let Some(warm) = self.claim(&spec)? {
+        if req.isolation == Isolation::Process {
+            if let Some(mut warm) = self.claim(&spec)? {
                 // A pre-made sandbox: its id was picked when it was made;
-                // its record is written now.
+                // its record is written now, its policy set.
                 self.store()
                     .insert_sandbox(&new(warm.instance.id().clone()))?;
                 keep_policy(warm.instance.id())?;
-                return self.register(tenant, warm, &spec, None);
+                let link = warm.net.take();
+                if let Some(link) = &link {
+                    link.set_policy(policy.clone());
+                }
+                return self.register(tenant, warm, &spec, link);
             }
         }
         // The record first, so a crash from here on leaves a name for the
@@ -848,24 +860,12 @@ impl SandboxManager {
         let mut fresh = spec.clone();
         fresh.env.clear();
         // Its network namespace, linked to the gateway, before the spawn.
-        let (attachment, link) = match (&gateway, &req.network) {
-            (Some(gateway), Some(policy)) => match gateway.attach(id.as_str(), policy.clone()) {
-                Ok(a) => {
-                    let link = NetLink {
-                        gateway: Arc::clone(gateway),
-                        net: Arc::clone(&a.net),
-                    };
-                    (NetworkAttachment::Namespace(Arc::new(a.netns)), Some(link))
-                }
-                Err(e) => {
-                    let _ = self.store().mark_dead(&id, None, &EndCause::CreateFailed);
-                    return Err(ManagerError::Network {
-                        id,
-                        reason: e.to_string(),
-                    });
-                }
-            },
-            _ => (NetworkAttachment::Loopback, None),
+        let (attachment, link) = match self.link(&id, policy) {
+            Ok(linked) => linked,
+            Err(e) => {
+                let _ = self.store().mark_dead(&id, None, &EndCause::CreateFailed);
+                return Err(e);
+            }
         };
         // The filler steps aside while a client waits on a spawn.
         self.waiting.fetch_add(1, Ordering::SeqCst);
@@ -874,9 +874,6 @@ impl SandboxManager {
         match made {
             Ok(warm) => self.register(tenant, warm, &spec, link),
             Err(e) => {
-                if let Some(link) = link {
-                    link.gateway.detach(link.net.addr);
-                }
                 let _ = self.store().mark_dead(&id, None, &EndCause::CreateFailed);
                 Err(e)
             }
@@ -942,6 +939,29 @@ impl SandboxManager {
         Ok(TemplateRef::Dir(real))
     }
 
+    /// Sandbox `id`'s network namespace, linked to the gateway under
+    /// `policy`; loopback only when this daemon has no gateway.
+    fn link(
+        &self,
+        id: &SandboxId,
+        policy: brig_net::Policy,
+    ) -> Result<(NetworkAttachment, Option<Arc<NetLink>>), ManagerError> {
+        let Some(gateway) = &self.config.gateway else {
+            return Ok((NetworkAttachment::Loopback, None));
+        };
+        let a = gateway
+            .attach(id.as_str(), policy)
+            .map_err(|e| ManagerError::Network {
+                id: id.clone(),
+                reason: e.to_string(),
+            })?;
+        let link = Arc::new(NetLink {
+            gateway: Arc::clone(gateway),
+            net: a.net,
+        });
+        Ok((NetworkAttachment::Namespace(Arc::new(a.netns)), Some(link)))
+    }
+
     /// A pre-made sandbox that can serve `spec`, with `spec`'s limits
     /// written to its cgroups; `None` when there is none.
     fn claim(&self, spec: &SandboxSpec) -> Result<Option<Warm>, ManagerError> {
@@ -986,7 +1006,11 @@ impl SandboxManager {
         };
         let instance = tier.launch(&launch).map_err(ManagerError::Spawn)?;
         let conn = self.connect(&*instance)?;
-        Ok(Warm { instance, conn })
+        Ok(Warm {
+            instance,
+            conn,
+            net: None,
+        })
     }
 
     /// A new connection to a sandbox's agent, handshake done.
@@ -1014,9 +1038,9 @@ impl SandboxManager {
         tenant: &TenantId,
         warm: Warm,
         spec: &SandboxSpec,
-        net: Option<NetLink>,
+        net: Option<Arc<NetLink>>,
     ) -> Result<SandboxRecord, ManagerError> {
-        let Warm { instance, conn } = warm;
+        let Warm { instance, conn, .. } = warm;
         let instance: Arc<dyn Instance> = Arc::from(instance);
         let id = instance.id().clone();
         let record = match self.store().set_running(&id, instance.pid().unwrap_or(0)) {
@@ -1059,15 +1083,14 @@ impl SandboxManager {
         };
         let mut spec = agent_spec(reserved.template.clone(), self.pool.limits());
         spec.allow_setuid = reserved.setuid;
-        let made = match self.tier(Isolation::Process) {
-            Ok(tier) => self.launch(
-                &**tier,
-                &SandboxId::from_random(rand::random()),
-                &spec,
-                NetworkAttachment::Loopback,
-            ),
-            Err(e) => Err(e),
-        };
+        // Linked like any sandbox, under `none` until a create claims it.
+        let id = SandboxId::from_random(rand::random());
+        let made = self.tier(Isolation::Process).and_then(|tier| {
+            let (attachment, link) = self.link(&id, brig_net::Policy::none())?;
+            let mut warm = self.launch(&**tier, &id, &spec, attachment)?;
+            warm.net = link;
+            Ok(warm)
+        });
         match made {
             Ok(warm) => {
                 // Put and unreserve at once: no other filler sees a gap. One
@@ -1569,7 +1592,7 @@ fn teardown(
         Err(e) => tracing::warn!("sandbox {id}: cannot record its end: {e}"),
     }
     if let Some(link) = &live.net {
-        link.gateway.detach(link.net.addr);
+        link.gateway.forget(&link.net);
     }
     // No longer live before anyone hears of the end: a listener that checks
     // `is_live` after the event never finds it live again.

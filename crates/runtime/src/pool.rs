@@ -139,6 +139,8 @@ pub fn merge(defaults: Vec<PoolTarget>, flags: Vec<PoolTarget>) -> Vec<PoolTarge
 pub(crate) struct Warm {
     pub instance: Box<dyn Instance>,
     pub conn: Connection,
+    /// Its link to the gateway, under policy `none` until claimed.
+    pub net: Option<std::sync::Arc<crate::manager::NetLink>>,
 }
 
 /// One pool: a target, what its template resolves to, its sandboxes.

@@ -1,8 +1,13 @@
 //! `brig net SANDBOX`: show a sandbox's network policy and counters, or
 //! replace the policy (`--network`, `--allow`, `--deny`, `--add-host`);
 //! `--connections` lists the connections it tried. Also the network flags
-//! `brig create` shares.
+//! `brig create` and `brig run` share, and `brig run`'s own gateway
+//! ([`OwnNetwork`]).
 
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::Context;
 use serde_json::{json, Value};
 
 use super::client::Client;
@@ -12,7 +17,7 @@ use super::client::Client;
 pub struct NetworkFlags {
     /// none (loopback only), public (the internet, never the host, private
     /// ranges or cloud metadata) or allow (only what --allow admits)
-    /// [default: none; public once --allow, --deny or --add-host is given].
+    /// [default: public].
     #[arg(long, value_name = "none|public|allow")]
     pub network: Option<String>,
     /// Admit RULE: domain, *.domain, IP or CIDR, optionally :PORT or
@@ -50,6 +55,104 @@ impl NetworkFlags {
             body["mode"] = Value::from(mode.as_str());
         }
         Ok(Some(body))
+    }
+
+    /// The policy these flags give, checked: for `brig run`, which applies
+    /// it itself.
+    pub fn policy(&self) -> anyhow::Result<brig_net::Policy> {
+        let mode = match &self.network {
+            Some(m) => m.parse().context("--network")?,
+            None => brig_net::Mode::Public,
+        };
+        let rules = |list: &[String], flag: &str| {
+            list.iter()
+                .map(|r| {
+                    r.parse::<brig_net::Rule>()
+                        .with_context(|| format!("{flag} {r:?}"))
+                })
+                .collect::<anyhow::Result<Vec<_>>>()
+        };
+        let mut hosts = Vec::new();
+        for h in &self.add_host {
+            let parsed = h
+                .split_once(':')
+                .and_then(|(name, ip)| Some((name.to_string(), ip.parse().ok()?)));
+            let Some(entry) = parsed else {
+                anyhow::bail!("--add-host {h:?}: expected NAME:IP, e.g. db.internal:192.0.2.7");
+            };
+            hosts.push(entry);
+        }
+        let policy = brig_net::Policy {
+            mode,
+            allow: rules(&self.allow, "--allow")?,
+            deny: rules(&self.deny, "--deny")?,
+            hosts,
+            ..brig_net::Policy::default()
+        };
+        policy.validate()?;
+        Ok(policy)
+    }
+}
+
+/// `--dns-upstream`'s value: IP or IP:PORT (port 53 if none).
+pub fn parse_upstream(s: &str) -> Result<SocketAddr, String> {
+    s.parse::<SocketAddr>()
+        .or_else(|_| {
+            s.parse::<std::net::IpAddr>()
+                .map(|ip| SocketAddr::new(ip, 53))
+        })
+        .map_err(|_| format!("{s:?} is not IP or IP:PORT"))
+}
+
+/// The network of one `brig run` sandbox: a gateway private to this
+/// process (no daemon is involved), its proxy and resolver on a runtime
+/// thread of their own, and the sandbox's namespace linked to it. Dropped
+/// after the sandbox has ended; nothing of it outlives the process.
+pub struct OwnNetwork {
+    pub attachment: brig_core::NetworkAttachment,
+    _gateway: Arc<brig_net::Gateway>,
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl OwnNetwork {
+    pub fn start(
+        id: &str,
+        policy: brig_net::Policy,
+        upstream: Vec<SocketAddr>,
+    ) -> anyhow::Result<OwnNetwork> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("brig-net")
+            .enable_all()
+            .build()
+            .context("cannot start the network's runtime")?;
+        let upstream = if upstream.is_empty() {
+            brig_net::dns::upstream_from_resolv_conf()
+        } else {
+            upstream
+        };
+        let gateway = {
+            let _in = runtime.enter();
+            brig_net::Gateway::start(brig_net::GatewayConfig {
+                pin: None,
+                upstream_dns: upstream,
+            })?
+        };
+        let attached = gateway.attach(id, policy)?;
+        Ok(OwnNetwork {
+            attachment: brig_core::NetworkAttachment::Namespace(Arc::new(attached.netns)),
+            _gateway: gateway,
+            runtime: Some(runtime),
+        })
+    }
+}
+
+impl Drop for OwnNetwork {
+    fn drop(&mut self) {
+        // Its tasks hold connections the sandbox made: end them now.
+        if let Some(rt) = self.runtime.take() {
+            rt.shutdown_background();
+        }
     }
 }
 

@@ -13,13 +13,14 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use brig_core::{
-    parse_duration, parse_size, EnvVar, OneShot, SandboxSpec, TemplateRef, Tier, TierError,
-    TierErrorKind, UserSpec,
+    parse_duration, parse_size, EnvVar, NetworkAttachment, OneShot, SandboxSpec, TemplateRef, Tier,
+    TierError, TierErrorKind, UserSpec,
 };
 use brig_host::probe;
 use brig_jail::ProcessTier;
 
 use super::client::home_dir;
+use super::net::{NetworkFlags, OwnNetwork};
 use crate::exit::{self, Outcome};
 use crate::tty::{self, RawTerminal};
 
@@ -68,6 +69,13 @@ pub struct RunArgs {
     /// Give the command a pseudo-terminal.
     #[arg(short = 't', long = "tty")]
     tty: bool,
+    #[command(flatten)]
+    network: NetworkFlags,
+    /// A resolver the sandbox's DNS questions are forwarded to, for the
+    /// names its policy allows (repeatable) [default: the nameservers of
+    /// /etc/resolv.conf].
+    #[arg(long = "dns-upstream", value_name = "IP[:PORT]", value_parser = super::net::parse_upstream)]
+    dns_upstream: Vec<std::net::SocketAddr>,
     /// The command and its arguments (after `--`).
     #[arg(value_name = "CMD", required = true)]
     command: Vec<String>,
@@ -75,7 +83,12 @@ pub struct RunArgs {
 
 impl RunArgs {
     /// Stage two: every flag parsed and checked, or one clear error.
-    fn into_spec(self) -> anyhow::Result<SandboxSpec> {
+    fn into_spec(self) -> anyhow::Result<(SandboxSpec, RunNetwork)> {
+        let network = RunNetwork {
+            policy: self.network.policy()?,
+            asked: self.network.body()?.is_some(),
+            upstream: self.dns_upstream,
+        };
         let mut spec = SandboxSpec::new(self.command);
         spec.template = match TemplateRef::parse(&self.template)? {
             // Built (minutes, once) under $BRIG_HOME/templates if missing
@@ -110,12 +123,45 @@ impl RunArgs {
         spec.stdin = self.interactive || self.tty;
         spec.tty = self.tty;
         spec.validate()?;
-        Ok(spec)
+        Ok((spec, network))
+    }
+}
+
+/// The network `brig run` gives its sandbox.
+struct RunNetwork {
+    policy: brig_net::Policy,
+    /// Whether a network flag was given (not just the default).
+    asked: bool,
+    upstream: Vec<std::net::SocketAddr>,
+}
+
+impl RunNetwork {
+    /// The sandbox's link to a gateway of this process, or `None` for
+    /// loopback only. The default network is given where it can be: on a
+    /// host that cannot (no `ip`, no BPF), a run that did not ask for one
+    /// goes on with loopback only, and says so.
+    fn start(self) -> anyhow::Result<Option<OwnNetwork>> {
+        if self.policy.mode == brig_net::Mode::None {
+            return Ok(None);
+        }
+        let link = format!("run{}", std::process::id());
+        match OwnNetwork::start(&link, self.policy, self.upstream) {
+            Ok(net) => Ok(Some(net)),
+            Err(e) if !self.asked => {
+                eprintln!(
+                    "brig: warning: the sandbox has no network ({e:#}); pass --network none to run without one quietly"
+                );
+                Ok(None)
+            }
+            Err(e) => Err(
+                e.context("cannot give the sandbox its network (--network none runs without one)")
+            ),
+        }
     }
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<i32> {
-    let spec = args.into_spec()?;
+    let (spec, network) = args.into_spec()?;
     if spec.tty {
         tty::require_terminal_input()?;
     }
@@ -132,10 +178,16 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         libc::SIGQUIT,
         libc::SIGWINCH,
     ])?;
-    let mut sandbox = tier.run(&spec).map_err(explain)?;
+    // The network before the sandbox; dropped only after it has ended.
+    let net = network.start()?;
+    let attachment = net
+        .as_ref()
+        .map_or(NetworkAttachment::Loopback, |n| n.attachment.clone());
+    let mut sandbox = tier.run(&spec, &attachment).map_err(explain)?;
     let pty = sandbox.take_pty();
     let outcome = supervise(sandbox.as_ref(), &signals, pty, spec.limits.timeout)?;
     let ended = sandbox.wait()?;
+    drop(net);
     Ok(exit::finish(outcome, &ended, spec.limits.memory))
 }
 
@@ -260,7 +312,15 @@ mod tests {
     fn parse(args: &[&str]) -> anyhow::Result<SandboxSpec> {
         let cli = crate::commands::Cli::try_parse_from(args)?;
         match cli.command {
-            crate::commands::Command::Run(r) => (*r).into_spec(),
+            crate::commands::Command::Run(r) => (*r).into_spec().map(|(spec, _)| spec),
+            _ => unreachable!(),
+        }
+    }
+
+    fn network(args: &[&str]) -> anyhow::Result<RunNetwork> {
+        let cli = crate::commands::Cli::try_parse_from(args)?;
+        match cli.command {
+            crate::commands::Command::Run(r) => (*r).into_spec().map(|(_, net)| net),
             _ => unreachable!(),
         }
     }
@@ -369,9 +429,54 @@ mod tests {
 
     #[test]
     fn an_unknown_flag_before_the_command_is_a_usage_error() {
-        let e = parse(&["brig", "run", "--network", "host", "--", "true"]).unwrap_err();
+        let e = parse(&["brig", "run", "--networking", "host", "--", "true"]).unwrap_err();
         let e = e.downcast::<clap::Error>().expect("a usage error");
         assert_eq!(e.kind(), clap::error::ErrorKind::UnknownArgument);
-        assert!(e.to_string().contains("--network"), "{e}");
+        assert!(e.to_string().contains("--networking"), "{e}");
+    }
+
+    #[test]
+    fn the_network_is_public_unless_asked_otherwise_and_bad_rules_are_named() {
+        let n = network(&["brig", "run", "true"]).unwrap();
+        assert_eq!(n.policy, brig_net::Policy::default());
+        assert_eq!(n.policy.mode, brig_net::Mode::Public);
+        assert!(!n.asked);
+        let n = network(&[
+            "brig",
+            "run",
+            "--network",
+            "allow",
+            "--allow",
+            "*.example.com:443",
+            "--add-host",
+            "db.internal:192.0.2.7",
+            "--dns-upstream",
+            "192.0.2.53",
+            "true",
+        ])
+        .unwrap();
+        assert!(n.asked);
+        assert_eq!(n.policy.mode, brig_net::Mode::Allow);
+        assert_eq!(n.policy.allow[0].to_string(), "*.example.com:443");
+        assert_eq!(n.policy.hosts[0].0, "db.internal");
+        assert_eq!(n.upstream, vec!["192.0.2.53:53".parse().unwrap()]);
+        for (args, expect) in [
+            (&["--network", "host"][..], "none, public or allow"),
+            (&["--allow", "a.*.com"][..], "--allow \"a.*.com\""),
+            (&["--deny", "300.1.1.1"][..], "--deny"),
+            (&["--add-host", "db"][..], "expected NAME:IP"),
+            (&["--network", "none", "--allow", "x.com"][..], "--network"),
+        ] {
+            let mut argv = vec!["brig", "run"];
+            argv.extend_from_slice(args);
+            argv.push("true");
+            let e = match network(&argv) {
+                Ok(_) => panic!("{args:?} was accepted"),
+                Err(e) => format!("{e:#}"),
+            };
+            assert!(e.contains(expect), "{args:?}: {e}");
+        }
+        let e = parse(&["brig", "run", "--dns-upstream", "nowhere", "true"]).unwrap_err();
+        assert!(e.to_string().contains("not IP or IP:PORT"), "{e}");
     }
 }

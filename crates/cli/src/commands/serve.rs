@@ -67,7 +67,7 @@ pub struct ServeArgs {
     /// A resolver the sandboxes' DNS questions are forwarded to, for the
     /// names their network policy allows (repeatable) [default: the
     /// nameservers of /etc/resolv.conf].
-    #[arg(long = "dns-upstream", value_name = "IP[:PORT]", value_parser = parse_upstream)]
+    #[arg(long = "dns-upstream", value_name = "IP[:PORT]", value_parser = super::net::parse_upstream)]
     dns_upstream: Vec<SocketAddr>,
     /// Also serve E2B's API, so the official E2B SDKs work against brig
     /// (docs/e2b.md): the control plane on --e2b-api, the sandboxes' data
@@ -213,8 +213,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<i32> {
     }
     match runtime.block_on(async {
         brig_net::Gateway::start(brig_net::GatewayConfig {
-            pin: pin.clone(),
-            owner: store_path.clone(),
+            pin: Some(brig_net::Pin {
+                path: pin.clone(),
+                owner: store_path.clone(),
+            }),
             upstream_dns: upstream,
         })
     }) {
@@ -253,15 +255,6 @@ fn gateway_pin(run_dir: &std::path::Path, owner: &str) -> PathBuf {
         (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
     });
     run_dir.join("net").join(format!("gw-{hash:016x}"))
-}
-
-fn parse_upstream(s: &str) -> Result<SocketAddr, String> {
-    s.parse::<SocketAddr>()
-        .or_else(|_| {
-            s.parse::<std::net::IpAddr>()
-                .map(|ip| SocketAddr::new(ip, 53))
-        })
-        .map_err(|_| format!("{s:?} is not IP or IP:PORT"))
 }
 
 async fn serve(

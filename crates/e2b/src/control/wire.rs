@@ -130,6 +130,60 @@ pub struct NewSandbox {
     /// With `autoPause`: `false` keeps only the filesystem.
     pub auto_pause_memory: Option<bool>,
     pub auto_resume: Option<AutoResume>,
+    /// `false` refuses `allowPublicTraffic: false` (the clients send `true`).
+    pub secure: Option<bool>,
+    /// `false`: as `denyOut: ["0.0.0.0/0"]` (snake_case on the wire).
+    #[serde(rename = "allow_internet_access")]
+    pub allow_internet_access: Option<bool>,
+    pub network: Option<NetworkConfig>,
+    /// Workload-identity tokens: refused until brig mints them.
+    pub iam: Option<serde_json::Value>,
+}
+
+/// `SandboxNetworkConfig`: a create's `network`, kept as given and shown
+/// again by `GET /sandboxes/{id}` (an update replaces its egress part).
+#[derive(Debug, Default, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkConfig {
+    /// IPs, CIDRs and domains (`a.com`, `*.a.com`, `*`) let through.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allow_out: Option<Vec<String>>,
+    /// IPs and CIDRs refused unless `allowOut` lets them through.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deny_out: Option<Vec<String>>,
+    /// Per-host header transforms: refused until brig injects headers.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rules: Option<serde_json::Map<String, serde_json::Value>>,
+    /// A SOCKS5 proxy for egress: refused until brig tunnels through one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub egress_proxy: Option<serde_json::Value>,
+    /// `false`: the sandbox's ports need `e2b-traffic-access-token`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allow_public_traffic: Option<bool>,
+    /// The `Host` the sandbox's ports are sent (`${PORT}` is the port).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mask_request_host: Option<String>,
+    /// Ports the data plane would reach over TLS: refused.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub https_ports: Option<Vec<u16>>,
+    /// Resolvers (accepted and shown: DNS always goes through brig's
+    /// resolver, which answers by the policy).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dns_servers: Option<Vec<String>>,
+}
+
+/// `SandboxNetworkUpdateConfig` (`PUT /sandboxes/{id}/network`): replaces
+/// the whole egress configuration; an absent field is cleared.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkUpdate {
+    pub allow_out: Option<Vec<String>>,
+    pub deny_out: Option<Vec<String>>,
+    pub rules: Option<serde_json::Map<String, serde_json::Value>>,
+    pub egress_proxy: Option<serde_json::Value>,
+    pub dns_servers: Option<Vec<String>>,
+    #[serde(rename = "allow_internet_access")]
+    pub allow_internet_access: Option<bool>,
 }
 
 /// `autoResume` of a create.
@@ -192,7 +246,7 @@ impl Sandbox {
             client_id: CLIENT_ID,
             envd_version: ENVD_VERSION,
             envd_access_token: sb.access_token.clone(),
-            traffic_access_token: None,
+            traffic_access_token: sb.traffic_token.clone(),
             domain: None,
             alias: sb.template.clone(),
         }
@@ -231,6 +285,13 @@ pub struct Detail {
     /// How a paused sandbox was paused (`full` or `filesystem`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pause_mode: Option<&'static str>,
+    /// Create's `allow_internet_access` (or the last update's), null if
+    /// never given (`SandboxDetail` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allow_internet_access: Option<Option<bool>>,
+    /// The network configuration as given (`SandboxDetail` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkConfig>,
 }
 
 /// `SandboxLifecycle`: both keys are required when it is present.
@@ -292,6 +353,8 @@ impl Detail {
                 brig_runtime::PauseMode::Full => "full",
                 brig_runtime::PauseMode::Filesystem => "filesystem",
             }),
+            allow_internet_access: with_token.then_some(sb.allow_internet_access),
+            network: with_token.then(|| sb.network.clone()).flatten(),
         }
     }
 }

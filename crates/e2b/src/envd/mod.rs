@@ -472,9 +472,46 @@ fn missing_headers(headers: &HeaderMap) -> Response {
 
 /// A request for a port other than envd's (the code interpreter's 49999
 /// included): proxied to that port inside the sandbox, HTTP and WebSocket.
-async fn other_port(state: &E2bState, sandbox: &E2bSandbox, port: u16, req: Request) -> Response {
+async fn other_port(
+    state: &E2bState,
+    sandbox: &E2bSandbox,
+    port: u16,
+    mut req: Request,
+) -> Response {
     use brig_http::ports::{proxy, ProxyError};
     let id = sandbox.id.to_string();
+    // `allowPublicTraffic: false`: only with its token (which the sandbox
+    // is not sent).
+    if let Some(token) = &sandbox.traffic_token {
+        let given = req
+            .headers_mut()
+            .remove(TRAFFIC_TOKEN_HEADER)
+            .and_then(|v| v.to_str().ok().map(str::to_owned));
+        if !given.is_some_and(|t| crate::constant_time_eq(t.as_bytes(), token.as_bytes())) {
+            return (
+                StatusCode::FORBIDDEN,
+                Json(serde_json::json!({
+                    "sandboxId": id,
+                    "message": "this sandbox's traffic is not public: send the \
+                                trafficAccessToken its create returned in the \
+                                e2b-traffic-access-token header",
+                    "code": 403,
+                })),
+            )
+                .into_response();
+        }
+    }
+    // `maskRequestHost`: the Host the sandbox's server sees.
+    if let Some(mask) = sandbox
+        .network
+        .as_ref()
+        .and_then(|n| n.mask_request_host.as_deref())
+    {
+        if let Ok(host) = mask.replace("${PORT}", &port.to_string()).parse() {
+            req.extensions_mut()
+                .insert(brig_http::ports::UpstreamHost(host));
+        }
+    }
     match proxy(
         Arc::clone(&state.manager),
         sandbox.tenant.clone(),
@@ -499,6 +536,9 @@ async fn other_port(state: &E2bState, sandbox: &E2bSandbox, port: u16, req: Requ
             .into_response(),
     }
 }
+
+/// The header that carries a non-public sandbox's traffic token.
+const TRAFFIC_TOKEN_HEADER: &str = "e2b-traffic-access-token";
 
 /// The SDKs' "port is not open" answer (→ `SandboxUnreachableException`).
 pub fn port_closed(id: &str, port: u16) -> Response {

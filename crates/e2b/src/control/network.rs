@@ -1,0 +1,349 @@
+//! E2B's sandbox network over brig's policy: create's
+//! `allow_internet_access` and `network`, `PUT /sandboxes/{id}/network`,
+//! with E2B's semantics (reference `e2b-network.md` §2), which differ from
+//! brig's own in three ways:
+//!
+//! - **an allow rule beats a deny rule**: `allowOut` lists exceptions to
+//!   `denyOut` ([`Precedence::Allow`]);
+//! - **`0.0.0.0/0` in `denyOut` is "deny all"** (brig's [`Mode::Allow`]);
+//!   `allow_internet_access: false` adds it;
+//! - `denyOut` holds only IPs and CIDRs, and a domain in `allowOut` needs
+//!   the deny-all (domains only narrow it).
+//!
+//! What E2B always refuses (private, link-local, loopback ranges) brig
+//! refuses too, whatever the rules. brig is stricter in one place: a
+//! domain rule admits a connection only to an address the name resolved to
+//! for this sandbox through brig's resolver (E2B's proxy resolves the name
+//! itself); the effect for a client is the same.
+//!
+//! Not yet supported, refused with 400 rather than ignored: `rules` (header
+//! transforms with secrets), `egressProxy`, `httpsPorts`.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use brig_net::policy::Precedence;
+use brig_net::{Mode, Policy, Rule, Target};
+
+use super::wire::{self, E2bError, NetworkConfig, NetworkUpdate};
+use super::{lookup, ApiKey};
+use crate::E2bState;
+
+/// E2B's `ALL_TRAFFIC`.
+pub const ALL_TRAFFIC: &str = "0.0.0.0/0";
+
+/// The brig policy of E2B's egress settings, or a 400 naming what is
+/// wrong. `None`: nothing restricts egress (the daemon's default network).
+pub fn policy(
+    allow_internet_access: Option<bool>,
+    allow_out: &[String],
+    deny_out: &[String],
+) -> Result<Option<Policy>, E2bError> {
+    let mut deny_all = allow_internet_access == Some(false);
+    let mut deny = Vec::new();
+    for entry in deny_out {
+        if entry.trim() == ALL_TRAFFIC {
+            deny_all = true;
+            continue;
+        }
+        let rule = net_rule(entry).ok_or_else(|| {
+            E2bError::bad_request(format!(
+                "invalid denyOut entry {entry:?}: denyOut takes IP addresses and CIDR ranges \
+                 (use {ALL_TRAFFIC:?} to deny all traffic; domains go in allowOut)"
+            ))
+        })?;
+        if let Target::Net(net) = &rule.target {
+            if net.addr().is_unspecified() {
+                return Err(E2bError::bad_request(format!(
+                    "invalid denyOut entry {entry:?}: an unspecified address; use {ALL_TRAFFIC:?} \
+                     to deny all traffic"
+                )));
+            }
+        }
+        deny.push(rule);
+    }
+    let mut allow = Vec::new();
+    let mut domains = Vec::new();
+    for entry in allow_out {
+        let trimmed = entry.trim();
+        let rule = if trimmed == "*" {
+            Rule::any_name()
+        } else if let Some(rule) = net_rule(trimmed) {
+            rule
+        } else {
+            trimmed.parse::<Rule>().map_err(|e| {
+                E2bError::bad_request(format!(
+                    "invalid allowOut entry {entry:?}: {e} (allowOut takes IPs, CIDRs and domains: \
+                     a.com, *.a.com or *)"
+                ))
+            })?
+        };
+        if !matches!(rule.target, Target::Net(_)) {
+            domains.push(trimmed.to_string());
+        }
+        allow.push(rule);
+    }
+    // E2B's check reads denyOut alone (allow_internet_access does not count).
+    if !domains.is_empty() && !deny_out.iter().any(|d| d.trim() == ALL_TRAFFIC) {
+        return Err(E2bError::bad_request(format!(
+            "allowOut has domains ({}): denyOut must include ALL_TRAFFIC ({ALL_TRAFFIC:?}), as \
+             domain rules only make exceptions to a deny-all",
+            domains.join(", ")
+        )));
+    }
+    if !deny_all && deny.is_empty() {
+        return Ok(None);
+    }
+    if deny_all && allow.is_empty() {
+        return Ok(Some(Policy::none()));
+    }
+    let policy = Policy {
+        mode: if deny_all { Mode::Allow } else { Mode::Public },
+        allow,
+        deny,
+        hosts: Vec::new(),
+        precedence: Precedence::Allow,
+    };
+    policy
+        .validate()
+        .map_err(|e| E2bError::bad_request(format!("invalid network: {e}")))?;
+    Ok(Some(policy))
+}
+
+/// An IP or CIDR (no port) as a rule; `None` for anything else.
+fn net_rule(entry: &str) -> Option<Rule> {
+    entry
+        .trim()
+        .parse::<Rule>()
+        .ok()
+        .filter(|r| matches!(r.target, Target::Net(_)) && r.ports.is_none())
+}
+
+/// What brig cannot do yet, refused rather than ignored.
+pub fn check_supported(
+    rules: Option<&serde_json::Map<String, serde_json::Value>>,
+    egress_proxy: Option<&serde_json::Value>,
+    https_ports: Option<&[u16]>,
+) -> Result<(), E2bError> {
+    if rules.is_some_and(|r| !r.is_empty()) {
+        return Err(E2bError::bad_request(
+            "network rules (header transforms) are not supported by this brig server yet: \
+             create the sandbox without `rules`",
+        ));
+    }
+    if egress_proxy.is_some_and(|p| !p.is_null()) {
+        return Err(E2bError::bad_request(
+            "egressProxy is not supported by this brig server yet: create the sandbox without it",
+        ));
+    }
+    if https_ports.is_some_and(|p| !p.is_empty()) {
+        return Err(E2bError::bad_request(
+            "httpsPorts is not supported by this brig server: the data plane reaches sandbox \
+             ports over plain HTTP",
+        ));
+    }
+    Ok(())
+}
+
+/// Create's ingress settings, checked: `allowPublicTraffic: false` needs
+/// `secure`; `maskRequestHost` must be a `host[:port]` (with `${PORT}`).
+pub fn check_ingress(network: &NetworkConfig, secure: Option<bool>) -> Result<(), E2bError> {
+    if network.allow_public_traffic == Some(false) && secure == Some(false) {
+        return Err(E2bError::bad_request(
+            "allowPublicTraffic false needs a secure sandbox: create it with secure true",
+        ));
+    }
+    if let Some(mask) = &network.mask_request_host {
+        let host = mask.replace("${PORT}", "1");
+        let ok = !host.is_empty()
+            && host.is_ascii()
+            && host.parse::<axum::http::uri::Authority>().is_ok()
+            && !host.contains(['/', '@', '?', '#']);
+        if !ok {
+            return Err(E2bError::bad_request(format!(
+                "invalid maskRequestHost {mask:?}: give host or host:port (ASCII), optionally \
+                 with ${{PORT}}"
+            )));
+        }
+    }
+    if let Some(servers) = &network.dns_servers {
+        check_dns_servers(servers)?;
+    }
+    Ok(())
+}
+
+fn check_dns_servers(servers: &[String]) -> Result<(), E2bError> {
+    if servers.len() > 10 {
+        return Err(E2bError::bad_request(format!(
+            "too many dnsServers ({}; at most 10)",
+            servers.len()
+        )));
+    }
+    if let Some(bad) = servers
+        .iter()
+        .find(|s| s.parse::<std::net::Ipv4Addr>().is_err())
+    {
+        return Err(E2bError::bad_request(format!(
+            "invalid dnsServers entry {bad:?}: an IPv4 address is expected"
+        )));
+    }
+    Ok(())
+}
+
+/// `PUT /sandboxes/{id}/network`: replace the egress configuration as a
+/// whole (an absent field is cleared; `{}` opens egress again); 204.
+pub async fn update(
+    State(state): State<E2bState>,
+    ApiKey(tenant): ApiKey,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<StatusCode, E2bError> {
+    let req: NetworkUpdate = wire::body(&body)?;
+    let sb = lookup(&state, &tenant, &id)?;
+    check_supported(req.rules.as_ref(), req.egress_proxy.as_ref(), None)?;
+    if let Some(servers) = &req.dns_servers {
+        check_dns_servers(servers)?;
+    }
+    let policy = policy(
+        req.allow_internet_access,
+        req.allow_out.as_deref().unwrap_or_default(),
+        req.deny_out.as_deref().unwrap_or_default(),
+    )?
+    .unwrap_or_default();
+    let manager = Arc::clone(&state.manager);
+    let registry = Arc::clone(&state.sandboxes);
+    tokio::task::spawn_blocking(move || -> Result<(), E2bError> {
+        manager.set_network(&tenant, &sb.id, policy)?;
+        // What GET shows: the egress part as given now, the ingress part as
+        // created; `allow_internet_access` changes only when given (E2B's
+        // own behaviour).
+        let mut kept = (*sb).clone();
+        let ingress = kept.network.take().unwrap_or_default();
+        kept.network = Some(NetworkConfig {
+            allow_out: req.allow_out,
+            deny_out: req.deny_out,
+            rules: req.rules,
+            egress_proxy: None,
+            dns_servers: req.dns_servers,
+            ..ingress
+        });
+        if req.allow_internet_access.is_some() {
+            kept.allow_internet_access = req.allow_internet_access;
+        }
+        crate::keep(&manager, &kept);
+        registry.insert(kept);
+        Ok(())
+    })
+    .await
+    .map_err(E2bError::from)??;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(v: &[&str]) -> Vec<String> {
+        v.iter().map(ToString::to_string).collect()
+    }
+
+    fn got(aia: Option<bool>, allow: &[&str], deny: &[&str]) -> Result<Option<Policy>, String> {
+        policy(aia, &strings(allow), &strings(deny)).map_err(|e| e.message)
+    }
+
+    #[test]
+    fn e2b_settings_become_brig_policies() {
+        // Nothing restricts: the daemon's default.
+        assert_eq!(got(Some(true), &[], &[]), Ok(None));
+        assert_eq!(got(None, &["1.1.1.1"], &[]), Ok(None));
+        // Deny-all, by either spelling, with nothing allowed: none.
+        assert_eq!(got(Some(false), &[], &[]), Ok(Some(Policy::none())));
+        assert_eq!(got(None, &[], &[ALL_TRAFFIC]), Ok(Some(Policy::none())));
+        // Deny-all with exceptions: allow mode, allow rules winning.
+        let p = got(Some(false), &["1.1.1.1", "10.0.0.0/8"], &[])
+            .unwrap()
+            .unwrap();
+        assert_eq!(p.mode, Mode::Allow);
+        assert_eq!(p.precedence, Precedence::Allow);
+        assert_eq!(p.allow.len(), 2);
+        // Some ranges denied: public minus them.
+        let p = got(None, &["8.8.8.8"], &["8.8.8.0/24"]).unwrap().unwrap();
+        assert_eq!(p.mode, Mode::Public);
+        assert_eq!(p.deny[0].to_string(), "8.8.8.0/24");
+        // Domains, `*.` and `*`, with the deny-all E2B requires.
+        let p = got(None, &["example.com", "*.example.org", "*"], &[ALL_TRAFFIC])
+            .unwrap()
+            .unwrap();
+        assert_eq!(p.mode, Mode::Allow);
+        assert!(p.allow.iter().any(|r| r.target == Target::AnyName));
+    }
+
+    #[test]
+    fn bad_e2b_settings_are_a_clear_400() {
+        for (aia, allow, deny, expect) in [
+            (
+                None,
+                &["example.com"][..],
+                &[][..],
+                "must include ALL_TRAFFIC",
+            ),
+            // allow_internet_access false does not count for that check.
+            (Some(false), &["example.com"][..], &[][..], "ALL_TRAFFIC"),
+            (None, &[][..], &["example.com"][..], "denyOut takes IP"),
+            (None, &[][..], &["0.0.0.0"][..], "unspecified"),
+            (None, &[][..], &["::/0"][..], "unspecified"),
+            (None, &[][..], &["1.2.3.4:80"][..], "denyOut takes IP"),
+            (
+                None,
+                &["a.*.com"][..],
+                &[ALL_TRAFFIC][..],
+                "invalid allowOut entry",
+            ),
+        ] {
+            let e = got(aia, allow, deny).expect_err(expect);
+            assert!(e.contains(expect), "{allow:?} {deny:?}: {e}");
+        }
+        let e = check_supported(
+            Some(&serde_json::from_str(r#"{"api.example.com": [{}]}"#).unwrap()),
+            None,
+            None,
+        )
+        .unwrap_err();
+        assert!(e.message.contains("rules"), "{}", e.message);
+        assert!(check_supported(Some(&serde_json::Map::new()), None, None).is_ok());
+        let proxy = serde_json::json!({"address": "proxy:1080"});
+        assert!(check_supported(None, Some(&proxy), None).is_err());
+        assert!(check_supported(None, Some(&serde_json::Value::Null), None).is_ok());
+        let net = NetworkConfig {
+            allow_public_traffic: Some(false),
+            ..NetworkConfig::default()
+        };
+        assert!(check_ingress(&net, Some(false)).is_err());
+        assert!(check_ingress(&net, Some(true)).is_ok());
+        for (mask, ok) in [
+            ("localhost:${PORT}", true),
+            ("example.com", true),
+            ("exa mple", false),
+            ("a/b", false),
+            ("", false),
+            ("ünï.com", false),
+        ] {
+            let net = NetworkConfig {
+                mask_request_host: Some(mask.into()),
+                ..NetworkConfig::default()
+            };
+            assert_eq!(check_ingress(&net, None).is_ok(), ok, "{mask}");
+        }
+        let many = NetworkConfig {
+            dns_servers: Some(vec!["8.8.8.8".into(); 11]),
+            ..NetworkConfig::default()
+        };
+        assert!(check_ingress(&many, None).is_err());
+        let v6 = NetworkConfig {
+            dns_servers: Some(vec!["::1".into()]),
+            ..NetworkConfig::default()
+        };
+        assert!(check_ingress(&v6, None).is_err());
+    }
+}
