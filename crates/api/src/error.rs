@@ -121,6 +121,12 @@ impl From<brig_runtime::TenantError> for ApiError {
     }
 }
 
+impl From<brig_runtime::SecretError> for ApiError {
+    fn from(err: brig_runtime::SecretError) -> ApiError {
+        ApiError::from_kind(err.kind(), chain(&err))
+    }
+}
+
 impl From<KeyError> for ApiError {
     fn from(err: KeyError) -> ApiError {
         ApiError::from_kind(err.kind(), chain(&err))

@@ -39,6 +39,7 @@ pub mod ports;
 pub mod processes;
 pub mod pty;
 pub mod sandboxes;
+pub mod secrets;
 pub mod tenants;
 
 use std::sync::{Arc, OnceLock};
@@ -90,6 +91,11 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/keys/{id}", axum::routing::delete(keys::revoke))
         .route("/v1/tenants", post(tenants::create).get(tenants::list))
         .route("/v1/tenants/{name}", axum::routing::delete(tenants::remove))
+        .route("/v1/secrets", get(secrets::list))
+        .route(
+            "/v1/secrets/{name}",
+            get(secrets::get).put(secrets::set).delete(secrets::delete),
+        )
         .route(
             "/v1/sandboxes",
             post(sandboxes::create).get(sandboxes::list),

@@ -11,6 +11,8 @@ const ROUTES: &[(&str, &[&str])] = &[
     ("/v1/keys/{id}", &["delete"]),
     ("/v1/tenants", &["get", "post"]),
     ("/v1/tenants/{name}", &["delete"]),
+    ("/v1/secrets", &["get"]),
+    ("/v1/secrets/{name}", &["delete", "get", "put"]),
     ("/v1/sandboxes", &["get", "post"]),
     ("/v1/sandboxes/{id}", &["get", "delete"]),
     ("/v1/sandboxes/{id}/timeout", &["post"]),

@@ -95,6 +95,38 @@ impl Drop for RawTerminal {
     }
 }
 
+/// The caller's terminal with echo off (a secret being typed), restored on
+/// drop.
+#[derive(Debug)]
+pub struct NoEcho {
+    fd: RawFd,
+    saved: libc::termios,
+}
+
+impl NoEcho {
+    /// `None` when `fd` is not a terminal.
+    pub fn enter(fd: RawFd) -> Option<Self> {
+        // SAFETY: termios is plain old data, filled by tcgetattr.
+        let mut saved: libc::termios = unsafe { std::mem::zeroed() };
+        // SAFETY: valid fd and out-pointer.
+        if unsafe { libc::isatty(fd) } != 1 || unsafe { libc::tcgetattr(fd, &mut saved) } != 0 {
+            return None;
+        }
+        let mut quiet = saved;
+        quiet.c_lflag &= !libc::ECHO;
+        // SAFETY: a valid termios copy for the same fd.
+        unsafe { libc::tcsetattr(fd, libc::TCSANOW, &quiet) };
+        Some(NoEcho { fd, saved })
+    }
+}
+
+impl Drop for NoEcho {
+    fn drop(&mut self) {
+        // SAFETY: restoring the attributes we saved on the same fd.
+        unsafe { libc::tcsetattr(self.fd, libc::TCSANOW, &self.saved) };
+    }
+}
+
 /// Copies stdin → pty master and pty master → stdout without ever blocking
 /// the supervise loop: bytes the master cannot take yet wait in a small
 /// buffer, and stdin is not read while it is full.

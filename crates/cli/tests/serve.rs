@@ -477,6 +477,51 @@ fn keys_inspect_and_cp_on_a_real_daemon() {
 
 /// Written against `POST /v1/sandboxes/{id}/pause` and `/resume` (with an
 /// optional `{"timeout"}`).
+/// `brig secrets`: set from a pipe (no value on the command line), a new
+/// version on the second set, ls shows names and versions and never a
+/// value, rm removes; a missing value is refused.
+#[test]
+fn secrets_from_the_cli() {
+    require_root!();
+    let daemon = Daemon::start();
+    let first = daemon.brig_with_input(&["secrets", "set", "OpenAI"], b"sk-cli-secret\n");
+    let said = text(&first.stderr);
+    assert!(first.status.success(), "{said}");
+    assert!(said.contains("openai is at version 1"), "{said}");
+    let second = daemon.brig_with_input(&["secrets", "set", "openai"], b"sk-cli-secret-2");
+    let said = text(&second.stderr);
+    assert!(said.contains("version 2"), "{said}");
+    let listed = ok(daemon.brig(&["secrets", "ls"]), "secrets ls");
+    assert!(
+        listed.contains("openai") && listed.contains('2'),
+        "{listed}"
+    );
+    assert!(!listed.contains("sk-cli"), "{listed}");
+    let json = ok(
+        daemon.brig(&["secrets", "ls", "--json"]),
+        "secrets ls --json",
+    );
+    assert!(!json.contains("sk-cli"), "{json}");
+    fails(
+        daemon.brig_with_input(&["secrets", "set", "empty"], b""),
+        "secrets set with no value",
+        "no value given",
+    );
+    fails(
+        daemon.brig_with_input(&["secrets", "set", "bad name"], b"v"),
+        "secrets set with a bad name",
+        "invalid secret name",
+    );
+    ok(daemon.brig(&["secrets", "rm", "openai"]), "secrets rm");
+    let listed = ok(daemon.brig(&["secrets", "ls", "--json"]), "secrets ls");
+    assert_eq!(listed.trim(), "[]");
+    fails(
+        daemon.brig(&["secrets", "rm", "openai"]),
+        "secrets rm again",
+        "no secret",
+    );
+}
+
 #[test]
 fn pause_and_resume_from_the_cli() {
     require_root!();

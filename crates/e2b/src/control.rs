@@ -18,6 +18,7 @@
 
 mod interpreter;
 mod network;
+mod secrets;
 mod time;
 mod wire;
 
@@ -66,6 +67,13 @@ pub fn router(state: E2bState) -> Router {
         .route(
             "/sandboxes/{id}/network",
             axum::routing::put(network::update),
+        )
+        .route("/secrets", post(secrets::create).get(secrets::list))
+        .route(
+            "/secrets/{id}",
+            get(secrets::get)
+                .post(secrets::update)
+                .delete(secrets::delete),
         )
         .fallback(|| async {
             E2bError::new(

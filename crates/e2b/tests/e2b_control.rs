@@ -678,6 +678,51 @@ fn python_sdk_2_48_v1_create_path() {
     run_sdk("e2b-venv-2.48", "v1", "2.48.0", "POST /sandboxes");
 }
 
+/// E2B's Secrets API through the official Python client
+/// (tests/e2b/secrets_sdk.py): create, get by name and id, update, list by
+/// pages, exists, destroy; values never come back.
+#[test]
+fn python_sdk_secrets() {
+    if !root_or_skip() {
+        return;
+    }
+    let python = venv("e2b-venv");
+    if !python.exists() {
+        let why = format!(
+            "{} is missing: run tests/support/install-python-deps.sh",
+            python.display()
+        );
+        brig_test_support::skip(&why);
+        return;
+    }
+    let p = planes();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/e2b/secrets_sdk.py");
+    let out = Command::new(&python)
+        .arg(&script)
+        .env("E2B_API_KEY", &p.f.key)
+        .env("E2B_API_URL", format!("http://{}", p.api))
+        .env("E2B_SANDBOX_URL", format!("http://{}", p.data))
+        .env_remove("E2B_DEBUG")
+        .env_remove("E2B_DOMAIN")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains(&format!("{SECRETS_SDK_CHECKS} passed, 0 failed")),
+        "secrets_sdk.py:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Nothing is left of what the script made; a malformed id is a 400.
+    let listed = p.k("GET", "/secrets", None);
+    assert_eq!(listed.status, 200, "{}", listed.body);
+    assert_eq!(listed.body, json!([]), "the script removed what it made");
+    let bad = p.k("GET", "/secrets/sec_zz", None);
+    assert_eq!(bad.status, 400, "{}", bad.body);
+}
+
+/// The checks of tests/e2b/secrets_sdk.py.
+const SECRETS_SDK_CHECKS: usize = 19;
+
 /// `code-interpreter-v1`: create answers only once the code interpreter
 /// listens on 49999, started as the template's `user` with the sandbox's
 /// env vars; the official client's `run_code` works at once. The template

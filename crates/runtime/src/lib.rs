@@ -36,6 +36,7 @@ pub mod manager;
 pub mod metrics;
 pub mod pool;
 pub mod sandboxes;
+pub mod secrets;
 pub mod store;
 pub mod tenants;
 
@@ -50,5 +51,6 @@ pub use sandboxes::{
     Cursor, EndCause, ListFilter, NewSandbox, Page, SandboxError, SandboxRecord, SandboxState,
     Scope,
 };
+pub use secrets::{SecretError, SecretInfo};
 pub use store::{Store, StoreError, UnixMillis, DB_FILE, SCHEMA_VERSION};
 pub use tenants::{Tenant, TenantError, TenantId, DEFAULT_TENANT};

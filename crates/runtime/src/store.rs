@@ -119,6 +119,21 @@ const MIGRATIONS: &[&str] = &[
     ALTER TABLE sandboxes ADD COLUMN name TEXT;
     CREATE UNIQUE INDEX sandboxes_name ON sandboxes(tenant_id, name) WHERE name IS NOT NULL;
     ",
+    // 7: secrets (secrets.rs): write-only values a tenant keeps for brig to
+    // use on its behalf; the current version only.
+    "
+    CREATE TABLE secrets (
+        id            TEXT PRIMARY KEY,
+        tenant_id     TEXT NOT NULL REFERENCES tenants(id),
+        name          TEXT NOT NULL,
+        value         BLOB NOT NULL,
+        version       INTEGER NOT NULL,
+        metadata_json TEXT NOT NULL DEFAULT '{}',
+        created_at    INTEGER NOT NULL,
+        updated_at    INTEGER NOT NULL,
+        UNIQUE (tenant_id, name)
+    ) STRICT;
+    ",
 ];
 
 /// The schema version this code writes and understands.

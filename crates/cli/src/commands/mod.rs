@@ -22,6 +22,7 @@ pub mod pause;
 pub mod resume;
 pub mod rm;
 pub mod run;
+pub mod secrets;
 pub mod serve;
 pub mod stats;
 pub mod template;
@@ -75,6 +76,8 @@ pub enum Command {
     Keys(keys::KeysArgs),
     /// Create, list and remove tenants (admin keys only).
     Tenants(tenants::TenantsArgs),
+    /// Set, list and remove secrets (write-only: no command shows a value).
+    Secrets(secrets::SecretsArgs),
     /// Give a live sandbox more time, counted from now.
     Extend(extend::ExtendArgs),
     /// Forget ended sandboxes (`-f`: end live ones first).
@@ -110,6 +113,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Cp(args) => cp::run(args),
         Command::Keys(args) => keys::run(args),
         Command::Tenants(args) => tenants::run(args),
+        Command::Secrets(args) => secrets::run(args),
         Command::Extend(args) => extend::run(args),
         Command::Rm(args) => rm::run(args),
         Command::Stats(args) => stats::run(args),
