@@ -79,6 +79,44 @@ pub(crate) fn spawn(gateway: Arc<Gateway>, socket: std::net::UdpSocket) -> std::
     Ok(())
 }
 
+/// Answer DNS on `socket`, bound on a loopback address inside sandbox
+/// `net`'s namespace (a resolv.conf naming systemd-resolved's 127.0.0.53
+/// asks there, where a question would never reach the gateway): the same
+/// answers as the gateway's, sent back from that address. Ends when the
+/// returned handle is aborted.
+pub(crate) fn serve_stub(
+    runtime: &tokio::runtime::Handle,
+    net: Arc<SandboxNet>,
+    socket: std::net::UdpSocket,
+    upstream: Vec<SocketAddr>,
+) -> std::io::Result<tokio::task::AbortHandle> {
+    socket.set_nonblocking(true)?;
+    let socket = {
+        let _in = runtime.enter();
+        Arc::new(UdpSocket::from_std(socket)?)
+    };
+    let task = runtime.spawn(async move {
+        let mut buf = vec![0u8; 4096];
+        loop {
+            let (n, from) = match socket.recv_from(&mut buf).await {
+                Ok(got) => got,
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let query = buf[..n].to_vec();
+            let (socket, net, upstream) = (Arc::clone(&socket), Arc::clone(&net), upstream.clone());
+            tokio::spawn(async move {
+                if let Some(answer) = answer(&net, &query, &upstream).await {
+                    let _ = socket.send_to(&answer, from).await;
+                }
+            });
+        }
+    });
+    Ok(task.abort_handle())
+}
+
 /// The answer to one query from `net`, or `None` to stay silent (a
 /// datagram that is not a query).
 async fn answer(net: &SandboxNet, query: &[u8], upstream: &[SocketAddr]) -> Option<Vec<u8>> {

@@ -96,6 +96,10 @@ pub struct SandboxNet {
     pub resolved: RwLock<HashMap<IpAddr, Vec<String>>>,
     pub counters: crate::proxy::Counters,
     pub log: Mutex<crate::proxy::ConnectionLog>,
+    /// The resolver's tasks answering on loopback inside the sandbox
+    /// (`dns::serve_stub`), stopped when the sandbox is forgotten: each
+    /// holds a socket, and with it the sandbox's namespace.
+    stubs: Mutex<Vec<tokio::task::AbortHandle>>,
 }
 
 impl SandboxNet {
@@ -151,6 +155,17 @@ impl SandboxNet {
             .unwrap_or_else(|e| e.into_inner())
             .clone()
     }
+
+    fn stop_stubs(&self) {
+        for stub in self
+            .stubs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+        {
+            stub.abort();
+        }
+    }
 }
 
 /// A sandbox's end of the network: the namespace to start it in.
@@ -172,6 +187,35 @@ pub struct GatewayConfig {
     pub pin: Option<Pin>,
     /// Resolvers the gateway asks for names a policy allows.
     pub upstream_dns: Vec<SocketAddr>,
+    /// Loopback addresses a sandbox's resolv.conf may name (systemd-
+    /// resolved's 127.0.0.53): the resolver also answers on port 53 of
+    /// these inside each sandbox, where a question to them would never
+    /// leave ([`default_loopback_dns`]).
+    pub loopback_dns: Vec<Ipv4Addr>,
+}
+
+/// 127.0.0.53 and the IPv4 loopback nameservers of the host's
+/// /etc/resolv.conf (what the `host` template shows sandboxes).
+pub fn default_loopback_dns() -> Vec<Ipv4Addr> {
+    let mut addrs = vec![Ipv4Addr::new(127, 0, 0, 53)];
+    for ns in crate::dns::upstream_from_resolv_conf() {
+        if let IpAddr::V4(a) = ns.ip() {
+            if a.is_loopback() && !addrs.contains(&a) {
+                addrs.push(a);
+            }
+        }
+    }
+    addrs
+}
+
+/// UDP sockets on port 53 of `addrs`, in the calling thread's namespace
+/// (a sandbox's, its loopback up). One that cannot be bound is left out:
+/// that address answers nothing, as without brig.
+fn bind_stubs(addrs: &[Ipv4Addr]) -> Vec<std::net::UdpSocket> {
+    addrs
+        .iter()
+        .filter_map(|a| std::net::UdpSocket::bind((*a, 53)).ok())
+        .collect()
 }
 
 /// A pinned gateway namespace.
@@ -191,6 +235,8 @@ pub struct Gateway {
     netns: OwnedFd,
     /// An rtnetlink socket acting in the gateway namespace.
     rtnl: Mutex<Rtnl>,
+    /// The runtime the proxy and the resolver run on.
+    runtime: tokio::runtime::Handle,
     pub(crate) sandboxes: RwLock<HashMap<Ipv4Addr, Arc<SandboxNet>>>,
     next: Mutex<u32>,
     pub(crate) config: GatewayConfig,
@@ -228,6 +274,7 @@ impl Gateway {
         let gateway = Arc::new(Gateway {
             netns,
             rtnl: Mutex::new(rtnl),
+            runtime: tokio::runtime::Handle::current(),
             sandboxes: RwLock::default(),
             next: Mutex::new(2),
             config,
@@ -247,7 +294,10 @@ impl Gateway {
         let net = self.register(id, self.allocate()?, policy);
         let addr = net.addr;
         match self.link(id, addr) {
-            Ok(netns) => Ok(Attachment { netns, addr, net }),
+            Ok((netns, stubs)) => {
+                self.serve_stubs(&net, stubs);
+                Ok(Attachment { netns, addr, net })
+            }
             Err(e) => {
                 self.detach(addr);
                 Err(e)
@@ -255,25 +305,47 @@ impl Gateway {
         }
     }
 
+    fn serve_stubs(&self, net: &Arc<SandboxNet>, sockets: Vec<std::net::UdpSocket>) {
+        let mut stubs = net.stubs.lock().unwrap_or_else(|e| e.into_inner());
+        for socket in sockets {
+            match crate::dns::serve_stub(
+                &self.runtime,
+                Arc::clone(net),
+                socket,
+                self.config.upstream_dns.clone(),
+            ) {
+                Ok(task) => stubs.push(task),
+                Err(e) => tracing::warn!(sandbox = net.id, "cannot answer DNS on loopback: {e}"),
+            }
+        }
+    }
+
     /// A new namespace with `eth0` at `addr`, linked to the gateway.
-    fn link(&self, id: &str, addr: Ipv4Addr) -> Result<OwnedFd, NetError> {
+    fn link(
+        &self,
+        id: &str,
+        addr: Ipv4Addr,
+    ) -> Result<(OwnedFd, Vec<std::net::UdpSocket>), NetError> {
         let link = link_name(id);
-        let (netns, mut rtnl) = sys::in_netns(&self.netns, || {
+        let stub_addrs = self.config.loopback_dns.clone();
+        let (netns, mut rtnl, stubs) = sys::in_netns(&self.netns, move || {
             // A fresh namespace for the sandbox, made from inside the
-            // gateway's (any thread's namespace would do: it is left),
-            // and a netlink socket acting in it.
+            // gateway's (any thread's namespace would do: it is left), a
+            // netlink socket acting in it, its loopback up, and the
+            // resolver's sockets on its loopback addresses.
             // SAFETY: unshare on this short-lived thread only.
             if unsafe { libc::unshare(libc::CLONE_NEWNET) } < 0 {
                 return Err(io::Error::last_os_error());
             }
-            Ok((sys::current()?, Rtnl::open()?))
+            let mut rtnl = Rtnl::open()?;
+            rtnl.up(LOOPBACK)?;
+            let stubs = bind_stubs(&stub_addrs);
+            Ok((sys::current()?, rtnl, stubs))
         })
         .map_err(io_err("make the sandbox's network namespace"))?;
         let nl =
             |op: &'static str, veth: bool| move |source| NetError::Netlink { op, veth, source };
         // The sandbox's side: `eth0` at `addr`, everything via the gateway.
-        rtnl.up(LOOPBACK)
-            .map_err(nl("set the sandbox's loopback up", false))?;
         rtnl.add_veth("eth0", &link, self.netns.as_raw_fd())
             .map_err(nl("link the sandbox to the gateway", true))?;
         let eth0 = rtnl
@@ -312,14 +384,30 @@ impl Gateway {
                 })
             })
             .map_err(nl("configure the gateway's side of the link", false))?;
-        Ok(netns)
+        Ok((netns, stubs))
     }
 
     /// Take back a sandbox an earlier daemon attached (its link is still
     /// in the gateway namespace): known again by `addr`, under `policy`.
     /// What it resolved before is forgotten; it resolves again.
-    pub fn readopt(&self, id: &str, addr: Ipv4Addr, policy: Policy) -> Arc<SandboxNet> {
-        self.register(id, addr, policy)
+    /// `netns`: its namespace, where the resolver answers on loopback
+    /// again (the earlier daemon's sockets went with it).
+    pub fn readopt(
+        &self,
+        id: &str,
+        addr: Ipv4Addr,
+        policy: Policy,
+        netns: Option<&OwnedFd>,
+    ) -> Arc<SandboxNet> {
+        let net = self.register(id, addr, policy);
+        if let Some(ns) = netns {
+            let addrs = self.config.loopback_dns.clone();
+            match sys::in_netns(ns, move || Ok(bind_stubs(&addrs))) {
+                Ok(stubs) => self.serve_stubs(&net, stubs),
+                Err(e) => tracing::warn!(sandbox = id, "cannot answer DNS on loopback: {e}"),
+            }
+        }
+        net
     }
 
     fn register(&self, id: &str, addr: Ipv4Addr, policy: Policy) -> Arc<SandboxNet> {
@@ -330,6 +418,7 @@ impl Gateway {
             resolved: RwLock::default(),
             counters: Default::default(),
             log: Mutex::default(),
+            stubs: Mutex::default(),
         });
         self.sandboxes
             .write()
@@ -341,10 +430,14 @@ impl Gateway {
     /// Forget sandbox `addr` (its namespace, and with it the link, goes
     /// with the sandbox).
     pub fn detach(&self, addr: Ipv4Addr) {
-        self.sandboxes
+        let gone = self
+            .sandboxes
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&addr);
+        if let Some(net) = gone {
+            net.stop_stubs();
+        }
     }
 
     /// Forget `net`, if it is still the sandbox known at its address (the
@@ -357,6 +450,7 @@ impl Gateway {
         {
             map.remove(&net.addr);
         }
+        net.stop_stubs();
     }
 
     /// The sandbox at `addr`, if attached.

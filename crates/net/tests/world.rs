@@ -87,6 +87,7 @@ fn start_gateway(
             owner: owner.to_path_buf(),
         }),
         upstream_dns: vec![SocketAddr::new(DNS.into(), 53)],
+        loopback_dns: brig_net::gateway::default_loopback_dns(),
     })
     .expect("start the gateway")
 }
@@ -351,6 +352,49 @@ fn udp_other_than_dns_goes_nowhere_and_sandboxes_cannot_reach_each_other() {
     assert!(!got.0, "a UDP datagram other than DNS was answered");
     assert!(listening.accept().is_err(), "sandbox b reached sandbox a");
     assert!(matches!(got.1, None | Some(0)), "{:?}", got.1);
+}
+
+/// A resolv.conf naming systemd-resolved's 127.0.0.53 (the host's, seen
+/// through the `host` template) works: the resolver answers there too,
+/// inside the sandbox, by the same policy; and stops when the sandbox is
+/// detached.
+#[test]
+fn the_resolver_answers_on_loopback_inside_the_sandbox() {
+    let Some(world) = world("stub") else { return };
+    let stub = Ipv4Addr::new(127, 0, 0, 53);
+    let sb = world
+        .gateway
+        .attach("stub00000001", policy(Mode::Allow, &["allowed.test"], &[]))
+        .unwrap();
+    let got = in_sandbox(&sb.netns, move || {
+        (
+            lookup(stub, "allowed.test"),
+            lookup(stub, "other.test"),
+            get(sa(ALLOWED, 80), "allowed.test"),
+        )
+    });
+    assert_eq!(got.0, Some((ResponseCode::NoError, vec![ALLOWED])));
+    assert_eq!(got.1.map(|r| r.0), Some(ResponseCode::Refused));
+    assert_eq!(
+        got.2.as_deref(),
+        Some("hello from 203.0.113.10:80"),
+        "a name resolved on loopback counts for the proxy"
+    );
+    world.gateway.detach(sb.addr);
+    let mut quiet = false;
+    for _ in 0..50 {
+        // Bindable again once the resolver has let go of it.
+        let probe = in_sandbox(&sb.netns, move || UdpSocket::bind((stub, 53)).is_ok());
+        if probe {
+            quiet = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        quiet,
+        "the resolver kept 127.0.0.53 after the sandbox was detached"
+    );
 }
 
 #[test]

@@ -656,7 +656,12 @@ impl SandboxManager {
             }
             return None;
         };
-        let net = gateway.readopt(record.id.as_str(), addr, policy);
+        // Its namespace, where the resolver answers on loopback again.
+        let netns = instance
+            .pid()
+            .and_then(|pid| std::fs::File::open(format!("/proc/{pid}/ns/net")).ok())
+            .map(std::os::fd::OwnedFd::from);
+        let net = gateway.readopt(record.id.as_str(), addr, policy, netns.as_ref());
         Some(Arc::new(NetLink {
             gateway: Arc::clone(gateway),
             net,

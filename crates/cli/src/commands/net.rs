@@ -136,6 +136,7 @@ impl OwnNetwork {
             brig_net::Gateway::start(brig_net::GatewayConfig {
                 pin: None,
                 upstream_dns: upstream,
+                loopback_dns: brig_net::gateway::default_loopback_dns(),
             })?
         };
         let attached = gateway.attach(id, policy)?;

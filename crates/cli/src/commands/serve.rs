@@ -218,6 +218,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<i32> {
                 owner: store_path.clone(),
             }),
             upstream_dns: upstream,
+            loopback_dns: brig_net::gateway::default_loopback_dns(),
         })
     }) {
         Ok(gateway) => manager_config.gateway = Some(gateway),
