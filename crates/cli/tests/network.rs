@@ -421,3 +421,89 @@ fn brig_run_has_a_network_of_its_own() {
         "brig run left a link in the host namespace"
     );
 }
+
+/// `brig run -p PORT`: a server listening on the sandbox's loopback is
+/// reached from this host's loopback while the sandbox runs (with
+/// `--network none` too), on a port brig chose and printed; the port is
+/// closed once it has ended.
+#[test]
+fn brig_run_publishes_a_port() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    require_root!();
+    const SERVER: &str = "import http.server
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        b = b'from inside'
+        self.send_response(200)
+        self.send_header('Content-Length', str(len(b)))
+        self.end_headers()
+        self.wfile.write(b)
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(('127.0.0.1', 8000), H).handle_request()
+";
+    let mut child = Command::new(BRIG)
+        .args([
+            "run",
+            "--network",
+            "none",
+            "-p",
+            "8000",
+            "--",
+            "python3",
+            "-c",
+            SERVER,
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    err.read_line(&mut line).unwrap();
+    let addr: std::net::SocketAddr = line
+        .strip_prefix("brig: ")
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("no published address in {line:?}"));
+    assert!(addr.ip().is_loopback() && addr.port() != 0, "{line}");
+    assert!(line.contains("-> port 8000"), "{line}");
+    // Until the server listens, a connection is closed at once.
+    let mut body = String::new();
+    for _ in 0..200 {
+        let Ok(mut s) = std::net::TcpStream::connect(addr) else {
+            break;
+        };
+        s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+            .unwrap();
+        let _ = s.write_all(b"GET / HTTP/1.0\r\nHost: x\r\n\r\n");
+        let mut got = String::new();
+        let _ = s.read_to_string(&mut got);
+        if got.starts_with("HTTP/1.0 200") {
+            body = got;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(25));
+    }
+    assert!(body.ends_with("from inside"), "{body:?}");
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    assert!(
+        std::net::TcpStream::connect(addr).is_err(),
+        "{addr} is still open after the sandbox ended"
+    );
+    // A taken host port is a clear error before anything runs.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let out = Command::new(BRIG)
+        .args(["run", "-p", &format!("{port}:80"), "--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(125), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains(&format!("cannot publish port 80 on 127.0.0.1:{port}")),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

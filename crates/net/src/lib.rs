@@ -20,6 +20,7 @@ pub mod netlink;
 pub mod peek;
 pub mod policy;
 pub mod proxy;
+pub mod publish;
 pub mod relay;
 pub mod sys;
 

@@ -109,7 +109,7 @@ pub fn parse_upstream(s: &str) -> Result<SocketAddr, String> {
 /// thread of their own, and the sandbox's namespace linked to it. Dropped
 /// after the sandbox has ended; nothing of it outlives the process.
 pub struct OwnNetwork {
-    pub attachment: brig_core::NetworkAttachment,
+    netns: Arc<std::os::fd::OwnedFd>,
     _gateway: Arc<brig_net::Gateway>,
     runtime: Option<tokio::runtime::Runtime>,
 }
@@ -141,10 +141,27 @@ impl OwnNetwork {
         };
         let attached = gateway.attach(id, policy)?;
         Ok(OwnNetwork {
-            attachment: brig_core::NetworkAttachment::Namespace(Arc::new(attached.netns)),
+            netns: Arc::new(attached.netns),
             _gateway: gateway,
             runtime: Some(runtime),
         })
+    }
+
+    /// What the sandbox is started in.
+    pub fn attachment(&self) -> brig_core::NetworkAttachment {
+        brig_core::NetworkAttachment::Namespace(Arc::clone(&self.netns))
+    }
+
+    /// Relay 127.0.0.1:`host_port` (0: any free port) to `port` on the
+    /// sandbox's loopback; the address bound.
+    pub fn publish(&self, host_port: u16, port: u16) -> anyhow::Result<SocketAddr> {
+        let listener = std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, host_port))
+            .with_context(|| format!("cannot publish port {port} on 127.0.0.1:{host_port}"))?;
+        let bound = listener.local_addr()?;
+        let runtime = self.runtime.as_ref().expect("the runtime lives until drop");
+        brig_net::publish::publish(runtime.handle(), Arc::clone(&self.netns), listener, port)
+            .with_context(|| format!("cannot publish port {port}"))?;
+        Ok(bound)
     }
 }
 

@@ -76,6 +76,11 @@ pub struct RunArgs {
     /// /etc/resolv.conf].
     #[arg(long = "dns-upstream", value_name = "IP[:PORT]", value_parser = super::net::parse_upstream)]
     dns_upstream: Vec<std::net::SocketAddr>,
+    /// Relay 127.0.0.1:HOSTPORT on this host to PORT on the sandbox's
+    /// loopback while it runs (repeatable); PORT alone: any free host port,
+    /// printed on stderr.
+    #[arg(long = "publish", short = 'p', value_name = "[HOSTPORT:]PORT", value_parser = brig_net::publish::parse)]
+    publish: Vec<(u16, u16)>,
     /// The command and its arguments (after `--`).
     #[arg(value_name = "CMD", required = true)]
     command: Vec<String>,
@@ -88,6 +93,7 @@ impl RunArgs {
             policy: self.network.policy()?,
             asked: self.network.body()?.is_some(),
             upstream: self.dns_upstream,
+            publish: self.publish,
         };
         let mut spec = SandboxSpec::new(self.command);
         spec.template = match TemplateRef::parse(&self.template)? {
@@ -133,6 +139,8 @@ struct RunNetwork {
     /// Whether a network flag was given (not just the default).
     asked: bool,
     upstream: Vec<std::net::SocketAddr>,
+    /// (host port, sandbox port) pairs to relay.
+    publish: Vec<(u16, u16)>,
 }
 
 impl RunNetwork {
@@ -141,13 +149,22 @@ impl RunNetwork {
     /// host that cannot (no `ip`, no BPF), a run that did not ask for one
     /// goes on with loopback only, and says so.
     fn start(self) -> anyhow::Result<Option<OwnNetwork>> {
-        if self.policy.mode == brig_net::Mode::None {
+        // A published port needs the sandbox's namespace to be this
+        // process's: with `none` too (egress is then refused at the gateway).
+        if self.policy.mode == brig_net::Mode::None && self.publish.is_empty() {
             return Ok(None);
         }
         let link = format!("run{}", std::process::id());
+        let asked = self.asked || !self.publish.is_empty();
         match OwnNetwork::start(&link, self.policy, self.upstream) {
-            Ok(net) => Ok(Some(net)),
-            Err(e) if !self.asked => {
+            Ok(net) => {
+                for (host, port) in self.publish {
+                    let bound = net.publish(host, port)?;
+                    eprintln!("brig: {bound} -> port {port} of the sandbox");
+                }
+                Ok(Some(net))
+            }
+            Err(e) if !asked => {
                 eprintln!(
                     "brig: warning: the sandbox has no network ({e:#}); pass --network none to run without one quietly"
                 );
@@ -182,7 +199,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
     let net = network.start()?;
     let attachment = net
         .as_ref()
-        .map_or(NetworkAttachment::Loopback, |n| n.attachment.clone());
+        .map_or(NetworkAttachment::Loopback, OwnNetwork::attachment);
     let mut sandbox = tier.run(&spec, &attachment).map_err(explain)?;
     let pty = sandbox.take_pty();
     let outcome = supervise(sandbox.as_ref(), &signals, pty, spec.limits.timeout)?;
