@@ -144,6 +144,34 @@ fn sandboxes_reach_what_their_policy_allows_and_nothing_else() {
     );
     assert!(log.contains("denied  203.0.113.11:80"), "{log}");
 
+    // The same counters in the daemon's metrics.
+    let key = std::fs::read_to_string(h.join("local.key")).unwrap();
+    let metrics = ureq::get(&format!("{url}/metrics"))
+        .set("Authorization", &format!("Bearer {}", key.trim()))
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap();
+    let series = |name: &str| -> u64 {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(name) && l.contains(&format!("id=\"{id}\"")))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} for {id} in:\n{metrics}"))
+    };
+    assert!(series("brig_sandbox_network_received_bytes_total") > 0);
+    assert!(series("brig_sandbox_network_sent_bytes_total") > 0);
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("brig_sandbox_connections_total")
+                && l.contains(&format!("id=\"{id}\""))
+                && l.contains("verdict=\"denied\"")
+                && !l.ends_with(" 0")),
+        "{metrics}"
+    );
+
     // A live change applies to the next connection.
     ok(
         brig(h, &url, &["net", id, "--network", "none"]),

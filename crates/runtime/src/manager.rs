@@ -1369,6 +1369,23 @@ impl SandboxManager {
             .collect()
     }
 
+    /// The network counters of every live sandbox linked to the gateway:
+    /// (id, tenant, bytes out, bytes in, connections allowed, denied).
+    pub fn live_network(&self) -> Vec<(SandboxId, TenantId, [u64; 4])> {
+        lock(&self.live)
+            .iter()
+            .filter_map(|(id, l)| {
+                let c = &l.net.as_ref()?.net.counters;
+                let n = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::Relaxed);
+                Some((
+                    id.clone(),
+                    l.tenant.clone(),
+                    [n(&c.bytes_out), n(&c.bytes_in), n(&c.allowed), n(&c.denied)],
+                ))
+            })
+            .collect()
+    }
+
     /// An exec ran into its timeout and was killed (a front-end says so).
     pub fn note_exec_timeout(&self) {
         self.exec_timeouts.fetch_add(1, Ordering::Relaxed);

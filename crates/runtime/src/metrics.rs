@@ -24,6 +24,9 @@
 //! | `brig_sandbox_memory_limit_bytes` | gauge | its memory limit |
 //! | `brig_sandbox_pids` | gauge | tasks alive (processes and threads) |
 //! | `brig_sandbox_oom_kills_total` | counter | processes the OOM killer killed in it |
+//! | `brig_sandbox_network_sent_bytes_total` | counter | bytes its allowed connections sent out |
+//! | `brig_sandbox_network_received_bytes_total` | counter | bytes they received |
+//! | `brig_sandbox_connections_total{verdict}` | counter | connections it tried, `allowed` or `denied` by its policy |
 //!
 //! The registry knows nothing of HTTP: a front-end reports what it answered
 //! ([`Metrics::answered`], [`Metrics::created`], [`Metrics::exec_started`];
@@ -76,6 +79,16 @@ struct PerSandbox {
     memory_limit: Family<SandboxLabels, Gauge>,
     pids: Family<SandboxLabels, Gauge>,
     oom_kills: Family<SandboxLabels, Counter>,
+    net_sent: Family<SandboxLabels, Counter>,
+    net_received: Family<SandboxLabels, Counter>,
+    connections: Family<VerdictLabels, Counter>,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VerdictLabels {
+    id: String,
+    tenant: String,
+    verdict: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -191,6 +204,21 @@ impl Metrics {
             per_sandbox.oom_kills.clone(),
         );
         registry.register(
+            "brig_sandbox_network_sent_bytes",
+            "Bytes a live sandbox's allowed connections sent",
+            per_sandbox.net_sent.clone(),
+        );
+        registry.register(
+            "brig_sandbox_network_received_bytes",
+            "Bytes a live sandbox's allowed connections received",
+            per_sandbox.net_received.clone(),
+        );
+        registry.register(
+            "brig_sandbox_connections",
+            "Connections a live sandbox tried, by its policy's verdict",
+            per_sandbox.connections.clone(),
+        );
+        registry.register(
             "brig_build",
             "The running brig's version",
             Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]),
@@ -260,6 +288,9 @@ impl Metrics {
         p.memory_limit.clear();
         p.pids.clear();
         p.oom_kills.clear();
+        p.net_sent.clear();
+        p.net_received.clear();
+        p.connections.clear();
         let names: std::collections::HashMap<String, String> = manager
             .store()
             .list_tenants()
@@ -285,6 +316,22 @@ impl Metrics {
             p.pids.get_or_create(&labels).set(as_gauge(usage.pids));
             if let Some(n) = usage.oom_kills {
                 p.oom_kills.get_or_create(&labels).inc_by(n);
+            }
+        }
+        for (id, tenant, [sent, received, allowed, denied]) in manager.live_network() {
+            let labels = SandboxLabels {
+                id: id.to_string(),
+                tenant: names.get(&tenant.0).cloned().unwrap_or(tenant.0),
+            };
+            p.net_sent.get_or_create(&labels).inc_by(sent);
+            p.net_received.get_or_create(&labels).inc_by(received);
+            for (verdict, n) in [("allowed", allowed), ("denied", denied)] {
+                let v = VerdictLabels {
+                    id: labels.id.clone(),
+                    tenant: labels.tenant.clone(),
+                    verdict,
+                };
+                p.connections.get_or_create(&v).inc_by(n);
             }
         }
     }
