@@ -13,7 +13,7 @@ import sys
 import urllib.error
 import urllib.request
 
-from e2b import Sandbox
+from e2b import Sandbox, Secret
 from e2b.sandbox.network import ALL_TRAFFIC
 from e2b.exceptions import SandboxException
 from sdk_checks import check, raises, summary
@@ -26,7 +26,7 @@ FETCH = """
 import sys, urllib.request
 for u in sys.argv[1:]:
     try:
-        print(u, urllib.request.urlopen(u, timeout=5).read().decode())
+        print(u, urllib.request.urlopen(u, timeout=5).read().decode().replace('\\r', '').replace('\\n', '|'))
     except Exception as e:
         print(u, 'ERR', type(e).__name__)
 """
@@ -144,15 +144,34 @@ raises(
     (SandboxException, Exception),
     lambda: Sandbox.create(TEMPLATE, network={"allow_out": ["allowed.test"]}),
 )
-e = raises(
-    "create: header transforms refused, not ignored",
-    (SandboxException, Exception),
-    lambda: Sandbox.create(
-        TEMPLATE,
-        network={"rules": {"allowed.test": [{"transform": {"headers": {"X-A": "b"}}}]}},
-    ),
+# Header transforms with a secret: the host gets it, the sandbox never
+# sees it (the echo server's answer has it masked, and says its hash).
+import hashlib
+
+SECRET = "e2b-s3cret-value-42"
+Secret.create("e2btok", SECRET)
+sbx = Sandbox.create(
+    TEMPLATE,
+    network={
+        "rules": {
+            "allowed.test": [
+                {"transform": {"headers": {"Authorization": f"Bearer {Secret.fill('e2btok')}"}}}
+            ]
+        }
+    },
 )
-check("create: the refusal names rules", "rules" in str(e), str(e))
+want = hashlib.sha256(f"Bearer {SECRET}".encode()).hexdigest()
+got = fetch(sbx, "https://allowed.test:8443/", "http://other.test:8080/")
+tls = got.get("https://allowed.test:8443/") or ""
+check("transform: the host got the secret", f"auth-sha256: {want}" in tls, got)
+check("transform: the sandbox did not", SECRET not in repr(got), got)
+check("transform: other hosts get nothing", "auth-sha256: none" in (got.get("http://other.test:8080/") or ""), got)
+env = sbx.commands.run("env; cat /proc/[0-9]*/environ").stdout
+check("transform: not in the sandbox's environment", SECRET not in env)
+net = sbx.get_info().network or {}
+check("transform: get_info shows the placeholder", "${e2b.secrets.e2btok}" in repr(net.get("rules")), net)
+sbx.kill()
+Secret.destroy("e2btok")
 
 # Ingress: allow_public_traffic=False needs the token on every port but
 # envd's; mask_request_host is the Host the sandbox's server sees.

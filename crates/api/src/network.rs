@@ -31,6 +31,20 @@ pub struct NetworkConfig {
     /// Extra names the sandbox's resolver answers: name → address.
     #[serde(default)]
     pub hosts: BTreeMap<String, String>,
+    /// Headers set on HTTP requests to hosts, values naming secrets as
+    /// `${secrets.NAME}` (the sandbox never sees them).
+    #[serde(default)]
+    pub inject: Vec<InjectConfig>,
+}
+
+/// One header injection.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InjectConfig {
+    /// A domain, or `*.domain` for its subdomains.
+    pub host: String,
+    pub header: String,
+    pub value: String,
 }
 
 impl NetworkConfig {
@@ -64,11 +78,26 @@ impl NetworkConfig {
                     })
             })
             .collect::<Result<Vec<_>, _>>()?;
+        let inject = self
+            .inject
+            .iter()
+            .map(|i| {
+                let host = i.host.parse::<brig_net::Rule>().map_err(|e| {
+                    ApiError::bad_request(format!("invalid network.inject host {:?}: {e}", i.host))
+                })?;
+                Ok(brig_net::policy::Injection {
+                    host,
+                    header: i.header.clone(),
+                    value: i.value.clone(),
+                })
+            })
+            .collect::<Result<Vec<_>, ApiError>>()?;
         let policy = brig_net::Policy {
             mode,
             allow: rules(&self.allow, "allow")?,
             deny: rules(&self.deny, "deny")?,
             hosts,
+            inject,
             ..brig_net::Policy::default()
         };
         policy.validate().map_err(|e| bad(&e))?;
@@ -125,6 +154,9 @@ pub fn policy_view(policy: &brig_net::Policy) -> serde_json::Value {
         "hosts": policy.hosts.iter().map(|(n, a)| (n.clone(), serde_json::Value::String(a.to_string()))).collect::<serde_json::Map<_, _>>(),
         // "allow" only for a policy set through E2B's API, whose allow
         // rules are exceptions to its deny rules.
+        "inject": policy.inject.iter().map(|i| serde_json::json!({
+            "host": i.host.to_string(), "header": i.header, "value": i.value,
+        })).collect::<Vec<_>>(),
         "precedence": match policy.precedence {
             brig_net::policy::Precedence::Deny => "deny",
             brig_net::policy::Precedence::Allow => "allow",

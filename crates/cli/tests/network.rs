@@ -233,20 +233,24 @@ fn e2b_network_options_work_through_the_official_client() {
         brig_test_support::skip(&why);
         return;
     }
-    let _world = NetWorld::build("e2b");
+    let world = NetWorld::build("e2b");
     let home = tempfile::tempdir().unwrap();
-    let (child, url, mut lines) = support::start_daemon(
-        home.path(),
-        &[
-            "--dns-upstream",
-            &DNS.to_string(),
-            "--e2b",
-            "--e2b-api",
-            "127.0.0.1:0",
-            "--e2b-sandbox",
-            "127.0.0.1:0",
-        ],
-    );
+    let mut cmd = Command::new(BRIG);
+    cmd.args([
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--dns-upstream",
+        &DNS.to_string(),
+        "--e2b",
+        "--e2b-api",
+        "127.0.0.1:0",
+        "--e2b-sandbox",
+        "127.0.0.1:0",
+    ])
+    // The daemon checks the world's TLS server against the world's CA.
+    .env("SSL_CERT_FILE", world.ca_file());
+    let (child, url, mut lines) = support::start_daemon_with(cmd, home.path());
     let mut daemon = Daemon(child);
     let mut addr = |prefix: &str| loop {
         let line = lines.next().expect("brig serve exited").unwrap();
@@ -364,7 +368,7 @@ fn e2b_network_options_work_through_the_official_client() {
 }
 
 /// The checks of tests/e2b/network_sdk.py.
-const NETWORK_SDK_CHECKS: usize = 33;
+const NETWORK_SDK_CHECKS: usize = 36;
 /// The checks of tests/e2b/js_network.mjs.
 const JS_NETWORK_CHECKS: usize = 15;
 
@@ -534,4 +538,145 @@ http.server.HTTPServer(('127.0.0.1', 8000), H).handle_request()
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// Python in the sandbox: GET each URL, print "URL STATUS BODY" (the body
+/// on one line), or "URL ERR <exception>".
+const FETCH_ANY: &str = "import sys, urllib.request, urllib.error
+for u in sys.argv[1:]:
+    try:
+        r = urllib.request.urlopen(u, timeout=10)
+        print(u, r.status, r.read().decode().replace('\\r\\n', '|').replace('\\n', '|'))
+    except urllib.error.HTTPError as e:
+        print(u, e.code, e.read().decode().replace('\\n', '|'))
+    except Exception as e:
+        print(u, 'ERR', type(e).__name__, e)
+";
+
+/// `brig create --inject`: requests to the host get the header with the
+/// tenant's secret, over TLS (the sandbox trusts its own CA, which brig put
+/// in it) and plain HTTP; other hosts do not; the secret is nowhere the
+/// sandbox can read, not even in a response that echoes it; a secret that
+/// is not set fails the request saying which; a policy change takes the
+/// header away.
+#[test]
+fn secrets_are_injected_and_never_reach_the_sandbox() {
+    require_root!();
+    let world = NetWorld::build("inject");
+    let home = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(BRIG);
+    cmd.args([
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--dns-upstream",
+        &DNS.to_string(),
+    ])
+    // The daemon checks the world's server against the world's CA.
+    .env("SSL_CERT_FILE", world.ca_file());
+    let (child, url, lines) = support::start_daemon_with(cmd, home.path());
+    std::thread::spawn(move || {
+        for l in lines.map_while(Result::ok) {
+            eprintln!("daemon: {l}");
+        }
+    });
+    let mut daemon = Daemon(child);
+    let h = home.path();
+    const SECRET: &str = "s3cret-token-0123456789";
+    let mut set = Command::new(BRIG)
+        .args(["secrets", "set", "tok"])
+        .env("BRIG_URL", &url)
+        .env("BRIG_HOME", h)
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut set.stdin.take().unwrap(), SECRET.as_bytes()).unwrap();
+    assert!(set.wait().unwrap().success());
+
+    let id = ok(
+        brig(
+            h,
+            &url,
+            &[
+                "create",
+                "--inject",
+                "allowed.test:Authorization=Bearer ${secrets.tok}",
+            ],
+        ),
+        "create --inject",
+    );
+    let id = id.trim();
+    let fetch_any = |urls: &[&str]| {
+        let mut args = vec!["exec", id, "--", "python3", "-c", FETCH_ANY];
+        args.extend_from_slice(urls);
+        ok(brig(h, &url, &args), "fetch")
+    };
+    let want = {
+        let out = Command::new("sh")
+            .args(["-c", &format!("printf %s 'Bearer {SECRET}' | sha256sum")])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    let tls = "https://allowed.test:8443/";
+    let plain = "http://allowed.test:8080/";
+    let other = "http://other.test:8080/";
+    let got = fetch_any(&[tls, plain, other]);
+    assert!(!got.contains(SECRET), "the sandbox saw the secret: {got}");
+    for u in [tls, plain] {
+        let l = line(&got, u);
+        assert!(l.contains(" 200 "), "{l}");
+        assert!(
+            l.contains(&format!("auth-sha256: {want}")),
+            "{u} got no secret: {l}"
+        );
+        assert!(l.contains("Bearer ****"), "the echo was not masked: {l}");
+    }
+    assert!(line(&got, other).contains("auth-sha256: none"), "{got}");
+
+    // Nowhere in the sandbox: its environment, its processes', its files.
+    let looked = ok(
+        brig(
+            h,
+            &url,
+            &["exec", id, "--", "sh", "-c",
+              "env; cat /proc/[0-9]*/environ /proc/[0-9]*/cmdline 2>/dev/null; grep -rs . /run /tmp /root /etc/ssl 2>/dev/null | head -c 10000000"],
+        ),
+        "look for the secret",
+    );
+    assert!(!looked.contains(SECRET), "the secret is in the sandbox");
+    assert!(
+        looked.contains("SSL_CERT_FILE=/run/brig-ca-bundle.crt"),
+        "{looked}"
+    );
+
+    // A secret that is not set: the request fails, saying which.
+    ok(
+        brig(
+            h,
+            &url,
+            &["net", id, "--inject", "allowed.test:X-Key=${secrets.nope}"],
+        ),
+        "net --inject",
+    );
+    let got = fetch_any(&[plain]);
+    assert!(line(&got, plain).contains(" 502 "), "{got}");
+    assert!(line(&got, plain).contains("\"nope\" is not set"), "{got}");
+    // No injection any more: no header.
+    ok(
+        brig(h, &url, &["net", id, "--network", "public"]),
+        "net --network public",
+    );
+    let got = fetch_any(&[plain]);
+    assert!(line(&got, plain).contains("auth-sha256: none"), "{got}");
+    // A bad injection is refused, naming it.
+    let bad = brig(h, &url, &["net", id, "--inject", "allowed.test:Host=x"]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("frames the request"));
+    ok(brig(h, &url, &["rm", "-f", id]), "rm");
+    support::stop_daemon(&mut daemon.0);
 }

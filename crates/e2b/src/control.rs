@@ -186,11 +186,7 @@ async fn create(
     // The network: E2B's settings as a brig policy (`None`: unrestricted,
     // the daemon's default), what brig cannot do refused.
     let given = req.network.clone().unwrap_or_default();
-    network::check_supported(
-        given.rules.as_ref(),
-        given.egress_proxy.as_ref(),
-        given.https_ports.as_deref(),
-    )?;
+    network::check_supported(given.egress_proxy.as_ref(), given.https_ports.as_deref())?;
     network::check_ingress(&given, req.secure)?;
     if req
         .iam
@@ -208,6 +204,7 @@ async fn create(
         req.allow_internet_access,
         given.allow_out.as_deref().unwrap_or_default(),
         given.deny_out.as_deref().unwrap_or_default(),
+        given.rules.as_ref(),
     )?;
     let traffic_token = (given.allow_public_traffic == Some(false)).then(access_token);
     let config = CreateConfig {

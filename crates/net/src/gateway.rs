@@ -87,7 +87,6 @@ fn io_err(op: &'static str) -> impl FnOnce(io::Error) -> NetError {
 
 /// What the gateway knows of one attached sandbox; shared with the proxy
 /// and the resolver.
-#[derive(Debug)]
 pub struct SandboxNet {
     pub id: String,
     pub addr: Ipv4Addr,
@@ -100,6 +99,19 @@ pub struct SandboxNet {
     /// (`dns::serve_stub`), stopped when the sandbox is forgotten: each
     /// holds a socket, and with it the sandbox's namespace.
     stubs: Mutex<Vec<tokio::task::AbortHandle>>,
+    /// Its certificate authority, for header injection (`tls.rs`).
+    pub ca: crate::tls::SandboxCa,
+    /// Where the secrets its injections name come from.
+    secrets: RwLock<Option<Arc<dyn crate::inject::SecretSource>>>,
+}
+
+impl std::fmt::Debug for SandboxNet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SandboxNet")
+            .field("id", &self.id)
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
+    }
 }
 
 impl SandboxNet {
@@ -154,6 +166,19 @@ impl SandboxNet {
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
+    }
+
+    /// The source of its secrets, if one was given.
+    pub fn secrets(&self) -> Option<Arc<dyn crate::inject::SecretSource>> {
+        self.secrets
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// Where the secrets its injections name come from from now on.
+    pub fn set_secrets(&self, source: Arc<dyn crate::inject::SecretSource>) {
+        *self.secrets.write().unwrap_or_else(|e| e.into_inner()) = Some(source);
     }
 
     fn stop_stubs(&self) {
@@ -291,7 +316,11 @@ impl Gateway {
         // Known (and its address taken) from the start; forgotten again if
         // the link cannot be made. The namespace, and with it both ends of
         // a half-made link, goes with its last descriptor.
-        let net = self.register(id, self.allocate()?, policy);
+        let ca = crate::tls::SandboxCa::new(id).map_err(|e| NetError::Io {
+            op: "make the sandbox's certificate authority",
+            source: io::Error::other(e),
+        })?;
+        let net = self.register(id, self.allocate()?, policy, ca);
         let addr = net.addr;
         match self.link(id, addr) {
             Ok((netns, stubs)) => {
@@ -392,14 +421,16 @@ impl Gateway {
     /// What it resolved before is forgotten; it resolves again.
     /// `netns`: its namespace, where the resolver answers on loopback
     /// again (the earlier daemon's sockets went with it).
+    /// `ca`: the certificate authority it trusts (kept by the runtime).
     pub fn readopt(
         &self,
         id: &str,
         addr: Ipv4Addr,
         policy: Policy,
         netns: Option<&OwnedFd>,
+        ca: crate::tls::SandboxCa,
     ) -> Arc<SandboxNet> {
-        let net = self.register(id, addr, policy);
+        let net = self.register(id, addr, policy, ca);
         if let Some(ns) = netns {
             let addrs = self.config.loopback_dns.clone();
             match sys::in_netns(ns, move || Ok(bind_stubs(&addrs))) {
@@ -410,7 +441,13 @@ impl Gateway {
         net
     }
 
-    fn register(&self, id: &str, addr: Ipv4Addr, policy: Policy) -> Arc<SandboxNet> {
+    fn register(
+        &self,
+        id: &str,
+        addr: Ipv4Addr,
+        policy: Policy,
+        ca: crate::tls::SandboxCa,
+    ) -> Arc<SandboxNet> {
         let net = Arc::new(SandboxNet {
             id: id.to_string(),
             addr,
@@ -419,6 +456,8 @@ impl Gateway {
             counters: Default::default(),
             log: Mutex::default(),
             stubs: Mutex::default(),
+            ca,
+            secrets: RwLock::default(),
         });
         self.sandboxes
             .write()

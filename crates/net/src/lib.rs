@@ -16,6 +16,7 @@
 
 pub mod dns;
 pub mod gateway;
+pub mod inject;
 pub mod netlink;
 pub mod peek;
 pub mod policy;
@@ -23,6 +24,7 @@ pub mod proxy;
 pub mod publish;
 pub mod relay;
 pub mod sys;
+pub mod tls;
 
 pub use gateway::{Attachment, Gateway, GatewayConfig, NetError, Pin, SandboxNet, GATEWAY_ADDR};
 pub use policy::{Mode, Policy, Rule, Target};

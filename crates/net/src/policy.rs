@@ -506,6 +506,178 @@ pub struct Policy {
     /// Which wins when an allow and a deny rule both match.
     #[serde(skip_serializing_if = "Precedence::is_deny")]
     pub precedence: Precedence,
+    /// Headers the egress proxy sets on HTTP requests to some hosts, with
+    /// values that may name secrets (`inject.rs`). An injection does not
+    /// allow anything: the host must be reachable under the rules.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub inject: Vec<Injection>,
+}
+
+/// At most this many `--inject` entries per sandbox.
+pub const MAX_INJECTIONS: usize = 64;
+/// The longest injected header name and value (E2B's limits).
+pub const MAX_HEADER_NAME: usize = 64;
+pub const MAX_HEADER_VALUE: usize = 2048;
+
+/// `--inject HOST:HEADER=VALUE`: on HTTP requests to HOST (a domain, or
+/// `*.domain` for its subdomains), set HEADER to VALUE, where
+/// `${secrets.NAME}` stands for the value of the tenant's secret NAME.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Injection {
+    pub host: Rule,
+    pub header: String,
+    pub value: String,
+}
+
+/// Header names an injection may not set: they frame the message.
+const FRAMING_HEADERS: [&str; 9] = [
+    "host",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "upgrade",
+    "te",
+    "trailer",
+    "keep-alive",
+    "proxy-connection",
+];
+
+impl Injection {
+    /// `HOST:HEADER=VALUE`.
+    pub fn parse(spec: &str) -> Result<Injection, PolicyError> {
+        let bad = |reason: &str| PolicyError::BadInjection {
+            spec: spec.to_string(),
+            reason: reason.to_string(),
+        };
+        let (host, rest) = spec
+            .split_once(':')
+            .ok_or_else(|| bad("expected HOST:HEADER=VALUE"))?;
+        let (header, value) = rest
+            .split_once('=')
+            .ok_or_else(|| bad("expected HOST:HEADER=VALUE"))?;
+        let host: Rule = host.parse().map_err(|e: RuleError| bad(&e.to_string()))?;
+        let i = Injection {
+            host,
+            header: header.to_string(),
+            value: value.to_string(),
+        };
+        i.check().map_err(|reason| bad(&reason))?;
+        Ok(i)
+    }
+
+    /// Why this injection cannot be used, if it cannot.
+    pub fn check(&self) -> Result<(), String> {
+        if !matches!(self.host.target, Target::Domain(_) | Target::Wildcard(_))
+            || self.host.ports.is_some()
+        {
+            return Err(format!(
+                "the host {} must be a domain or *.domain, without a port",
+                self.host
+            ));
+        }
+        let tchar = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+        if self.header.is_empty()
+            || self.header.len() > MAX_HEADER_NAME
+            || !self.header.bytes().all(tchar)
+        {
+            return Err(format!(
+                "{:?} is not a header name (1 to {MAX_HEADER_NAME} letters, digits and !#$%&'*+-.^_`|~)",
+                self.header
+            ));
+        }
+        if FRAMING_HEADERS.contains(&self.header.to_ascii_lowercase().as_str()) {
+            return Err(format!(
+                "{} frames the request and cannot be set",
+                self.header
+            ));
+        }
+        if self.value.len() > MAX_HEADER_VALUE {
+            return Err(format!("the value is over {MAX_HEADER_VALUE} bytes"));
+        }
+        if self
+            .value
+            .bytes()
+            .any(|b| b == b'\r' || b == b'\n' || b == 0)
+        {
+            return Err("the value may not hold CR, LF or NUL".into());
+        }
+        self.secrets().map(drop)
+    }
+
+    /// The secrets the value names, in order, or why it is malformed.
+    pub fn secrets(&self) -> Result<Vec<String>, String> {
+        let mut names = Vec::new();
+        let mut rest = self.value.as_str();
+        while let Some(at) = rest.find("${secrets.") {
+            let after = &rest[at + "${secrets.".len()..];
+            let end = after
+                .find('}')
+                .ok_or_else(|| "an unterminated ${secrets.NAME}".to_string())?;
+            let name = &after[..end];
+            let ok = !name.is_empty()
+                && name.len() <= 128
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+            if !ok {
+                return Err(format!("${{secrets.{name}}} does not name a secret"));
+            }
+            names.push(name.to_ascii_lowercase());
+            rest = &after[end + 1..];
+        }
+        Ok(names)
+    }
+
+    /// The value with each `${secrets.NAME}` replaced by `secret(NAME)`;
+    /// the name of the first one that has no value, if one has none.
+    pub fn render(
+        &self,
+        mut secret: impl FnMut(&str) -> Option<Vec<u8>>,
+    ) -> Result<Vec<u8>, String> {
+        let mut out = Vec::with_capacity(self.value.len());
+        let mut rest = self.value.as_str();
+        while let Some(at) = rest.find("${secrets.") {
+            out.extend_from_slice(&rest.as_bytes()[..at]);
+            let after = &rest[at + "${secrets.".len()..];
+            let end = after.find('}').ok_or_else(|| after.to_string())?;
+            let name = after[..end].to_ascii_lowercase();
+            out.extend(secret(&name).ok_or(name)?);
+            rest = &after[end + 1..];
+        }
+        out.extend_from_slice(rest.as_bytes());
+        Ok(out)
+    }
+}
+
+impl Policy {
+    /// The injections for requests to `name`: those of exactly that
+    /// domain if any, else those of the longest matching `*.domain`.
+    pub fn injections_for(&self, name: &str) -> Vec<&Injection> {
+        let exact: Vec<&Injection> = self
+            .inject
+            .iter()
+            .filter(|i| matches!(i.host.target, Target::Domain(_)) && i.host.matches_name(name))
+            .collect();
+        if !exact.is_empty() {
+            return exact;
+        }
+        let longest = self
+            .inject
+            .iter()
+            .filter(|i| i.host.matches_name(name))
+            .filter_map(|i| match &i.host.target {
+                Target::Wildcard(d) => Some(d.len()),
+                _ => None,
+            })
+            .max();
+        self.inject
+            .iter()
+            .filter(|i| {
+                i.host.matches_name(name)
+                    && matches!(&i.host.target, Target::Wildcard(d) if Some(d.len()) == longest)
+            })
+            .collect()
+    }
 }
 
 impl Default for Policy {
@@ -516,6 +688,7 @@ impl Default for Policy {
             deny: Vec::new(),
             hosts: Vec::new(),
             precedence: Precedence::Deny,
+            inject: Vec::new(),
         }
     }
 }
@@ -585,6 +758,17 @@ pub enum PolicyError {
         /// What is wrong with it.
         reason: &'static str,
     },
+    /// An `--inject` entry that cannot be used.
+    #[error("--inject {spec:?}: {reason}; write HOST:HEADER=VALUE, e.g. 'api.openai.com:Authorization=Bearer ${{secrets.openai}}'")]
+    BadInjection {
+        /// The entry as given.
+        spec: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// More `--inject` entries than the limit.
+    #[error("too many --inject entries ({0}; at most {MAX_INJECTIONS})")]
+    TooManyInjections(usize),
     /// Allow rules with networking off, which would silently do nothing.
     #[error("--allow needs --network allow or public: drop --allow or change --network none")]
     AllowWithoutNetwork,
@@ -618,6 +802,15 @@ impl Policy {
         for (name, _) in &self.hosts {
             check_name(name).map_err(|reason| PolicyError::InvalidHostName {
                 name: name.clone(),
+                reason,
+            })?;
+        }
+        if self.inject.len() > MAX_INJECTIONS {
+            return Err(PolicyError::TooManyInjections(self.inject.len()));
+        }
+        for i in &self.inject {
+            i.check().map_err(|reason| PolicyError::BadInjection {
+                spec: format!("{}:{}={}", i.host, i.header, i.value),
                 reason,
             })?;
         }
@@ -1710,5 +1903,68 @@ mod tests {
         assert!("*".parse::<Rule>().is_err());
         let plain = serde_json::to_string(&Policy::default()).unwrap();
         assert!(!plain.contains("precedence"), "{plain}");
+    }
+
+    #[test]
+    fn injections_parse_render_and_pick_the_closest_host() {
+        let i =
+            Injection::parse("api.example.com:Authorization=Bearer ${secrets.OpenAI} x").unwrap();
+        assert_eq!(i.secrets().unwrap(), ["openai"]);
+        let got = i
+            .render(|n| (n == "openai").then(|| b"sk-1".to_vec()))
+            .unwrap();
+        assert_eq!(got, b"Bearer sk-1 x");
+        assert_eq!(i.render(|_| None), Err("openai".to_string()));
+        // No placeholder: the value as given.
+        let plain = Injection::parse("a.com:X-Team=ml").unwrap();
+        assert_eq!(plain.render(|_| None).unwrap(), b"ml");
+        for (spec, says) in [
+            ("a.com", "HOST:HEADER=VALUE"),
+            ("a.com:X", "HOST:HEADER=VALUE"),
+            ("a.com:Host=x", "frames the request"),
+            ("a.com:Content-Length=1", "frames the request"),
+            ("a.com:Bad Header=x", "not a header name"),
+            ("a.com:X=${secrets.}", "does not name a secret"),
+            ("a.com:X=${secrets.a", "unterminated"),
+            ("a.com:X=${secrets.a b}", "does not name a secret"),
+            ("10.0.0.0/8:X=y", "domain"),
+            ("a.com:443:X=y", "HOST:HEADER=VALUE"),
+        ] {
+            let e = Injection::parse(spec).unwrap_err().to_string();
+            assert!(e.contains(says), "{spec}: {e}");
+        }
+        let long = format!("a.com:X={}", "v".repeat(MAX_HEADER_VALUE + 1));
+        assert!(Injection::parse(&long).is_err());
+        assert!(Injection::parse(&format!("a.com:X={}", "v".repeat(MAX_HEADER_VALUE))).is_ok());
+        // Exactly the host first, else the longest wildcard.
+        let p = Policy {
+            inject: [
+                "*.example.com:A=1",
+                "*.api.example.com:B=2",
+                "api.example.com:C=3",
+            ]
+            .iter()
+            .map(|s| Injection::parse(s).unwrap())
+            .collect(),
+            ..Policy::default()
+        };
+        let headers = |n: &str| -> Vec<String> {
+            p.injections_for(n)
+                .iter()
+                .map(|i| i.header.clone())
+                .collect()
+        };
+        assert_eq!(headers("api.example.com"), ["C"]);
+        assert_eq!(headers("v1.api.example.com"), ["B"]);
+        assert_eq!(headers("www.example.com"), ["A"]);
+        assert!(headers("example.org").is_empty());
+        let too_many = Policy {
+            inject: vec![Injection::parse("a.com:X=y").unwrap(); MAX_INJECTIONS + 1],
+            ..Policy::default()
+        };
+        assert!(matches!(
+            too_many.validate(),
+            Err(PolicyError::TooManyInjections(_))
+        ));
     }
 }

@@ -112,7 +112,8 @@ fn needs_name(policy: &Policy, verdict: &Verdict) -> bool {
             .any(|r| !matches!(r.target, crate::policy::Target::Net(_)))
     };
     match verdict {
-        Verdict::Allow => has_domains(&policy.deny),
+        // A connection that may get headers is known by its name.
+        Verdict::Allow => has_domains(&policy.deny) || !policy.inject.is_empty(),
         Verdict::Deny(_) => policy.mode == Mode::Allow && has_domains(&policy.allow),
     }
 }
@@ -175,7 +176,22 @@ async fn serve(gateway: Arc<Gateway>, mut client: TcpStream, peer: SocketAddr) {
         }
     };
     entry.allowed = true;
-    let (out, inn) = pass_through(client, upstream, &first).await;
+    let injecting = name
+        .as_deref()
+        .filter(|n| !policy.injections_for(n).is_empty())
+        .map(str::to_string);
+    let (out, inn) = match injecting {
+        Some(host) => {
+            let tls = matches!(peek::tls_sni(&first), Peeked::Name(_));
+            crate::inject::relay(Arc::clone(&net), client, first, upstream, host, tls)
+                .await
+                .unwrap_or_else(|e| {
+                    tracing::debug!(sandbox = net.id, "header injection: {e}");
+                    (0, 0)
+                })
+        }
+        None => pass_through(client, upstream, &first).await,
+    };
     net.counters.bytes_out.fetch_add(out, Ordering::Relaxed);
     net.counters.bytes_in.fetch_add(inn, Ordering::Relaxed);
     entry.bytes_out = out;

@@ -363,6 +363,74 @@ impl NetLink {
     }
 }
 
+/// Where a record keeps its sandbox's CA (certificate and key, PEM).
+const CA_ATTR: &str = "network_ca";
+
+/// Point the processes of a sandbox with a CA at it (unless the sandbox's
+/// own variables say otherwise).
+fn with_ca_env(env: &mut BTreeMap<String, String>) {
+    for (k, v) in CA_ENV {
+        env.entry(k.to_string()).or_insert_with(|| v.to_string());
+    }
+}
+
+/// Where a sandbox's CA certificate is put (`/run` is the sandbox's own),
+/// and the host's trusted certificates with it.
+const CA_FILE: &str = "/run/brig-ca.crt";
+const CA_BUNDLE: &str = "/run/brig-ca-bundle.crt";
+
+/// The variables that point TLS clients at [`CA_BUNDLE`] (OpenSSL, Python's
+/// requests and pip, curl, git) and Node at [`CA_FILE`].
+const CA_ENV: [(&str, &str); 6] = [
+    ("SSL_CERT_FILE", CA_BUNDLE),
+    ("REQUESTS_CA_BUNDLE", CA_BUNDLE),
+    ("CURL_CA_BUNDLE", CA_BUNDLE),
+    ("PIP_CERT", CA_BUNDLE),
+    ("GIT_SSL_CAINFO", CA_BUNDLE),
+    ("NODE_EXTRA_CA_CERTS", CA_FILE),
+];
+
+/// The host's trusted certificates (Debian's and most distributions'
+/// bundle), read once.
+fn host_bundle() -> &'static str {
+    static BUNDLE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    BUNDLE.get_or_init(|| {
+        [
+            "/etc/ssl/certs/ca-certificates.crt",
+            "/etc/pki/tls/certs/ca-bundle.crt",
+        ]
+        .iter()
+        .find_map(|p| std::fs::read_to_string(p).ok())
+        .unwrap_or_default()
+    })
+}
+
+/// Make a new sandbox trust its CA, for header injection: the CA and a
+/// bundle of it with the host's certificates under /run, and the CA
+/// appended to the system bundle where the template lets it be written. A
+/// failure is logged: injection to TLS hosts then fails in that sandbox
+/// only.
+fn install_ca(conn: &Connection, link: &NetLink) {
+    let pem = link.net.ca.pem();
+    let bundle = format!("{}\n{pem}", host_bundle());
+    let wrote = conn
+        .write_file(CA_FILE, pem.as_bytes(), Some(0o644), false)
+        .and_then(|_| conn.write_file(CA_BUNDLE, bundle.as_bytes(), Some(0o644), false));
+    if let Err(e) = wrote {
+        tracing::warn!(
+            sandbox = link.net.id,
+            "cannot install its certificate authority: {e}"
+        );
+    }
+    // Best effort: a read-only /etc (the host template's) keeps its own.
+    let _ = conn.write_file(
+        "/etc/ssl/certs/ca-certificates.crt",
+        format!("\n{pem}").as_bytes(),
+        None,
+        true,
+    );
+}
+
 impl Drop for NetLink {
     fn drop(&mut self) {
         self.gateway.forget(&self.net);
@@ -424,6 +492,8 @@ pub struct SandboxManager {
     ends: Arc<crate::sandboxes::EndCounts>,
     /// Execs killed at their timeout (`note_exec_timeout`).
     exec_timeouts: AtomicU64,
+    /// The secrets header injection reads (`secrets.rs`).
+    secret_reader: Arc<crate::secrets::SecretReader>,
 }
 
 impl std::fmt::Debug for SandboxManager {
@@ -466,6 +536,9 @@ impl SandboxManager {
         let (stop_tx, stop_rx) = mpsc::channel::<()>();
         let manager = Arc::new(SandboxManager {
             config,
+            secret_reader: Arc::new(crate::secrets::SecretReader::new(
+                store.path().to_path_buf(),
+            )),
             store: Mutex::new(store),
             live: Arc::new(Mutex::new(HashMap::new())),
             tiers,
@@ -624,6 +697,10 @@ impl SandboxManager {
             .map(|s| s.env.into_iter().map(|e| (e.key, e.value)).collect())
             .unwrap_or_default();
         let net = self.relink(&record, &*instance);
+        let mut env = env;
+        if net.is_some() {
+            with_ca_env(&mut env);
+        }
         let live = Arc::new(Live {
             tenant: record.tenant.clone(),
             conn: Arc::new(conn),
@@ -661,7 +738,19 @@ impl SandboxManager {
             .pid()
             .and_then(|pid| std::fs::File::open(format!("/proc/{pid}/ns/net")).ok())
             .map(std::os::fd::OwnedFd::from);
-        let net = gateway.readopt(record.id.as_str(), addr, policy, netns.as_ref());
+        // The CA it trusts, as kept on its record (a new one if none was).
+        let id = record.id.as_str();
+        let ca = record
+            .attrs
+            .get(CA_ATTR)
+            .and_then(|c| Some((c["pem"].as_str()?, c["key"].as_str()?)))
+            .and_then(|(pem, key)| brig_net::tls::SandboxCa::restore(id, pem, key).ok())
+            .or_else(|| brig_net::tls::SandboxCa::new(id).ok())?;
+        let net = gateway.readopt(id, addr, policy, netns.as_ref(), ca);
+        net.set_secrets(Arc::new(crate::secrets::TenantSecrets {
+            reader: Arc::clone(&self.secret_reader),
+            tenant: record.tenant.clone(),
+        }));
         Some(Arc::new(NetLink {
             gateway: Arc::clone(gateway),
             net,
@@ -877,7 +966,12 @@ impl SandboxManager {
         let made = self.launch(&*tier, &id, &fresh, attachment);
         self.waiting.fetch_sub(1, Ordering::SeqCst);
         match made {
-            Ok(warm) => self.register(tenant, warm, &spec, link),
+            Ok(warm) => {
+                if let Some(link) = &link {
+                    install_ca(&warm.conn, link);
+                }
+                self.register(tenant, warm, &spec, link)
+            }
             Err(e) => {
                 let _ = self.store().mark_dead(&id, None, &EndCause::CreateFailed);
                 Err(e)
@@ -1057,16 +1151,31 @@ impl SandboxManager {
                 return Err(e.into());
             }
         };
+        let mut env: BTreeMap<String, String> = spec
+            .env
+            .iter()
+            .map(|e| (e.key.clone(), e.value.clone()))
+            .collect();
+        if let Some(link) = &net {
+            // Its injections read its tenant's secrets; the CA it trusts is
+            // kept for a later daemon; its processes are pointed at it.
+            link.net
+                .set_secrets(Arc::new(crate::secrets::TenantSecrets {
+                    reader: Arc::clone(&self.secret_reader),
+                    tenant: tenant.clone(),
+                }));
+            let ca = serde_json::json!({"pem": link.net.ca.pem(), "key": link.net.ca.key_pem()});
+            if let Err(e) = self.store().set_attrs(&id, CA_ATTR, &ca) {
+                tracing::warn!("sandbox {id}: cannot keep its certificate authority: {e}");
+            }
+            with_ca_env(&mut env);
+        }
         let live = Arc::new(Live {
             tenant: tenant.clone(),
             conn: Arc::new(conn),
             instance,
             ending: Mutex::default(),
-            env: spec
-                .env
-                .iter()
-                .map(|e| (e.key.clone(), e.value.clone()))
-                .collect(),
+            env,
             lifecycle: Mutex::default(),
             adopted: false,
             net,
@@ -1093,6 +1202,9 @@ impl SandboxManager {
         let made = self.tier(Isolation::Process).and_then(|tier| {
             let (attachment, link) = self.link(&id, brig_net::Policy::none())?;
             let mut warm = self.launch(&**tier, &id, &spec, attachment)?;
+            if let Some(link) = &link {
+                install_ca(&warm.conn, link);
+            }
             warm.net = link;
             Ok(warm)
         });

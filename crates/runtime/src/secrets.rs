@@ -331,6 +331,46 @@ impl Store {
     }
 }
 
+/// The secrets as the egress proxy reads them (header injection): a
+/// database connection of its own, opened on first use, shared by every
+/// sandbox of the daemon.
+#[derive(Debug)]
+pub(crate) struct SecretReader {
+    path: std::path::PathBuf,
+    store: std::sync::Mutex<Option<Store>>,
+}
+
+impl SecretReader {
+    pub(crate) fn new(path: std::path::PathBuf) -> SecretReader {
+        SecretReader {
+            path,
+            store: std::sync::Mutex::default(),
+        }
+    }
+
+    fn value(&self, tenant: &TenantId, name: &str) -> Option<Vec<u8>> {
+        let mut store = self.store.lock().unwrap_or_else(|e| e.into_inner());
+        if store.is_none() {
+            *store = Store::open(&self.path)
+                .map_err(|e| tracing::warn!("header injection cannot read secrets: {e}"))
+                .ok();
+        }
+        store.as_ref()?.secret_value(tenant, name).ok().flatten()
+    }
+}
+
+/// One tenant's secrets, for its sandboxes' injections.
+pub(crate) struct TenantSecrets {
+    pub(crate) reader: std::sync::Arc<SecretReader>,
+    pub(crate) tenant: TenantId,
+}
+
+impl brig_net::inject::SecretSource for TenantSecrets {
+    fn secret(&self, name: &str) -> Option<Vec<u8>> {
+        self.reader.value(&self.tenant, name)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -13,7 +13,12 @@
 //! ```
 //!
 //! Every TCP server answers whatever it reads first (an HTTP head, a TLS
-//! hello) with an HTTP/1.0 response whose body is `hello from ADDR:PORT`.
+//! hello) with an HTTP/1.0 response whose body is `hello from ADDR:PORT`;
+//! but on ALLOWED and OTHER port [`ECHO_PORT`] is an echo server (the
+//! request's head back as the body, plus the SHA-256 of its
+//! `Authorization` header), and on ALLOWED port [`TLS_ECHO_PORT`] the same
+//! over TLS, with a certificate for `allowed.test` and `www.allowed.test`
+//! signed by the world's own CA ([`NetWorld::ca_file`]).
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
@@ -30,12 +35,29 @@ pub const DNS: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 53);
 pub const PRIVATE: Ipv4Addr = Ipv4Addr::new(192, 168, 1, 10);
 pub const METADATA: Ipv4Addr = Ipv4Addr::new(169, 254, 169, 254);
 pub const HOST: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
+/// The echo servers' port, plain HTTP.
+pub const ECHO_PORT: u16 = 8080;
+/// The echo server's port over TLS (ALLOWED only).
+pub const TLS_ECHO_PORT: u16 = 8443;
 
 /// The world's two named namespaces, deleted on drop.
 #[derive(Debug)]
 pub struct NetWorld {
     pub host: String,
     pub world: String,
+    /// The world's CA (PEM), which signed its TLS server's certificate.
+    ca: tempfile_path::TempPem,
+}
+
+mod tempfile_path {
+    /// A PEM file removed on drop.
+    #[derive(Debug)]
+    pub struct TempPem(pub std::path::PathBuf);
+    impl Drop for TempPem {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
 }
 
 impl Drop for NetWorld {
@@ -51,9 +73,13 @@ impl NetWorld {
     /// its servers, and move the calling thread into its host namespace.
     /// Needs root and iproute2.
     pub fn build(tag: &str) -> NetWorld {
+        let (ca_pem, tls) = world_tls();
+        let ca = std::env::temp_dir().join(format!("brigt-ca-{}-{tag}.pem", std::process::id()));
+        std::fs::write(&ca, ca_pem).expect("write the world's CA");
         let world = NetWorld {
             host: format!("brigt-h-{}-{tag}", std::process::id()),
             world: format!("brigt-w-{}-{tag}", std::process::id()),
+            ca: tempfile_path::TempPem(ca),
         };
         for ns in [&world.host, &world.world] {
             let _ = Command::new("ip").args(["netns", "del", ns]).status();
@@ -94,6 +120,10 @@ impl NetWorld {
                 serve_http(SocketAddr::new(addr.into(), 80));
             }
             serve_http(SocketAddr::new(ALLOWED.into(), 443));
+            for addr in [ALLOWED, OTHER] {
+                serve_echo(SocketAddr::new(addr.into(), ECHO_PORT), None);
+            }
+            serve_echo(SocketAddr::new(ALLOWED.into(), TLS_ECHO_PORT), Some(tls));
             serve_udp_echo(SocketAddr::new(ALLOWED.into(), 9999));
             serve_dns(SocketAddr::new(DNS.into(), 53));
         })
@@ -102,7 +132,97 @@ impl NetWorld {
         enter(&world.host);
         world
     }
+
+    /// The world's CA certificate (PEM file): what a client of its TLS
+    /// server must trust (`SSL_CERT_FILE`).
+    pub fn ca_file(&self) -> &std::path::Path {
+        &self.ca.0
+    }
 }
+
+/// The world's CA (PEM) and its TLS server's configuration.
+fn world_tls() -> (String, std::sync::Arc<rustls::ServerConfig>) {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+    let ca_key = KeyPair::generate().expect("a key");
+    let mut ca = CertificateParams::default();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(DnType::CommonName, "brig test world CA");
+    let ca_cert = ca.self_signed(&ca_key).expect("the world's CA");
+    let issuer = Issuer::new(ca, ca_key);
+    let key = KeyPair::generate().expect("a key");
+    let leaf = CertificateParams::new(vec!["allowed.test".into(), "www.allowed.test".into()])
+        .expect("names")
+        .signed_by(&key, &issuer)
+        .expect("the server's certificate");
+    let der = rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into());
+    let config = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("TLS versions")
+    .with_no_client_auth()
+    .with_single_cert(vec![leaf.der().clone()], der)
+    .expect("a server configuration");
+    (ca_cert.pem(), std::sync::Arc::new(config))
+}
+
+/// An HTTP/1.1 echo server (over TLS with `tls`): each request's head comes
+/// back as the body, with `auth-sha256: HEX` of its Authorization header
+/// (`none` without one), so a test can check a header it must not see.
+fn serve_echo(addr: SocketAddr, tls: Option<std::sync::Arc<rustls::ServerConfig>>) {
+    use sha2::Digest;
+    let l = std::net::TcpListener::bind(addr).expect("bind a world echo server");
+    std::thread::spawn(move || {
+        for s in l.incoming().flatten() {
+            let tls = tls.clone();
+            std::thread::spawn(move || {
+                let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+                let mut stream: Box<dyn ReadWrite> = match tls {
+                    Some(config) => match rustls::ServerConnection::new(config) {
+                        Ok(conn) => Box::new(rustls::StreamOwned::new(conn, s)),
+                        Err(_) => return,
+                    },
+                    None => Box::new(s),
+                };
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") && head.len() < 16384 {
+                    match stream.read(&mut byte) {
+                        Ok(1) => head.push(byte[0]),
+                        _ => return,
+                    }
+                }
+                let text = String::from_utf8_lossy(&head).into_owned();
+                let auth = text
+                    .lines()
+                    .find_map(|l| {
+                        let (k, v) = l.split_once(':')?;
+                        k.eq_ignore_ascii_case("authorization")
+                            .then(|| v.trim().to_string())
+                    })
+                    .map_or("none".to_string(), |v| {
+                        sha2::Sha256::digest(v.as_bytes())
+                            .iter()
+                            .map(|b| format!("{b:02x}"))
+                            .collect()
+                    });
+                let body = format!("{text}auth-sha256: {auth}\n");
+                let _ = stream.write_all(
+                    format!(
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    )
+                    .as_bytes(),
+                );
+                let _ = stream.flush();
+            });
+        }
+    });
+}
+
+trait ReadWrite: Read + Write + Send {}
+impl<T: Read + Write + Send> ReadWrite for T {}
 
 /// `ip -n NS -batch -` with `script`; panics with its stderr on failure.
 pub fn ip(ns: &str, script: &str) {

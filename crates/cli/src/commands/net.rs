@@ -30,6 +30,11 @@ pub struct NetworkFlags {
     /// Answer NAME with IP in the sandbox's DNS (repeatable).
     #[arg(long = "add-host", value_name = "NAME:IP")]
     pub add_host: Vec<String>,
+    /// On HTTP(S) requests to HOST (a domain or *.domain) set HEADER to
+    /// VALUE, where ${secrets.NAME} is the secret NAME (`brig secrets set`):
+    /// the sandbox never sees it (repeatable; not on `brig run`).
+    #[arg(long = "inject", value_name = "HOST:HEADER=VALUE")]
+    pub inject: Vec<String>,
 }
 
 impl NetworkFlags {
@@ -39,6 +44,7 @@ impl NetworkFlags {
             && self.allow.is_empty()
             && self.deny.is_empty()
             && self.add_host.is_empty()
+            && self.inject.is_empty()
         {
             return Ok(None);
         }
@@ -50,7 +56,17 @@ impl NetworkFlags {
             };
             hosts.insert(name.to_string(), Value::from(ip));
         }
-        let mut body = json!({ "allow": self.allow, "deny": self.deny, "hosts": hosts });
+        let inject = self
+            .inject
+            .iter()
+            .map(|spec| {
+                let i = brig_net::policy::Injection::parse(spec)?;
+                Ok(json!({"host": i.host.to_string(), "header": i.header, "value": i.value}))
+            })
+            .collect::<anyhow::Result<Vec<Value>>>()?;
+        let mut body = json!({
+            "allow": self.allow, "deny": self.deny, "hosts": hosts, "inject": inject,
+        });
         if let Some(mode) = &self.network {
             body["mode"] = Value::from(mode.as_str());
         }
@@ -60,6 +76,11 @@ impl NetworkFlags {
     /// The policy these flags give, checked: for `brig run`, which applies
     /// it itself.
     pub fn policy(&self) -> anyhow::Result<brig_net::Policy> {
+        if !self.inject.is_empty() {
+            anyhow::bail!(
+                "--inject needs a daemon (the secrets live there): use brig create --inject, then brig exec"
+            );
+        }
         let mode = match &self.network {
             Some(m) => m.parse().context("--network")?,
             None => brig_net::Mode::Public,

@@ -16,8 +16,12 @@
 //! for this sandbox through brig's resolver (E2B's proxy resolves the name
 //! itself); the effect for a client is the same.
 //!
-//! Not yet supported, refused with 400 rather than ignored: `rules` (header
-//! transforms with secrets), `egressProxy`, `httpsPorts`.
+//! `rules` (`{host: [{transform: {headers: {NAME: VALUE}}}]}`) become
+//! brig's header injections (`brig_net::inject`), `${e2b.secrets.NAME}` the
+//! tenant's secret NAME; like E2B's, a rule allows nothing by itself.
+//!
+//! Not yet supported, refused with 400 rather than ignored: `egressProxy`,
+//! `httpsPorts`, workload-identity placeholders (`${e2b.identity.…}`).
 
 use std::sync::Arc;
 
@@ -39,7 +43,9 @@ pub fn policy(
     allow_internet_access: Option<bool>,
     allow_out: &[String],
     deny_out: &[String],
+    rules: Option<&serde_json::Map<String, serde_json::Value>>,
 ) -> Result<Option<Policy>, E2bError> {
+    let inject = injections(rules)?;
     let mut deny_all = allow_internet_access == Some(false);
     let mut deny = Vec::new();
     for entry in deny_out {
@@ -92,10 +98,10 @@ pub fn policy(
             domains.join(", ")
         )));
     }
-    if !deny_all && deny.is_empty() {
+    if !deny_all && deny.is_empty() && inject.is_empty() {
         return Ok(None);
     }
-    if deny_all && allow.is_empty() {
+    if deny_all && allow.is_empty() && inject.is_empty() {
         return Ok(Some(Policy::none()));
     }
     let policy = Policy {
@@ -104,6 +110,7 @@ pub fn policy(
         deny,
         hosts: Vec::new(),
         precedence: Precedence::Allow,
+        inject,
     };
     policy
         .validate()
@@ -120,18 +127,76 @@ fn net_rule(entry: &str) -> Option<Rule> {
         .filter(|r| matches!(r.target, Target::Net(_)) && r.ports.is_none())
 }
 
+/// E2B's limits on `rules` (infra's `validateNetworkRules`).
+const MAX_RULE_DOMAINS: usize = 10;
+const MAX_RULE_HEADERS: usize = 20;
+
+/// `rules` as brig's injections, or a 400 naming what is wrong.
+fn injections(
+    rules: Option<&serde_json::Map<String, serde_json::Value>>,
+) -> Result<Vec<brig_net::policy::Injection>, E2bError> {
+    let Some(rules) = rules else {
+        return Ok(Vec::new());
+    };
+    let bad = |m: String| E2bError::bad_request(format!("invalid network rules: {m}"));
+    if rules.len() > MAX_RULE_DOMAINS {
+        return Err(bad(format!(
+            "{} domains (at most {MAX_RULE_DOMAINS})",
+            rules.len()
+        )));
+    }
+    let mut out = Vec::new();
+    for (host, list) in rules {
+        let list = list
+            .as_array()
+            .ok_or_else(|| bad(format!("{host:?}: a list of rules is expected")))?;
+        if list.len() > 1 {
+            return Err(bad(format!("{host:?}: one rule per domain")));
+        }
+        let rule: brig_net::Rule = host
+            .parse()
+            .map_err(|e| bad(format!("{host:?} is not a domain: {e}")))?;
+        let headers = list
+            .first()
+            .and_then(|r| r.get("transform"))
+            .and_then(|t| t.get("headers"))
+            .and_then(|h| h.as_object());
+        let Some(headers) = headers else { continue };
+        if headers.len() > MAX_RULE_HEADERS {
+            return Err(bad(format!(
+                "{host:?}: {} headers (at most {MAX_RULE_HEADERS})",
+                headers.len()
+            )));
+        }
+        for (name, value) in headers {
+            let value = value
+                .as_str()
+                .ok_or_else(|| bad(format!("{host:?}: the value of {name} must be a string")))?;
+            if value.contains("${e2b.identity.") {
+                return Err(bad(format!(
+                    "{host:?}: {name}: workload-identity tokens are not supported by this brig \
+                     server yet"
+                )));
+            }
+            let injection = brig_net::policy::Injection {
+                host: rule.clone(),
+                header: name.clone(),
+                value: value.replace("${e2b.secrets.", "${secrets."),
+            };
+            injection
+                .check()
+                .map_err(|e| bad(format!("{host:?}: {name}: {e}")))?;
+            out.push(injection);
+        }
+    }
+    Ok(out)
+}
+
 /// What brig cannot do yet, refused rather than ignored.
 pub fn check_supported(
-    rules: Option<&serde_json::Map<String, serde_json::Value>>,
     egress_proxy: Option<&serde_json::Value>,
     https_ports: Option<&[u16]>,
 ) -> Result<(), E2bError> {
-    if rules.is_some_and(|r| !r.is_empty()) {
-        return Err(E2bError::bad_request(
-            "network rules (header transforms) are not supported by this brig server yet: \
-             create the sandbox without `rules`",
-        ));
-    }
     if egress_proxy.is_some_and(|p| !p.is_null()) {
         return Err(E2bError::bad_request(
             "egressProxy is not supported by this brig server yet: create the sandbox without it",
@@ -201,7 +266,7 @@ pub async fn update(
 ) -> Result<StatusCode, E2bError> {
     let req: NetworkUpdate = wire::body(&body)?;
     let sb = lookup(&state, &tenant, &id)?;
-    check_supported(req.rules.as_ref(), req.egress_proxy.as_ref(), None)?;
+    check_supported(req.egress_proxy.as_ref(), None)?;
     if let Some(servers) = &req.dns_servers {
         check_dns_servers(servers)?;
     }
@@ -209,6 +274,7 @@ pub async fn update(
         req.allow_internet_access,
         req.allow_out.as_deref().unwrap_or_default(),
         req.deny_out.as_deref().unwrap_or_default(),
+        req.rules.as_ref(),
     )?
     .unwrap_or_default();
     let manager = Arc::clone(&state.manager);
@@ -249,7 +315,7 @@ mod tests {
     }
 
     fn got(aia: Option<bool>, allow: &[&str], deny: &[&str]) -> Result<Option<Policy>, String> {
-        policy(aia, &strings(allow), &strings(deny)).map_err(|e| e.message)
+        policy(aia, &strings(allow), &strings(deny), None).map_err(|e| e.message)
     }
 
     #[test]
@@ -304,17 +370,55 @@ mod tests {
             let e = got(aia, allow, deny).expect_err(expect);
             assert!(e.contains(expect), "{allow:?} {deny:?}: {e}");
         }
-        let e = check_supported(
-            Some(&serde_json::from_str(r#"{"api.example.com": [{}]}"#).unwrap()),
-            None,
-            None,
-        )
-        .unwrap_err();
-        assert!(e.message.contains("rules"), "{}", e.message);
-        assert!(check_supported(Some(&serde_json::Map::new()), None, None).is_ok());
         let proxy = serde_json::json!({"address": "proxy:1080"});
-        assert!(check_supported(None, Some(&proxy), None).is_err());
-        assert!(check_supported(None, Some(&serde_json::Value::Null), None).is_ok());
+        assert!(check_supported(Some(&proxy), None).is_err());
+        assert!(check_supported(Some(&serde_json::Value::Null), None).is_ok());
+        assert!(check_supported(None, Some(&[443])).is_err());
+        // rules: transforms become injections; E2B's limits hold.
+        let rules = |v: serde_json::Value| v.as_object().cloned().unwrap();
+        let p = policy(
+            None,
+            &[],
+            &[],
+            Some(&rules(
+                serde_json::json!({"api.example.com": [{"transform": {"headers": {
+                "Authorization": "Bearer ${e2b.secrets.openai}"}}}]}),
+            )),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(p.mode, Mode::Public);
+        assert_eq!(p.inject.len(), 1);
+        assert_eq!(p.inject[0].value, "Bearer ${secrets.openai}");
+        assert_eq!(p.inject[0].secrets().unwrap(), ["openai"]);
+        for (bad, says) in [
+            (
+                serde_json::json!({"a.com": [{}, {}]}),
+                "one rule per domain",
+            ),
+            (
+                serde_json::json!({"a.com": [{"transform": {"headers": {"Host": "x"}}}]}),
+                "frames",
+            ),
+            (
+                serde_json::json!({"a.com": [{"transform": {"headers": {"X": "${e2b.secrets.}"}}}]}),
+                "secret",
+            ),
+            (
+                serde_json::json!({"a.com": [{"transform": {"headers": {"X": "${e2b.identity.tokens.t}"}}}]}),
+                "workload-identity",
+            ),
+            (serde_json::json!({"a b": [{}]}), "not a domain"),
+        ] {
+            let e = policy(None, &[], &[], Some(&rules(bad.clone())))
+                .unwrap_err()
+                .message;
+            assert!(e.contains(says), "{bad}: {e}");
+        }
+        let many: serde_json::Map<String, serde_json::Value> = (0..11)
+            .map(|i| (format!("h{i}.com"), serde_json::json!([{}])))
+            .collect();
+        assert!(policy(None, &[], &[], Some(&many)).is_err());
         let net = NetworkConfig {
             allow_public_traffic: Some(false),
             ..NetworkConfig::default()
