@@ -355,6 +355,9 @@ pub(crate) struct Live {
 pub(crate) struct NetLink {
     gateway: Arc<brig_net::Gateway>,
     net: Arc<brig_net::SandboxNet>,
+    /// Its CA is installed in the sandbox (`install_ca`): only then are
+    /// its processes pointed at the bundle.
+    trusted: std::sync::atomic::AtomicBool,
 }
 
 impl NetLink {
@@ -411,6 +414,11 @@ fn host_bundle() -> &'static str {
 /// failure is logged: injection to TLS hosts then fails in that sandbox
 /// only.
 fn install_ca(conn: &Connection, link: &NetLink) {
+    let installed = write_ca(conn, link);
+    link.trusted.store(installed, Ordering::Relaxed);
+}
+
+fn write_ca(conn: &Connection, link: &NetLink) -> bool {
     let pem = link.net.ca.pem();
     let bundle = format!("{}\n{pem}", host_bundle());
     let wrote = conn
@@ -421,6 +429,7 @@ fn install_ca(conn: &Connection, link: &NetLink) {
             sandbox = link.net.id,
             "cannot install its certificate authority: {e}"
         );
+        return false;
     }
     // Best effort: a read-only /etc (the host template's) keeps its own.
     let _ = conn.write_file(
@@ -429,6 +438,7 @@ fn install_ca(conn: &Connection, link: &NetLink) {
         None,
         true,
     );
+    true
 }
 
 impl Drop for NetLink {
@@ -698,7 +708,10 @@ impl SandboxManager {
             .unwrap_or_default();
         let net = self.relink(&record, &*instance);
         let mut env = env;
-        if net.is_some() {
+        if net
+            .as_ref()
+            .is_some_and(|l| l.trusted.load(Ordering::Relaxed))
+        {
             with_ca_env(&mut env);
         }
         let live = Arc::new(Live {
@@ -751,9 +764,12 @@ impl SandboxManager {
             reader: Arc::clone(&self.secret_reader),
             tenant: record.tenant.clone(),
         }));
+        // A kept CA was installed by the daemon that made it.
+        let trusted = record.attrs.get(CA_ATTR).is_some();
         Some(Arc::new(NetLink {
             gateway: Arc::clone(gateway),
             net,
+            trusted: trusted.into(),
         }))
     }
 
@@ -1057,6 +1073,7 @@ impl SandboxManager {
         let link = Arc::new(NetLink {
             gateway: Arc::clone(gateway),
             net: a.net,
+            trusted: false.into(),
         });
         Ok((NetworkAttachment::Namespace(Arc::new(a.netns)), Some(link)))
     }
@@ -1168,7 +1185,9 @@ impl SandboxManager {
             if let Err(e) = self.store().set_attrs(&id, CA_ATTR, &ca) {
                 tracing::warn!("sandbox {id}: cannot keep its certificate authority: {e}");
             }
-            with_ca_env(&mut env);
+            if link.trusted.load(Ordering::Relaxed) {
+                with_ca_env(&mut env);
+            }
         }
         let live = Arc::new(Live {
             tenant: tenant.clone(),
