@@ -6,7 +6,7 @@ ALL_TRAFFIC denied), update_network replacing the whole configuration,
 get_info showing it, allow_public_traffic's token and mask_request_host on
 the data plane, and what brig refuses rather than ignores.
 
-argv: the world's ALLOWED, OTHER, PRIVATE, METADATA addresses.
+argv: the world's ALLOWED, OTHER, PRIVATE, METADATA and SOCKS addresses.
 """
 
 import sys
@@ -18,7 +18,7 @@ from e2b.sandbox.network import ALL_TRAFFIC
 from e2b.exceptions import SandboxException
 from sdk_checks import check, raises, summary
 
-ALLOWED, OTHER, PRIVATE, METADATA = sys.argv[1:5]
+ALLOWED, OTHER, PRIVATE, METADATA, SOCKS = sys.argv[1:6]
 TEMPLATE = "host"
 DATA_URL = __import__("os").environ["E2B_SANDBOX_URL"]
 
@@ -172,6 +172,18 @@ net = sbx.get_info().network or {}
 check("transform: get_info shows the placeholder", "${e2b.secrets.e2btok}" in repr(net.get("rules")), net)
 sbx.kill()
 Secret.destroy("e2btok")
+
+# egress_proxy: through the world's SOCKS5 proxy, never around it.
+sbx = Sandbox.create(
+    TEMPLATE,
+    network={"egress_proxy": {"address": f"{SOCKS}:1080", "username": "u", "password": "p"}},
+)
+check("egress_proxy: through the proxy", reaches(sbx, f"http://{OTHER}/"))
+proxy = (sbx.get_info().network or {}).get("egress_proxy") or {}
+check("egress_proxy: get_info without the password", proxy.get("address") == f"{SOCKS}:1080" and "password" not in proxy, proxy)
+sbx.update_network({"egress_proxy": {"address": f"{SOCKS}:1080", "username": "u", "password": "wrong"}})
+check("egress_proxy: refused credentials, nothing gets out", not reaches(sbx, f"http://{OTHER}/"))
+sbx.kill()
 
 # Ingress: allow_public_traffic=False needs the token on every port but
 # envd's; mask_request_host is the Host the sandbox's server sees.

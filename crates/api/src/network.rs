@@ -35,6 +35,19 @@ pub struct NetworkConfig {
     /// `${secrets.NAME}` (the sandbox never sees them).
     #[serde(default)]
     pub inject: Vec<InjectConfig>,
+    /// A SOCKS5 proxy every allowed connection goes through (never around
+    /// it).
+    pub egress_proxy: Option<EgressProxyConfig>,
+}
+
+/// `egress_proxy`: never shown back with its password.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EgressProxyConfig {
+    /// `HOST:PORT`.
+    pub address: String,
+    pub username: Option<String>,
+    pub password: Option<String>,
 }
 
 /// One header injection.
@@ -98,6 +111,11 @@ impl NetworkConfig {
             deny: rules(&self.deny, "deny")?,
             hosts,
             inject,
+            egress_proxy: self.egress_proxy.map(|p| brig_net::policy::EgressProxy {
+                address: p.address,
+                username: p.username,
+                password: p.password,
+            }),
             ..brig_net::Policy::default()
         };
         policy.validate().map_err(|e| bad(&e))?;
@@ -157,6 +175,9 @@ pub fn policy_view(policy: &brig_net::Policy) -> serde_json::Value {
         "inject": policy.inject.iter().map(|i| serde_json::json!({
             "host": i.host.to_string(), "header": i.header, "value": i.value,
         })).collect::<Vec<_>>(),
+        "egress_proxy": policy.egress_proxy.as_ref().map(|p| serde_json::json!({
+            "address": p.address, "username": p.username,
+        })),
         "precedence": match policy.precedence {
             brig_net::policy::Precedence::Deny => "deny",
             brig_net::policy::Precedence::Allow => "allow",

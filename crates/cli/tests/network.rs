@@ -222,7 +222,7 @@ fn sandboxes_reach_what_their_policy_allows_and_nothing_else() {
 /// world; and the daemon's default network for native creates.
 #[test]
 fn e2b_network_options_work_through_the_official_client() {
-    use brig_test_support::networld::{ALLOWED, METADATA, OTHER, PRIVATE};
+    use brig_test_support::networld::{ALLOWED, METADATA, OTHER, PRIVATE, SOCKS};
     require_root!();
     let python = brig_test_support::test_cache().join("e2b-venv/bin/python");
     if !python.exists() {
@@ -307,7 +307,7 @@ fn e2b_network_options_work_through_the_official_client() {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/e2b/network_sdk.py");
     let out = Command::new(&python)
         .arg(&script)
-        .args([ALLOWED, OTHER, PRIVATE, METADATA].map(|a| a.to_string()))
+        .args([ALLOWED, OTHER, PRIVATE, METADATA, SOCKS].map(|a| a.to_string()))
         .env("E2B_API_KEY", key.trim())
         .env("E2B_API_URL", &api)
         .env("E2B_SANDBOX_URL", &data)
@@ -368,7 +368,7 @@ fn e2b_network_options_work_through_the_official_client() {
 }
 
 /// The checks of tests/e2b/network_sdk.py.
-const NETWORK_SDK_CHECKS: usize = 36;
+const NETWORK_SDK_CHECKS: usize = 39;
 /// The checks of tests/e2b/js_network.mjs.
 const JS_NETWORK_CHECKS: usize = 15;
 
@@ -679,4 +679,107 @@ fn secrets_are_injected_and_never_reach_the_sandbox() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("frames the request"));
     ok(brig(h, &url, &["rm", "-f", id]), "rm");
     support::stop_daemon(&mut daemon.0);
+}
+
+/// `--egress-proxy`: allowed connections go through the SOCKS5 proxy (by
+/// name when the policy decided by name), never around it: a proxy that
+/// is down or refuses the credentials fails the connection.
+#[test]
+fn egress_goes_through_the_socks5_proxy_and_never_around_it() {
+    use brig_test_support::networld::socks_log;
+    require_root!();
+    let _world = NetWorld::build("socks");
+    let home = tempfile::tempdir().unwrap();
+    let (child, url, lines) =
+        support::start_daemon(home.path(), &["--dns-upstream", &DNS.to_string()]);
+    std::thread::spawn(move || {
+        for l in lines.map_while(Result::ok) {
+            eprintln!("daemon: {l}");
+        }
+    });
+    let mut daemon = Daemon(child);
+    let h = home.path();
+    let target = "http://other.test:8080/";
+    let id = ok(
+        brig(
+            h,
+            &url,
+            &["create", "--egress-proxy", "socks5://u:p@203.0.113.20:1080"],
+        ),
+        "create --egress-proxy",
+    );
+    let id = id.trim();
+    let got = fetch_flat(h, &url, id, &[target]);
+    assert!(line(&got, target).contains("auth-sha256: none"), "{got}");
+    assert!(
+        socks_log().iter().any(|t| t == "203.0.113.11:8080"),
+        "not through the proxy: {:?}",
+        socks_log()
+    );
+    // The proxy is shown without its password.
+    let info: Value = serde_json::from_str(&ok(brig(h, &url, &["net", id]), "net")).unwrap();
+    assert_eq!(
+        info["egress_proxy"]["address"], "203.0.113.20:1080",
+        "{info}"
+    );
+    assert!(!info.to_string().contains("\"p\""), "{info}");
+    // Decided by name: the proxy is asked for the name.
+    ok(
+        brig(
+            h,
+            &url,
+            &[
+                "net",
+                id,
+                "--network",
+                "allow",
+                "--allow",
+                "other.test",
+                "--egress-proxy",
+                "socks5://u:p@203.0.113.20:1080",
+            ],
+        ),
+        "net --allow",
+    );
+    let got = fetch_flat(h, &url, id, &[target]);
+    assert!(line(&got, target).contains("auth-sha256: none"), "{got}");
+    assert!(
+        socks_log().iter().any(|t| t == "other.test:8080"),
+        "{:?}",
+        socks_log()
+    );
+    // Down, or refusing the credentials: nothing gets out.
+    for proxy in [
+        "socks5://203.0.113.21:1080",
+        "socks5://u:wrong@203.0.113.20:1080",
+    ] {
+        ok(
+            brig(h, &url, &["net", id, "--egress-proxy", proxy]),
+            "net --egress-proxy",
+        );
+        let before = socks_log().len();
+        let got = fetch_flat(h, &url, id, &[target]);
+        assert!(line(&got, target).contains("ERR"), "{proxy}: {got}");
+        assert!(socks_log().len() <= before + 1, "{proxy}");
+    }
+    let log = ok(
+        brig(h, &url, &["net", id, "--connections"]),
+        "net --connections",
+    );
+    assert!(log.contains("egress proxy"), "{log}");
+    let bad = brig(
+        h,
+        &url,
+        &["net", id, "--egress-proxy", "http://203.0.113.20:1080"],
+    );
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("only SOCKS5"));
+    ok(brig(h, &url, &["rm", "-f", id]), "rm");
+    support::stop_daemon(&mut daemon.0);
+}
+
+/// `FETCH_ANY` in sandbox `id`: one line per URL, bodies flattened.
+fn fetch_flat(home: &Path, url: &str, id: &str, urls: &[&str]) -> String {
+    let mut args = vec!["exec", id, "--", "python3", "-c", FETCH_ANY];
+    args.extend_from_slice(urls);
+    ok(brig(home, url, &args), "fetch")
 }

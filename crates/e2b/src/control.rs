@@ -186,7 +186,7 @@ async fn create(
     // The network: E2B's settings as a brig policy (`None`: unrestricted,
     // the daemon's default), what brig cannot do refused.
     let given = req.network.clone().unwrap_or_default();
-    network::check_supported(given.egress_proxy.as_ref(), given.https_ports.as_deref())?;
+    network::check_supported(given.https_ports.as_deref())?;
     network::check_ingress(&given, req.secure)?;
     if req
         .iam
@@ -205,6 +205,7 @@ async fn create(
         given.allow_out.as_deref().unwrap_or_default(),
         given.deny_out.as_deref().unwrap_or_default(),
         given.rules.as_ref(),
+        given.egress_proxy.as_ref(),
     )?;
     let traffic_token = (given.allow_public_traffic == Some(false)).then(access_token);
     let config = CreateConfig {
@@ -274,7 +275,11 @@ async fn create(
             env,
             metadata,
             allow_internet_access: req.allow_internet_access,
-            network: req.network,
+            // As E2B shows it: never the proxy's password.
+            network: req.network.map(|mut n| {
+                n.egress_proxy = n.egress_proxy.map(network::without_password);
+                n
+            }),
             traffic_token,
         });
         // Kept on its record: a restarted daemon knows it again.

@@ -511,6 +511,84 @@ pub struct Policy {
     /// allow anything: the host must be reachable under the rules.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub inject: Vec<Injection>,
+    /// A SOCKS5 proxy every allowed connection goes through (after the
+    /// policy's decision); never around it: if it cannot be reached, the
+    /// connection fails.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub egress_proxy: Option<EgressProxy>,
+}
+
+/// A SOCKS5 proxy for egress (`--egress-proxy socks5://[USER:PASS@]HOST:PORT`,
+/// E2B's `egressProxy`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EgressProxy {
+    /// `HOST:PORT`.
+    pub address: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub username: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password: Option<String>,
+}
+
+impl EgressProxy {
+    /// `socks5://[USER[:PASS]@]HOST:PORT` (or `HOST:PORT`).
+    pub fn parse_url(url: &str) -> Result<EgressProxy, String> {
+        let rest = url.strip_prefix("socks5://").unwrap_or(url);
+        if rest.contains("://") {
+            return Err(format!(
+                "{url:?}: only SOCKS5 proxies are supported (socks5://[USER:PASS@]HOST:PORT)"
+            ));
+        }
+        let (creds, address) = match rest.rsplit_once('@') {
+            Some((c, a)) => (Some(c), a),
+            None => (None, rest),
+        };
+        let (username, password) = match creds {
+            Some(c) => match c.split_once(':') {
+                Some((u, p)) => (Some(u.to_string()), Some(p.to_string())),
+                None => (Some(c.to_string()), None),
+            },
+            None => (None, None),
+        };
+        let p = EgressProxy {
+            address: address.to_string(),
+            username,
+            password,
+        };
+        p.check().map_err(|e| format!("{url:?}: {e}"))?;
+        Ok(p)
+    }
+
+    /// Why this proxy cannot be used, if it cannot (E2B's rules).
+    pub fn check(&self) -> Result<(), String> {
+        let (host, port) = self
+            .address
+            .rsplit_once(':')
+            .ok_or_else(|| format!("{:?} is not HOST:PORT", self.address))?;
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        if host.is_empty() || port.parse::<u16>().map_or(true, |p| p == 0) {
+            return Err(format!(
+                "{:?} is not HOST:PORT with a port from 1 to 65535",
+                self.address
+            ));
+        }
+        if let Ok(ip) = host.parse::<IpAddr>() {
+            if let Some(range) = special_range(canonical_addr(ip)) {
+                return Err(format!(
+                    "{ip} is in {range}, which a sandbox may never reach"
+                ));
+            }
+        }
+        for (what, v) in [("username", &self.username), ("password", &self.password)] {
+            if v.as_ref().is_some_and(|v| v.len() > 255) {
+                return Err(format!("the {what} is over 255 bytes"));
+            }
+        }
+        if self.password.is_some() && self.username.is_none() {
+            return Err("a password needs a username".into());
+        }
+        Ok(())
+    }
 }
 
 /// At most this many `--inject` entries per sandbox.
@@ -689,6 +767,7 @@ impl Default for Policy {
             hosts: Vec::new(),
             precedence: Precedence::Deny,
             inject: Vec::new(),
+            egress_proxy: None,
         }
     }
 }
@@ -766,6 +845,9 @@ pub enum PolicyError {
         /// What is wrong with it.
         reason: String,
     },
+    /// An egress proxy that cannot be used.
+    #[error("--egress-proxy: {0}")]
+    BadEgressProxy(String),
     /// More `--inject` entries than the limit.
     #[error("too many --inject entries ({0}; at most {MAX_INJECTIONS})")]
     TooManyInjections(usize),
@@ -804,6 +886,9 @@ impl Policy {
                 name: name.clone(),
                 reason,
             })?;
+        }
+        if let Some(p) = &self.egress_proxy {
+            p.check().map_err(PolicyError::BadEgressProxy)?;
         }
         if self.inject.len() > MAX_INJECTIONS {
             return Err(PolicyError::TooManyInjections(self.inject.len()));

@@ -160,7 +160,8 @@ async fn serve(gateway: Arc<Gateway>, mut client: TcpStream, peer: SocketAddr) {
         return;
     }
     net.counters.allowed.fetch_add(1, Ordering::Relaxed);
-    let upstream = match tokio::time::timeout(DIAL_TIMEOUT, TcpStream::connect(dst)).await {
+    let dial = dial(policy.egress_proxy.as_ref(), dst, name.as_deref());
+    let upstream = match tokio::time::timeout(DIAL_TIMEOUT, dial).await {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {
             entry.allowed = true;
@@ -197,6 +198,60 @@ async fn serve(gateway: Arc<Gateway>, mut client: TcpStream, peer: SocketAddr) {
     entry.bytes_out = out;
     entry.bytes_in = inn;
     log(&net, entry);
+}
+
+/// A connection to `dst`: directly, or through the SOCKS5 `proxy` (to
+/// `name` when the connection named its host, as E2B's proxy does), never
+/// around it.
+async fn dial(
+    proxy: Option<&crate::policy::EgressProxy>,
+    dst: SocketAddr,
+    name: Option<&str>,
+) -> std::io::Result<TcpStream> {
+    let Some(proxy) = proxy else {
+        return TcpStream::connect(dst).await;
+    };
+    // The proxy's address, resolved here and checked like any destination.
+    let at = tokio::net::lookup_host(&proxy.address)
+        .await?
+        .find(|a| {
+            crate::policy::special_range(crate::policy::canonical_addr(a.ip())).is_none()
+                && !is_local(a.ip())
+        })
+        .ok_or_else(|| {
+            std::io::Error::other(format!(
+                "the egress proxy {} resolves to no address a sandbox may reach",
+                proxy.address
+            ))
+        })?;
+    let socks = |e: tokio_socks::Error| {
+        std::io::Error::other(format!("egress proxy {}: {e}", proxy.address))
+    };
+    let stream = match (name, &proxy.username) {
+        (Some(n), Some(user)) => tokio_socks::tcp::Socks5Stream::connect_with_password(
+            at,
+            (n, dst.port()),
+            user,
+            proxy.password.as_deref().unwrap_or(""),
+        )
+        .await
+        .map_err(socks)?,
+        (Some(n), None) => tokio_socks::tcp::Socks5Stream::connect(at, (n, dst.port()))
+            .await
+            .map_err(socks)?,
+        (None, Some(user)) => tokio_socks::tcp::Socks5Stream::connect_with_password(
+            at,
+            dst,
+            user,
+            proxy.password.as_deref().unwrap_or(""),
+        )
+        .await
+        .map_err(socks)?,
+        (None, None) => tokio_socks::tcp::Socks5Stream::connect(at, dst)
+            .await
+            .map_err(socks)?,
+    };
+    Ok(stream.into_inner())
 }
 
 fn log(net: &SandboxNet, entry: Entry) {

@@ -35,6 +35,10 @@ pub const DNS: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 53);
 pub const PRIVATE: Ipv4Addr = Ipv4Addr::new(192, 168, 1, 10);
 pub const METADATA: Ipv4Addr = Ipv4Addr::new(169, 254, 169, 254);
 pub const HOST: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
+/// A SOCKS5 proxy (port 1080; user `u`, password `p` when a client
+/// offers to authenticate), which records where it was asked to connect
+/// ([`socks_log`]).
+pub const SOCKS: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 20);
 /// The echo servers' port, plain HTTP.
 pub const ECHO_PORT: u16 = 8080;
 /// The echo server's port over TLS (ALLOWED only).
@@ -110,6 +114,7 @@ impl NetWorld {
                  addr add {DNS}/32 dev lo\n\
                  addr add {PRIVATE}/32 dev lo\n\
                  addr add {METADATA}/32 dev lo\n\
+                 addr add {SOCKS}/32 dev lo\n\
                  route add default via {HOST}\n"
             ),
         );
@@ -126,6 +131,7 @@ impl NetWorld {
             serve_echo(SocketAddr::new(ALLOWED.into(), TLS_ECHO_PORT), Some(tls));
             serve_udp_echo(SocketAddr::new(ALLOWED.into(), 9999));
             serve_dns(SocketAddr::new(DNS.into(), 53));
+            serve_socks(SocketAddr::new(SOCKS.into(), 1080));
         })
         .join()
         .expect("start the world's servers");
@@ -219,6 +225,101 @@ fn serve_echo(addr: SocketAddr, tls: Option<std::sync::Arc<rustls::ServerConfig>
             });
         }
     });
+}
+
+/// Where the world's SOCKS5 proxy was asked to connect (`HOST:PORT`, as
+/// asked: a name or an address), oldest first.
+pub fn socks_log() -> Vec<String> {
+    SOCKS_LOG.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+static SOCKS_LOG: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// A SOCKS5 server (RFC 1928 CONNECT; RFC 1929 user `u` password `p`).
+fn serve_socks(addr: SocketAddr) {
+    let l = std::net::TcpListener::bind(addr).expect("bind the world's SOCKS5 proxy");
+    std::thread::spawn(move || {
+        for s in l.incoming().flatten() {
+            std::thread::spawn(move || {
+                let _ = socks_session(s);
+            });
+        }
+    });
+}
+
+fn socks_session(mut s: std::net::TcpStream) -> std::io::Result<()> {
+    let mut b = [0u8; 2];
+    s.read_exact(&mut b)?;
+    let mut methods = vec![0u8; usize::from(b[1])];
+    s.read_exact(&mut methods)?;
+    if methods.contains(&2) {
+        s.write_all(&[5, 2])?;
+        let mut v = [0u8; 2];
+        s.read_exact(&mut v)?;
+        let mut user = vec![0u8; usize::from(v[1])];
+        s.read_exact(&mut user)?;
+        let mut n = [0u8; 1];
+        s.read_exact(&mut n)?;
+        let mut pass = vec![0u8; usize::from(n[0])];
+        s.read_exact(&mut pass)?;
+        let ok = user == b"u" && pass == b"p";
+        s.write_all(&[1, if ok { 0 } else { 1 }])?;
+        if !ok {
+            return Ok(());
+        }
+    } else {
+        s.write_all(&[5, 0])?;
+    }
+    let mut req = [0u8; 4];
+    s.read_exact(&mut req)?;
+    let host = match req[3] {
+        1 => {
+            let mut a = [0u8; 4];
+            s.read_exact(&mut a)?;
+            Ipv4Addr::from(a).to_string()
+        }
+        3 => {
+            let mut n = [0u8; 1];
+            s.read_exact(&mut n)?;
+            let mut name = vec![0u8; usize::from(n[0])];
+            s.read_exact(&mut name)?;
+            String::from_utf8_lossy(&name).into_owned()
+        }
+        _ => return Ok(()),
+    };
+    let mut port = [0u8; 2];
+    s.read_exact(&mut port)?;
+    let port = u16::from_be_bytes(port);
+    SOCKS_LOG
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(format!("{host}:{port}"));
+    let ip = match host.as_str() {
+        "allowed.test" | "www.allowed.test" => ALLOWED,
+        "other.test" => OTHER,
+        h => match h.parse() {
+            Ok(ip) => ip,
+            Err(_) => {
+                s.write_all(&[5, 4, 0, 1, 0, 0, 0, 0, 0, 0])?;
+                return Ok(());
+            }
+        },
+    };
+    let Ok(up) = std::net::TcpStream::connect((ip, port)) else {
+        s.write_all(&[5, 5, 0, 1, 0, 0, 0, 0, 0, 0])?;
+        return Ok(());
+    };
+    s.write_all(&[5, 0, 0, 1, 0, 0, 0, 0, 0, 0])?;
+    let (mut a, mut b) = (s.try_clone()?, up.try_clone()?);
+    let (mut c, mut d) = (s, up);
+    let t = std::thread::spawn(move || {
+        let _ = std::io::copy(&mut a, &mut b);
+        let _ = b.shutdown(std::net::Shutdown::Write);
+    });
+    let _ = std::io::copy(&mut d, &mut c);
+    let _ = c.shutdown(std::net::Shutdown::Write);
+    let _ = t.join();
+    Ok(())
 }
 
 trait ReadWrite: Read + Write + Send {}

@@ -35,6 +35,10 @@ pub struct NetworkFlags {
     /// the sandbox never sees it (repeatable; not on `brig run`).
     #[arg(long = "inject", value_name = "HOST:HEADER=VALUE")]
     pub inject: Vec<String>,
+    /// Send every allowed connection through this SOCKS5 proxy, never
+    /// around it (DNS is still brig's).
+    #[arg(long = "egress-proxy", value_name = "socks5://[USER:PASS@]HOST:PORT")]
+    pub egress_proxy: Option<String>,
 }
 
 impl NetworkFlags {
@@ -45,6 +49,7 @@ impl NetworkFlags {
             && self.deny.is_empty()
             && self.add_host.is_empty()
             && self.inject.is_empty()
+            && self.egress_proxy.is_none()
         {
             return Ok(None);
         }
@@ -67,6 +72,12 @@ impl NetworkFlags {
         let mut body = json!({
             "allow": self.allow, "deny": self.deny, "hosts": hosts, "inject": inject,
         });
+        if let Some(url) = &self.egress_proxy {
+            let p = brig_net::policy::EgressProxy::parse_url(url)
+                .map_err(|e| anyhow::anyhow!("--egress-proxy {e}"))?;
+            body["egress_proxy"] =
+                json!({"address": p.address, "username": p.username, "password": p.password});
+        }
         if let Some(mode) = &self.network {
             body["mode"] = Value::from(mode.as_str());
         }
@@ -103,11 +114,18 @@ impl NetworkFlags {
             };
             hosts.push(entry);
         }
+        let egress_proxy = self
+            .egress_proxy
+            .as_deref()
+            .map(brig_net::policy::EgressProxy::parse_url)
+            .transpose()
+            .map_err(|e| anyhow::anyhow!("--egress-proxy {e}"))?;
         let policy = brig_net::Policy {
             mode,
             allow: rules(&self.allow, "--allow")?,
             deny: rules(&self.deny, "--deny")?,
             hosts,
+            egress_proxy,
             ..brig_net::Policy::default()
         };
         policy.validate()?;

@@ -20,7 +20,10 @@
 //! brig's header injections (`brig_net::inject`), `${e2b.secrets.NAME}` the
 //! tenant's secret NAME; like E2B's, a rule allows nothing by itself.
 //!
-//! Not yet supported, refused with 400 rather than ignored: `egressProxy`,
+//! `egressProxy` (`{address, username?, password?}`) tunnels every allowed
+//! connection through that SOCKS5 proxy, failing closed.
+//!
+//! Not yet supported, refused with 400 rather than ignored: `egressProxy.tls`,
 //! `httpsPorts`, workload-identity placeholders (`${e2b.identity.…}`).
 
 use std::sync::Arc;
@@ -44,8 +47,10 @@ pub fn policy(
     allow_out: &[String],
     deny_out: &[String],
     rules: Option<&serde_json::Map<String, serde_json::Value>>,
+    egress_proxy: Option<&serde_json::Value>,
 ) -> Result<Option<Policy>, E2bError> {
     let inject = injections(rules)?;
+    let egress_proxy = socks(egress_proxy)?;
     let mut deny_all = allow_internet_access == Some(false);
     let mut deny = Vec::new();
     for entry in deny_out {
@@ -98,10 +103,10 @@ pub fn policy(
             domains.join(", ")
         )));
     }
-    if !deny_all && deny.is_empty() && inject.is_empty() {
+    if !deny_all && deny.is_empty() && inject.is_empty() && egress_proxy.is_none() {
         return Ok(None);
     }
-    if deny_all && allow.is_empty() && inject.is_empty() {
+    if deny_all && allow.is_empty() && inject.is_empty() && egress_proxy.is_none() {
         return Ok(Some(Policy::none()));
     }
     let policy = Policy {
@@ -111,6 +116,7 @@ pub fn policy(
         hosts: Vec::new(),
         precedence: Precedence::Allow,
         inject,
+        egress_proxy,
     };
     policy
         .validate()
@@ -192,16 +198,33 @@ fn injections(
     Ok(out)
 }
 
-/// What brig cannot do yet, refused rather than ignored.
-pub fn check_supported(
-    egress_proxy: Option<&serde_json::Value>,
-    https_ports: Option<&[u16]>,
-) -> Result<(), E2bError> {
-    if egress_proxy.is_some_and(|p| !p.is_null()) {
-        return Err(E2bError::bad_request(
-            "egressProxy is not supported by this brig server yet: create the sandbox without it",
+/// `egressProxy` as brig's, or a 400.
+fn socks(
+    proxy: Option<&serde_json::Value>,
+) -> Result<Option<brig_net::policy::EgressProxy>, E2bError> {
+    let Some(p) = proxy.filter(|p| !p.is_null()) else {
+        return Ok(None);
+    };
+    let bad = |m: String| E2bError::bad_request(format!("invalid egressProxy: {m}"));
+    if p.get("tls")
+        .is_some_and(|t| t.get("enabled") == Some(&serde_json::Value::Bool(true)))
+    {
+        return Err(bad(
+            "TLS to the proxy is not supported by this brig server yet".to_string(),
         ));
     }
+    let text = |k: &str| p.get(k).and_then(|v| v.as_str()).map(str::to_string);
+    let proxy = brig_net::policy::EgressProxy {
+        address: text("address").ok_or_else(|| bad("address is required (host:port)".into()))?,
+        username: text("username"),
+        password: text("password"),
+    };
+    proxy.check().map_err(bad)?;
+    Ok(Some(proxy))
+}
+
+/// What brig cannot do yet, refused rather than ignored.
+pub fn check_supported(https_ports: Option<&[u16]>) -> Result<(), E2bError> {
     if https_ports.is_some_and(|p| !p.is_empty()) {
         return Err(E2bError::bad_request(
             "httpsPorts is not supported by this brig server: the data plane reaches sandbox \
@@ -266,7 +289,7 @@ pub async fn update(
 ) -> Result<StatusCode, E2bError> {
     let req: NetworkUpdate = wire::body(&body)?;
     let sb = lookup(&state, &tenant, &id)?;
-    check_supported(req.egress_proxy.as_ref(), None)?;
+
     if let Some(servers) = &req.dns_servers {
         check_dns_servers(servers)?;
     }
@@ -275,6 +298,7 @@ pub async fn update(
         req.allow_out.as_deref().unwrap_or_default(),
         req.deny_out.as_deref().unwrap_or_default(),
         req.rules.as_ref(),
+        req.egress_proxy.as_ref(),
     )?
     .unwrap_or_default();
     let manager = Arc::clone(&state.manager);
@@ -290,7 +314,8 @@ pub async fn update(
             allow_out: req.allow_out,
             deny_out: req.deny_out,
             rules: req.rules,
-            egress_proxy: None,
+            // As E2B shows it: never the password.
+            egress_proxy: req.egress_proxy.map(without_password),
             dns_servers: req.dns_servers,
             ..ingress
         });
@@ -306,6 +331,14 @@ pub async fn update(
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// An `egressProxy` as `get_info` shows it.
+pub fn without_password(mut p: serde_json::Value) -> serde_json::Value {
+    if let Some(o) = p.as_object_mut() {
+        o.remove("password");
+    }
+    p
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -315,7 +348,7 @@ mod tests {
     }
 
     fn got(aia: Option<bool>, allow: &[&str], deny: &[&str]) -> Result<Option<Policy>, String> {
-        policy(aia, &strings(allow), &strings(deny), None).map_err(|e| e.message)
+        policy(aia, &strings(allow), &strings(deny), None, None).map_err(|e| e.message)
     }
 
     #[test]
@@ -370,10 +403,35 @@ mod tests {
             let e = got(aia, allow, deny).expect_err(expect);
             assert!(e.contains(expect), "{allow:?} {deny:?}: {e}");
         }
-        let proxy = serde_json::json!({"address": "proxy:1080"});
-        assert!(check_supported(Some(&proxy), None).is_err());
-        assert!(check_supported(Some(&serde_json::Value::Null), None).is_ok());
-        assert!(check_supported(None, Some(&[443])).is_err());
+        assert!(check_supported(Some(&[443])).is_err());
+        assert!(check_supported(None).is_ok());
+        // egressProxy: a SOCKS5 proxy, E2B's rules.
+        let p = policy(None, &[], &[], None, Some(&serde_json::json!({"address": "proxy.example:1080", "username": "u", "password": "p"})))
+            .unwrap()
+            .unwrap();
+        assert_eq!(p.egress_proxy.unwrap().username.as_deref(), Some("u"));
+        for (bad, says) in [
+            (serde_json::json!({"address": "proxy"}), "HOST:PORT"),
+            (serde_json::json!({"address": "proxy:0"}), "HOST:PORT"),
+            (
+                serde_json::json!({"address": "10.0.0.1:1080"}),
+                "may never reach",
+            ),
+            (
+                serde_json::json!({"address": "p:1", "password": "x"}),
+                "needs a username",
+            ),
+            (
+                serde_json::json!({"address": "p:1", "tls": {"enabled": true}}),
+                "TLS",
+            ),
+            (serde_json::json!({}), "address is required"),
+        ] {
+            let e = policy(None, &[], &[], None, Some(&bad))
+                .unwrap_err()
+                .message;
+            assert!(e.contains(says), "{bad}: {e}");
+        }
         // rules: transforms become injections; E2B's limits hold.
         let rules = |v: serde_json::Value| v.as_object().cloned().unwrap();
         let p = policy(
@@ -384,6 +442,7 @@ mod tests {
                 serde_json::json!({"api.example.com": [{"transform": {"headers": {
                 "Authorization": "Bearer ${e2b.secrets.openai}"}}}]}),
             )),
+            None,
         )
         .unwrap()
         .unwrap();
@@ -410,7 +469,7 @@ mod tests {
             ),
             (serde_json::json!({"a b": [{}]}), "not a domain"),
         ] {
-            let e = policy(None, &[], &[], Some(&rules(bad.clone())))
+            let e = policy(None, &[], &[], Some(&rules(bad.clone())), None)
                 .unwrap_err()
                 .message;
             assert!(e.contains(says), "{bad}: {e}");
@@ -418,7 +477,7 @@ mod tests {
         let many: serde_json::Map<String, serde_json::Value> = (0..11)
             .map(|i| (format!("h{i}.com"), serde_json::json!([{}])))
             .collect();
-        assert!(policy(None, &[], &[], Some(&many)).is_err());
+        assert!(policy(None, &[], &[], Some(&many), None).is_err());
         let net = NetworkConfig {
             allow_public_traffic: Some(false),
             ..NetworkConfig::default()
