@@ -783,3 +783,68 @@ fn fetch_flat(home: &Path, url: &str, id: &str, urls: &[&str]) -> String {
     args.extend_from_slice(urls);
     ok(brig(home, url, &args), "fetch")
 }
+
+/// A package index for `pip`: `brigdemo` 0.1, one pure-Python wheel.
+const MAKE_INDEX: &str = r#"import base64, hashlib, os, sys, zipfile
+d = sys.argv[1]
+os.makedirs(f"{d}/files"); os.makedirs(f"{d}/simple/brigdemo")
+whl = f"{d}/files/brigdemo-0.1-py3-none-any.whl"
+files = {
+    "brigdemo/__init__.py": "VALUE = 42\n",
+    "brigdemo-0.1.dist-info/METADATA": "Metadata-Version: 2.1\nName: brigdemo\nVersion: 0.1\n",
+    "brigdemo-0.1.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: brig-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+}
+record = []
+with zipfile.ZipFile(whl, "w") as z:
+    for n, c in files.items():
+        z.writestr(n, c)
+        h = base64.urlsafe_b64encode(hashlib.sha256(c.encode()).digest()).rstrip(b"=").decode()
+        record.append(f"{n},sha256={h},{len(c)}")
+    record.append("brigdemo-0.1.dist-info/RECORD,,")
+    z.writestr("brigdemo-0.1.dist-info/RECORD", "\n".join(record) + "\n")
+sha = hashlib.sha256(open(whl, "rb").read()).hexdigest()
+with open(f"{d}/simple/brigdemo/index.html", "w") as f:
+    f.write(f'<a href="/files/brigdemo-0.1-py3-none-any.whl#sha256={sha}">brigdemo-0.1-py3-none-any.whl</a>\n')
+"#;
+
+/// `pip install` of a package from the test world's index works under
+/// `--network allow --allow pypi.test`, and not when the index is not
+/// allowed.
+#[test]
+fn pip_installs_from_an_allowed_index_and_from_nothing_else() {
+    require_root!();
+    let world = NetWorld::build("pip");
+    let index = tempfile::tempdir().unwrap();
+    let made = Command::new("python3")
+        .args(["-c", MAKE_INDEX])
+        .arg(index.path().join("i"))
+        .status()
+        .unwrap();
+    assert!(made.success());
+    world.serve_dir(&index.path().join("i"));
+    let install = "python3 -m venv /tmp/v && /tmp/v/bin/pip install -q --no-cache-dir \
+                   --disable-pip-version-check --trusted-host pypi.test \
+                   --index-url http://pypi.test/simple/ brigdemo \
+                   && /tmp/v/bin/python -c 'import brigdemo; print(brigdemo.VALUE)'";
+    let run = |allow: &str| {
+        Command::new(BRIG)
+            .args(["run", "--network", "allow", "--allow", allow])
+            .args(["--dns-upstream", &DNS.to_string(), "--memory", "1G", "--"])
+            .args(["sh", "-c", install])
+            .output()
+            .unwrap()
+    };
+    let got = run("pypi.test");
+    assert!(
+        got.status.success() && String::from_utf8_lossy(&got.stdout).trim() == "42",
+        "{}{}",
+        String::from_utf8_lossy(&got.stdout),
+        String::from_utf8_lossy(&got.stderr)
+    );
+    let refused = run("other.test");
+    assert!(
+        !refused.status.success(),
+        "installed from an index not allowed"
+    );
+    assert!(!String::from_utf8_lossy(&refused.stdout).contains("42"));
+}

@@ -39,6 +39,8 @@ pub const HOST: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
 /// offers to authenticate), which records where it was asked to connect
 /// ([`socks_log`]).
 pub const SOCKS: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 20);
+/// `pypi.test`: where a test serves a package index ([`serve_dir`]).
+pub const PYPI: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 30);
 /// The echo servers' port, plain HTTP.
 pub const ECHO_PORT: u16 = 8080;
 /// The echo server's port over TLS (ALLOWED only).
@@ -115,6 +117,7 @@ impl NetWorld {
                  addr add {PRIVATE}/32 dev lo\n\
                  addr add {METADATA}/32 dev lo\n\
                  addr add {SOCKS}/32 dev lo\n\
+                 addr add {PYPI}/32 dev lo\n\
                  route add default via {HOST}\n"
             ),
         );
@@ -137,6 +140,61 @@ impl NetWorld {
         .expect("start the world's servers");
         enter(&world.host);
         world
+    }
+
+    /// Serve the files under `dir` over HTTP/1.0 on `pypi.test` (PYPI:80)
+    /// (a directory is its `index.html`), for as long as the test runs.
+    pub fn serve_dir(&self, dir: &std::path::Path) {
+        let dir = dir.to_path_buf();
+        let world = self.world.clone();
+        let listener = std::thread::spawn(move || {
+            enter(&world);
+            std::net::TcpListener::bind((PYPI, 80)).expect("bind the world's file server")
+        })
+        .join()
+        .expect("start the world's file server");
+        std::thread::spawn(move || {
+            for s in listener.incoming().flatten() {
+                let dir = dir.clone();
+                std::thread::spawn(move || {
+                    let mut s = s;
+                    let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+                    let mut head = Vec::new();
+                    let mut byte = [0u8; 1];
+                    while !head.ends_with(b"\r\n\r\n") && head.len() < 16384 {
+                        match s.read(&mut byte) {
+                            Ok(1) => head.push(byte[0]),
+                            _ => return,
+                        }
+                    }
+                    let text = String::from_utf8_lossy(&head);
+                    let path = text.split_whitespace().nth(1).unwrap_or("/");
+                    let path = path.split(['?', '#']).next().unwrap_or("/");
+                    let mut file = dir.join(path.trim_start_matches('/'));
+                    if file.is_dir() {
+                        file = file.join("index.html");
+                    }
+                    let kind = if file.extension().is_some_and(|e| e == "html") {
+                        "text/html"
+                    } else {
+                        "application/octet-stream"
+                    };
+                    let reply = match (path.contains(".."), std::fs::read(&file)) {
+                        (false, Ok(body)) => {
+                            let mut r = format!(
+                                "HTTP/1.0 200 OK\r\nContent-Type: {kind}\r\nContent-Length: {}\r\n\r\n",
+                                body.len()
+                            )
+                            .into_bytes();
+                            r.extend(body);
+                            r
+                        }
+                        _ => b"HTTP/1.0 404 Not Found\r\nContent-Length: 0\r\n\r\n".to_vec(),
+                    };
+                    let _ = s.write_all(&reply);
+                });
+            }
+        });
     }
 
     /// The world's CA certificate (PEM file): what a client of its TLS
@@ -411,6 +469,7 @@ fn serve_dns(addr: SocketAddr) {
             let a = match name.to_ascii().trim_end_matches('.') {
                 "allowed.test" | "www.allowed.test" => Some(ALLOWED),
                 "other.test" => Some(OTHER),
+                "pypi.test" => Some(PYPI),
                 "rebind.test" => Some(PRIVATE),
                 "meta.test" => Some(METADATA),
                 _ => None,
