@@ -3,7 +3,7 @@
 
     bench/net.py                 # everything, about a minute after the build
     bench/net.py --quick         # fewer runs
-    bench/net.py --part conn     # one part (spawn, conn, bulk, create; repeatable)
+    bench/net.py --part conn     # one part (spawn, conn, bulk, create, inject; repeatable)
 
 Everything happens in network namespaces the bench makes and removes (no
 packet leaves them):
@@ -34,6 +34,12 @@ Parts:
           policy is set at claim), each after an idle gap so the pool has
           refilled; and, with --pool host=0, from scratch (the link is made per
           create).
+
+  inject  HTTPS to a TLS server in the world, one connection per request:
+          through the injecting proxy (`brig create --inject`: the sandbox's TLS
+          ended with its CA, a header set from a secret, a new TLS connection to
+          the server) against a plain TLS connection from brigb-plain; and a
+          32 MiB download both ways.
 
 Summary in --out (default target/bench/net-<time>/summary.txt and .json).
 """
@@ -319,7 +325,136 @@ def part_create(brig, args, out, summary):
     return lines
 
 
-PARTS = {"spawn": part_spawn, "conn": part_conn, "bulk": part_bulk, "create": part_create}
+TLS_PORT = 8443
+TLS_SERVER = textwrap.dedent(f"""
+    import http.server, ssl, sys
+    big = b"x" * (32 << 20)
+    class H(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        def do_GET(self):
+            body = big if self.path == "/big" else b"ok"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        def log_message(self, *a):
+            pass
+    srv = http.server.ThreadingHTTPServer(("{SERVER}", {TLS_PORT}), H)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(sys.argv[1], sys.argv[2])
+    srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+    srv.serve_forever()
+""")
+
+TLS_CLIENT = textwrap.dedent(f"""
+    import json, os, socket, ssl, sys, time
+    mode, n, cafile = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    ctx = ssl.create_default_context(cafile=cafile)
+    def get(path):
+        s = ctx.wrap_socket(socket.create_connection(("{SERVER}", {TLS_PORT})), server_hostname="api.test")
+        s.sendall(f"GET {{path}} HTTP/1.1\\r\\nHost: api.test\\r\\nConnection: close\\r\\n\\r\\n".encode())
+        got = 0
+        while True:
+            b = s.recv(1 << 20)
+            if not b:
+                break
+            got += len(b)
+        s.close()
+        return got
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        got = get("/big" if mode == "bulk" else "/small")
+        secs = time.perf_counter() - t
+        assert got > (32 << 20 if mode == "bulk" else 0), f"only {{got}} bytes came back"
+        out.append(got / (1 << 20) / secs if mode == "bulk" else secs * 1000)
+    print(json.dumps(out))
+""")
+
+
+def part_inject(brig, args, out, summary):
+    """HTTPS through the header-injecting proxy (TLS ended with the
+    sandbox's CA, a header set from a secret) against a plain TLS
+    connection over the plain veth, to a TLS server in the world."""
+    # A CA of the bench's, and the server's certificate signed by it.
+    ca, ca_key = out / "ca.crt", out / "ca.key"
+    cert, key, csr, ext = out / "api.crt", out / "api.key", out / "api.csr", out / "api.ext"
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
+    subprocess.run(["openssl", "req", "-x509", *ec, "-subj", "/CN=brig bench CA",
+                    "-keyout", str(ca_key), "-out", str(ca), "-days", "1"], check=True, capture_output=True)
+    subprocess.run(["openssl", "req", *ec, "-subj", "/CN=api.test", "-keyout", str(key), "-out", str(csr)],
+                   check=True, capture_output=True)
+    ext.write_text("subjectAltName=DNS:api.test\nbasicConstraints=CA:FALSE\n")
+    subprocess.run(["openssl", "x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key),
+                    "-CAcreateserial", "-out", str(cert), "-days", "1", "-extfile", str(ext)],
+                   check=True, capture_output=True)
+    server = subprocess.Popen(in_ns(WORLD_NS, [sys.executable, "-c", TLS_SERVER, str(cert), str(key)]))
+    home = Path(tempfile.mkdtemp(prefix="brigb-home-"))
+    env = dict(os.environ, BRIG_HOME=str(home), BRIG_AGENT=str(brig.parent / "brig-agent"),
+               SSL_CERT_FILE=str(ca))
+    daemon = subprocess.Popen(in_ns(HOST_NS, [str(brig), "serve", "--listen", "127.0.0.1:0", "--pool", "host=0"]),
+                              env=env, stderr=subprocess.PIPE, text=True)
+    lines = []
+    try:
+        url = None
+        for line in daemon.stderr:
+            if line.startswith("brig: listening on "):
+                url = line.split()[-1]
+                break
+        cli = dict(os.environ, BRIG_HOME=str(home), BRIG_URL=url)
+        subprocess.run(in_ns(HOST_NS, [str(brig), "secrets", "set", "k"]), input="bench-secret", text=True,
+                       env=cli, check=True, capture_output=True)
+        sb = subprocess.run(in_ns(HOST_NS, [str(brig), "create", "--inject", "api.test:X-Key=${secrets.k}"]),
+                            env=cli, check=True, capture_output=True, text=True).stdout.strip()
+        n = max(20, args.conns // 5)
+
+        def in_brig(mode, count):
+            p = subprocess.run(in_ns(HOST_NS, [str(brig), "exec", sb, "--", "python3", "-c", TLS_CLIENT, mode,
+                                               str(count), "/run/brig-ca-bundle.crt"]),
+                               env=cli, capture_output=True, text=True, check=True)
+            return json.loads(p.stdout)
+
+        def in_plain(mode, count):
+            p = ns_run(PLAIN_NS, [sys.executable, "-c", TLS_CLIENT, mode, str(count), str(ca)],
+                       capture_output=True, text=True)
+            return json.loads(p.stdout)
+
+        for _ in range(50):
+            try:
+                in_plain("conn", 1)
+                break
+            except (subprocess.CalledProcessError, json.JSONDecodeError):
+                time.sleep(0.1)
+        conn_b, conn_p, bulk_b, bulk_p = [], [], [], []
+        for r in range(args.rounds):
+            for who in (("brig", "plain") if r % 2 == 0 else ("plain", "brig")):
+                if who == "brig":
+                    conn_b += in_brig("conn", n)
+                    bulk_b += in_brig("bulk", 2)
+                else:
+                    conn_p += in_plain("conn", n)
+                    bulk_p += in_plain("bulk", 2)
+        cb, cp = stats(conn_b), stats(conn_p)
+        bb, bp = statistics.median(bulk_b), statistics.median(bulk_p)
+        summary["inject"] = {"conn_brig": cb, "conn_plain": cp, "bulk_brig": bulk_b, "bulk_plain": bulk_p}
+        lines = [
+            "HTTPS through the injecting proxy (ms per connection + request)   n   median     p10     p90",
+            f"  brig (TLS ended, header set)      {cb['n']:5} {cb['median']:8.2f} {cb['p10']:7.2f} {cb['p90']:7.2f}",
+            f"  plain TLS over a plain veth       {cp['n']:5} {cp['median']:8.2f} {cp['p10']:7.2f} {cp['p90']:7.2f}",
+            f"  added by brig: {cb['median'] - cp['median']:.2f} ms per connection",
+            f"  32 MiB download (MiB/s, median of {len(bulk_b)}): brig {bb:.0f}, plain {bp:.0f}, ratio {bb / bp:.2f}",
+        ]
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait(timeout=60)
+        server.kill()
+        server.wait()
+        subprocess.run(["rm", "-rf", str(home)])
+    return lines
+
+
+PARTS = {"spawn": part_spawn, "conn": part_conn, "bulk": part_bulk, "create": part_create,
+         "inject": part_inject}
 
 
 def main():
