@@ -404,7 +404,8 @@ def part_inject(brig, args, out, summary):
         cli = dict(os.environ, BRIG_HOME=str(home), BRIG_URL=url)
         subprocess.run(in_ns(HOST_NS, [str(brig), "secrets", "set", "k"]), input="bench-secret", text=True,
                        env=cli, check=True, capture_output=True)
-        sb = subprocess.run(in_ns(HOST_NS, [str(brig), "create", "--inject", "api.test:X-Key=${secrets.k}"]),
+        sb = subprocess.run(in_ns(HOST_NS, [str(brig), "create", "--inject", "api.test:X-Key=${secrets.k}",
+                                            "--add-host", f"api.test:{SERVER}"]),
                             env=cli, check=True, capture_output=True, text=True).stdout.strip()
         n = max(20, args.conns // 5)
 

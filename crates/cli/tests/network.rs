@@ -638,6 +638,25 @@ fn secrets_are_injected_and_never_reach_the_sandbox() {
     }
     assert!(line(&got, other).contains("auth-sha256: none"), "{got}");
 
+    // A forged Host towards another address gets no secret: the connection
+    // is refused (plain HTTP has no certificate that would give it away).
+    let forged = ok(
+        brig(
+            h,
+            &url,
+            &["exec", id, "--", "python3", "-c",
+              "import urllib.request as u\n\
+               try:\n\
+               \x20   r = u.urlopen(u.Request('http://203.0.113.11:8080/', headers={'Host': 'allowed.test'}), timeout=5)\n\
+               \x20   print(r.read().decode())\n\
+               except Exception as e:\n\
+               \x20   print('ERR', e)"],
+        ),
+        "forged Host",
+    );
+    assert!(forged.starts_with("ERR"), "{forged}");
+    assert!(!forged.contains(&want), "{forged}");
+
     // Nowhere in the sandbox: its environment, its processes', its files.
     let looked = ok(
         brig(

@@ -142,6 +142,14 @@ async fn serve(gateway: Arc<Gateway>, mut client: TcpStream, peer: SocketAddr) {
     if matches!(verdict, Verdict::Allow) && is_local(dst.ip()) {
         verdict = Verdict::Deny(crate::policy::DenyReason::Special("the host itself"));
     }
+    // A connection that would get a secret goes only to an address its name
+    // resolved to for this sandbox: a forged Host or SNI towards another
+    // address (plain HTTP has no certificate to give it away) gets nothing.
+    if let (Verdict::Allow, Some(n)) = (&verdict, name.as_deref()) {
+        if !policy.injections_for(n).is_empty() && !net.resolved_to(n, dst.ip()) {
+            verdict = Verdict::Deny(crate::policy::DenyReason::NameMismatch);
+        }
+    }
     let mut entry = Entry {
         at: now_ms(),
         protocol: "tcp",
