@@ -6,7 +6,8 @@
 //
 // argv: the world's ALLOWED and OTHER addresses. Prints "ok NAME" per check
 // and "N passed, M failed".
-import { ALL_TRAFFIC, Sandbox } from 'e2b'
+import { ALL_TRAFFIC, Sandbox, Secret } from 'e2b'
+import { createHash } from 'node:crypto'
 import { check, finish, rejection, section, show } from './sdk_checks.mjs'
 
 const [ALLOWED, OTHER] = process.argv.slice(2)
@@ -22,7 +23,7 @@ const FETCH = `
 import sys, urllib.request
 for u in sys.argv[1:]:
     try:
-        print(u, urllib.request.urlopen(u, timeout=5).read().decode())
+        print(u, urllib.request.urlopen(u, timeout=5).read().decode().replace('\\r', '').replace('\\n', '|'))
     except Exception as e:
         print(u, 'ERR', type(e).__name__)
 `
@@ -90,6 +91,24 @@ await section('private traffic', async () => {
   check('private traffic: with the token, 200', status === 200, String(status))
   const without = await fetch(url, { headers })
   check('private traffic: without it, 403', without.status === 403, String(without.status))
+})
+
+await section('secrets and a header transform', async () => {
+  const value = 'js-s3cret-value-7'
+  const made1 = await Secret.create('jstok', value)
+  check('Secret.create', made1.name === 'jstok' && made1.secretId.startsWith('sec_'), show(made1))
+  check('Secret.getInfo has no value', !JSON.stringify(await Secret.getInfo('jstok')).includes(value))
+  const sbx = await create({
+    network: {
+      rules: { 'allowed.test': [{ transform: { headers: { Authorization: `Bearer ${Secret.fill('jstok')}` } } }] },
+    },
+  })
+  const got = await fetchIn(sbx, 'https://allowed.test:8443/')
+  const body = got['https://allowed.test:8443/'] ?? ''
+  const want = createHash('sha256').update(`Bearer ${value}`).digest('hex')
+  check('transform: the host got the secret', body.includes(`auth-sha256: ${want}`), body)
+  check('transform: the sandbox did not', !body.includes(value), body)
+  check('Secret.destroy', (await Secret.destroy('jstok')) === true)
 })
 
 for (const s of made) await s.kill().catch(() => {})

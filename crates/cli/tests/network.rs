@@ -370,7 +370,7 @@ fn e2b_network_options_work_through_the_official_client() {
 /// The checks of tests/e2b/network_sdk.py.
 const NETWORK_SDK_CHECKS: usize = 39;
 /// The checks of tests/e2b/js_network.mjs.
-const JS_NETWORK_CHECKS: usize = 15;
+const JS_NETWORK_CHECKS: usize = 20;
 
 /// `brig run` gives its sandbox a network of its own (no daemon): public
 /// by default, narrowed by the same flags as `brig create`, none with
