@@ -276,52 +276,83 @@ def part_bulk(brig, args, out, summary):
     ]
 
 
+class Daemon:
+    """`brig serve` in brigb-host on a free port with a temp home; a
+    context manager that stops it and removes the home."""
+
+    def __init__(self, brig, serve_args, extra_env=None):
+        self.home = Path(tempfile.mkdtemp(prefix="brigb-home-"))
+        env = dict(os.environ, BRIG_HOME=str(self.home), BRIG_AGENT=str(brig.parent / "brig-agent"),
+                   **(extra_env or {}))
+        self.proc = subprocess.Popen(in_ns(HOST_NS, [str(brig), "serve", "--listen", "127.0.0.1:0", *serve_args]),
+                                     env=env, stderr=subprocess.PIPE, text=True)
+        self.url = None
+        for line in self.proc.stderr:
+            if line.startswith("brig: listening on "):
+                self.url = line.split()[-1]
+                break
+        if self.url is None:
+            self.close()
+            raise SystemExit("net.py: brig serve did not start")
+        self.key = (self.home / "local.key").read_text().strip()
+        # The CLI against it.
+        self.cli_env = dict(os.environ, BRIG_HOME=str(self.home), BRIG_URL=self.url)
+
+    def close(self):
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=60)
+        subprocess.run(["rm", "-rf", str(self.home)])
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
 def part_create(brig, args, out, summary):
     lines = ["daemon create (ms)           n   median     p10     p90"]
     summary["create"] = {}
     for pool, label in (("host=2", "from the pool"), ("host=0", "from scratch")):
-        home = Path(tempfile.mkdtemp(prefix="brigb-home-"))
-        env = dict(os.environ, BRIG_HOME=str(home), BRIG_AGENT=str(brig.parent / "brig-agent"))
-        daemon = subprocess.Popen(
-            in_ns(HOST_NS, [str(brig), "serve", "--listen", "127.0.0.1:0",
-                            "--pool", pool, "--dns-upstream", "203.0.113.53"]),
-            env=env, stderr=subprocess.PIPE, text=True)
-        url = None
-        for line in daemon.stderr:
-            if line.startswith("brig: listening on "):
-                url = line.split()[-1]
-                break
-        if url is None:
-            raise SystemExit("net.py: brig serve did not start")
-        key = (home / "local.key").read_text().strip()
-        # The daemon listens in brigb-host: the requests go from there too.
-        caller = textwrap.dedent(f"""
-            import json, sys, time, urllib.request
-            url, key, mode, n, gap = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5])
-            def call(method, path, body=None):
-                req = urllib.request.Request(url + path, method=method,
-                    data=json.dumps(body).encode() if body is not None else None,
-                    headers={{"Authorization": "Bearer " + key, "Content-Type": "application/json"}})
-                with urllib.request.urlopen(req) as r:
-                    return json.loads(r.read() or b"null")
-            out = []
-            for _ in range(n):
-                time.sleep(gap)
-                t = time.perf_counter()
-                sb = call("POST", "/v1/sandboxes", {{"template": "host", "network": {{"mode": mode}}}})
-                out.append((time.perf_counter() - t) * 1000)
-                call("DELETE", "/v1/sandboxes/" + sb["id"])
-            print(json.dumps(out))
-        """)
-        for mode in ("none", "public"):
-            p = ns_run(HOST_NS, [sys.executable, "-c", caller, url, key, mode, str(args.creates),
-                                 str(args.gap_ms / 1000)], capture_output=True, text=True)
-            r = stats(json.loads(p.stdout))
-            summary["create"][f"{label} {mode}"] = r
-            lines.append(f"  {label:13} {mode:7} {r['n']:4} {r['median']:8.2f} {r['p10']:7.2f} {r['p90']:7.2f}")
-        daemon.send_signal(signal.SIGTERM)
-        daemon.wait(timeout=60)
-        subprocess.run(["rm", "-rf", str(home)])
+        with Daemon(brig, ["--pool", pool, "--dns-upstream", "203.0.113.53"]) as daemon:
+            url, key = daemon.url, daemon.key
+            # The daemon listens in brigb-host: the requests go from there too.
+            caller = textwrap.dedent(f"""
+                import json, sys, time, urllib.request
+                url, key, mode, n, gap = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5])
+                def call(method, path, body=None):
+                    req = urllib.request.Request(url + path, method=method,
+                        data=json.dumps(body).encode() if body is not None else None,
+                        headers={{"Authorization": "Bearer " + key, "Content-Type": "application/json"}})
+                    with urllib.request.urlopen(req) as r:
+                        return json.loads(r.read() or b"null")
+                out = []
+                for _ in range(n):
+                    time.sleep(gap)
+                    t = time.perf_counter()
+                    sb = call("POST", "/v1/sandboxes", {{"template": "host", "network": {{"mode": mode}}}})
+                    out.append((time.perf_counter() - t) * 1000)
+                    call("DELETE", "/v1/sandboxes/" + sb["id"])
+                print(json.dumps(out))
+            """)
+            for mode in ("none", "public"):
+                p = ns_run(HOST_NS, [sys.executable, "-c", caller, url, key, mode, str(args.creates),
+                                     str(args.gap_ms / 1000)], capture_output=True, text=True)
+                r = stats(json.loads(p.stdout))
+                summary["create"][f"{label} {mode}"] = r
+                lines.append(f"  {label:13} {mode:7} {r['n']:4} {r['median']:8.2f} {r['p10']:7.2f} {r['p90']:7.2f}")
+    # The peer: a namespace and a veth pair made with iproute2 (what a
+    # network set-up costs with the standard tools), timed the same way.
+    script = out / "peer-create.sh"
+    script.write_text(PEER_SPAWN)
+    peer = []
+    for _ in range(args.creates):
+        t = time.perf_counter()
+        ns_run(HOST_NS, ["sh", str(script)])
+        peer.append((time.perf_counter() - t) * 1000)
+    r = stats(peer)
+    summary["create"]["peer netns+veth"] = r
+    lines.append(f"  peer netns+veth (iproute2) {r['n']:4} {r['median']:8.2f} {r['p10']:7.2f} {r['p90']:7.2f}")
     return lines
 
 
@@ -389,19 +420,10 @@ def part_inject(brig, args, out, summary):
                     "-CAcreateserial", "-out", str(cert), "-days", "1", "-extfile", str(ext)],
                    check=True, capture_output=True)
     server = subprocess.Popen(in_ns(WORLD_NS, [sys.executable, "-c", TLS_SERVER, str(cert), str(key)]))
-    home = Path(tempfile.mkdtemp(prefix="brigb-home-"))
-    env = dict(os.environ, BRIG_HOME=str(home), BRIG_AGENT=str(brig.parent / "brig-agent"),
-               SSL_CERT_FILE=str(ca))
-    daemon = subprocess.Popen(in_ns(HOST_NS, [str(brig), "serve", "--listen", "127.0.0.1:0", "--pool", "host=0"]),
-                              env=env, stderr=subprocess.PIPE, text=True)
+    daemon = Daemon(brig, ["--pool", "host=0"], {"SSL_CERT_FILE": str(ca)})
     lines = []
     try:
-        url = None
-        for line in daemon.stderr:
-            if line.startswith("brig: listening on "):
-                url = line.split()[-1]
-                break
-        cli = dict(os.environ, BRIG_HOME=str(home), BRIG_URL=url)
+        cli = daemon.cli_env
         subprocess.run(in_ns(HOST_NS, [str(brig), "secrets", "set", "k"]), input="bench-secret", text=True,
                        env=cli, check=True, capture_output=True)
         sb = subprocess.run(in_ns(HOST_NS, [str(brig), "create", "--inject", "api.test:X-Key=${secrets.k}",
@@ -446,11 +468,9 @@ def part_inject(brig, args, out, summary):
             f"  32 MiB download (MiB/s, median of {len(bulk_b)}): brig {bb:.0f}, plain {bp:.0f}, ratio {bb / bp:.2f}",
         ]
     finally:
-        daemon.send_signal(signal.SIGTERM)
-        daemon.wait(timeout=60)
+        daemon.close()
         server.kill()
         server.wait()
-        subprocess.run(["rm", "-rf", str(home)])
     return lines
 
 

@@ -20,7 +20,7 @@ use brig_e2b::control::parse_rfc3339;
 use brig_runtime::TenantId;
 use serde_json::{json, Value};
 use support::root_or_skip;
-use support::{planes, planes_with, template_home, venv, Planes};
+use support::{planes, planes_with, template_home, Planes};
 
 /// One answer: status, `X-Next-Token`, body (JSON, or `Null` when empty).
 struct Answer {
@@ -617,15 +617,9 @@ fn run_sdk(venv_name: &str, generation: &str, version: &str, create_path: &str) 
     if !root_or_skip() {
         return;
     }
-    let python = venv(venv_name);
-    if !python.exists() {
-        let why = format!(
-            "{} is missing: run tests/support/install-python-deps.sh",
-            python.display()
-        );
-        brig_test_support::skip(&why);
+    let Some(python) = support::venv_or_skip(venv_name) else {
         return;
-    }
+    };
     let p = planes();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/e2b/control_sdk.py");
     let out = Command::new(&python)
@@ -686,15 +680,9 @@ fn python_sdk_secrets() {
     if !root_or_skip() {
         return;
     }
-    let python = venv("e2b-venv");
-    if !python.exists() {
-        let why = format!(
-            "{} is missing: run tests/support/install-python-deps.sh",
-            python.display()
-        );
-        brig_test_support::skip(&why);
+    let Some(python) = support::venv_or_skip("e2b-venv") else {
         return;
-    }
+    };
     let p = planes();
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/e2b/secrets_sdk.py");
     let out = Command::new(&python)
@@ -733,15 +721,9 @@ fn code_interpreter_v1_is_ready_when_create_answers() {
     if !root_or_skip() {
         return;
     }
-    let python = venv("e2b-venv");
-    if !python.exists() {
-        let why = format!(
-            "{} is missing: run tests/support/install-python-deps.sh",
-            python.display()
-        );
-        brig_test_support::skip(&why);
+    let Some(python) = support::venv_or_skip("e2b-venv") else {
         return;
-    }
+    };
     // Built (or waited for, if another process is building it) before the
     // clock of the create request starts.
     if let Err(e) = brig_template::ensure(
@@ -1010,14 +992,9 @@ fn python_sdk_lifecycle() {
     if !root_or_skip() {
         return;
     }
-    let python = venv("e2b-venv");
-    if !python.exists() {
-        support::skip(&format!(
-            "{} is missing: run tests/support/install-python-deps.sh",
-            python.display()
-        ));
+    let Some(python) = support::venv_or_skip("e2b-venv") else {
         return;
-    }
+    };
     let p = planes_with(|c| c.sweep_interval = Duration::from_millis(100));
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/e2b/lifecycle_sdk.py");
     let out = Command::new(&python)

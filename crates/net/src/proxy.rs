@@ -235,30 +235,18 @@ async fn dial(
     let socks = |e: tokio_socks::Error| {
         std::io::Error::other(format!("egress proxy {}: {e}", proxy.address))
     };
-    let stream = match (name, &proxy.username) {
-        (Some(n), Some(user)) => tokio_socks::tcp::Socks5Stream::connect_with_password(
-            at,
-            (n, dst.port()),
-            user,
-            proxy.password.as_deref().unwrap_or(""),
-        )
-        .await
-        .map_err(socks)?,
-        (Some(n), None) => tokio_socks::tcp::Socks5Stream::connect(at, (n, dst.port()))
-            .await
-            .map_err(socks)?,
-        (None, Some(user)) => tokio_socks::tcp::Socks5Stream::connect_with_password(
-            at,
-            dst,
-            user,
-            proxy.password.as_deref().unwrap_or(""),
-        )
-        .await
-        .map_err(socks)?,
-        (None, None) => tokio_socks::tcp::Socks5Stream::connect(at, dst)
-            .await
-            .map_err(socks)?,
+    let target = match name {
+        Some(n) => tokio_socks::TargetAddr::Domain(n.into(), dst.port()),
+        None => tokio_socks::TargetAddr::Ip(dst),
     };
+    let stream = match &proxy.username {
+        Some(user) => {
+            let password = proxy.password.as_deref().unwrap_or("");
+            tokio_socks::tcp::Socks5Stream::connect_with_password(at, target, user, password).await
+        }
+        None => tokio_socks::tcp::Socks5Stream::connect(at, target).await,
+    }
+    .map_err(socks)?;
     Ok(stream.into_inner())
 }
 

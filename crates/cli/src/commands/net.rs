@@ -42,15 +42,19 @@ pub struct NetworkFlags {
 }
 
 impl NetworkFlags {
+    /// Whether any network flag was given.
+    pub fn given(&self) -> bool {
+        self.network.is_some()
+            || !self.allow.is_empty()
+            || !self.deny.is_empty()
+            || !self.add_host.is_empty()
+            || !self.inject.is_empty()
+            || self.egress_proxy.is_some()
+    }
+
     /// The `network` object of a request, or `None` if no flag was given.
     pub fn body(&self) -> anyhow::Result<Option<Value>> {
-        if self.network.is_none()
-            && self.allow.is_empty()
-            && self.deny.is_empty()
-            && self.add_host.is_empty()
-            && self.inject.is_empty()
-            && self.egress_proxy.is_none()
-        {
+        if !self.given() {
             return Ok(None);
         }
         let mut hosts = serde_json::Map::new();

@@ -91,7 +91,7 @@ impl RunArgs {
     fn into_spec(self) -> anyhow::Result<(SandboxSpec, RunNetwork)> {
         let network = RunNetwork {
             policy: self.network.policy()?,
-            asked: self.network.body()?.is_some(),
+            asked: self.network.given(),
             upstream: self.dns_upstream,
             publish: self.publish,
         };

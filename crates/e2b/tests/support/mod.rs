@@ -78,6 +78,20 @@ pub fn venv(name: &str) -> PathBuf {
     test_cache().join(name).join("bin/python")
 }
 
+/// The venv's python, or a printed skip (a failure under
+/// BRIG_TEST_STRICT=1) and `None` when scripts/test has not made it.
+pub fn venv_or_skip(name: &str) -> Option<PathBuf> {
+    let python = venv(name);
+    if !python.exists() {
+        skip(&format!(
+            "{} is missing: run tests/support/install-python-deps.sh",
+            python.display()
+        ));
+        return None;
+    }
+    Some(python)
+}
+
 /// A new sandbox of the fixture's first tenant, with the defaults (the
 /// `host` template); its id.
 pub async fn create(f: &ManagerFixture) -> String {
