@@ -63,15 +63,18 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     /// `GET /metrics` without an API key (`brig serve --metrics-public`).
     pub metrics_public: bool,
+    /// Sandboxes' ports on the host's loopback (`publish`).
+    pub publisher: Arc<brig_http::publish::Publisher>,
 }
 
 impl AppState {
     pub fn new(manager: Arc<SandboxManager>) -> AppState {
         AppState {
-            manager,
             tiers: Arc::new(OnceLock::new()),
             metrics: Arc::new(Metrics::new()),
             metrics_public: false,
+            publisher: brig_http::publish::Publisher::new(Arc::clone(&manager)),
+            manager,
         }
     }
 
@@ -157,6 +160,10 @@ pub fn app(state: AppState) -> Router {
                 "this endpoint does not take that method; see api/openapi.yaml",
             )
         })
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            ports::by_host,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             metrics::track,

@@ -46,11 +46,28 @@ pub struct CreateSandboxConfig {
     /// Its network (see `network.rs`); absent: the daemon's default,
     /// `public` (loopback only if the daemon cannot give sandboxes a network).
     pub network: Option<crate::network::NetworkConfig>,
+    /// Ports to publish on the host's loopback: `"[HOSTPORT:]PORT"` each
+    /// (no HOSTPORT: any free one; the answer's `ports.published` says
+    /// which).
+    #[serde(default)]
+    pub publish: Vec<String>,
+    /// Whether requests to its ports by host name
+    /// (`http://PORT-ID.localhost:7777/`) need no token. Default false:
+    /// they carry the sandbox's `ports.token` in `X-Brig-Traffic-Token`
+    /// (or the tenant's key).
+    #[serde(default)]
+    pub public_ports: bool,
+}
+
+/// What a create asked of its ports, checked before anything is made.
+struct PortsAsked {
+    publish: Vec<(u16, u16)>,
+    public: bool,
 }
 
 impl CreateSandboxConfig {
     /// Stage two: every field parsed, or a 400 naming the field.
-    fn parse(self) -> Result<CreateConfig, ApiError> {
+    fn parse(self) -> Result<(CreateConfig, PortsAsked), ApiError> {
         let bad = |field: &str, e: &dyn std::fmt::Display| {
             ApiError::bad_request(format!("invalid {field}: {e}"))
         };
@@ -103,7 +120,12 @@ impl CreateSandboxConfig {
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
         let network = self.network.map(|n| n.parse()).transpose()?;
-        Ok(CreateConfig {
+        let publish = self
+            .publish
+            .iter()
+            .map(|p| brig_net::publish::parse(p).map_err(ApiError::bad_request))
+            .collect::<Result<Vec<_>, _>>()?;
+        let config = CreateConfig {
             template,
             limits,
             env,
@@ -112,7 +134,12 @@ impl CreateSandboxConfig {
             timeout,
             network,
             ..CreateConfig::default()
-        })
+        };
+        let ports = PortsAsked {
+            publish,
+            public: self.public_ports,
+        };
+        Ok((config, ports))
     }
 }
 
@@ -146,6 +173,11 @@ pub struct SandboxView {
     /// cpus (null: unlimited).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub limits: Option<serde_json::Value>,
+    /// How its ports are reached from outside: `{"public": bool, "token":
+    /// "…", "published": [{"port", "host_port"}]}` (absent for a sandbox
+    /// made by another front-end).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ports: Option<serde_json::Value>,
 }
 
 impl From<SandboxRecord> for SandboxView {
@@ -169,6 +201,7 @@ impl From<SandboxRecord> for SandboxView {
                     "cpus": l["cpus"],
                 })
             }),
+            ports: r.attrs.get(crate::ports::ATTR).cloned(),
             end: r.end.map(|cause| {
                 let mut v = serde_json::to_value(&cause).unwrap_or_default();
                 v["message"] = cause.describe().into();
@@ -190,9 +223,25 @@ pub async fn create(
     Auth(tenant): Auth,
     body: Result<Json<CreateSandboxConfig>, JsonRejection>,
 ) -> Result<(StatusCode, Json<SandboxView>), ApiError> {
-    let config = body?.0.parse()?;
+    let (mut config, ports) = body?.0.parse()?;
+    // Host ports are bound first: a taken one fails the create with
+    // nothing made.
+    let bound = brig_http::publish::bind(&ports.publish)?;
+    let kept = crate::ports::Kept {
+        public: ports.public,
+        token: brig_http::random_token(),
+        published: bound.iter().map(|b| b.published()).collect(),
+    };
+    config.attrs.insert(
+        crate::ports::ATTR.into(),
+        serde_json::to_value(&kept).unwrap_or_default(),
+    );
     let manager = state.manager.clone();
-    let record = blocking(move || manager.create(&tenant, config)).await?;
+    let owner = tenant.clone();
+    let record = blocking(move || manager.create(&owner, config)).await?;
+    if !bound.is_empty() {
+        state.publisher.start(&tenant, &record.id, bound);
+    }
     Ok((StatusCode::CREATED, Json(record.into())))
 }
 

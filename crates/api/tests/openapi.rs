@@ -37,6 +37,7 @@ const ROUTES: &[(&str, &[&str])] = &[
     ("/v1/sandboxes/{id}/logs", &["get"]),
     ("/v1/sandboxes/{id}/network", &["get", "put"]),
     ("/v1/sandboxes/{id}/network/connections", &["get"]),
+    ("/v1/sandboxes/{id}/tcp/{port}", &["get"]),
     (
         "/v1/sandboxes/{id}/ports/{port}/{path}",
         &["get", "post", "put", "patch", "delete"],

@@ -2,7 +2,9 @@
 //! inside a sandbox (python3's http.server, a small POST echo server, a
 //! stdlib WebSocket echo server) reached through the daemon's proxy; a
 //! closed port; another tenant's key; a big response streamed without the
-//! daemon's memory growing. Needs root (real sandboxes); skips otherwise,
+//! daemon's memory growing; published host ports and raw TCP over an
+//! upgrade (a TCP echo server); ports by host name with and without the
+//! traffic token. Needs root (real sandboxes); skips otherwise,
 //! fails under BRIG_TEST_STRICT=1.
 
 mod support;
@@ -474,4 +476,387 @@ async fn connections_are_kept_for_the_next_request_and_end_with_the_sandbox() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// A TCP echo server that marks what it sends back as the sandbox's:
+/// `sandbox:` + every byte it got, then it closes.
+const TCP_ECHO: &str = r#"
+import socket, sys, threading
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(sys.argv[1])))
+s.listen(16)
+def one(c):
+    got = b""
+    while True:
+        b = c.recv(65536)
+        if not b:
+            break
+        got += b
+    c.sendall(b"sandbox:" + got)
+    c.close()
+while True:
+    c, _ = s.accept()
+    threading.Thread(target=one, args=(c,), daemon=True).start()
+"#;
+
+/// Send `data` on `stream`, half-close, read everything back.
+fn exchange(mut stream: std::net::TcpStream, data: &[u8]) -> std::io::Result<Vec<u8>> {
+    use std::io::Write;
+    stream.set_read_timeout(Some(Duration::from_secs(20)))?;
+    stream.write_all(data)?;
+    stream.shutdown(std::net::Shutdown::Write)?;
+    let mut back = Vec::new();
+    stream.read_to_end(&mut back)?;
+    Ok(back)
+}
+
+/// The echo through 127.0.0.1:`host_port`, retried until the server in
+/// the sandbox listens.
+async fn echo_via_host_port(host_port: u16, data: &'static [u8]) -> Vec<u8> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let tried = tokio::task::spawn_blocking(move || {
+            let s = std::net::TcpStream::connect(("127.0.0.1", host_port))?;
+            exchange(s, data)
+        })
+        .await
+        .unwrap();
+        match tried {
+            Ok(back) if !back.is_empty() => return back,
+            other => {
+                assert!(
+                    Instant::now() < deadline,
+                    "no echo on {host_port}: {other:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn published_ports_carry_raw_tcp_and_go_with_the_sandbox() {
+    if !root_or_skip() {
+        return;
+    }
+    let f = fixture(|_| {});
+    let (status, sb) = call(
+        &f.app,
+        Method::POST,
+        "/v1/sandboxes",
+        Some(&f.key),
+        Some(r#"{"publish": ["7000"]}"#),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{sb}");
+    let id = sb["id"].as_str().unwrap().to_string();
+    assert_eq!(sb["ports"]["public"], false, "{sb}");
+    assert_eq!(sb["ports"]["token"].as_str().unwrap().len(), 32, "{sb}");
+    let published = &sb["ports"]["published"][0];
+    assert_eq!(published["port"], 7000, "{sb}");
+    let host_port = published["host_port"].as_u64().unwrap() as u16;
+    assert_ne!(host_port, 0);
+    start(&f, &id, &["python3", "-c", TCP_ECHO, "7000"]).await;
+    let back = echo_via_host_port(host_port, b"raw bytes \x00\xff").await;
+    assert_eq!(back, b"sandbox:raw bytes \x00\xff");
+    // GET shows the same.
+    let (_, got) = call(
+        &f.app,
+        Method::GET,
+        &format!("/v1/sandboxes/{id}"),
+        Some(&f.key),
+        None,
+    )
+    .await;
+    assert_eq!(got["ports"], sb["ports"]);
+
+    // A taken host port: 409 naming it, and nothing made.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let taken_port = taken.local_addr().unwrap().port();
+    let live = f.manager.live_count();
+    let (status, body) = call(
+        &f.app,
+        Method::POST,
+        "/v1/sandboxes",
+        Some(&f.key),
+        Some(&json!({"publish": [format!("{taken_port}:7000")]}).to_string()),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_eq!(body["code"], "port_in_use", "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains(&taken_port.to_string()),
+        "{body}"
+    );
+    assert_eq!(f.manager.live_count(), live);
+    // Bad specs, and the count at and past its limit.
+    for bad in [
+        json!(["x"]),
+        json!(["7000:0"]),
+        json!(["70000"]),
+        json!(vec!["7000"; 33]),
+    ] {
+        let (status, body) = call(
+            &f.app,
+            Method::POST,
+            "/v1/sandboxes",
+            Some(&f.key),
+            Some(&json!({ "publish": bad }).to_string()),
+        )
+        .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {body}");
+    }
+    assert_eq!(f.manager.live_count(), live);
+    let full = create(&f, &json!({ "publish": vec!["7000"; 32] }).to_string()).await;
+    let (_, got) = call(
+        &f.app,
+        Method::GET,
+        &format!("/v1/sandboxes/{full}"),
+        Some(&f.key),
+        None,
+    )
+    .await;
+    assert_eq!(
+        got["ports"]["published"].as_array().unwrap().len(),
+        32,
+        "{got}"
+    );
+
+    // The listener goes with the sandbox.
+    let (status, _) = call(
+        &f.app,
+        Method::DELETE,
+        &format!("/v1/sandboxes/{id}"),
+        Some(&f.key),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while std::net::TcpStream::connect(("127.0.0.1", host_port)).is_ok() {
+        assert!(
+            Instant::now() < deadline,
+            "127.0.0.1:{host_port} still listens"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// An HTTP/1.1 request written by hand on a new connection to the
+/// daemon: the answer's status line and the socket, positioned after the
+/// answer's head.
+fn raw_request(addr: SocketAddr, head: &str) -> (String, std::io::BufReader<std::net::TcpStream>) {
+    use std::io::{BufRead, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(head.as_bytes()).unwrap();
+    let mut r = std::io::BufReader::new(s);
+    let mut status = String::new();
+    r.read_line(&mut status).unwrap();
+    loop {
+        let mut line = String::new();
+        r.read_line(&mut line).unwrap();
+        if line == "\r\n" || line.is_empty() {
+            break;
+        }
+    }
+    (status.trim_end().to_string(), r)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn raw_tcp_goes_through_an_upgrade_with_the_key() {
+    if !root_or_skip() {
+        return;
+    }
+    let f = fixture(|_| {});
+    let addr = serve(&f).await;
+    let id = create(&f, "{}").await;
+    start(&f, &id, &["python3", "-c", TCP_ECHO, "7001"]).await;
+    let key = f.key.clone();
+    let path = format!("/v1/sandboxes/{id}/tcp/7001");
+    let back = tokio::task::spawn_blocking(move || {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let (status, r) = raw_request(
+                addr,
+                &format!(
+                    "GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\
+                     Connection: Upgrade\r\nUpgrade: tcp\r\n\r\n"
+                ),
+            );
+            if status.starts_with("HTTP/1.1 101") {
+                assert!(r.buffer().is_empty());
+                return exchange(r.into_inner(), b"over the api").unwrap();
+            }
+            assert!(status.contains("502"), "{status}");
+            assert!(Instant::now() < deadline, "the echo server never listened");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(back, b"sandbox:over the api");
+    // Without the upgrade headers, without a key, to a closed port.
+    let url = format!("http://{addr}/v1/sandboxes/{id}/tcp/7001");
+    let (status, _, body) = http("GET", url, f.key.clone(), None).await;
+    assert_eq!(status, 400, "{}", String::from_utf8_lossy(&body));
+    assert!(String::from_utf8_lossy(&body).contains("Upgrade: tcp"));
+    let (status, _) = call(
+        &f.app,
+        Method::GET,
+        &format!("/v1/sandboxes/{id}/tcp/7001"),
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (key, other) = (f.key.clone(), f.other_key.clone());
+    let id2 = id.clone();
+    let (closed, foreign) = tokio::task::spawn_blocking(move || {
+        let ask = |key: &str, port: u16| {
+            raw_request(
+                addr,
+                &format!(
+                    "GET /v1/sandboxes/{id2}/tcp/{port} HTTP/1.1\r\nHost: x\r\nAuthorization: \
+                     Bearer {key}\r\nConnection: Upgrade\r\nUpgrade: tcp\r\n\r\n"
+                ),
+            )
+            .0
+        };
+        (ask(&key, 9), ask(&other, 7001))
+    })
+    .await
+    .unwrap();
+    assert!(closed.starts_with("HTTP/1.1 502"), "{closed}");
+    assert!(foreign.starts_with("HTTP/1.1 404"), "{foreign}");
+}
+
+/// `GET /hello.txt` with `Host: {host}` and extra header lines: status
+/// line and body.
+async fn get_by_host(addr: SocketAddr, host: String, extra: String) -> (String, String) {
+    tokio::task::spawn_blocking(move || {
+        let (status, mut r) = raw_request(
+            addr,
+            &format!("GET /hello.txt HTTP/1.1\r\nHost: {host}\r\n{extra}Connection: close\r\n\r\n"),
+        );
+        let mut body = String::new();
+        r.read_to_string(&mut body).unwrap();
+        (status, body)
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn ports_by_host_name_need_the_traffic_token_unless_public() {
+    if !root_or_skip() {
+        return;
+    }
+    let f = fixture(|_| {});
+    let addr = serve(&f).await;
+    let server = [
+        "python3",
+        "-m",
+        "http.server",
+        "8000",
+        "--bind",
+        "127.0.0.1",
+        "--directory",
+        "/tmp/www",
+    ];
+    let mut ids = Vec::new();
+    for body in [r#"{}"#, r#"{"public_ports": true}"#] {
+        let id = create(&f, body).await;
+        sh(
+            &f,
+            &id,
+            "mkdir -p /tmp/www && printf 'by name\\n' > /tmp/www/hello.txt",
+        )
+        .await;
+        start(&f, &id, &server).await;
+        wait_port(addr, &f, &id, 8000).await;
+        ids.push(id);
+    }
+    let (private, public) = (&ids[0], &ids[1]);
+    let (_, sb) = call(
+        &f.app,
+        Method::GET,
+        &format!("/v1/sandboxes/{private}"),
+        Some(&f.key),
+        None,
+    )
+    .await;
+    let token = sb["ports"]["token"].as_str().unwrap().to_string();
+    let host = |id: &str| format!("8000-{id}.localhost:{}", addr.port());
+
+    let (status, body) = get_by_host(addr, host(private), String::new()).await;
+    assert!(status.contains(" 401 "), "{status} {body}");
+    assert!(body.contains("X-Brig-Traffic-Token"), "{body}");
+    let wrong = format!("X-Brig-Traffic-Token: {}\r\n", "x".repeat(32));
+    let (status, _) = get_by_host(addr, host(private), wrong).await;
+    assert!(status.contains(" 401 "), "{status}");
+    let with_token = format!("X-Brig-Traffic-Token: {token}\r\n");
+    let (status, body) = get_by_host(addr, host(private), with_token).await;
+    assert!(status.contains(" 200 "), "{status} {body}");
+    assert_eq!(body, "by name\n");
+    let (status, body) = get_by_host(
+        addr,
+        host(private),
+        format!("Authorization: Bearer {}\r\n", f.key),
+    )
+    .await;
+    assert_eq!(
+        (status.contains(" 200 "), body.as_str()),
+        (true, "by name\n")
+    );
+    // Another tenant's key, or a token of another sandbox: nothing.
+    let (status, _) = get_by_host(
+        addr,
+        host(private),
+        format!("Authorization: Bearer {}\r\n", f.other_key),
+    )
+    .await;
+    assert!(status.contains(" 404 "), "{status}");
+    // Public: no token needed.
+    let (status, body) = get_by_host(addr, host(public), String::new()).await;
+    assert_eq!(
+        (status.contains(" 200 "), body.as_str()),
+        (true, "by name\n"),
+        "{status}"
+    );
+    // An unknown sandbox by name; the API itself is untouched by other hosts.
+    let (status, _) = get_by_host(addr, host("0123456789ab"), String::new()).await;
+    assert!(status.contains(" 404 "), "{status}");
+    let (status, _) = get_by_host(addr, format!("localhost:{}", addr.port()), String::new()).await;
+    assert!(
+        status.contains(" 404 "),
+        "the API's own not-found: {status}"
+    );
+
+    // WebSocket by host name, with the token.
+    let ws_id = private.clone();
+    start(&f, &ws_id, &["python3", "-c", WS_ECHO]).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut ws = loop {
+        let mut req = format!("ws://{addr}/chat").into_client_request().unwrap();
+        let h = req.headers_mut();
+        h.insert("host", format!("8765-{ws_id}.localhost").parse().unwrap());
+        h.insert("x-brig-traffic-token", token.parse().unwrap());
+        match tokio_tungstenite::connect_async(req).await {
+            Ok((ws, _)) => break ws,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "no websocket by host name: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    ws.send(Message::text("named")).await.unwrap();
+    let back = tokio::time::timeout(Duration::from_secs(20), ws.next())
+        .await
+        .unwrap();
+    assert_eq!(back.unwrap().unwrap(), Message::text("named"));
 }

@@ -20,6 +20,9 @@
 //!   still) and resumes where it stopped.
 //!
 //! Finally a SIGTERM ends everything and nothing is left on the host.
+//!
+//! A port published on the host (`brig create -p`) is published again by
+//! the next daemon, and `brig forward` reaches it through the API.
 //! Needs root and the E2B SDK venv (scripts/test installs it).
 //!
 //! And an upgrade across versions: sandboxes started by an earlier build
@@ -457,6 +460,138 @@ fn a_native_terminal_session_survives_kill_9_and_is_reattached() {
         }
     };
     assert_eq!(exited["code"], 7, "{exited}");
+    drop(daemon);
+}
+
+/// A TCP server that answers every connection with `sandbox:` and what
+/// it read until the client's half-close.
+const TCP_ECHO: &str = "
+import socket
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(('127.0.0.1', 7000))
+s.listen(8)
+while True:
+    c, _ = s.accept()
+    got = b''
+    while True:
+        b = c.recv(65536)
+        if not b:
+            break
+        got += b
+    c.sendall(b'sandbox:' + got)
+    c.close()
+";
+
+/// `data` to 127.0.0.1:`port` and what comes back (empty: nothing
+/// answered), retried for up to 20 s until the answer is not empty.
+fn echo(port: u16, data: &[u8]) -> Vec<u8> {
+    use std::io::{Read, Write};
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let tried = (|| -> std::io::Result<Vec<u8>> {
+            let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
+            s.set_read_timeout(Some(Duration::from_secs(10)))?;
+            s.write_all(data)?;
+            s.shutdown(std::net::Shutdown::Write)?;
+            let mut back = Vec::new();
+            s.read_to_end(&mut back)?;
+            Ok(back)
+        })();
+        match tried {
+            Ok(back) if !back.is_empty() => return back,
+            other => {
+                assert!(Instant::now() < deadline, "no echo on {port}: {other:?}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+/// A free port on the host's loopback (bound, then let go).
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+#[test]
+fn a_published_port_is_published_again_by_the_next_daemon() {
+    require_root!();
+    let home = tempfile::tempdir().unwrap();
+    let bin = PathBuf::from(BRIG);
+    let daemon = Daemon::start(&bin, home.path());
+    let cli = |daemon: &Daemon, args: &[&str]| {
+        Command::new(BRIG)
+            .args(args)
+            .env("BRIG_URL", &daemon.url)
+            .env("BRIG_API_KEY", &daemon.key)
+            .output()
+            .unwrap()
+    };
+    let host_port = free_port();
+    let out = cli(
+        &daemon,
+        &[
+            "create",
+            "-p",
+            &format!("{host_port}:7000"),
+            "--timeout",
+            "5m",
+        ],
+    );
+    assert!(out.status.success(), "{out:?}");
+    let id = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains(&format!(
+            "brig: 127.0.0.1:{host_port} -> port 7000 of the sandbox"
+        )),
+        "{said}"
+    );
+    let started = cli(
+        &daemon,
+        &["exec", "-d", &id, "--", "python3", "-c", TCP_ECHO],
+    );
+    assert!(started.status.success(), "{started:?}");
+    assert_eq!(echo(host_port, b"first"), b"sandbox:first");
+    // `brig forward` reaches the same port through the API.
+    let local = free_port();
+    let mut forward = Command::new(BRIG)
+        .args(["forward", &id, &format!("{local}:7000")])
+        .env("BRIG_URL", &daemon.url)
+        .env("BRIG_API_KEY", &daemon.key)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert_eq!(echo(local, b"forwarded"), b"sandbox:forwarded");
+    let _ = forward.kill();
+    let _ = forward.wait();
+    // A taken host port: refused in words, nothing made.
+    let out = cli(&daemon, &["create", "-p", &format!("{host_port}:7000")]);
+    assert_eq!(out.status.code(), Some(125), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains(&format!("host port {host_port} is already in use")),
+        "{out:?}"
+    );
+
+    daemon.kill9();
+    // While no daemon runs nothing listens there; the next one listens
+    // again and reaches the same server.
+    assert!(std::net::TcpStream::connect(("127.0.0.1", host_port)).is_err());
+    let daemon = Daemon::start(&bin, home.path());
+    assert_eq!(echo(host_port, b"second"), b"sandbox:second");
+    let shown = cli(&daemon, &["inspect", &id]);
+    assert!(
+        String::from_utf8_lossy(&shown.stdout)
+            .contains(&format!("Published: 127.0.0.1:{host_port} -> port 7000")),
+        "{shown:?}"
+    );
+    // Gone with the sandbox.
+    assert!(cli(&daemon, &["kill", &id]).status.success());
+    assert!(eventually(Duration::from_secs(5), || {
+        std::net::TcpStream::connect(("127.0.0.1", host_port)).is_err()
+    }));
     drop(daemon);
 }
 

@@ -33,7 +33,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use brig_core::{EnvVar, Limits, SandboxId, TemplateRef};
-use rand::distributions::{Alphanumeric, DistString};
 
 pub use interpreter::InterpreterError;
 pub use time::{parse_rfc3339, rfc3339};
@@ -158,7 +157,7 @@ fn seconds(t: i64) -> Result<Duration, E2bError> {
 
 /// envd's access token: 32 random alphanumerics from the OS.
 fn access_token() -> String {
-    Alphanumeric.sample_string(&mut rand::rngs::OsRng, 32)
+    brig_http::random_token()
 }
 
 /// `POST /v2/sandboxes` and `POST /sandboxes`: 201 + `Sandbox`.

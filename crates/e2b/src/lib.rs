@@ -35,7 +35,7 @@ pub mod control;
 pub mod envd;
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
@@ -44,8 +44,8 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use brig_core::SandboxId;
 
-use brig_runtime::{EventKind, SandboxManager, TenantId};
-use tokio::sync::broadcast::error::RecvError;
+pub use brig_http::{constant_time_eq, on_end, Ended};
+use brig_runtime::{SandboxManager, TenantId};
 
 /// The `envdVersion` brig reports: the clients enable features by it
 /// (reference §3.8). Raise it only with the feature it gates.
@@ -255,24 +255,12 @@ pub fn routing(headers: &HeaderMap) -> (Option<&str>, Option<u16>) {
         if let Some(routed) = headers
             .get(axum::http::header::HOST)
             .and_then(|h| h.to_str().ok())
-            .and_then(host_routing)
+            .and_then(brig_http::ports::host_route)
         {
             return (Some(routed.0), Some(routed.1));
         }
     }
     (id, port)
-}
-
-/// `{port}-{id}.{domain}[:port]` → (id, port).
-fn host_routing(host: &str) -> Option<(&str, u16)> {
-    let (label, _domain) = host.split_once('.')?;
-    let (port, id) = label.split_once('-')?;
-    let port = port.parse().ok()?;
-    let id_ok = !id.is_empty()
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
-    id_ok.then_some((id, port))
 }
 
 /// The sandbox an envd request is for, from `E2b-Sandbox-Id`, known to
@@ -315,58 +303,6 @@ pub fn unauthorized_token() -> Response {
         })),
     )
         .into_response()
-}
-
-/// Compare secrets without leaking where they differ through timing.
-pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-/// What a follower of sandbox ends ([`on_end`]) is told.
-#[derive(Debug)]
-pub enum Ended<'a> {
-    /// This sandbox ended: forget it.
-    One(&'a SandboxId),
-    /// Some ends were missed (the follower fell behind the runtime's
-    /// events): forget every sandbox the manager no longer runs.
-    Missed(&'a SandboxManager),
-}
-
-/// Tell `forget` about every sandbox that ends from now on, on a task of the
-/// current tokio runtime (none outside one), for as long as `holder` (what
-/// keeps per-sandbox state) and the manager live. Subscribes before it
-/// returns: no end after this call is missed.
-pub fn on_end<T: Send + Sync + 'static>(
-    manager: &Arc<SandboxManager>,
-    holder: &Arc<T>,
-    forget: impl Fn(&T, Ended<'_>) + Send + 'static,
-) {
-    let Ok(rt) = tokio::runtime::Handle::try_current() else {
-        return;
-    };
-    let mut events = manager.subscribe();
-    let (holder, manager): (Weak<T>, Weak<SandboxManager>) =
-        (Arc::downgrade(holder), Arc::downgrade(manager));
-    rt.spawn(async move {
-        loop {
-            let event = events.recv().await;
-            let Some(holder) = holder.upgrade() else {
-                return;
-            };
-            match event {
-                Ok(e) if matches!(e.kind, EventKind::Ended { .. }) => {
-                    forget(&holder, Ended::One(&e.id))
-                }
-                Ok(_) => {}
-                Err(RecvError::Lagged(_)) => match manager.upgrade() {
-                    Some(m) => forget(&holder, Ended::Missed(&m)),
-                    None => return,
-                },
-                // The manager and its supervisors are gone.
-                Err(RecvError::Closed) => return,
-            }
-        }
-    });
 }
 
 /// The control plane (`E2B_API_URL`).

@@ -13,19 +13,26 @@
 //!   [`AuthState::Rejection`].
 //! - [`blocking`]: run a blocking manager call (SQLite, the agent, the
 //!   spawner) off the async workers; [`BlockingError`] if the task failed.
-//! - [`ports`]: HTTP and WebSocket to a port inside a sandbox, through its
-//!   agent ([`ports::proxy`], failing with a [`ports::ProxyError`]).
+//! - [`ports`]: HTTP, WebSocket and raw TCP to a port inside a sandbox,
+//!   through its agent ([`ports::proxy`], [`ports::tcp_upgrade`], failing
+//!   with a [`ports::ProxyError`]); [`publish`]: a sandbox's port on a
+//!   host loopback port (`brig create --publish`).
+//! - [`on_end`]: follow the runtime's events to forget per-sandbox state
+//!   when a sandbox ends.
 #![forbid(unsafe_code)]
 
 pub mod ports;
+pub mod publish;
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use axum::extract::FromRequestParts;
 use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
 use axum::response::IntoResponse;
-use brig_runtime::{AuthError, Principal, SandboxManager, TenantId};
+use brig_core::SandboxId;
+use brig_runtime::{AuthError, EventKind, Principal, SandboxManager, TenantId};
+use tokio::sync::broadcast::error::RecvError;
 use tokio::task::JoinError;
 
 /// A front-end's router state, as [`Auth`] needs it.
@@ -34,6 +41,18 @@ pub trait AuthState: Send + Sync {
     type Rejection: IntoResponse + From<AuthRejection>;
 
     fn manager(&self) -> &Arc<SandboxManager>;
+}
+
+/// A secret for a URL or a header: 32 random alphanumerics from the OS
+/// (E2B's envd and traffic tokens, the native traffic token).
+pub fn random_token() -> String {
+    use rand::distributions::{Alphanumeric, DistString};
+    Alphanumeric.sample_string(&mut rand::rngs::OsRng, 32)
+}
+
+/// Compare secrets without leaking where they differ through timing.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// The tenant a request acts for.
@@ -140,4 +159,51 @@ pub async fn blocking<T: Send + 'static, E: Send + 'static>(
         Ok(result) => result.map_err(BlockingError::Call),
         Err(e) => Err(BlockingError::Task(e)),
     }
+}
+
+/// What a follower of sandbox ends ([`on_end`]) is told.
+#[derive(Debug)]
+pub enum Ended<'a> {
+    /// This sandbox ended: forget it.
+    One(&'a SandboxId),
+    /// Some ends were missed (the follower fell behind the runtime's
+    /// events): forget every sandbox the manager no longer runs.
+    Missed(&'a SandboxManager),
+}
+
+/// Tell `forget` about every sandbox that ends from now on, on a task of the
+/// current tokio runtime (none outside one), for as long as `holder` (what
+/// keeps per-sandbox state) and the manager live. Subscribes before it
+/// returns: no end after this call is missed.
+pub fn on_end<T: Send + Sync + 'static>(
+    manager: &Arc<SandboxManager>,
+    holder: &Arc<T>,
+    forget: impl Fn(&T, Ended<'_>) + Send + 'static,
+) {
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let mut events = manager.subscribe();
+    let (holder, manager): (Weak<T>, Weak<SandboxManager>) =
+        (Arc::downgrade(holder), Arc::downgrade(manager));
+    rt.spawn(async move {
+        loop {
+            let event = events.recv().await;
+            let Some(holder) = holder.upgrade() else {
+                return;
+            };
+            match event {
+                Ok(e) if matches!(e.kind, EventKind::Ended { .. }) => {
+                    forget(&holder, Ended::One(&e.id))
+                }
+                Ok(_) => {}
+                Err(RecvError::Lagged(_)) => match manager.upgrade() {
+                    Some(m) => forget(&holder, Ended::Missed(&m)),
+                    None => return,
+                },
+                // The manager and its supervisors are gone.
+                Err(RecvError::Closed) => return,
+            }
+        }
+    });
 }

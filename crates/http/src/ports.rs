@@ -69,6 +69,11 @@ pub enum ProxyError {
         port: u16,
         reason: String,
     },
+    /// A raw TCP request that does not ask for the upgrade.
+    #[error(
+        "a raw TCP connection is asked for with the headers 'Connection: Upgrade' and 'Upgrade: {TCP_UPGRADE}'"
+    )]
+    NotAnUpgrade,
     /// The sandbox is unknown (or another tenant's), not running, paused,
     /// or its agent failed.
     #[error(transparent)]
@@ -177,6 +182,27 @@ async fn connect(
     id: &SandboxId,
     port: u16,
 ) -> Result<hyper::client::conn::http1::SendRequest<Body>, ProxyError> {
+    let io = open(manager, tenant, id, port).await?;
+    let (sender, conn) = hyper::client::conn::http1::handshake::<_, Body>(TokioIo::new(io))
+        .await
+        .map_err(|e| bad_gateway(id, port, e.to_string()))?;
+    tokio::spawn(async move {
+        // Ends when the server closes, the sender is dropped with no
+        // exchange left, or the upgraded IO is taken.
+        let _ = conn.with_upgrades().await;
+    });
+    Ok(sender)
+}
+
+/// A TCP connection to `port` on the loopback of sandbox `id` (which must
+/// be `tenant`'s and running), made by its agent, as tokio IO. Nothing
+/// listening there is [`ProxyError::PortClosed`].
+pub async fn open(
+    manager: &Arc<SandboxManager>,
+    tenant: &TenantId,
+    id: &SandboxId,
+    port: u16,
+) -> Result<PortIo, ProxyError> {
     let stream = {
         let (manager, tenant) = (Arc::clone(manager), tenant.clone());
         let sandbox = id.clone();
@@ -205,16 +231,80 @@ async fn connect(
         .await
         .map_err(|e| bad_gateway(id, port, format!("connect task failed: {e}")))??
     };
-    let io = PortIo::new(stream);
-    let (sender, conn) = hyper::client::conn::http1::handshake::<_, Body>(TokioIo::new(io))
-        .await
-        .map_err(|e| bad_gateway(id, port, e.to_string()))?;
+    Ok(PortIo::new(stream))
+}
+
+/// `{port}-{id}.{domain}[:port]` → (id, port): a sandbox's port by host
+/// name, as E2B's `get_host(port)` builds it and the native API takes it
+/// (`http://8000-ID.localhost:7777/` reaches port 8000 of sandbox ID from a
+/// browser or curl, since every `*.localhost` name is the loopback).
+pub fn host_route(host: &str) -> Option<(&str, u16)> {
+    let (label, _domain) = host.split_once('.')?;
+    let (port, id) = label.split_once('-')?;
+    let port = port.parse().ok().filter(|p| *p > 0)?;
+    let id_ok = !id.is_empty()
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
+    id_ok.then_some((id, port))
+}
+
+/// The protocol name of a raw TCP upgrade (`Upgrade: tcp`).
+pub const TCP_UPGRADE: &str = "tcp";
+
+/// Raw TCP to `port` inside the sandbox over an HTTP/1.1 upgrade: `req`
+/// must ask for `Connection: Upgrade` and `Upgrade: tcp`. The port is
+/// connected first, so a closed one is an ordinary error answer
+/// ([`ProxyError::PortClosed`]); then `101 Switching Protocols`, and the
+/// bytes of the client's connection and the sandbox's are relayed until
+/// either side closes (each EOF passed on as a half-close).
+pub async fn tcp_upgrade(
+    manager: Arc<SandboxManager>,
+    tenant: TenantId,
+    id: SandboxId,
+    port: u16,
+    mut req: Request,
+) -> Result<Response, ProxyError> {
+    let asked = req
+        .headers()
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case(TCP_UPGRADE));
+    if !asked {
+        return Err(ProxyError::NotAnUpgrade);
+    }
+    let mut inside = open(&manager, &tenant, &id, port).await?;
+    let client_side = hyper::upgrade::on(&mut req);
     tokio::spawn(async move {
-        // Ends when the server closes, the sender is dropped with no
-        // exchange left, or the upgraded IO is taken.
-        let _ = conn.with_upgrades().await;
+        let Ok(client) = client_side.await else {
+            return;
+        };
+        let mut client = TokioIo::new(client);
+        let _ = tokio::io::copy_bidirectional(&mut client, &mut inside).await;
     });
-    Ok(sender)
+    Ok(Response::builder()
+        .status(StatusCode::SWITCHING_PROTOCOLS)
+        .header(header::CONNECTION, "upgrade")
+        .header(header::UPGRADE, TCP_UPGRADE)
+        .body(Body::empty())
+        .expect("a valid response"))
+}
+
+/// Relay `client` both ways with `port` inside the sandbox until either
+/// side closes (a published host port's connections, `publish.rs`).
+pub async fn tunnel<IO>(
+    manager: &Arc<SandboxManager>,
+    tenant: &TenantId,
+    id: &SandboxId,
+    port: u16,
+    client: &mut IO,
+) -> Result<(), ProxyError>
+where
+    IO: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut inside = open(manager, tenant, id, port).await?;
+    let _ = tokio::io::copy_bidirectional(client, &mut inside).await;
+    Ok(())
 }
 
 /// The kept connections: by sandbox and port, with when each was put back.
@@ -326,10 +416,16 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
 /// A [`PortStream`] as tokio IO, for hyper: reads and writes wait on the
 /// stream without a thread (the agent client's reactor wakes the task).
 /// Dropped, it aborts the connection unless both sides closed it.
-struct PortIo {
+pub struct PortIo {
     stream: PortStream,
     /// This side shut its write half.
     shut: bool,
+}
+
+impl std::fmt::Debug for PortIo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PortIo").field("shut", &self.shut).finish()
+    }
 }
 
 /// Connections into sandboxes open now (kept or busy), for tests and

@@ -173,6 +173,9 @@ pub struct CreateConfig {
     /// Its network policy; `None`: the daemon's default, `public` when it
     /// has a gateway, loopback only when it has none.
     pub network: Option<brig_net::Policy>,
+    /// What the front-end keeps on the record from its first write, by key
+    /// (`network` is the runtime's own: one given here is replaced).
+    pub attrs: serde_json::Map<String, serde_json::Value>,
 }
 
 impl Default for CreateConfig {
@@ -187,6 +190,7 @@ impl Default for CreateConfig {
             allow_setuid: false,
             isolation: Isolation::Process,
             network: None,
+            attrs: serde_json::Map::new(),
         }
     }
 }
@@ -909,16 +913,6 @@ impl SandboxManager {
         spec.validate()?;
 
         let tier = Arc::clone(self.tier(req.isolation)?);
-        let new = |id: SandboxId| NewSandbox {
-            id,
-            tenant: tenant.clone(),
-            template: spec.template.to_string(),
-            isolation: req.isolation.to_string(),
-            spec: serde_json::to_value(&spec).unwrap_or(serde_json::Value::Null),
-            labels: req.labels.clone(),
-            name: req.name.clone(),
-            timeout,
-        };
         // The network: checked before anything is made. With a gateway
         // every sandbox is linked to it (`none` is then a policy like any
         // other), pre-made ones too.
@@ -943,10 +937,23 @@ impl SandboxManager {
                 ),
             });
         }
-        let keep_policy = |id: &SandboxId| -> Result<(), ManagerError> {
-            let value = serde_json::to_value(&policy).unwrap_or_default();
-            self.store().set_attrs(id, "network", &value)?;
-            Ok(())
+        // The record keeps the policy (for a later daemon) and what the
+        // front-end asked to keep, in its first write.
+        let mut attrs = req.attrs;
+        attrs.insert(
+            "network".into(),
+            serde_json::to_value(&policy).unwrap_or_default(),
+        );
+        let new = |id: SandboxId| NewSandbox {
+            id,
+            tenant: tenant.clone(),
+            template: spec.template.to_string(),
+            isolation: req.isolation.to_string(),
+            spec: serde_json::to_value(&spec).unwrap_or(serde_json::Value::Null),
+            labels: req.labels.clone(),
+            name: req.name.clone(),
+            timeout,
+            attrs: attrs.clone(),
         };
         if req.isolation == Isolation::Process {
             if let Some(mut warm) = self.claim(&spec)? {
@@ -954,7 +961,6 @@ impl SandboxManager {
                 // its record is written now, its policy set.
                 self.store()
                     .insert_sandbox(&new(warm.instance.id().clone()))?;
-                keep_policy(warm.instance.id())?;
                 let link = warm.net.take();
                 if let Some(link) = &link {
                     link.set_policy(policy.clone());
@@ -966,7 +972,6 @@ impl SandboxManager {
         // next daemon to clean up after.
         let id = SandboxId::from_random(rand::random());
         self.store().insert_sandbox(&new(id.clone()))?;
-        keep_policy(&id)?;
         let mut fresh = spec.clone();
         fresh.env.clear();
         // Its network namespace, linked to the gateway, before the spawn.
@@ -1573,6 +1578,13 @@ impl SandboxManager {
 
     pub(crate) fn live_sandbox(&self, id: &SandboxId) -> Option<Arc<Live>> {
         lock(&self.live).get(id).cloned()
+    }
+
+    /// The tenant a live sandbox belongs to (for a front-end that routes a
+    /// request by the sandbox's id before it knows who asks, and then checks
+    /// a token the sandbox's record keeps).
+    pub fn live_tenant(&self, id: &SandboxId) -> Option<TenantId> {
+        self.live_sandbox(id).map(|live| live.tenant.clone())
     }
 
     /// The agent connection of a running sandbox of `tenant`'s. A front-end

@@ -132,6 +132,9 @@ pub struct NewSandbox {
     pub name: Option<String>,
     /// Time to live from now.
     pub timeout: Duration,
+    /// What front-ends keep on it from its first write (the record's
+    /// `attrs`, by key: `network`, `ingress`, …).
+    pub attrs: serde_json::Map<String, serde_json::Value>,
 }
 
 /// A row of `sandboxes`.
@@ -547,12 +550,16 @@ impl Store {
         };
         let spec_json = serde_json::to_string(&new.spec).map_err(encode)?;
         let labels_json = serde_json::to_string(&new.labels).map_err(encode)?;
+        let attrs_json = (!new.attrs.is_empty())
+            .then(|| serde_json::to_string(&new.attrs))
+            .transpose()
+            .map_err(encode)?;
         let now = self.now();
         let expires_at = now.saturating_add(duration_ms(new.timeout));
         let inserted = self.conn.execute(
             "INSERT INTO sandboxes (id, tenant_id, template, isolation, spec_json, labels_json,
-                                    state, created_at, expires_at, name)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'creating', ?7, ?8, ?9)",
+                                    state, created_at, expires_at, name, attrs_json)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'creating', ?7, ?8, ?9, ?10)",
             (
                 new.id.as_str(),
                 new.tenant.as_str(),
@@ -563,6 +570,7 @@ impl Store {
                 now,
                 expires_at,
                 &new.name,
+                &attrs_json,
             ),
         );
         match inserted {
@@ -1075,6 +1083,7 @@ mod tests {
                     .collect(),
                 name: None,
                 timeout,
+                attrs: Default::default(),
             };
             let rec = self.store.insert_sandbox(&new).unwrap();
             assert_eq!(rec.state, SandboxState::Creating);
@@ -1114,6 +1123,7 @@ mod tests {
             labels: BTreeMap::new(),
             name: None,
             timeout: Duration::from_secs(1),
+            attrs: Default::default(),
         };
         let err = f.store.insert_sandbox(&dup).unwrap_err();
         assert!(matches!(err, SandboxError::AlreadyExists { .. }), "{err:?}");
@@ -1203,6 +1213,7 @@ mod tests {
             labels: BTreeMap::new(),
             name: Some(name.into()),
             timeout: Duration::from_secs(60),
+            attrs: Default::default(),
         };
         let first = f
             .store

@@ -230,6 +230,7 @@ fn a_new_manager_adopts_what_the_last_one_kept_and_settles_the_rest() {
             labels: BTreeMap::new(),
             name: None,
             timeout: Duration::from_secs(60),
+            attrs: Default::default(),
         })
         .unwrap();
     assert!(eventually(Duration::from_secs(10), || s.tier.live() == 3));

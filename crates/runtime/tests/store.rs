@@ -23,6 +23,7 @@ fn new_sandbox(tenant: &TenantId, labels: &[(&str, &str)]) -> NewSandbox {
             .collect(),
         name: None,
         timeout: Duration::from_secs(300),
+        attrs: Default::default(),
     }
 }
 

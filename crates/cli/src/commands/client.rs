@@ -366,6 +366,73 @@ impl Client {
     }
 }
 
+impl Client {
+    /// A raw TCP connection to `path` on the daemon (`GET` with
+    /// `Connection: Upgrade`, `Upgrade: tcp`, the key in `Authorization`):
+    /// the socket once the daemon answered `101`; an error answer becomes a
+    /// [`RemoteError`], like any other.
+    pub fn tcp(&self, path: &str) -> anyhow::Result<TcpStream> {
+        use std::io::{BufRead, BufReader, Read, Write};
+        let authority = match self.base.split_once("://") {
+            Some(("http", rest)) => rest.split('/').next().unwrap_or(rest).to_string(),
+            _ => anyhow::bail!(
+                "--url/BRIG_URL {} is not an http:// URL (e.g. http://127.0.0.1:7777): raw TCP \
+                 through the daemon needs plain HTTP",
+                self.base
+            ),
+        };
+        let mut stream = TcpStream::connect(&authority).map_err(|e| self.unreachable(e))?;
+        stream.set_nodelay(true)?;
+        write!(
+            stream,
+            "GET {path} HTTP/1.1\r\nHost: {authority}\r\nAuthorization: Bearer {}\r\n\
+             Connection: Upgrade\r\nUpgrade: tcp\r\n\r\n",
+            self.key
+        )?;
+        // The answer's head, a byte at a time: nothing past it may be
+        // taken from the socket (it is the sandbox's data).
+        let mut reader = BufReader::with_capacity(1, &stream);
+        let mut head = Vec::new();
+        let mut length = 0usize;
+        let mut status = 0u16;
+        loop {
+            let mut line = String::new();
+            if reader.read_line(&mut line)? == 0 || head.len() > 64 * 1024 {
+                anyhow::bail!("the daemon at {} broke off its answer", self.base);
+            }
+            if head.is_empty() {
+                status = line
+                    .split_whitespace()
+                    .nth(1)
+                    .and_then(|s| s.parse().ok())
+                    .unwrap_or(0);
+            } else if let Some(v) = line
+                .split_once(':')
+                .filter(|(k, _)| k.eq_ignore_ascii_case("content-length"))
+            {
+                length = v.1.trim().parse().unwrap_or(0);
+            }
+            head.push(line.clone());
+            if line == "\r\n" {
+                break;
+            }
+        }
+        if status == 101 {
+            return Ok(stream);
+        }
+        let mut body = vec![0; length.min(1 << 20)];
+        reader.read_exact(&mut body)?;
+        let body: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+        let text = |k: &str| body[k].as_str().unwrap_or("").to_string();
+        Err(RemoteError {
+            status,
+            code: text("code"),
+            message: text("message"),
+        }
+        .into())
+    }
+}
+
 /// `KEY=VALUE` pairs from repeated flags.
 /// `-e KEY=VALUE` items, `-e KEY` (the value of KEY here, as docker passes
 /// it through; left out if unset) and `--env-file` files (KEY=VALUE lines,

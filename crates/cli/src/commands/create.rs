@@ -40,6 +40,14 @@ pub struct CreateArgs {
     label: Vec<String>,
     #[command(flatten)]
     network: super::net::NetworkFlags,
+    /// Publish the sandbox's PORT on the host's 127.0.0.1:HOSTPORT
+    /// (repeatable; PORT alone: any free host port, printed on stderr).
+    #[arg(long = "publish", short = 'p', value_name = "[HOSTPORT:]PORT")]
+    publish: Vec<String>,
+    /// Let anyone reach its ports by host name
+    /// (http://PORT-ID.localhost:7777/) without its traffic token.
+    #[arg(long)]
+    public_ports: bool,
     /// Print the whole sandbox as JSON instead of its id.
     #[arg(long)]
     json: bool,
@@ -69,6 +77,16 @@ impl CreateArgs {
         if let Some(network) = self.network.body()? {
             body["network"] = network;
         }
+        for spec in &self.publish {
+            // Checked here too, to say so before anything is sent.
+            brig_net::publish::parse(spec).map_err(anyhow::Error::msg)?;
+        }
+        if !self.publish.is_empty() {
+            body["publish"] = json!(self.publish);
+        }
+        if self.public_ports {
+            body["public_ports"] = json!(true);
+        }
         Ok(body)
     }
 }
@@ -78,10 +96,26 @@ pub fn run(args: CreateArgs) -> anyhow::Result<i32> {
     let body = args.into_body()?;
     let client = Client::from_env()?;
     let sandbox = client.json("POST", "/v1/sandboxes", Some(&body))?;
+    for p in published(&sandbox) {
+        eprintln!("brig: {p} of the sandbox");
+    }
     if as_json {
         println!("{sandbox}");
     } else {
         println!("{}", sandbox["id"].as_str().unwrap_or_default());
     }
     Ok(0)
+}
+
+/// "127.0.0.1:HOSTPORT -> port PORT" for each published port of a sandbox
+/// as the API shows it.
+pub fn published(sandbox: &Value) -> Vec<String> {
+    sandbox["ports"]["published"]
+        .as_array()
+        .map(|list| {
+            list.iter()
+                .map(|p| format!("127.0.0.1:{} -> port {}", p["host_port"], p["port"]))
+                .collect()
+        })
+        .unwrap_or_default()
 }

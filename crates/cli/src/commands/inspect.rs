@@ -64,6 +64,10 @@ fn summary(s: &Value, now: i64) -> String {
         ("Ended", s["ended_at"].as_i64().map(ago)),
         ("Exit code", s["exit_code"].as_i64().map(|c| c.to_string())),
         ("Why", s["end"]["message"].as_str().map(str::to_string)),
+        ("Published", {
+            let list = super::create::published(s);
+            (!list.is_empty() && live).then(|| list.join(", "))
+        }),
     ];
     let mut out = String::new();
     for (name, value) in rows {

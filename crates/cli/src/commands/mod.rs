@@ -11,6 +11,7 @@ pub mod create;
 pub mod doctor;
 pub mod exec;
 pub mod extend;
+pub mod forward;
 pub mod inspect;
 pub mod keys;
 pub mod kill;
@@ -71,6 +72,8 @@ pub enum Command {
     Resume(resume::ResumeArgs),
     /// Copy a file between this host and a sandbox (either side ID:/path).
     Cp(cp::CpArgs),
+    /// Reach a sandbox's port on a local port, through the daemon's API.
+    Forward(forward::ForwardArgs),
     /// Create, list and revoke API keys (`create --local`: recover a
     /// locked-out operator's admin key, as root on the daemon's host).
     Keys(keys::KeysArgs),
@@ -111,6 +114,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Pause(args) => pause::run(args),
         Command::Resume(args) => resume::run(args),
         Command::Cp(args) => cp::run(args),
+        Command::Forward(args) => forward::run(args),
         Command::Keys(args) => keys::run(args),
         Command::Tenants(args) => tenants::run(args),
         Command::Secrets(args) => secrets::run(args),

@@ -275,6 +275,8 @@ async fn serve(
     };
     eprintln!("brig: listening on http://{addr}");
     crate::log::lifecycle(&state.manager);
+    // Re-adopted sandboxes get their published host ports back.
+    state.publisher.readopt();
     // One signal ends every listener.
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stopped = move || {
