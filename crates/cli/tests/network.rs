@@ -698,6 +698,88 @@ fn secrets_are_injected_and_never_reach_the_sandbox() {
     support::stop_daemon(&mut daemon.0);
 }
 
+/// `brig run --inject … --secret NAME`: no daemon, the same guarantees:
+/// the host gets the header, the sandbox (its environment, processes,
+/// files) never sees the value, which came from brig's environment and
+/// never from its command line; a named secret that is not given, or one
+/// given that no injection names, is refused before anything runs.
+#[test]
+fn brig_run_injects_secrets_it_is_given() {
+    require_root!();
+    let world = NetWorld::build("runinject");
+    const SECRET: &str = "run-s3cret-9876543210";
+    let want = {
+        let out = Command::new("sh")
+            .args(["-c", &format!("printf %s 'Bearer {SECRET}' | sha256sum")])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    let run = |extra: &[&str], script: &str| -> Output {
+        let mut args = vec![
+            "run",
+            "--dns-upstream",
+            "203.0.113.53",
+            "--inject",
+            "allowed.test:Authorization=Bearer ${secrets.tok}",
+        ];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--", "sh", "-c", script]);
+        Command::new(BRIG)
+            .args(&args)
+            .env("TOK", SECRET)
+            // brig checks the world's server against the world's CA.
+            .env("SSL_CERT_FILE", world.ca_file())
+            .output()
+            .unwrap()
+    };
+    let fetch = format!(
+        "python3 -c \"{}\" https://allowed.test:8443/ http://allowed.test:8080/ http://other.test:8080/; \
+         env; cat /proc/[0-9]*/environ /proc/[0-9]*/cmdline 2>/dev/null; \
+         grep -rs . /run /tmp /root 2>/dev/null | head -c 10000000",
+        FETCH_ANY.replace('"', "\\\"")
+    );
+    let got = ok(run(&["--secret", "TOK"], &fetch), "brig run --inject");
+    assert!(!got.contains(SECRET), "the sandbox saw the secret: {got}");
+    for u in ["https://allowed.test:8443/", "http://allowed.test:8080/"] {
+        let l = line(&got, u);
+        assert!(l.contains(" 200 "), "{l}");
+        assert!(
+            l.contains(&format!("auth-sha256: {want}")),
+            "{u} got no secret: {l}"
+        );
+        assert!(l.contains("Bearer ****"), "the echo was not masked: {l}");
+    }
+    assert!(
+        line(&got, "http://other.test:8080/").contains("auth-sha256: none"),
+        "{got}"
+    );
+    assert!(
+        got.contains("SSL_CERT_FILE=/run/brig-ca-bundle.crt"),
+        "{got}"
+    );
+
+    // Refused before anything runs, saying why.
+    for (extra, says) in [
+        (&[][..], "give it with --secret tok=VALUE"),
+        (
+            &["--secret", "TOK", "--secret", "other=x"][..],
+            "--secret other is not named",
+        ),
+        (&["--secret", "NOT_SET_ANYWHERE"][..], "is not set here"),
+    ] {
+        let out = run(extra, "echo ran");
+        assert_eq!(out.status.code(), Some(125), "{extra:?}: {out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{extra:?}: {err}");
+        assert!(!String::from_utf8_lossy(&out.stdout).contains("ran"));
+    }
+}
+
 /// `--egress-proxy`: allowed connections go through the SOCKS5 proxy (by
 /// name when the policy decided by name), never around it: a proxy that
 /// is down or refuses the credentials fails the connection.

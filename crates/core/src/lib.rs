@@ -17,7 +17,7 @@ pub mod spec;
 pub mod tier;
 pub mod units;
 
-pub use spec::{EnvVar, Limits, SandboxId, SandboxSpec, SpecError, TemplateRef, UserSpec};
+pub use spec::{EnvVar, Limits, RunFile, SandboxId, SandboxSpec, SpecError, TemplateRef, UserSpec};
 pub use tier::{
     CommandFault, Ended, Instance, Isolation, Launch, NetworkAttachment, OneShot, Tier, TierError,
     TierErrorKind, UnknownIsolation, Usage,

@@ -43,6 +43,8 @@ pub enum SpecError {
     NoCommand,
     #[error("invalid command argument: {reason}")]
     Command { reason: &'static str },
+    #[error("invalid file for the sandbox's /run {path:?}: {reason}")]
+    RunFile { path: String, reason: String },
 }
 
 /// A sandbox's identity: 12 lowercase hex digits. It is also the hostname
@@ -303,6 +305,57 @@ pub struct SandboxSpec {
     /// no one on the host (see docs/threat-model.md). Off by default.
     #[serde(default)]
     pub allow_setuid: bool,
+    /// Files put in the sandbox's own `/run` before the command starts
+    /// (`brig run` gives a sandbox that injects headers the CA it trusts
+    /// this way). At most [`RunFile::MAX_COUNT`], [`RunFile::MAX_TOTAL`]
+    /// bytes in all.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub run_files: Vec<RunFile>,
+}
+
+/// A file of the sandbox's `/run`, written before its command starts.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RunFile {
+    /// A plain file name (letters, digits, `.`, `_`, `-`): `/run/{name}`.
+    pub name: String,
+    pub contents: Vec<u8>,
+    /// Permission bits, e.g. `0o644`.
+    pub mode: u32,
+}
+
+impl RunFile {
+    pub const MAX_COUNT: usize = 16;
+    pub const MAX_TOTAL: usize = 4 << 20;
+
+    /// Its path inside the sandbox.
+    pub fn path(&self) -> String {
+        format!("/run/{}", self.name)
+    }
+
+    fn check(&self) -> Result<(), SpecError> {
+        let bad = |reason: &str| SpecError::RunFile {
+            path: self.path(),
+            reason: reason.into(),
+        };
+        let name_ok = !self.name.is_empty()
+            && self.name.len() <= 64
+            && !self.name.starts_with('.')
+            && self
+                .name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+        if !name_ok {
+            return Err(bad(
+                "a name is 1 to 64 letters, digits, '.', '_' or '-', not starting with '.'",
+            ));
+        }
+        if self.mode & !0o777 != 0 {
+            return Err(bad(
+                "the mode may hold permission bits only (at most 0o777)",
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl SandboxSpec {
@@ -317,6 +370,7 @@ impl SandboxSpec {
             tty: false,
             stdin: false,
             allow_setuid: false,
+            run_files: Vec::new(),
         }
     }
 
@@ -331,6 +385,21 @@ impl SandboxSpec {
             });
         }
         self.limits.validate()?;
+        for f in &self.run_files {
+            f.check()?;
+        }
+        let total: usize = self.run_files.iter().map(|f| f.contents.len()).sum();
+        if self.run_files.len() > RunFile::MAX_COUNT || total > RunFile::MAX_TOTAL {
+            return Err(SpecError::RunFile {
+                path: "/run".into(),
+                reason: format!(
+                    "at most {} files of {} bytes in all ({} files, {total} bytes given)",
+                    RunFile::MAX_COUNT,
+                    RunFile::MAX_TOTAL,
+                    self.run_files.len()
+                ),
+            });
+        }
         if let Some(w) = &self.workdir {
             if !w.starts_with('/') || w.contains('\0') {
                 return Err(SpecError::Workdir { path: w.clone() });
@@ -363,6 +432,43 @@ impl SandboxSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn run_files_are_plain_names_in_run_and_bounded() {
+        let file = |name: &str, len: usize| RunFile {
+            name: name.into(),
+            contents: vec![b'x'; len],
+            mode: 0o644,
+        };
+        let with = |files: Vec<RunFile>| {
+            let mut spec = SandboxSpec::new(vec!["true".into()]);
+            spec.run_files = files;
+            spec.validate()
+        };
+        assert!(with(vec![file("brig-ca.crt", 10)]).is_ok());
+        for bad in ["", ".hidden", "a/b", "..", "x y", &"n".repeat(65)] {
+            let err = with(vec![file(bad, 1)]).unwrap_err();
+            assert!(matches!(err, SpecError::RunFile { .. }), "{bad:?}: {err}");
+        }
+        let mut odd = file("f", 1);
+        odd.mode = 0o4755;
+        assert!(with(vec![odd]).is_err());
+        // At the limits and past them.
+        let each = RunFile::MAX_TOTAL / RunFile::MAX_COUNT;
+        let full: Vec<_> = (0..RunFile::MAX_COUNT)
+            .map(|i| file(&format!("f{i}"), each))
+            .collect();
+        assert!(with(full.clone()).is_ok());
+        let mut too_many = full.clone();
+        too_many.push(file("one-more", 0));
+        assert!(with(too_many).is_err());
+        let mut too_big = full;
+        too_big[0].contents.push(b'x');
+        assert!(with(too_big)
+            .unwrap_err()
+            .to_string()
+            .contains("bytes in all"));
+    }
 
     #[test]
     fn templates_parse() {

@@ -465,6 +465,7 @@ fn run_step(step: &Step, sys: &dyn Syscalls, fds: &[RawFd]) -> SysResult {
         }
         Step::Mkdir { target, mode } => sys.mkdir(target, *mode),
         Step::Touch { target } => sys.touch(target),
+        Step::Write { target, data, mode } => sys.write_file(target, data, *mode),
         Step::Symlink { link, target } => match sys.symlink(target, link) {
             Err(Errno(libc::EEXIST)) => Ok(()),
             r => r,

@@ -73,6 +73,12 @@ pub enum Step {
     Touch {
         target: CString,
     },
+    /// A file with contents (the spec's `run_files`).
+    Write {
+        target: CString,
+        data: Vec<u8>,
+        mode: u32,
+    },
     Symlink {
         link: CString,
         target: CString,
@@ -88,6 +94,7 @@ impl Step {
             Step::Attach { what, target, .. } => format!("{what} at {}", t(target)),
             Step::Mkdir { target, .. } => format!("create directory {}", t(target)),
             Step::Touch { target } => format!("create file {}", t(target)),
+            Step::Write { target, .. } => format!("write file {}", t(target)),
             Step::Symlink { link, .. } => format!("create symlink {}", t(link)),
         }
     }
@@ -398,6 +405,15 @@ impl Plan {
             ("/var/tmp", 0o1777),
         ] {
             b.mkdir(d, mode);
+        }
+        // Files the caller put in /run (validated names: no path escapes).
+        for f in &spec.run_files {
+            let target = b.at(&f.path());
+            b.steps.push(Step::Write {
+                target,
+                data: f.contents.clone(),
+                mode: f.mode,
+            });
         }
 
         // A fresh /proc for the sandbox's own pid namespace: host processes

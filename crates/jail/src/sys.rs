@@ -144,6 +144,9 @@ pub trait Syscalls {
     fn symlink(&self, target: &CStr, link: &CStr) -> SysResult;
     /// Create an empty file to bind a device node or file over.
     fn touch(&self, path: &CStr) -> SysResult;
+    /// Create (or replace) a file holding `data` with permissions `mode`,
+    /// never through a symlink.
+    fn write_file(&self, path: &CStr, data: &[u8], mode: u32) -> SysResult;
     fn chown(&self, path: &CStr, uid: u32, gid: u32) -> SysResult;
     fn sethostname(&self, name: &[u8]) -> SysResult;
     fn unshare(&self, flags: libc::c_int) -> SysResult;
@@ -249,6 +252,27 @@ impl Syscalls for Linux {
         // SAFETY: fd was just opened by us.
         let _ = unsafe { raw(libc::SYS_close, &[fd]) };
         Ok(())
+    }
+
+    fn write_file(&self, path: &CStr, data: &[u8], mode: u32) -> SysResult {
+        let flags =
+            libc::O_CREAT | libc::O_WRONLY | libc::O_TRUNC | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+        // SAFETY: path is a valid C string.
+        let fd = unsafe { raw(libc::SYS_openat, &[CWD, ptr(path), flags as usize, 0o600]) }?;
+        let written = (|| {
+            let mut left = data;
+            while !left.is_empty() {
+                // SAFETY: fd is ours and open; the buffer is `left.len()` readable bytes.
+                let n = unsafe { raw(libc::SYS_write, &[fd, left.as_ptr() as usize, left.len()]) }?;
+                left = &left[n..];
+            }
+            // The mode as given, whatever the umask.
+            // SAFETY: fd is ours and open.
+            unsafe { raw(libc::SYS_fchmod, &[fd, mode as usize]) }.map(drop)
+        })();
+        // SAFETY: fd was opened above and is closed once.
+        let _ = unsafe { raw(libc::SYS_close, &[fd]) };
+        written
     }
 
     fn chown(&self, path: &CStr, uid: u32, gid: u32) -> SysResult {
@@ -479,6 +503,11 @@ pub enum Call {
         link: String,
     },
     Touch(String),
+    WriteFile {
+        path: String,
+        len: usize,
+        mode: u32,
+    },
     Chown {
         path: String,
         uid: u32,
@@ -590,6 +619,13 @@ impl Syscalls for Recording {
     }
     fn touch(&self, path: &CStr) -> SysResult {
         self.record(Call::Touch(s(path)))
+    }
+    fn write_file(&self, path: &CStr, data: &[u8], mode: u32) -> SysResult {
+        self.record(Call::WriteFile {
+            path: s(path),
+            len: data.len(),
+            mode,
+        })
     }
     fn chown(&self, path: &CStr, uid: u32, gid: u32) -> SysResult {
         self.record(Call::Chown {

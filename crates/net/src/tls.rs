@@ -18,6 +18,38 @@ use rcgen::{
 use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
 
+/// Where a sandbox's CA certificate is put (`/run` is the sandbox's own),
+/// and the host's trusted certificates with it: the daemon writes them
+/// through the agent, `brig run` as the spec's `run_files`.
+pub const CA_FILE: &str = "/run/brig-ca.crt";
+pub const CA_BUNDLE: &str = "/run/brig-ca-bundle.crt";
+
+/// The variables that point TLS clients at [`CA_BUNDLE`] (OpenSSL, Python's
+/// requests and pip, curl, git) and Node at [`CA_FILE`].
+pub const CA_ENV: [(&str, &str); 6] = [
+    ("SSL_CERT_FILE", CA_BUNDLE),
+    ("REQUESTS_CA_BUNDLE", CA_BUNDLE),
+    ("CURL_CA_BUNDLE", CA_BUNDLE),
+    ("PIP_CERT", CA_BUNDLE),
+    ("GIT_SSL_CAINFO", CA_BUNDLE),
+    ("NODE_EXTRA_CA_CERTS", CA_FILE),
+];
+
+/// The host's trusted certificates (Debian's and most distributions'
+/// bundle), read once.
+pub fn host_bundle() -> &'static str {
+    static BUNDLE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    BUNDLE.get_or_init(|| {
+        [
+            "/etc/ssl/certs/ca-certificates.crt",
+            "/etc/pki/tls/certs/ca-bundle.crt",
+        ]
+        .iter()
+        .find_map(|p| std::fs::read_to_string(p).ok())
+        .unwrap_or_default()
+    })
+}
+
 /// A sandbox's certificate authority.
 pub struct SandboxCa {
     /// The CA's certificate, PEM: what the sandbox trusts.

@@ -376,40 +376,9 @@ const CA_ATTR: &str = "network_ca";
 /// Point the processes of a sandbox with a CA at it (unless the sandbox's
 /// own variables say otherwise).
 fn with_ca_env(env: &mut BTreeMap<String, String>) {
-    for (k, v) in CA_ENV {
+    for (k, v) in brig_net::tls::CA_ENV {
         env.entry(k.to_string()).or_insert_with(|| v.to_string());
     }
-}
-
-/// Where a sandbox's CA certificate is put (`/run` is the sandbox's own),
-/// and the host's trusted certificates with it.
-const CA_FILE: &str = "/run/brig-ca.crt";
-const CA_BUNDLE: &str = "/run/brig-ca-bundle.crt";
-
-/// The variables that point TLS clients at [`CA_BUNDLE`] (OpenSSL, Python's
-/// requests and pip, curl, git) and Node at [`CA_FILE`].
-const CA_ENV: [(&str, &str); 6] = [
-    ("SSL_CERT_FILE", CA_BUNDLE),
-    ("REQUESTS_CA_BUNDLE", CA_BUNDLE),
-    ("CURL_CA_BUNDLE", CA_BUNDLE),
-    ("PIP_CERT", CA_BUNDLE),
-    ("GIT_SSL_CAINFO", CA_BUNDLE),
-    ("NODE_EXTRA_CA_CERTS", CA_FILE),
-];
-
-/// The host's trusted certificates (Debian's and most distributions'
-/// bundle), read once.
-fn host_bundle() -> &'static str {
-    static BUNDLE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    BUNDLE.get_or_init(|| {
-        [
-            "/etc/ssl/certs/ca-certificates.crt",
-            "/etc/pki/tls/certs/ca-bundle.crt",
-        ]
-        .iter()
-        .find_map(|p| std::fs::read_to_string(p).ok())
-        .unwrap_or_default()
-    })
 }
 
 /// Make a new sandbox trust its CA, for header injection: the CA and a
@@ -423,6 +392,7 @@ fn install_ca(conn: &Connection, link: &NetLink) {
 }
 
 fn write_ca(conn: &Connection, link: &NetLink) -> bool {
+    use brig_net::tls::{host_bundle, CA_BUNDLE, CA_FILE};
     let pem = link.net.ca.pem();
     let bundle = format!("{}\n{pem}", host_bundle());
     let wrote = conn

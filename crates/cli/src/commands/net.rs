@@ -31,8 +31,8 @@ pub struct NetworkFlags {
     #[arg(long = "add-host", value_name = "NAME:IP")]
     pub add_host: Vec<String>,
     /// On HTTP(S) requests to HOST (a domain or *.domain) set HEADER to
-    /// VALUE, where ${secrets.NAME} is the secret NAME (`brig secrets set`):
-    /// the sandbox never sees it (repeatable; not on `brig run`).
+    /// VALUE, where ${secrets.NAME} is the secret NAME (`brig secrets set`;
+    /// for `brig run`, `--secret`): the sandbox never sees it (repeatable).
     #[arg(long = "inject", value_name = "HOST:HEADER=VALUE")]
     pub inject: Vec<String>,
     /// Send every allowed connection through this SOCKS5 proxy, never
@@ -91,11 +91,6 @@ impl NetworkFlags {
     /// The policy these flags give, checked: for `brig run`, which applies
     /// it itself.
     pub fn policy(&self) -> anyhow::Result<brig_net::Policy> {
-        if !self.inject.is_empty() {
-            anyhow::bail!(
-                "--inject needs a daemon (the secrets live there): use brig create --inject, then brig exec"
-            );
-        }
         let mode = match &self.network {
             Some(m) => m.parse().context("--network")?,
             None => brig_net::Mode::Public,
@@ -124,11 +119,17 @@ impl NetworkFlags {
             .map(brig_net::policy::EgressProxy::parse_url)
             .transpose()
             .map_err(|e| anyhow::anyhow!("--egress-proxy {e}"))?;
+        let inject = self
+            .inject
+            .iter()
+            .map(|spec| brig_net::policy::Injection::parse(spec).map_err(anyhow::Error::from))
+            .collect::<anyhow::Result<Vec<_>>>()?;
         let policy = brig_net::Policy {
             mode,
             allow: rules(&self.allow, "--allow")?,
             deny: rules(&self.deny, "--deny")?,
             hosts,
+            inject,
             egress_proxy,
             ..brig_net::Policy::default()
         };
@@ -153,6 +154,7 @@ pub fn parse_upstream(s: &str) -> Result<SocketAddr, String> {
 /// after the sandbox has ended; nothing of it outlives the process.
 pub struct OwnNetwork {
     netns: Arc<std::os::fd::OwnedFd>,
+    net: Arc<brig_net::gateway::SandboxNet>,
     _gateway: Arc<brig_net::Gateway>,
     runtime: Option<tokio::runtime::Runtime>,
 }
@@ -185,6 +187,7 @@ impl OwnNetwork {
         let attached = gateway.attach(id, policy)?;
         Ok(OwnNetwork {
             netns: Arc::new(attached.netns),
+            net: attached.net,
             _gateway: gateway,
             runtime: Some(runtime),
         })
@@ -193,6 +196,30 @@ impl OwnNetwork {
     /// What the sandbox is started in.
     pub fn attachment(&self) -> brig_core::NetworkAttachment {
         brig_core::NetworkAttachment::Namespace(Arc::clone(&self.netns))
+    }
+
+    /// Give its injections `secrets` (`--secret`) and return the files
+    /// that make the sandbox trust the CA its TLS is ended with (for the
+    /// spec's `run_files`), with the variables that point clients at them.
+    pub fn trust(
+        &self,
+        secrets: std::collections::HashMap<String, Vec<u8>>,
+    ) -> (Vec<brig_core::RunFile>, Vec<(&'static str, &'static str)>) {
+        self.net.set_secrets(Arc::new(RunSecrets(secrets)));
+        let pem = self.net.ca.pem();
+        let file = |path: &str, contents: String| brig_core::RunFile {
+            name: path.trim_start_matches("/run/").to_string(),
+            contents: contents.into_bytes(),
+            mode: 0o644,
+        };
+        let files = vec![
+            file(brig_net::tls::CA_FILE, pem.to_string()),
+            file(
+                brig_net::tls::CA_BUNDLE,
+                format!("{}\n{pem}", brig_net::tls::host_bundle()),
+            ),
+        ];
+        (files, brig_net::tls::CA_ENV.to_vec())
     }
 
     /// Relay 127.0.0.1:`host_port` (0: any free port) to `port` on the
@@ -205,6 +232,15 @@ impl OwnNetwork {
         brig_net::publish::publish(runtime.handle(), Arc::clone(&self.netns), listener, port)
             .with_context(|| format!("cannot publish port {port}"))?;
         Ok(bound)
+    }
+}
+
+/// `brig run --secret`'s values: the process's own, never stored.
+struct RunSecrets(std::collections::HashMap<String, Vec<u8>>);
+
+impl brig_net::inject::SecretSource for RunSecrets {
+    fn secret(&self, name: &str) -> Option<Vec<u8>> {
+        self.0.get(name).cloned()
     }
 }
 

@@ -8,6 +8,7 @@
 //! asked, and turning timeouts, OOM kills and signals to brig into a
 //! torn-down sandbox and the right exit status.
 
+use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::time::{Duration, Instant};
 
@@ -81,6 +82,11 @@ pub struct RunArgs {
     /// printed on stderr.
     #[arg(long = "publish", short = 'p', value_name = "[HOSTPORT:]PORT", value_parser = brig_net::publish::parse)]
     publish: Vec<(u16, u16)>,
+    /// A secret for --inject's ${secrets.NAME} (repeatable): NAME=VALUE, or
+    /// NAME alone to take the value of $NAME here (kept out of `ps`). The
+    /// sandbox never sees it.
+    #[arg(long = "secret", value_name = "NAME[=VALUE]")]
+    secret: Vec<String>,
     /// The command and its arguments (after `--`).
     #[arg(value_name = "CMD", required = true)]
     command: Vec<String>,
@@ -89,11 +95,14 @@ pub struct RunArgs {
 impl RunArgs {
     /// Stage two: every flag parsed and checked, or one clear error.
     fn into_spec(self) -> anyhow::Result<(SandboxSpec, RunNetwork)> {
+        let policy = self.network.policy()?;
+        let secrets = run_secrets(&self.secret, &policy)?;
         let network = RunNetwork {
-            policy: self.network.policy()?,
+            policy,
             asked: self.network.given(),
             upstream: self.dns_upstream,
             publish: self.publish,
+            secrets,
         };
         let mut spec = SandboxSpec::new(self.command);
         spec.template = match TemplateRef::parse(&self.template)? {
@@ -141,6 +150,55 @@ struct RunNetwork {
     upstream: Vec<std::net::SocketAddr>,
     /// (host port, sandbox port) pairs to relay.
     publish: Vec<(u16, u16)>,
+    /// `--secret`s, by lower-cased name.
+    secrets: HashMap<String, Vec<u8>>,
+}
+
+/// `--secret NAME=VALUE` / `--secret NAME` (the value of $NAME), checked
+/// against what the injections name: each named secret given, each given
+/// one used.
+fn run_secrets(
+    given: &[String],
+    policy: &brig_net::Policy,
+) -> anyhow::Result<HashMap<String, Vec<u8>>> {
+    let mut secrets = HashMap::new();
+    for g in given {
+        let (name, value) = match g.split_once('=') {
+            Some((n, v)) => (n, v.to_string()),
+            None => (
+                g.as_str(),
+                std::env::var(g).map_err(|_| {
+                    anyhow::anyhow!("--secret {g}: ${g} is not set here (give --secret {g}=VALUE, or export {g})")
+                })?,
+            ),
+        };
+        let name = brig_runtime::secrets::normalize_name(name)
+            .map_err(|e| anyhow::anyhow!("--secret {name:?}: {e}"))?;
+        if value.len() > brig_runtime::secrets::MAX_VALUE {
+            anyhow::bail!(
+                "--secret {name}: {} bytes is too large (at most {})",
+                value.len(),
+                brig_runtime::secrets::MAX_VALUE
+            );
+        }
+        secrets.insert(name, value.into_bytes());
+    }
+    let mut named = Vec::new();
+    for i in &policy.inject {
+        named.extend(
+            i.secrets()
+                .map_err(|e| anyhow::anyhow!("--inject {}: {e}", i.host))?,
+        );
+    }
+    if let Some(missing) = named.iter().find(|n| !secrets.contains_key(*n)) {
+        anyhow::bail!(
+            "--inject names ${{secrets.{missing}}}: give it with --secret {missing}=VALUE (or --secret {missing} to take ${missing} from here)"
+        );
+    }
+    if let Some(unused) = secrets.keys().find(|k| !named.contains(k)) {
+        anyhow::bail!("--secret {unused} is not named by any --inject (as ${{secrets.{unused}}})");
+    }
+    Ok(secrets)
 }
 
 impl RunNetwork {
@@ -148,7 +206,8 @@ impl RunNetwork {
     /// loopback only. The default network is given where it can be: on a
     /// host that cannot (no `ip`, no BPF), a run that did not ask for one
     /// goes on with loopback only, and says so.
-    fn start(self) -> anyhow::Result<Option<OwnNetwork>> {
+    fn start(self, spec: &mut SandboxSpec) -> anyhow::Result<Option<OwnNetwork>> {
+        let injects = !self.policy.inject.is_empty();
         // A published port needs the sandbox's namespace to be this
         // process's: with `none` too (egress is then refused at the gateway).
         if self.policy.mode == brig_net::Mode::None && self.publish.is_empty() {
@@ -161,6 +220,18 @@ impl RunNetwork {
                 for (host, port) in self.publish {
                     let bound = net.publish(host, port)?;
                     eprintln!("brig: {bound} -> port {port} of the sandbox");
+                }
+                if injects {
+                    // The sandbox trusts the CA its TLS to injected hosts
+                    // is ended with; the command's own variables win.
+                    let (files, vars) = net.trust(self.secrets);
+                    spec.run_files.extend(files);
+                    for (k, v) in vars {
+                        if !spec.env.iter().any(|e| e.key == k) {
+                            spec.env.push(EnvVar::parse(&format!("{k}={v}"))?);
+                        }
+                    }
+                    spec.validate()?;
                 }
                 Ok(Some(net))
             }
@@ -178,7 +249,7 @@ impl RunNetwork {
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<i32> {
-    let (spec, network) = args.into_spec()?;
+    let (mut spec, network) = args.into_spec()?;
     if spec.tty {
         tty::require_terminal_input()?;
     }
@@ -196,7 +267,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         libc::SIGWINCH,
     ])?;
     // The network before the sandbox; dropped only after it has ended.
-    let net = network.start()?;
+    let net = network.start(&mut spec)?;
     let attachment = net
         .as_ref()
         .map_or(NetworkAttachment::Loopback, OwnNetwork::attachment);
