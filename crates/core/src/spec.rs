@@ -82,6 +82,10 @@ impl fmt::Display for SandboxId {
     }
 }
 
+/// The most layers an image may have (overlayfs takes up to 500 lower
+/// layers; its mount options must fit a page).
+pub const MAX_LAYERS: usize = 128;
+
 /// Which root filesystem a sandbox starts from.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case", tag = "kind", content = "path")]
@@ -93,9 +97,19 @@ pub enum TemplateRef {
     /// used read-only as the lower layer of an overlay.
     Dir(PathBuf),
     /// A named template (`base`, `code-interpreter-v1`) that brig builds
-    /// from a recipe (crate brig-template). The jail refuses it: the CLI
-    /// and the daemon resolve it to its built rootfs, a [`TemplateRef::Dir`].
+    /// from a recipe (crate brig-template), or an image of brig's image
+    /// store by its name (`alpine`, or a name given at import). The jail
+    /// refuses it: the CLI and the daemon resolve it (to its built rootfs, a
+    /// [`TemplateRef::Dir`], or its layers, [`TemplateRef::Layers`]).
     Named(String),
+    /// An image reference (`python:3.12-slim`, `ghcr.io/o/i@sha256:…`,
+    /// `127.0.0.1:5000/team/tool:1`): found in the image store, else pulled.
+    /// Resolved like [`TemplateRef::Named`].
+    Image(String),
+    /// An image resolved to its unpacked layers, **top first** (overlay's
+    /// `lowerdir` order), each used read-only as a lower layer of the
+    /// sandbox's overlay. `image` is what the user named, shown back.
+    Layers { image: String, lowers: Vec<PathBuf> },
 }
 
 impl TemplateRef {
@@ -109,11 +123,69 @@ impl TemplateRef {
             _ => match s.strip_prefix("dir:") {
                 Some(p) if !p.is_empty() => Ok(TemplateRef::Dir(PathBuf::from(p))),
                 None if Self::valid_name(s) => Ok(TemplateRef::Named(s.to_string())),
+                None if Self::valid_image_ref(s) => Ok(TemplateRef::Image(s.to_string())),
                 _ => Err(SpecError::UnknownTemplate {
                     name: s.to_string(),
                 }),
             },
         }
+    }
+
+    /// Whether `s` has the shape of an image reference: `[HOST[:PORT]/]PATH
+    /// [:TAG][@DIGEST]`, lowercase path components (tags may have
+    /// uppercase), at most 255 bytes. Whether it exists is the puller's to
+    /// say.
+    pub fn valid_image_ref(s: &str) -> bool {
+        let (name, digest) = match s.split_once('@') {
+            Some((n, d)) => (n, Some(d)),
+            None => (s, None),
+        };
+        let digest_ok = digest.is_none_or(|d| {
+            d.split_once(':').is_some_and(|(alg, hex)| {
+                !alg.is_empty()
+                    && alg
+                        .bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+                    && hex.len() >= 32
+                    && hex.bytes().all(|b| b.is_ascii_hexdigit())
+            })
+        });
+        // A tag is after the last ':' that follows the last '/'.
+        let slash = name.rfind('/').map_or(0, |i| i + 1);
+        let (path, tag) = match name[slash..].rfind(':') {
+            Some(i) => (&name[..slash + i], Some(&name[slash + i + 1..])),
+            None => (name, None),
+        };
+        let tag_ok = tag.is_none_or(|t| {
+            !t.is_empty()
+                && t.len() <= 128
+                && !t.starts_with(['.', '-'])
+                && t.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+        });
+        let mut parts = path.split('/').peekable();
+        let mut first = true;
+        let mut path_ok = !path.is_empty();
+        while let Some(part) = parts.next() {
+            let is_host = first
+                && parts.peek().is_some()
+                && (part.contains(['.', ':']) || part == "localhost");
+            let ok = if is_host {
+                !part.is_empty()
+                    && part
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b".-:".contains(&b))
+            } else {
+                !part.is_empty()
+                    && part.as_bytes()[0].is_ascii_alphanumeric()
+                    && part.bytes().all(|b| {
+                        b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b)
+                    })
+            };
+            path_ok &= ok;
+            first = false;
+        }
+        s.len() <= 255 && path_ok && tag_ok && digest_ok
     }
 
     /// Whether `s` has the shape of a template name.
@@ -132,7 +204,8 @@ impl fmt::Display for TemplateRef {
         match self {
             TemplateRef::Host => f.write_str("host"),
             TemplateRef::Dir(p) => write!(f, "dir:{}", p.display()),
-            TemplateRef::Named(n) => f.write_str(n),
+            TemplateRef::Named(n) | TemplateRef::Image(n) => f.write_str(n),
+            TemplateRef::Layers { image, .. } => f.write_str(image),
         }
     }
 }
@@ -405,8 +478,22 @@ impl SandboxSpec {
                 return Err(SpecError::Workdir { path: w.clone() });
             }
         }
-        if let TemplateRef::Named(name) = &self.template {
+        if let TemplateRef::Named(name) | TemplateRef::Image(name) = &self.template {
             return Err(SpecError::UnresolvedTemplate { name: name.clone() });
+        }
+        if let TemplateRef::Layers { image, lowers } = &self.template {
+            // Any image: one without a shell (distroless) runs its command.
+            let bad = lowers.iter().find(|l| !l.is_absolute() || !l.is_dir());
+            if lowers.is_empty() || lowers.len() > MAX_LAYERS || bad.is_some() {
+                return Err(SpecError::TemplateDir {
+                    path: bad.cloned().unwrap_or_default(),
+                    reason: format!(
+                        "image {image}: its {} layers must be 1 to {MAX_LAYERS} unpacked \
+                         directories (`brig template pull {image}` again)",
+                        lowers.len()
+                    ),
+                });
+            }
         }
         if let TemplateRef::Dir(p) = &self.template {
             let reason = match std::fs::metadata(p) {
@@ -482,7 +569,33 @@ mod tests {
             TemplateRef::Named("code-interpreter-v1".into())
         );
         assert_eq!(TemplateRef::parse("base").unwrap().to_string(), "base");
-        for bad in ["Ubuntu", "-x", ".x", "a/b", "a b", "", "dir:", "x:y"] {
+        for good in [
+            "python:3.12-slim",
+            "library/python",
+            "127.0.0.1:5000/team/tool:v1.2",
+            "localhost/x",
+            "ghcr.io/o/i@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+            "x:y",
+            "a/b",
+        ] {
+            assert!(
+                matches!(TemplateRef::parse(good), Ok(TemplateRef::Image(_))),
+                "{good:?} is an image reference"
+            );
+        }
+        for bad in [
+            "Ubuntu",
+            "-x",
+            ".x",
+            "a b",
+            "",
+            "dir:",
+            "A/b",
+            "x:",
+            "x@sha256:zz",
+            "a//b",
+            "/a",
+        ] {
             assert!(
                 matches!(
                     TemplateRef::parse(bad),
@@ -491,7 +604,14 @@ mod tests {
                 "{bad:?}"
             );
         }
-        assert!(TemplateRef::parse(&"a".repeat(65)).is_err());
+        // Longer than a template name: an image reference, up to its own
+        // limit.
+        assert!(matches!(
+            TemplateRef::parse(&"a".repeat(65)),
+            Ok(TemplateRef::Image(_))
+        ));
+        assert!(TemplateRef::parse(&"a".repeat(255)).is_ok());
+        assert!(TemplateRef::parse(&"a".repeat(256)).is_err());
         // The jail never sees a name: it must be resolved to `dir:` first.
         let mut spec = SandboxSpec::new(vec!["true".into()]);
         spec.template = TemplateRef::Named("base".into());

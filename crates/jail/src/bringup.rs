@@ -838,7 +838,7 @@ mod tests {
     fn overlay_attaches_the_host_supplied_fd() {
         let p = plan(
             &Layout::Overlay {
-                lower: "/rootfs".into(),
+                lowers: vec!["/rootfs".into()],
             },
             &Identity::root(),
         );

@@ -350,22 +350,37 @@ impl Plan {
                 }
                 (staging.clone(), b)
             }
-            Layout::Overlay { .. } => {
+            Layout::Overlay { lowers } => {
                 let mut b = Builder {
                     root: staging.clone(),
                     steps: Vec::new(),
                 };
-                for d in ["/lower", "/upper", "/work", "/root"] {
+                for d in ["/upper", "/work", "/root"] {
                     b.mkdir(d, 0o755);
                 }
-                b.steps.push(Step::Attach {
-                    what: "attach the template (idmapped, read-only)",
-                    index: next_fd,
-                    target: b.at("/lower"),
-                });
-                next_fd += 1;
+                // Each lower layer (a `dir:` template's one, an image's
+                // layers top first) attached idmapped and read-only at
+                // /lower, /lower1, /lower2…, in the order the host sends
+                // them.
+                let mut lowerdir = Vec::with_capacity(lowers.len());
+                for i in 0..lowers.len().max(1) {
+                    let at = if i == 0 {
+                        "/lower".to_string()
+                    } else {
+                        format!("/lower{i}")
+                    };
+                    b.mkdir(&at, 0o755);
+                    b.steps.push(Step::Attach {
+                        what: "attach the template (idmapped, read-only)",
+                        index: next_fd,
+                        target: b.at(&at),
+                    });
+                    next_fd += 1;
+                    lowerdir.push(format!("{staging}{at}"));
+                }
                 let opts = format!(
-                    "lowerdir={s}/lower,upperdir={s}/upper,workdir={s}/work,userxattr",
+                    "lowerdir={},upperdir={s}/upper,workdir={s}/work,userxattr",
+                    lowerdir.join(":"),
                     s = staging
                 );
                 // nosuid unless the spec lets setuid binaries work (then
@@ -736,7 +751,7 @@ mod tests {
     #[test]
     fn overlay_layout_attaches_the_template_below_a_writable_layer() {
         let layout = Layout::Overlay {
-            lower: PathBuf::from("/srv/rootfs"),
+            lowers: vec![PathBuf::from("/srv/rootfs")],
         };
         let plan = build(&SandboxSpec::new(vec!["true".into()]), &layout);
         assert_eq!(lossy(&plan.new_root), "/run/brig/mnt/root");

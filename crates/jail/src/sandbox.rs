@@ -441,7 +441,10 @@ impl Sandbox {
         write_id_map(pid, "uid_map", base)?;
         write_id_map(pid, "gid_map", base)?;
         let mut template_fds = match &layout {
-            Layout::Overlay { lower } => vec![idmapped_template(lower, pid)?],
+            Layout::Overlay { lowers } => lowers
+                .iter()
+                .map(|lower| idmapped_template(lower, pid))
+                .collect::<Result<Vec<_>, _>>()?,
             Layout::Host(_) => Vec::new(),
         };
         if let Some(net) = pooled {

@@ -46,28 +46,42 @@ pub enum HostEntry {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Layout {
     Host(Vec<HostEntry>),
-    Overlay { lower: PathBuf },
+    /// The lower layers of an overlay, top first: one for a `dir:`
+    /// template, an image's layers for an image.
+    Overlay {
+        lowers: Vec<PathBuf>,
+    },
 }
 
 impl Layout {
     pub fn resolve(t: &TemplateRef) -> Self {
         match t {
             TemplateRef::Host => Layout::Host(host_entries(Path::new("/"))),
-            TemplateRef::Dir(p) => Layout::Overlay { lower: p.clone() },
+            TemplateRef::Dir(p) => Layout::Overlay {
+                lowers: vec![p.clone()],
+            },
+            TemplateRef::Layers { lowers, .. } => Layout::Overlay {
+                lowers: lowers.clone(),
+            },
             // Refused by `SandboxSpec::validate` before anything is
             // resolved; an overlay on a path that cannot exist fails too.
-            TemplateRef::Named(_) => Layout::Overlay {
-                lower: PathBuf::new(),
+            TemplateRef::Named(_) | TemplateRef::Image(_) => Layout::Overlay {
+                lowers: vec![PathBuf::new()],
             },
         }
     }
 
     /// The template's root as seen from the host, for reading its
-    /// `/etc/passwd` before the sandbox exists.
+    /// `/etc/passwd` before the sandbox exists: of an image's layers, the
+    /// topmost that has one.
     pub fn root_on_host(&self) -> &Path {
         match self {
             Layout::Host(_) => Path::new("/"),
-            Layout::Overlay { lower } => lower,
+            Layout::Overlay { lowers } => lowers
+                .iter()
+                .find(|l| l.join("etc/passwd").exists())
+                .or(lowers.first())
+                .map_or(Path::new("/nonexistent"), PathBuf::as_path),
         }
     }
 }

@@ -197,6 +197,9 @@ impl Pool {
                     p.canonicalize().unwrap_or_else(|_| p.clone()),
                 )),
                 TemplateRef::Named(name) => home.and_then(|home| built(home, name)),
+                // Images are not pooled yet: their creates start from
+                // scratch.
+                TemplateRef::Image(_) | TemplateRef::Layers { .. } => None,
             };
             slots.push(Slot {
                 target,
