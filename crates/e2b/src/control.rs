@@ -223,7 +223,9 @@ async fn create(
             },
             ..Limits::default()
         },
-        network: policy,
+        // Nothing restricted: E2B's open internet where there is a network
+        // (a daemon without one still creates, with loopback only).
+        network: policy.or_else(|| state.manager.config().gateway.is_some().then(network::open)),
         ..CreateConfig::default()
     };
 

@@ -1,5 +1,6 @@
-//! The sandboxes' resolver: every DNS datagram a sandbox sends, to any
-//! address, arrives here (see `gateway.rs`).
+//! The sandboxes' resolver: every DNS datagram a sandbox sends, and every
+//! TCP connection to port 53, to any address, arrives here (see
+//! `gateway.rs`; the proxy hands TCP over).
 //!
 //! - A name the sandbox's `--add-host` entries list is answered from them.
 //! - A name the policy allows is asked of the upstream resolvers; the
@@ -15,6 +16,15 @@
 //! The answer is sent from the address the sandbox asked, so a client
 //! configured with any resolver (8.8.8.8, the template's resolv.conf) gets
 //! its answer from where it expects.
+//!
+//! Over TCP (RFC 1035 §4.2.2: each message after its 2-byte length;
+//! clients retry there when a UDP answer is truncated, or use it from the
+//! start) the answers are the same ones, several queries to a connection,
+//! answered in order. A connection ends after [`TCP_IDLE`] without a
+//! query, or at a query longer than [`MAX_QUERY`]. Its questions are
+//! asked of the upstream resolvers over UDP first, and again over TCP if
+//! that answer is truncated, so the sandbox gets the whole answer it
+//! retried for.
 
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsRawFd;
@@ -23,8 +33,8 @@ use std::time::Duration;
 
 use hickory_proto::op::{Message, MessageType, ResponseCode};
 use hickory_proto::rr::{RData, Record, RecordType};
-use tokio::io::Interest;
-use tokio::net::UdpSocket;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
+use tokio::net::{TcpListener, TcpStream, UdpSocket};
 
 use crate::gateway::{Gateway, SandboxNet};
 use crate::sys;
@@ -33,6 +43,12 @@ use crate::sys;
 const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(3);
 /// TTL of answers made from `--add-host` entries.
 const HOSTS_TTL: u32 = 60;
+/// The longest query read, over UDP or TCP (queries are tens of bytes; a
+/// longer datagram is dropped, a longer TCP message ends the connection).
+pub const MAX_QUERY: usize = 4096;
+/// How long a DNS-over-TCP connection may wait for its next query (and a
+/// query take to arrive whole).
+pub const TCP_IDLE: Duration = Duration::from_secs(10);
 
 /// The `nameserver` lines of `/etc/resolv.conf`, on port 53.
 pub fn upstream_from_resolv_conf() -> Vec<SocketAddr> {
@@ -48,7 +64,7 @@ pub fn upstream_from_resolv_conf() -> Vec<SocketAddr> {
 pub(crate) fn spawn(gateway: Arc<Gateway>, socket: std::net::UdpSocket) -> std::io::Result<()> {
     let socket = Arc::new(UdpSocket::from_std(socket)?);
     tokio::spawn(async move {
-        let mut buf = vec![0u8; 4096];
+        let mut buf = vec![0u8; MAX_QUERY];
         loop {
             let got = socket
                 .async_io(Interest::READABLE, || {
@@ -66,12 +82,15 @@ pub(crate) fn spawn(gateway: Arc<Gateway>, socket: std::net::UdpSocket) -> std::
             let Some(net) = gateway.sandbox(*dg.from.ip()) else {
                 continue;
             };
+            if dg.truncated {
+                continue;
+            }
             let query = buf[..dg.len].to_vec();
             let socket = Arc::clone(&socket);
             let upstream = gateway.config.upstream_dns.clone();
             tokio::spawn(async move {
-                if let Some(answer) = answer(&net, &query, &upstream).await {
-                    let _ = sys::send_from(socket.as_raw_fd(), &answer, dg.to, dg.from);
+                if let Some(answer) = answer(&net, &query, &upstream, false).await {
+                    let _ = sys::send_from(socket.as_raw_fd(), &answer, *dg.to.ip(), dg.from);
                 }
             });
         }
@@ -79,47 +98,130 @@ pub(crate) fn spawn(gateway: Arc<Gateway>, socket: std::net::UdpSocket) -> std::
     Ok(())
 }
 
-/// Answer DNS on `socket`, bound on a loopback address inside sandbox
+/// A socket the resolver answers on inside a sandbox.
+#[derive(Debug)]
+pub(crate) enum Stub {
+    Udp(std::net::UdpSocket),
+    /// Listening.
+    Tcp(std::net::TcpListener),
+}
+
+/// UDP and TCP sockets on port 53 of `addrs`, in the calling thread's
+/// namespace (a sandbox's, its loopback up). One that cannot be bound is
+/// left out: that address answers nothing there, as without brig.
+pub(crate) fn bind_stubs(addrs: &[std::net::Ipv4Addr]) -> Vec<Stub> {
+    let mut stubs = Vec::new();
+    for a in addrs {
+        stubs.extend(std::net::UdpSocket::bind((*a, 53)).ok().map(Stub::Udp));
+        stubs.extend(std::net::TcpListener::bind((*a, 53)).ok().map(Stub::Tcp));
+    }
+    stubs
+}
+
+/// Answer DNS on `stub`, bound on a loopback address inside sandbox
 /// `net`'s namespace (a resolv.conf naming systemd-resolved's 127.0.0.53
 /// asks there, where a question would never reach the gateway): the same
 /// answers as the gateway's, sent back from that address. Ends when the
-/// returned handle is aborted.
+/// returned handle is aborted (a DNS-over-TCP connection it accepted
+/// lasts until it is idle).
 pub(crate) fn serve_stub(
     runtime: &tokio::runtime::Handle,
     net: Arc<SandboxNet>,
-    socket: std::net::UdpSocket,
+    stub: Stub,
     upstream: Vec<SocketAddr>,
 ) -> std::io::Result<tokio::task::AbortHandle> {
-    socket.set_nonblocking(true)?;
-    let socket = {
-        let _in = runtime.enter();
-        Arc::new(UdpSocket::from_std(socket)?)
-    };
-    let task = runtime.spawn(async move {
-        let mut buf = vec![0u8; 4096];
-        loop {
-            let (n, from) = match socket.recv_from(&mut buf).await {
-                Ok(got) => got,
-                Err(_) => {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            };
-            let query = buf[..n].to_vec();
-            let (socket, net, upstream) = (Arc::clone(&socket), Arc::clone(&net), upstream.clone());
-            tokio::spawn(async move {
-                if let Some(answer) = answer(&net, &query, &upstream).await {
-                    let _ = socket.send_to(&answer, from).await;
-                }
-            });
+    let _in = runtime.enter();
+    let task = match stub {
+        Stub::Udp(socket) => {
+            socket.set_nonblocking(true)?;
+            let socket = Arc::new(UdpSocket::from_std(socket)?);
+            runtime.spawn(serve_udp_stub(net, socket, upstream))
         }
-    });
+        Stub::Tcp(listener) => {
+            listener.set_nonblocking(true)?;
+            let listener = TcpListener::from_std(listener)?;
+            runtime.spawn(async move {
+                loop {
+                    match listener.accept().await {
+                        Ok((stream, _)) => {
+                            tokio::spawn(serve_tcp(Arc::clone(&net), stream, upstream.clone()));
+                        }
+                        Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+                    }
+                }
+            })
+        }
+    };
     Ok(task.abort_handle())
 }
 
+async fn serve_udp_stub(net: Arc<SandboxNet>, socket: Arc<UdpSocket>, upstream: Vec<SocketAddr>) {
+    let mut buf = vec![0u8; MAX_QUERY];
+    loop {
+        let (n, from) = match socket.recv_from(&mut buf).await {
+            Ok(got) => got,
+            Err(_) => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let query = buf[..n].to_vec();
+        let (socket, net, upstream) = (Arc::clone(&socket), Arc::clone(&net), upstream.clone());
+        tokio::spawn(async move {
+            if let Some(answer) = answer(&net, &query, &upstream, false).await {
+                let _ = socket.send_to(&answer, from).await;
+            }
+        });
+    }
+}
+
+/// Answer the DNS-over-TCP connection `stream` from sandbox `net`: each
+/// query after its 2-byte length, answered the same way, in order, until
+/// the client closes, is idle for [`TCP_IDLE`], sends a query longer than
+/// [`MAX_QUERY`] or something that is not a query.
+pub(crate) async fn serve_tcp(
+    net: Arc<SandboxNet>,
+    mut stream: TcpStream,
+    upstream: Vec<SocketAddr>,
+) {
+    let mut query = Vec::with_capacity(512);
+    loop {
+        let read = async {
+            let len = usize::from(stream.read_u16().await?);
+            if len == 0 || len > MAX_QUERY {
+                return Err(std::io::Error::other("a query of no or too many bytes"));
+            }
+            query.resize(len, 0);
+            stream.read_exact(&mut query).await.map(drop)
+        };
+        match tokio::time::timeout(TCP_IDLE, read).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) | Err(_) => return,
+        }
+        let Some(answer) = answer(&net, &query, &upstream, true).await else {
+            return;
+        };
+        let Ok(len) = u16::try_from(answer.len()) else {
+            return;
+        };
+        let mut framed = Vec::with_capacity(2 + answer.len());
+        framed.extend_from_slice(&len.to_be_bytes());
+        framed.extend_from_slice(&answer);
+        if stream.write_all(&framed).await.is_err() {
+            return;
+        }
+    }
+}
+
 /// The answer to one query from `net`, or `None` to stay silent (a
-/// datagram that is not a query).
-async fn answer(net: &SandboxNet, query: &[u8], upstream: &[SocketAddr]) -> Option<Vec<u8>> {
+/// message that is not a query). `tcp`: the query came over TCP, where a
+/// truncated answer will not do.
+async fn answer(
+    net: &SandboxNet,
+    query: &[u8],
+    upstream: &[SocketAddr],
+    tcp: bool,
+) -> Option<Vec<u8>> {
     let msg = Message::from_vec(query).ok()?;
     if msg.message_type() != MessageType::Query {
         return None;
@@ -159,7 +261,7 @@ async fn answer(net: &SandboxNet, query: &[u8], upstream: &[SocketAddr]) -> Opti
     if question.query_type() == RecordType::AAAA {
         return reply(&msg, ResponseCode::NoError, Vec::new());
     }
-    let Some(raw) = ask_upstream(query, msg.id(), upstream).await else {
+    let Some(raw) = ask_upstream(query, msg.id(), upstream, tcp).await else {
         return reply(&msg, ResponseCode::ServFail, Vec::new());
     };
     if let Ok(got) = Message::from_vec(&raw) {
@@ -201,27 +303,64 @@ fn reply(query: &Message, code: ResponseCode, answers: Vec<Record>) -> Option<Ve
 }
 
 /// Send `query` to each upstream in turn; the first answer with its id.
-async fn ask_upstream(query: &[u8], id: u16, upstream: &[SocketAddr]) -> Option<Vec<u8>> {
+/// `whole`: an answer truncated over UDP is asked again over TCP.
+async fn ask_upstream(
+    query: &[u8],
+    id: u16,
+    upstream: &[SocketAddr],
+    whole: bool,
+) -> Option<Vec<u8>> {
     for server in upstream {
-        let bind: SocketAddr = if server.is_ipv4() {
-            "0.0.0.0:0".parse().ok()?
-        } else {
-            "[::]:0".parse().ok()?
-        };
-        let Ok(sock) = UdpSocket::bind(bind).await else {
+        let Some(answer) = ask_udp(query, id, *server).await else {
             continue;
         };
-        if sock.connect(server).await.is_err() || sock.send(query).await.is_err() {
-            continue;
-        }
-        let mut buf = vec![0u8; 4096];
-        let deadline = tokio::time::Instant::now() + UPSTREAM_TIMEOUT;
-        while let Ok(Ok(n)) = tokio::time::timeout_at(deadline, sock.recv(&mut buf)).await {
-            if n >= 2 && u16::from_be_bytes([buf[0], buf[1]]) == id {
-                buf.truncate(n);
-                return Some(buf);
+        // The TC flag: byte 2, bit 1.
+        let truncated = answer.get(2).is_some_and(|b| b & 0x02 != 0);
+        if whole && truncated {
+            if let Some(full) = ask_tcp(query, id, *server).await {
+                return Some(full);
             }
+        }
+        return Some(answer);
+    }
+    None
+}
+
+async fn ask_udp(query: &[u8], id: u16, server: SocketAddr) -> Option<Vec<u8>> {
+    let bind: SocketAddr = if server.is_ipv4() {
+        "0.0.0.0:0".parse().ok()?
+    } else {
+        "[::]:0".parse().ok()?
+    };
+    let sock = UdpSocket::bind(bind).await.ok()?;
+    sock.connect(server).await.ok()?;
+    sock.send(query).await.ok()?;
+    let mut buf = vec![0u8; 4096];
+    let deadline = tokio::time::Instant::now() + UPSTREAM_TIMEOUT;
+    while let Ok(Ok(n)) = tokio::time::timeout_at(deadline, sock.recv(&mut buf)).await {
+        if n >= 2 && u16::from_be_bytes([buf[0], buf[1]]) == id {
+            buf.truncate(n);
+            return Some(buf);
         }
     }
     None
+}
+
+async fn ask_tcp(query: &[u8], id: u16, server: SocketAddr) -> Option<Vec<u8>> {
+    let exchange = async {
+        let mut s = TcpStream::connect(server).await?;
+        let len = u16::try_from(query.len()).map_err(std::io::Error::other)?;
+        let mut framed = len.to_be_bytes().to_vec();
+        framed.extend_from_slice(query);
+        s.write_all(&framed).await?;
+        let n = usize::from(s.read_u16().await?);
+        let mut answer = vec![0u8; n];
+        s.read_exact(&mut answer).await?;
+        Ok::<_, std::io::Error>(answer)
+    };
+    let answer = tokio::time::timeout(UPSTREAM_TIMEOUT, exchange)
+        .await
+        .ok()?
+        .ok()?;
+    (answer.len() >= 2 && u16::from_be_bytes([answer[0], answer[1]]) == id).then_some(answer)
 }

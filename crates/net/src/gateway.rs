@@ -2,11 +2,13 @@
 //! link leads to, and nowhere else.
 //!
 //! ```text
-//!  sandbox netns               gateway netns (brig's)                the daemon's netns
-//!  eth0 10.88.x.y/32  ──veth──  b-<id> 10.87.0.1/32                    (the host, or a test world)
-//!  default via 10.87.0.1        every address routed as local ─┐
-//!                               BPF socket lookup: TCP → proxy ─┼─ accepted socket ─ proxy dials ─→
-//!                                                 UDP 53 → DNS ─┘
+//!  sandbox netns               gateway netns (brig's)                   the daemon's netns
+//!  eth0 10.88.x.y/32  ──veth──  b-<id> 10.87.0.1/32                       (the host, or a test world)
+//!  default via 10.87.0.1        every address routed as local
+//!                               BPF socket lookup:
+//!                                 TCP ────────→ proxy ─ accepted socket ─→ proxy dials (port 53: resolver)
+//!                                 UDP 53 ─────→ resolver ────────────────→ asks upstream
+//!                                 other UDP ──→ UDP relay ─ a flow's socket ⇄ socket to the destination
 //! ```
 //!
 //! Why it is shaped so:
@@ -17,14 +19,17 @@
 //!   and no route anywhere but to the sandboxes; packets from a sandbox can
 //!   only be delivered to the gateway itself. Every address is routed as
 //!   local for packets from the sandboxes' range, and the BPF program of
-//!   `sys.rs` hands each TCP connection to the proxy's one listener and
-//!   each DNS datagram to the resolver, whatever the address; UDP to any
-//!   other port and every other protocol finds no socket and is refused.
-//!   Sandboxes cannot reach each other: there is no path between links.
-//! - **Decisions and dials happen in the daemon's namespace** (the proxy
-//!   and resolver run there, with sockets made inside the gateway), so the
-//!   host's firewall and routes are untouched: brig adds no rule to the
-//!   host.
+//!   `sys.rs` hands each TCP connection to the proxy's one listener, each
+//!   DNS datagram to the resolver and every other UDP datagram to the UDP
+//!   relay (`udp.rs`), whatever the address; the proxy passes connections
+//!   to port 53 to the resolver (DNS over TCP). Every other protocol (ICMP,
+//!   IPv6) finds no socket and is refused. Sandboxes cannot reach each
+//!   other: there is no path between links, and their addresses are in a
+//!   private range the proxy and the relay always refuse.
+//! - **Decisions and dials happen in the daemon's namespace** (the proxy,
+//!   resolver and relay run there, with sockets made inside the gateway),
+//!   so the host's firewall and routes are untouched: brig adds no rule to
+//!   the host.
 //! - **Each sandbox is known by its address**, which it cannot change;
 //!   strict reverse-path filtering in the gateway drops a packet whose
 //!   source is not the link's (defence in depth).
@@ -57,6 +62,8 @@ const LOOPBACK: u32 = 1;
 /// The proxy's listening port in the gateway (any port would do: the
 /// program assigns connections to the socket, not to the port).
 const PROXY_PORT: u16 = 1;
+/// The UDP relay's port in the gateway (as above).
+const RELAY_PORT: u16 = 1;
 
 #[derive(Debug, thiserror::Error)]
 pub enum NetError {
@@ -99,6 +106,8 @@ pub struct SandboxNet {
     /// (`dns::serve_stub`), stopped when the sandbox is forgotten: each
     /// holds a socket, and with it the sandbox's namespace.
     stubs: Mutex<Vec<tokio::task::AbortHandle>>,
+    /// Its UDP flows (`udp.rs`), ended when it is forgotten.
+    pub(crate) udp: crate::udp::Flows,
     /// Its certificate authority, for header injection (`tls.rs`).
     pub ca: crate::tls::SandboxCa,
     /// Where the secrets its injections name come from.
@@ -168,6 +177,19 @@ impl SandboxNet {
             .clone()
     }
 
+    /// Replace its policy: new connections, lookups and UDP flows follow it
+    /// at once, and open UDP flows it refuses end (an open TCP connection
+    /// goes on). Writing `policy` directly skips the UDP check.
+    pub fn set_policy(&self, policy: Policy) {
+        *self.policy.write().unwrap_or_else(|e| e.into_inner()) = policy;
+        crate::udp::recheck(self);
+    }
+
+    /// How many UDP flows it has open (at most [`crate::udp::MAX_FLOWS`]).
+    pub fn udp_flows(&self) -> usize {
+        self.udp.len()
+    }
+
     /// The source of its secrets, if one was given.
     pub fn secrets(&self) -> Option<Arc<dyn crate::inject::SecretSource>> {
         self.secrets
@@ -181,7 +203,9 @@ impl SandboxNet {
         *self.secrets.write().unwrap_or_else(|e| e.into_inner()) = Some(source);
     }
 
-    fn stop_stubs(&self) {
+    /// Let go of what holds sockets for it: the resolver's loopback
+    /// stubs, its UDP flows.
+    fn release(&self) {
         for stub in self
             .stubs
             .lock()
@@ -190,6 +214,7 @@ impl SandboxNet {
         {
             stub.abort();
         }
+        self.udp.end_all("the sandbox was detached");
     }
 }
 
@@ -233,16 +258,6 @@ pub fn default_loopback_dns() -> Vec<Ipv4Addr> {
     addrs
 }
 
-/// UDP sockets on port 53 of `addrs`, in the calling thread's namespace
-/// (a sandbox's, its loopback up). One that cannot be bound is left out:
-/// that address answers nothing, as without brig.
-fn bind_stubs(addrs: &[Ipv4Addr]) -> Vec<std::net::UdpSocket> {
-    addrs
-        .iter()
-        .filter_map(|a| std::net::UdpSocket::bind((*a, 53)).ok())
-        .collect()
-}
-
 /// A pinned gateway namespace.
 #[derive(Debug, Clone)]
 pub struct Pin {
@@ -260,7 +275,7 @@ pub struct Gateway {
     netns: OwnedFd,
     /// An rtnetlink socket acting in the gateway namespace.
     rtnl: Mutex<Rtnl>,
-    /// The runtime the proxy and the resolver run on.
+    /// The runtime the proxy, the resolver and the relay run on.
     runtime: tokio::runtime::Handle,
     pub(crate) sandboxes: RwLock<HashMap<Ipv4Addr, Arc<SandboxNet>>>,
     next: Mutex<u32>,
@@ -270,8 +285,8 @@ pub struct Gateway {
 
 impl Gateway {
     /// Open the pinned gateway namespace, or make it; steer its traffic to
-    /// the proxy and the resolver, which start as tasks on the current
-    /// tokio runtime.
+    /// the proxy, the resolver and the UDP relay, which start as tasks on
+    /// the current tokio runtime.
     pub fn start(config: GatewayConfig) -> Result<Arc<Gateway>, NetError> {
         let netns = match &config.pin {
             Some(pin) => open_or_make(pin)?,
@@ -279,22 +294,26 @@ impl Gateway {
         };
         let rtnl = sys::in_netns(&netns, Rtnl::open)
             .map_err(io_err("open a netlink socket in the gateway"))?;
-        let (tcp, dns) = sys::in_netns(&netns, || {
+        let (tcp, dns, udp) = sys::in_netns(&netns, || {
             let tcp = std::net::TcpListener::bind((GATEWAY_ADDR, PROXY_PORT)).and_then(|l| {
                 sys::set_transparent(l.as_raw_fd())?;
                 l.set_nonblocking(true)?;
                 Ok(l)
             })?;
-            let dns = std::net::UdpSocket::bind((GATEWAY_ADDR, 53)).and_then(|u| {
-                sys::set_transparent(u.as_raw_fd())?;
-                sys::set_pktinfo(u.as_raw_fd())?;
-                u.set_nonblocking(true)?;
-                Ok(u)
-            })?;
-            Ok((tcp, dns))
+            // Both datagram sockets answer from the addresses the sandboxes
+            // sent to, and read where each datagram was going.
+            let datagrams = |port| {
+                std::net::UdpSocket::bind((GATEWAY_ADDR, port)).and_then(|u| {
+                    sys::set_transparent(u.as_raw_fd())?;
+                    sys::set_recv_orig_dst(u.as_raw_fd())?;
+                    u.set_nonblocking(true)?;
+                    Ok(u)
+                })
+            };
+            Ok((tcp, datagrams(53)?, datagrams(RELAY_PORT)?))
         })
         .map_err(io_err("open the proxy's sockets in the gateway namespace"))?;
-        let steering = sys::steer(&netns, tcp.as_raw_fd(), dns.as_raw_fd())
+        let steering = sys::steer(&netns, tcp.as_raw_fd(), dns.as_raw_fd(), udp.as_raw_fd())
             .map_err(io_err("steer the sandboxes' traffic to the proxy"))?;
         let gateway = Arc::new(Gateway {
             netns,
@@ -307,6 +326,8 @@ impl Gateway {
         });
         crate::proxy::spawn(Arc::clone(&gateway), tcp).map_err(io_err("start the proxy"))?;
         crate::dns::spawn(Arc::clone(&gateway), dns).map_err(io_err("start the resolver"))?;
+        crate::udp::spawn(Arc::clone(&gateway), udp, &gateway.netns)
+            .map_err(io_err("start the UDP relay"))?;
         Ok(gateway)
     }
 
@@ -334,7 +355,7 @@ impl Gateway {
         }
     }
 
-    fn serve_stubs(&self, net: &Arc<SandboxNet>, sockets: Vec<std::net::UdpSocket>) {
+    fn serve_stubs(&self, net: &Arc<SandboxNet>, sockets: Vec<crate::dns::Stub>) {
         let mut stubs = net.stubs.lock().unwrap_or_else(|e| e.into_inner());
         for socket in sockets {
             match crate::dns::serve_stub(
@@ -350,11 +371,7 @@ impl Gateway {
     }
 
     /// A new namespace with `eth0` at `addr`, linked to the gateway.
-    fn link(
-        &self,
-        id: &str,
-        addr: Ipv4Addr,
-    ) -> Result<(OwnedFd, Vec<std::net::UdpSocket>), NetError> {
+    fn link(&self, id: &str, addr: Ipv4Addr) -> Result<(OwnedFd, Vec<crate::dns::Stub>), NetError> {
         let link = link_name(id);
         let stub_addrs = self.config.loopback_dns.clone();
         let (netns, mut rtnl, stubs) = sys::in_netns(&self.netns, move || {
@@ -368,7 +385,7 @@ impl Gateway {
             }
             let mut rtnl = Rtnl::open()?;
             rtnl.up(LOOPBACK)?;
-            let stubs = bind_stubs(&stub_addrs);
+            let stubs = crate::dns::bind_stubs(&stub_addrs);
             Ok((sys::current()?, rtnl, stubs))
         })
         .map_err(io_err("make the sandbox's network namespace"))?;
@@ -433,7 +450,7 @@ impl Gateway {
         let net = self.register(id, addr, policy, ca);
         if let Some(ns) = netns {
             let addrs = self.config.loopback_dns.clone();
-            match sys::in_netns(ns, move || Ok(bind_stubs(&addrs))) {
+            match sys::in_netns(ns, move || Ok(crate::dns::bind_stubs(&addrs))) {
                 Ok(stubs) => self.serve_stubs(&net, stubs),
                 Err(e) => tracing::warn!(sandbox = id, "cannot answer DNS on loopback: {e}"),
             }
@@ -456,6 +473,7 @@ impl Gateway {
             counters: Default::default(),
             log: Mutex::default(),
             stubs: Mutex::default(),
+            udp: Default::default(),
             ca,
             secrets: RwLock::default(),
         });
@@ -475,7 +493,7 @@ impl Gateway {
             .unwrap_or_else(|e| e.into_inner())
             .remove(&addr);
         if let Some(net) = gone {
-            net.stop_stubs();
+            net.release();
         }
     }
 
@@ -489,7 +507,7 @@ impl Gateway {
         {
             map.remove(&net.addr);
         }
-        net.stop_stubs();
+        net.release();
     }
 
     /// The sandbox at `addr`, if attached.
@@ -501,12 +519,11 @@ impl Gateway {
             .cloned()
     }
 
-    /// Replace sandbox `addr`'s policy: new connections and lookups follow
-    /// it at once.
+    /// Replace sandbox `addr`'s policy ([`SandboxNet::set_policy`]).
     pub fn set_policy(&self, addr: Ipv4Addr, policy: Policy) -> bool {
         match self.sandbox(addr) {
             Some(net) => {
-                *net.policy.write().unwrap_or_else(|e| e.into_inner()) = policy;
+                net.set_policy(policy);
                 true
             }
             None => false,

@@ -5,8 +5,9 @@
 //! sandbox's namespace, linked to it, under a [`Policy`] (`policy.rs`:
 //! `none`, `public` or `allow`, with allow and deny rules). Everything a
 //! sandbox sends reaches the gateway and nothing else; the BPF program of
-//! `sys.rs` hands its TCP connections to the egress proxy (`proxy.rs`) and
-//! its DNS questions to the resolver (`dns.rs`), which decide by the
+//! `sys.rs` hands its TCP connections to the egress proxy (`proxy.rs`),
+//! its DNS questions to the resolver (`dns.rs`; over TCP too, through the
+//! proxy) and its other UDP to the relay (`udp.rs`), which decide by the
 //! policy, with the TLS SNI or HTTP Host read by `peek.rs` when a domain
 //! rule needs it.
 //!
@@ -25,6 +26,7 @@ pub mod publish;
 pub mod relay;
 pub mod sys;
 pub mod tls;
+pub mod udp;
 
 pub use gateway::{Attachment, Gateway, GatewayConfig, NetError, Pin, SandboxNet, GATEWAY_ADDR};
 pub use policy::{Mode, Policy, Rule, Target};

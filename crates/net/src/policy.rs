@@ -14,6 +14,12 @@
 //! 3. A matching deny rule refuses.
 //! 4. `public` allows the rest; `allow` allows only what an allow rule matches.
 //!
+//! UDP (to any port but 53, which the resolver answers) is decided by
+//! [`Policy::decide_udp`]: it carries no name, so only IP and CIDR rules
+//! count, and brig's own precedence admits it only where an allow rule
+//! says so, even in `public` (E2B's precedence keeps E2B's default
+//! accept).
+//!
 //! The network layer only sees addresses, so a domain rule is checked through
 //! two facts the caller supplies: the name the client asked for (TLS SNI or
 //! HTTP Host, see `peek`), and whether the sandbox's own resolver answered
@@ -933,6 +939,9 @@ pub enum DenyReason {
     /// A domain rule matched the name, but the sandbox's resolver never
     /// answered that name with this address.
     NameMismatch,
+    /// UDP from a sandbox whose egress goes through a SOCKS5 proxy, which
+    /// tunnels TCP only (E2B: "UDP (DNS, QUIC) is not tunnelled").
+    NotTunnelled,
 }
 
 impl fmt::Display for DenyReason {
@@ -944,6 +953,9 @@ impl fmt::Display for DenyReason {
             DenyReason::Special(range) => write!(f, "{range} addresses are always refused"),
             DenyReason::NameMismatch => {
                 f.write_str("the name did not resolve to this address for this sandbox")
+            }
+            DenyReason::NotTunnelled => {
+                f.write_str("the egress proxy does not carry UDP (it is not tunnelled)")
             }
         }
     }
@@ -1105,6 +1117,71 @@ impl Policy {
                     Verdict::Allow
                 } else {
                     allowed
+                }
+            }
+        }
+    }
+
+    /// Decides whether the sandbox may send UDP to `addr:port` (any port
+    /// but 53, which the resolver answers). A datagram carries no name, so
+    /// only IP and CIDR rules (with their ports) admit it:
+    ///
+    /// - [`Precedence::Deny`] (brig's): an allow rule must match, in
+    ///   `public` too — `public` opens the internet to connections a name
+    ///   or an address can be checked on, and UDP is opened address by
+    ///   address — and no deny rule may. A deny domain rule refuses an
+    ///   address one of `names_of_addr` (the names this sandbox resolved
+    ///   to it) matches, as it does for TCP.
+    /// - [`Precedence::Allow`] (E2B's, its nftables rules for everything
+    ///   but TCP): an allow rule admits, else a deny rule refuses, else
+    ///   `public` admits and `allow` (E2B's deny-all) refuses. Domain rules
+    ///   play no part either way.
+    ///
+    /// Whatever the precedence, `none` refuses everything, the
+    /// always-refused ranges stay refused, and a sandbox whose egress goes
+    /// through a SOCKS5 proxy sends no UDP at all: the proxy carries TCP
+    /// only, and sending around it would defeat it (fail closed).
+    pub fn decide_udp(&self, addr: IpAddr, port: u16, names_of_addr: &[String]) -> Verdict {
+        if self.mode == Mode::None {
+            return Verdict::Deny(DenyReason::NetworkNone);
+        }
+        let addr = canonical_addr(addr);
+        if let Some(range) = special_range(addr) {
+            return Verdict::Deny(DenyReason::Special(range));
+        }
+        if self.egress_proxy.is_some() {
+            return Verdict::Deny(DenyReason::NotTunnelled);
+        }
+        let by_address = |rule: &Rule| {
+            rule.ports_match(port)
+                && matches!(&rule.target, Target::Net(net) if net.contains(&addr))
+        };
+        let allowed = self.allow.iter().any(by_address);
+        match self.precedence {
+            Precedence::Deny => {
+                let denied = self.deny.iter().any(|rule| {
+                    by_address(rule)
+                        || (rule.is_name_rule()
+                            && rule.ports_match(port)
+                            && names_of_addr.iter().any(|n| rule.matches_name(n)))
+                });
+                if denied {
+                    Verdict::Deny(DenyReason::Denied)
+                } else if allowed {
+                    Verdict::Allow
+                } else {
+                    Verdict::Deny(DenyReason::NotAllowed)
+                }
+            }
+            Precedence::Allow => {
+                if allowed {
+                    Verdict::Allow
+                } else if self.deny.iter().any(by_address) {
+                    Verdict::Deny(DenyReason::Denied)
+                } else if self.mode == Mode::Public {
+                    Verdict::Allow
+                } else {
+                    Verdict::Deny(DenyReason::NotAllowed)
                 }
             }
         }
@@ -1886,6 +1963,7 @@ mod tests {
             DenyReason::NotAllowed,
             DenyReason::Special("loopback"),
             DenyReason::NameMismatch,
+            DenyReason::NotTunnelled,
         ] {
             let s = r.to_string();
             assert!(!s.is_empty() && !s.ends_with('.'), "{s}");
@@ -2051,5 +2129,132 @@ mod tests {
             too_many.validate(),
             Err(PolicyError::TooManyInjections(_))
         ));
+    }
+
+    fn udp(p: &Policy, addr: &str, port: u16, names: &[&str]) -> Verdict {
+        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        p.decide_udp(ip(addr), port, &names)
+    }
+
+    fn with_proxy(mut p: Policy) -> Policy {
+        p.egress_proxy = Some(EgressProxy {
+            address: "203.0.113.20:1080".into(),
+            username: None,
+            password: None,
+        });
+        p
+    }
+
+    /// brig's precedence: UDP needs an address allow rule, in every mode.
+    #[test]
+    fn udp_under_brigs_precedence_needs_an_address_allow_rule() {
+        // Public opens TCP, not UDP.
+        let p = policy(Mode::Public, &[], &[]);
+        assert_eq!(udp(&p, "192.0.2.1", 443, &[]), DENY_NOT_ALLOWED);
+        // An IP or a CIDR admits, in public as in allow.
+        for mode in [Mode::Public, Mode::Allow] {
+            let p = policy(mode, &["192.0.2.1", "198.51.100.0/24"], &[]);
+            assert_eq!(udp(&p, "192.0.2.1", 443, &[]), Verdict::Allow);
+            assert_eq!(udp(&p, "198.51.100.77", 5000, &[]), Verdict::Allow);
+            assert_eq!(udp(&p, "192.0.2.2", 443, &[]), DENY_NOT_ALLOWED);
+        }
+        // With its port range.
+        let p = policy(Mode::Allow, &["192.0.2.0/24:3478-3479"], &[]);
+        assert_eq!(udp(&p, "192.0.2.9", 3478, &[]), Verdict::Allow);
+        assert_eq!(udp(&p, "192.0.2.9", 3479, &[]), Verdict::Allow);
+        assert_eq!(udp(&p, "192.0.2.9", 3480, &[]), DENY_NOT_ALLOWED);
+        // A domain rule never admits, even for an address it resolved to.
+        let p = policy(Mode::Allow, &["example.com", "*.example.org"], &[]);
+        let names = ["example.com", "www.example.org"];
+        assert_eq!(udp(&p, "192.0.2.1", 443, &names), DENY_NOT_ALLOWED);
+        // A deny rule wins: by address (within its ports), or by a name
+        // that resolved to the address.
+        let p = policy(Mode::Allow, &["192.0.2.0/24"], &["192.0.2.1:53-443"]);
+        assert_eq!(udp(&p, "192.0.2.1", 443, &[]), DENY_DENIED);
+        assert_eq!(udp(&p, "192.0.2.1", 444, &[]), Verdict::Allow);
+        let p = policy(Mode::Allow, &["192.0.2.0/24"], &["*.example.com"]);
+        assert_eq!(udp(&p, "192.0.2.1", 443, &["a.example.com"]), DENY_DENIED);
+        assert_eq!(
+            udp(&p, "192.0.2.1", 443, &["a.example.org"]),
+            Verdict::Allow
+        );
+    }
+
+    /// E2B's precedence: its nftables rules for non-TCP traffic.
+    #[test]
+    fn udp_under_e2bs_precedence_is_allow_then_deny_then_default() {
+        let e2b = |mode, allow: &[&str], deny: &[&str]| Policy {
+            precedence: Precedence::Allow,
+            ..policy(mode, allow, deny)
+        };
+        // Default accept when the internet is open.
+        let p = e2b(Mode::Public, &[], &[]);
+        assert_eq!(udp(&p, "192.0.2.1", 443, &[]), Verdict::Allow);
+        // A deny CIDR refuses; an allow CIDR inside it is an exception.
+        let p = e2b(Mode::Public, &["192.0.2.1"], &["192.0.2.0/24"]);
+        assert_eq!(udp(&p, "192.0.2.2", 443, &[]), DENY_DENIED);
+        assert_eq!(udp(&p, "192.0.2.1", 443, &[]), Verdict::Allow);
+        assert_eq!(udp(&p, "198.51.100.1", 443, &[]), Verdict::Allow);
+        // Deny-all (ALL_TRAFFIC in denyOut, brig's allow mode): only what
+        // an address allow rule lists.
+        let p = e2b(Mode::Allow, &["192.0.2.1", "example.com"], &[]);
+        assert_eq!(udp(&p, "192.0.2.1", 443, &[]), Verdict::Allow);
+        assert_eq!(
+            udp(&p, "192.0.2.2", 443, &["example.com"]),
+            DENY_NOT_ALLOWED
+        );
+        // Domain deny rules are not E2B's: they play no part.
+        let mut p = e2b(Mode::Public, &[], &[]);
+        p.deny = vec![rule("*.example.com")];
+        assert_eq!(
+            udp(&p, "192.0.2.1", 443, &["a.example.com"]),
+            Verdict::Allow
+        );
+    }
+
+    /// Whatever the precedence: none, the always-refused ranges, and the
+    /// egress proxy.
+    #[test]
+    fn udp_never_goes_to_special_ranges_nor_around_an_egress_proxy() {
+        for precedence in [Precedence::Deny, Precedence::Allow] {
+            let p = Policy {
+                precedence,
+                ..policy(
+                    Mode::Public,
+                    &[
+                        "10.0.0.0/8",
+                        "169.254.169.254",
+                        "::ffff:127.0.0.1",
+                        "192.0.2.1",
+                    ],
+                    &[],
+                )
+            };
+            assert_eq!(
+                udp(&p, "10.1.2.3", 9999, &[]),
+                Verdict::Deny(DenyReason::Special("private (RFC 1918)"))
+            );
+            assert_eq!(
+                udp(&p, "169.254.169.254", 9999, &[]),
+                Verdict::Deny(DenyReason::Special("cloud metadata"))
+            );
+            assert_eq!(
+                udp(&p, "::ffff:127.0.0.1", 9999, &[]),
+                Verdict::Deny(DenyReason::Special("loopback"))
+            );
+            assert_eq!(udp(&p, "192.0.2.1", 9999, &[]), Verdict::Allow);
+            assert_eq!(
+                udp(&with_proxy(p.clone()), "192.0.2.1", 9999, &[]),
+                Verdict::Deny(DenyReason::NotTunnelled)
+            );
+            let none = Policy {
+                precedence,
+                ..Policy::none()
+            };
+            assert_eq!(
+                udp(&none, "192.0.2.1", 9999, &[]),
+                Verdict::Deny(DenyReason::NetworkNone)
+            );
+        }
     }
 }

@@ -1,7 +1,8 @@
 //! The egress proxy: every TCP connection a sandbox opens arrives here
 //! (see `gateway.rs`), is decided by the sandbox's policy, and is either
 //! refused (closed at once) or dialled from the daemon's namespace and
-//! spliced.
+//! spliced. A connection to port 53 is DNS over TCP, whatever its
+//! address: the resolver answers it (`dns.rs`), as it answers UDP.
 //!
 //! A connection is decided on its address first. Only when that is not
 //! enough — the policy has domain rules and the address alone is not
@@ -77,7 +78,7 @@ impl ConnectionLog {
     }
 }
 
-fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
@@ -129,6 +130,11 @@ async fn serve(gateway: Arc<Gateway>, mut client: TcpStream, peer: SocketAddr) {
     let Ok(dst) = client.local_addr() else {
         return;
     };
+    // DNS over TCP, to any address, is the resolver's, as over UDP.
+    if dst.port() == 53 {
+        crate::dns::serve_tcp(net, client, gateway.config.upstream_dns.clone()).await;
+        return;
+    }
     let policy = net.policy();
     let mut first = Vec::new();
     let mut name = None;
@@ -250,7 +256,7 @@ async fn dial(
     Ok(stream.into_inner())
 }
 
-fn log(net: &SandboxNet, entry: Entry) {
+pub(crate) fn log(net: &SandboxNet, entry: Entry) {
     net.log
         .lock()
         .unwrap_or_else(|e| e.into_inner())

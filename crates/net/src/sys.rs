@@ -1,8 +1,10 @@
 //! The privileged system calls of the gateway, in one place: entering a
 //! network namespace, the socket options that let one socket answer for
 //! every address, reading and writing datagrams with their original
-//! destination, and the BPF socket-lookup program that steers every
-//! connection a sandbox makes to the proxy's one socket.
+//! destination, the UDP relay's per-flow sockets bound to an address that
+//! is not the gateway's, and the BPF socket-lookup program that steers
+//! every connection and datagram a sandbox sends to the gateway's few
+//! sockets.
 //!
 //! # Why a BPF socket-lookup program (and not nftables)
 //!
@@ -14,13 +16,21 @@
 //! program attached to a network namespace may pick the socket that
 //! receives a packet the kernel delivers locally. With every address
 //! routed as local in the gateway namespace (see `gateway.rs`), the
-//! program below hands every TCP connection to the proxy's listener and
-//! every UDP datagram to port 53 to the resolver; the accepted socket's
-//! local address is the destination the sandbox asked for. The program is
-//! 23 instructions, written out here; the kernel's verifier checks it at
-//! load. Its link lives as long as the daemon's descriptor: when the
-//! daemon is gone no connection is steered anywhere, so the sandboxes'
-//! egress fails closed until the next daemon attaches its own.
+//! program below hands every TCP connection to the proxy's listener,
+//! every UDP datagram to port 53 to the resolver and every other UDP
+//! datagram to the UDP relay; the accepted socket's local address is the
+//! destination the sandbox asked for, and a datagram's comes with it
+//! (`IP_ORIGDSTADDR`). The program is 24 instructions, written out here;
+//! the kernel's verifier checks it at load. Its link lives as long as the
+//! daemon's descriptor: when the daemon is gone nothing is steered
+//! anywhere, so the sandboxes' egress fails closed until the next daemon
+//! attaches its own.
+//!
+//! The kernel looks for a connected UDP socket (one bound to the
+//! datagram's destination and connected to its source) *before* it runs
+//! the program, so the relay's per-flow sockets ([`flow_socket`]) receive
+//! the rest of their flow themselves; the program only ever sees a flow's
+//! first datagrams.
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddrV4};
@@ -29,6 +39,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 /// Slots of the socket map the program reads.
 pub const SLOT_TCP: u32 = 0;
 pub const SLOT_DNS: u32 = 1;
+pub const SLOT_UDP: u32 = 2;
 
 const BPF_MAP_CREATE: libc::c_int = 0;
 const BPF_MAP_UPDATE_ELEM: libc::c_int = 2;
@@ -79,20 +90,22 @@ const CTX_PROTOCOL: i16 = 12;
 const CTX_LOCAL_PORT: i16 = 60;
 
 /// The steering program: TCP → the socket in [`SLOT_TCP`], UDP to port
-/// 53 → [`SLOT_DNS`], anything else → the kernel's own lookup (no socket
-/// there: refused).
+/// 53 → [`SLOT_DNS`], any other UDP → [`SLOT_UDP`], anything else → the
+/// kernel's own lookup (no socket there: refused).
 fn program(map: RawFd) -> Vec<Insn> {
     let mut p = vec![
         // 0: keep the context; the protocol decides the slot.
         insn(MOV64_REG, 6, 1, 0, 0),
         insn(LDX_W, 2, 6, CTX_PROTOCOL, 0),
         insn(MOV64_IMM, 7, 0, 0, SLOT_TCP as i32),
-        insn(JEQ_IMM, 2, 0, 4, libc::IPPROTO_TCP), // → 8
+        insn(JEQ_IMM, 2, 0, 5, libc::IPPROTO_TCP), // → 9
         insn(JNE_IMM, 2, 0, 0, libc::IPPROTO_UDP), // → pass (patched)
+        // 5: UDP goes to the relay, unless it is to port 53.
+        insn(MOV64_IMM, 7, 0, 0, SLOT_UDP as i32),
         insn(LDX_W, 2, 6, CTX_LOCAL_PORT, 0),
-        insn(JNE_IMM, 2, 0, 0, 53), // → pass (patched)
+        insn(JNE_IMM, 2, 0, 1, 53), // → 9
         insn(MOV64_IMM, 7, 0, 0, SLOT_DNS as i32),
-        // 8: look the slot up: r0 = the socket (a reference) or null.
+        // 9: look the slot up: r0 = the socket (a reference) or null.
         insn(STX_W, 10, 7, -4, 0),
         insn(MOV64_REG, 2, 10, 0, 0),
         insn(ADD64_IMM, 2, 0, 0, -4),
@@ -100,7 +113,7 @@ fn program(map: RawFd) -> Vec<Insn> {
         insn(0, 0, 0, 0, 0),
         insn(CALL, 0, 0, 0, MAP_LOOKUP_ELEM),
         insn(JEQ_IMM, 0, 0, 0, 0), // null → pass (patched)
-        // 15: assign it, then drop the reference the lookup took.
+        // 16: assign it, then drop the reference the lookup took.
         insn(MOV64_REG, 7, 0, 0, 0),
         insn(MOV64_REG, 1, 6, 0, 0),
         insn(MOV64_REG, 2, 0, 0, 0),
@@ -114,11 +127,14 @@ fn program(map: RawFd) -> Vec<Insn> {
         insn(EXIT, 0, 0, 0, 0),
     ];
     let pass = (p.len() - 2) as i16;
-    for at in [4usize, 6, 14] {
+    for at in PATCHED {
         p[at].off = pass - at as i16 - 1;
     }
     p
 }
+
+/// The jumps of [`program`] that go to its last two instructions.
+const PATCHED: [usize; 2] = [4, 15];
 
 fn bpf(cmd: libc::c_int, attr: &mut [u8; 128]) -> io::Result<i64> {
     // SAFETY: `attr` is a zero-padded `union bpf_attr` of 128 bytes that
@@ -145,9 +161,10 @@ pub struct Steering {
     _link: OwnedFd,
 }
 
-/// Load the program, fill its map with `tcp` (a listening TCP socket) and
-/// `dns` (a UDP socket), and attach it to the network namespace `netns`.
-pub fn steer(netns: &OwnedFd, tcp: RawFd, dns: RawFd) -> io::Result<Steering> {
+/// Load the program, fill its map with `tcp` (a listening TCP socket),
+/// `dns` and `udp` (unconnected UDP sockets), and attach it to the network
+/// namespace `netns`.
+pub fn steer(netns: &OwnedFd, tcp: RawFd, dns: RawFd, udp: RawFd) -> io::Result<Steering> {
     let owned = |fd: i64| {
         // SAFETY: the kernel returned a fresh descriptor.
         unsafe { OwnedFd::from_raw_fd(fd as RawFd) }
@@ -156,9 +173,9 @@ pub fn steer(netns: &OwnedFd, tcp: RawFd, dns: RawFd) -> io::Result<Steering> {
     put(&mut attr, 0, &BPF_MAP_TYPE_SOCKMAP.to_ne_bytes());
     put(&mut attr, 4, &4u32.to_ne_bytes()); // key: u32
     put(&mut attr, 8, &8u32.to_ne_bytes()); // value: u64 descriptor
-    put(&mut attr, 12, &2u32.to_ne_bytes()); // entries
+    put(&mut attr, 12, &3u32.to_ne_bytes()); // entries
     let map = owned(bpf(BPF_MAP_CREATE, &mut attr).map_err(ctx("create the socket map"))?);
-    for (slot, fd) in [(SLOT_TCP, tcp), (SLOT_DNS, dns)] {
+    for (slot, fd) in [(SLOT_TCP, tcp), (SLOT_DNS, dns), (SLOT_UDP, udp)] {
         let value = fd as u64;
         let mut attr = [0u8; 128];
         put(&mut attr, 0, &(map.as_raw_fd() as u32).to_ne_bytes());
@@ -264,9 +281,11 @@ pub fn set_transparent(fd: RawFd) -> io::Result<()> {
     set_int(fd, libc::SOL_IP, libc::IP_TRANSPARENT, 1)
 }
 
-/// Have `recvmsg` report each datagram's destination address.
-pub fn set_pktinfo(fd: RawFd) -> io::Result<()> {
-    set_int(fd, libc::SOL_IP, libc::IP_PKTINFO, 1)
+/// Have `recvmsg` report each datagram's destination, address and port
+/// (`IP_ORIGDSTADDR`: read from the datagram's headers, so it is where the
+/// sandbox sent it, whichever socket the program chose).
+pub fn set_recv_orig_dst(fd: RawFd) -> io::Result<()> {
+    set_int(fd, libc::SOL_IP, libc::IP_RECVORIGDSTADDR, 1)
 }
 
 /// One datagram read with [`recv_with_dst`].
@@ -274,11 +293,13 @@ pub fn set_pktinfo(fd: RawFd) -> io::Result<()> {
 pub struct Datagram {
     pub len: usize,
     pub from: SocketAddrV4,
-    /// The address it was sent to (IP only: the port is the socket's).
-    pub to: Ipv4Addr,
+    /// Where it was sent.
+    pub to: SocketAddrV4,
+    /// It was longer than the buffer, and cut: not to be passed on.
+    pub truncated: bool,
 }
 
-/// `recvmsg` on a non-blocking UDP socket with `IP_PKTINFO` set.
+/// `recvmsg` on a non-blocking UDP socket with [`set_recv_orig_dst`].
 pub fn recv_with_dst(fd: RawFd, buf: &mut [u8]) -> io::Result<Datagram> {
     // SAFETY: all-zero is a valid sockaddr_in and msghdr.
     let mut from: libc::sockaddr_in = unsafe { std::mem::zeroed() };
@@ -306,37 +327,97 @@ pub fn recv_with_dst(fd: RawFd, buf: &mut [u8]) -> io::Result<Datagram> {
     unsafe {
         let mut c = libc::CMSG_FIRSTHDR(&msg);
         while !c.is_null() {
-            if (*c).cmsg_level == libc::SOL_IP && (*c).cmsg_type == libc::IP_PKTINFO {
-                let info: libc::in_pktinfo = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
-                to = Some(Ipv4Addr::from(u32::from_be(info.ipi_addr.s_addr)));
+            if (*c).cmsg_level == libc::SOL_IP && (*c).cmsg_type == libc::IP_ORIGDSTADDR {
+                let sin: libc::sockaddr_in = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
+                to = Some(from_sockaddr(&sin));
             }
             c = libc::CMSG_NXTHDR(&msg, c);
         }
     }
     Ok(Datagram {
         len: n as usize,
-        from: SocketAddrV4::new(
-            Ipv4Addr::from(u32::from_be(from.sin_addr.s_addr)),
-            u16::from_be(from.sin_port),
-        ),
+        from: from_sockaddr(&from),
         to: to.ok_or_else(|| io::Error::other("a datagram came without its destination"))?,
+        truncated: msg.msg_flags & libc::MSG_TRUNC != 0,
     })
+}
+
+fn from_sockaddr(sin: &libc::sockaddr_in) -> SocketAddrV4 {
+    SocketAddrV4::new(
+        Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)),
+        u16::from_be(sin.sin_port),
+    )
+}
+
+fn to_sockaddr(a: SocketAddrV4) -> libc::sockaddr_in {
+    // SAFETY: all-zero is a valid sockaddr_in.
+    let mut sin: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    sin.sin_family = libc::AF_INET as libc::sa_family_t;
+    sin.sin_port = a.port().to_be();
+    sin.sin_addr.s_addr = u32::from(*a.ip()).to_be();
+    sin
+}
+
+/// A non-blocking UDP socket bound to `local` — an address that is not
+/// this namespace's own (transparent) and that other flows' sockets may
+/// share (`SO_REUSEADDR`) — and connected to `peer`: in the gateway, a
+/// relayed flow's end, which receives what `peer` sends to `local` before
+/// the steering program is asked, and answers from `local`.
+pub fn flow_socket(local: SocketAddrV4, peer: SocketAddrV4) -> io::Result<std::net::UdpSocket> {
+    // SAFETY: socket(2) with constant arguments; the descriptor is owned
+    // at once.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_INET,
+            libc::SOCK_DGRAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+            0,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor nothing else owns.
+    let socket = unsafe { OwnedFd::from_raw_fd(fd) };
+    set_int(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1)?;
+    set_transparent(fd)?;
+    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    let local = to_sockaddr(local);
+    // SAFETY: bind with a live sockaddr_in and its size.
+    if unsafe { libc::bind(fd, (&local as *const libc::sockaddr_in).cast(), len) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let peer = to_sockaddr(peer);
+    // SAFETY: connect with a live sockaddr_in and its size.
+    if unsafe { libc::connect(fd, (&peer as *const libc::sockaddr_in).cast(), len) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(std::net::UdpSocket::from(socket))
+}
+
+/// `send` on a connected datagram socket, without waiting: a full buffer
+/// fails with `WouldBlock` (a datagram dropped, as a router would drop
+/// it). Not tokio's `try_send`, which refuses until the reactor has seen
+/// the socket writable once, and so drops a new socket's first datagram.
+pub fn send_now(fd: RawFd, buf: &[u8]) -> io::Result<usize> {
+    // SAFETY: send(2) from a live buffer of the length given.
+    let n = unsafe { libc::send(fd, buf.as_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+    if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(n as usize)
+    }
 }
 
 /// `sendmsg` of `buf` to `to`, from the address `from` (an address the
 /// sandbox sent to: the socket is transparent).
 pub fn send_from(fd: RawFd, buf: &[u8], from: Ipv4Addr, to: SocketAddrV4) -> io::Result<()> {
-    // SAFETY: all-zero is valid for these plain C structs.
-    let mut dest: libc::sockaddr_in = unsafe { std::mem::zeroed() };
-    dest.sin_family = libc::AF_INET as libc::sa_family_t;
-    dest.sin_port = to.port().to_be();
-    dest.sin_addr.s_addr = u32::from(*to.ip()).to_be();
+    let mut dest = to_sockaddr(to);
     let mut iov = libc::iovec {
         iov_base: buf.as_ptr() as *mut libc::c_void,
         iov_len: buf.len(),
     };
     let mut control = [0u64; 8];
-    // SAFETY: as above.
+    // SAFETY: all-zero is a valid msghdr.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_name = (&mut dest as *mut libc::sockaddr_in).cast();
     msg.msg_namelen = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
@@ -406,14 +487,23 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_programs_jumps_land_on_the_pass_instruction() {
+    fn the_programs_jumps_land_where_they_should() {
         let p = program(3);
         let pass = p.len() - 2;
-        for at in [4usize, 6, 14] {
+        for at in PATCHED {
             assert_eq!(at as i16 + 1 + p[at].off, pass as i16, "jump at {at}");
         }
-        // The TCP branch lands on the lookup.
-        assert_eq!(3 + 1 + p[3].off, 8);
+        // The TCP branch, and UDP to a port other than 53, land on the
+        // lookup, which stores r7 (the slot) first.
+        let lookup = 9;
+        assert_eq!((p[lookup].code, p[lookup].regs >> 4), (STX_W, 7));
+        assert_eq!(3 + 1 + p[3].off, lookup as i16);
+        assert_eq!(7 + 1 + p[7].off, lookup as i16);
+        // The slot each path leaves in r7.
+        assert_eq!((p[2].regs & 0xf, p[2].imm), (7, SLOT_TCP as i32));
+        assert_eq!((p[5].regs & 0xf, p[5].imm), (7, SLOT_UDP as i32));
+        assert_eq!((p[8].regs & 0xf, p[8].imm), (7, SLOT_DNS as i32));
+        assert_eq!(p[7].imm, 53);
         assert_eq!(p[pass].imm, 1, "SK_PASS");
     }
 }

@@ -4,11 +4,11 @@
 //! ```text
 //!  sandbox netns ──veth── gateway netns        "daemon" netns D            world netns W
 //!                          (brig-net)          198.51.100.1 (the host) ──veth── 198.51.100.2
-//!                                              proxy + resolver run here       203.0.113.10 allowed.test  :80 :443
+//!                                              proxy, resolver, relay here     203.0.113.10 allowed.test  :80 :443, udp :9999
 //!                                                                              203.0.113.11 other.test    :80
-//!                                                                              203.0.113.53 DNS
-//!                                                                              192.168.1.10 (private)     :80
-//!                                                                              169.254.169.254 (metadata) :80
+//!                                                                              203.0.113.53 DNS (UDP, TCP)
+//!                                                                              192.168.1.10 (private)     :80, udp :9999
+//!                                                                              169.254.169.254 (metadata) :80, udp :9999
 //! ```
 //!
 //! Each test's thread moves into its own D (network namespaces are per
@@ -22,10 +22,11 @@ use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::Duration;
 
-use brig_net::policy::Policy;
+use brig_net::policy::{EgressProxy, Policy, Precedence};
 use brig_net::{Gateway, GatewayConfig, Mode, GATEWAY_ADDR};
 use brig_test_support::networld::{
-    enter_fd, serve_http, NetWorld, ALLOWED, DNS, HOST, METADATA, OTHER, PRIVATE,
+    enter_fd, serve_http, serve_udp_echo, NetWorld, ALLOWED, BIG_RECORDS, DNS, HOST, METADATA,
+    OTHER, PRIVATE, SOCKS, UDP_ECHO_PORT,
 };
 use hickory_proto::op::{Message, Query, ResponseCode};
 use hickory_proto::rr::{Name, RData, RecordType};
@@ -161,10 +162,7 @@ fn tls(addr: SocketAddr, sni: &str) -> Option<String> {
 fn lookup(server: Ipv4Addr, name: &str) -> Option<(ResponseCode, Vec<Ipv4Addr>)> {
     let u = UdpSocket::bind("0.0.0.0:0").unwrap();
     u.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
-    let mut q = Message::new();
-    q.set_id(4242).set_recursion_desired(true);
-    q.add_query(Query::query(Name::from_ascii(name).unwrap(), RecordType::A));
-    u.send_to(&q.to_vec().unwrap(), (server, 53)).ok()?;
+    u.send_to(&query(4242, name), (server, 53)).ok()?;
     let mut buf = [0u8; 1024];
     let (n, from) = u.recv_from(&mut buf).ok()?;
     assert_eq!(
@@ -174,6 +172,19 @@ fn lookup(server: Ipv4Addr, name: &str) -> Option<(ResponseCode, Vec<Ipv4Addr>)>
     );
     let r = Message::from_vec(&buf[..n]).unwrap();
     assert_eq!(r.id(), 4242);
+    Some(answer_of(&r))
+}
+
+/// A query for `name`'s A records.
+fn query(id: u16, name: &str) -> Vec<u8> {
+    let mut q = Message::new();
+    q.set_id(id).set_recursion_desired(true);
+    q.add_query(Query::query(Name::from_ascii(name).unwrap(), RecordType::A));
+    q.to_vec().unwrap()
+}
+
+/// The response code and the A records of a response.
+fn answer_of(r: &Message) -> (ResponseCode, Vec<Ipv4Addr>) {
     let addrs = r
         .answers()
         .iter()
@@ -182,7 +193,77 @@ fn lookup(server: Ipv4Addr, name: &str) -> Option<(ResponseCode, Vec<Ipv4Addr>)>
             _ => None,
         })
         .collect();
-    Some((r.response_code(), addrs))
+    (r.response_code(), addrs)
+}
+
+/// Resolve each of `names` over one TCP connection to `server`:53, every
+/// query sent before any answer is read (RFC 1035 framing): the answers,
+/// in order, or None if the connection gave fewer.
+fn lookup_tcp(server: Ipv4Addr, names: &[&str]) -> Option<Vec<(ResponseCode, Vec<Ipv4Addr>)>> {
+    let mut s = TcpStream::connect_timeout(&sa(server, 53), Duration::from_secs(3)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut out = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        let q = query(100 + i as u16, name);
+        out.extend_from_slice(&(q.len() as u16).to_be_bytes());
+        out.extend_from_slice(&q);
+    }
+    s.write_all(&out).ok()?;
+    let mut answers = Vec::new();
+    for i in 0..names.len() {
+        let mut len = [0u8; 2];
+        s.read_exact(&mut len).ok()?;
+        let mut buf = vec![0u8; usize::from(u16::from_be_bytes(len))];
+        s.read_exact(&mut buf).ok()?;
+        let r = Message::from_vec(&buf).unwrap();
+        assert_eq!(r.id(), 100 + i as u16, "answers come in order");
+        answers.push(answer_of(&r));
+    }
+    Some(answers)
+}
+
+/// How long to wait for an echo that should come: long, as a loaded
+/// machine may be slow.
+const ANSWER: Duration = Duration::from_secs(3);
+/// How long to wait for one that should not.
+const SILENCE: Duration = Duration::from_millis(500);
+
+/// The wait for an echo expected (`true`) or not.
+fn wait(expected: bool) -> Duration {
+    if expected {
+        ANSWER
+    } else {
+        SILENCE
+    }
+}
+
+/// Send `payload` over UDP to `dst` from a socket connected to it (which
+/// takes only what comes from `dst`'s address and port): what came back
+/// within `wait`.
+fn udp_echo(dst: SocketAddr, payload: &[u8], wait: Duration) -> Option<Vec<u8>> {
+    let u = UdpSocket::bind("0.0.0.0:0").unwrap();
+    u.connect(dst).unwrap();
+    udp_again(&u, payload, wait)
+}
+
+/// Send `payload` on the connected `u`: what came back within `wait`.
+fn udp_again(u: &UdpSocket, payload: &[u8], wait: Duration) -> Option<Vec<u8>> {
+    u.set_read_timeout(Some(wait)).unwrap();
+    u.send(payload).ok()?;
+    let mut buf = [0u8; 1024];
+    let n = u.recv(&mut buf).ok()?;
+    Some(buf[..n].to_vec())
+}
+
+/// Wait up to 5 s for `f` to hold.
+fn eventually(mut f: impl FnMut() -> bool) -> bool {
+    for _ in 0..250 {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    false
 }
 
 fn policy(mode: Mode, allow: &[&str], deny: &[&str]) -> Policy {
@@ -317,8 +398,10 @@ fn deny_rules_win_and_a_policy_change_applies_to_new_connections() {
     assert_eq!(cidr.1, None, "a port outside the rule got through");
 }
 
+/// Under brig's default (public, no rules) UDP other than DNS goes
+/// nowhere: it needs an address allow rule.
 #[test]
-fn udp_other_than_dns_goes_nowhere_and_sandboxes_cannot_reach_each_other() {
+fn udp_without_an_address_rule_goes_nowhere_and_sandboxes_cannot_reach_each_other() {
     let Some(world) = world("iso") else { return };
     let a = world
         .gateway
@@ -371,10 +454,19 @@ fn the_resolver_answers_on_loopback_inside_the_sandbox() {
             lookup(stub, "allowed.test"),
             lookup(stub, "other.test"),
             get(sa(ALLOWED, 80), "allowed.test"),
+            lookup_tcp(stub, &["allowed.test", "other.test"]),
         )
     });
     assert_eq!(got.0, Some((ResponseCode::NoError, vec![ALLOWED])));
     assert_eq!(got.1.map(|r| r.0), Some(ResponseCode::Refused));
+    assert_eq!(
+        got.3,
+        Some(vec![
+            (ResponseCode::NoError, vec![ALLOWED]),
+            (ResponseCode::Refused, vec![])
+        ]),
+        "DNS over TCP on loopback"
+    );
     assert_eq!(
         got.2.as_deref(),
         Some("hello from 203.0.113.10:80"),
@@ -394,6 +486,13 @@ fn the_resolver_answers_on_loopback_inside_the_sandbox() {
     assert!(
         quiet,
         "the resolver kept 127.0.0.53 after the sandbox was detached"
+    );
+    let tcp = in_sandbox(&sb.netns, move || {
+        std::net::TcpListener::bind((stub, 53)).is_ok()
+    });
+    assert!(
+        tcp,
+        "the resolver kept 127.0.0.53 over TCP after the sandbox was detached"
     );
 }
 
@@ -446,4 +545,383 @@ fn a_pin_whose_owner_is_gone_is_reaped_and_a_live_ones_kept() {
     assert!(!other_pin.exists(), "an orphan pin was kept");
     assert!(!other_pin.with_extension("ready").exists());
     assert!(world.pin.exists(), "the live gateway's pin was reaped");
+}
+
+fn e2b(mode: Mode, allow: &[&str], deny: &[&str]) -> Policy {
+    Policy {
+        precedence: Precedence::Allow,
+        ..policy(mode, allow, deny)
+    }
+}
+
+/// brig's precedence: an IP or CIDR allow rule (within its ports) admits
+/// UDP, the reply comes from where the datagram went; nothing else does.
+#[test]
+fn udp_goes_out_only_under_an_address_allow_rule() {
+    let Some(world) = world("udp") else { return };
+    let sb = world
+        .gateway
+        .attach("udp0000000001", Policy::none())
+        .unwrap();
+    let echo = sa(ALLOWED, UDP_ECHO_PORT);
+    let cases: &[(Policy, bool, &str)] = &[
+        (
+            policy(Mode::Allow, &["203.0.113.10"], &[]),
+            true,
+            "an IP rule",
+        ),
+        (
+            policy(Mode::Allow, &["203.0.113.0/24:9990-9999"], &[]),
+            true,
+            "a CIDR rule with its ports",
+        ),
+        (
+            policy(Mode::Public, &["203.0.113.0/24"], &[]),
+            true,
+            "a CIDR rule in public mode",
+        ),
+        (
+            policy(Mode::Allow, &["203.0.113.0/24:80"], &[]),
+            false,
+            "a rule for other ports",
+        ),
+        (
+            policy(Mode::Public, &[], &[]),
+            false,
+            "public without a rule",
+        ),
+        (
+            policy(Mode::Allow, &["allowed.test"], &[]),
+            false,
+            "a domain rule for a name that resolved to it",
+        ),
+        (
+            policy(Mode::Allow, &["203.0.113.10"], &["203.0.113.10:9999"]),
+            false,
+            "a deny rule",
+        ),
+        (
+            // (A deny rule with ports lets the name resolve.)
+            policy(
+                Mode::Allow,
+                &["203.0.113.10", "allowed.test"],
+                &["allowed.test:9999"],
+            ),
+            false,
+            "a deny rule for a name that resolved to it",
+        ),
+        (Policy::none(), false, "none"),
+    ];
+    for (p, relayed, what) in cases {
+        assert!(world.gateway.set_policy(sb.addr, p.clone()));
+        let within = wait(*relayed);
+        let got = in_sandbox(&sb.netns, move || {
+            // Names that resolve, so that domain rules have their chance.
+            let _ = lookup(GATEWAY_ADDR, "allowed.test");
+            udp_echo(echo, b"ping", within)
+        });
+        if *relayed {
+            assert_eq!(got.as_deref(), Some(&b"ping"[..]), "{what}: no echo");
+        } else {
+            assert_eq!(got, None, "{what}: relayed");
+        }
+    }
+    // The reply comes from the destination's address and port, also to an
+    // unconnected socket.
+    assert!(world
+        .gateway
+        .set_policy(sb.addr, policy(Mode::Allow, &["203.0.113.10"], &[])));
+    let from = in_sandbox(&sb.netns, move || {
+        let u = UdpSocket::bind("0.0.0.0:0").unwrap();
+        u.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        u.send_to(b"who", echo).unwrap();
+        let mut buf = [0u8; 16];
+        u.recv_from(&mut buf).map(|(_, from)| from).ok()
+    });
+    assert_eq!(from, Some(echo));
+    // Counted and logged as the sandbox's traffic, refusals once a flow.
+    // (Counted just after each send: the echo may come back first.)
+    let counters = &sb.net.counters;
+    let relayed = (3 * "ping".len() + "who".len()) as u64;
+    let load = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+    let counted =
+        eventually(|| load(&counters.bytes_out) == relayed && load(&counters.bytes_in) == relayed);
+    assert!(
+        counted,
+        "{} out, {} in",
+        load(&counters.bytes_out),
+        load(&counters.bytes_in)
+    );
+    assert_eq!(load(&counters.allowed), 4, "one allowed connection a flow");
+    let refused = sb
+        .net
+        .log
+        .lock()
+        .unwrap()
+        .entries()
+        .into_iter()
+        .filter(|e| e.protocol == "udp" && !e.allowed)
+        .count();
+    assert_eq!(refused, 6, "one refused entry per refused flow");
+}
+
+/// Private, link-local, metadata ranges and the host itself are never
+/// reached, whatever the rules and the precedence.
+#[test]
+fn udp_never_reaches_special_ranges_or_the_host() {
+    let Some(world) = world("udpspecial") else {
+        return;
+    };
+    serve_udp_echo(sa(HOST, UDP_ECHO_PORT));
+    let sb = world
+        .gateway
+        .attach("udps00000001", Policy::none())
+        .unwrap();
+    let rules = [
+        "192.168.1.0/24",
+        "169.254.169.254",
+        "198.51.100.1",
+        "203.0.113.10",
+    ];
+    for p in [
+        policy(Mode::Allow, &rules, &[]),
+        e2b(Mode::Public, &rules, &[]),
+    ] {
+        assert!(world.gateway.set_policy(sb.addr, p));
+        let got = in_sandbox(&sb.netns, || {
+            (
+                udp_echo(sa(PRIVATE, UDP_ECHO_PORT), b"a", SILENCE),
+                udp_echo(sa(METADATA, UDP_ECHO_PORT), b"b", SILENCE),
+                udp_echo(sa(HOST, UDP_ECHO_PORT), b"c", SILENCE),
+                udp_echo(sa(ALLOWED, UDP_ECHO_PORT), b"d", ANSWER),
+            )
+        });
+        assert_eq!(got.0, None, "a private address was reached");
+        assert_eq!(got.1, None, "the metadata address was reached");
+        assert_eq!(got.2, None, "the host itself was reached");
+        assert_eq!(got.3.as_deref(), Some(&b"d"[..]), "the world was not");
+    }
+    assert_eq!(sb.net.udp_flows(), 2, "only the world's flows are open");
+}
+
+/// E2B's precedence: UDP is open by default in public; a deny CIDR closes
+/// it, an allow CIDR reopens part of it; deny-all closes it.
+#[test]
+fn udp_under_e2b_precedence_is_open_unless_a_cidr_denies_it() {
+    let Some(world) = world("udpe2b") else { return };
+    let sb = world
+        .gateway
+        .attach("udpe00000001", Policy::none())
+        .unwrap();
+    let echo = sa(ALLOWED, UDP_ECHO_PORT);
+    let cases = [
+        (e2b(Mode::Public, &[], &[]), true, "public"),
+        (
+            e2b(Mode::Public, &[], &["203.0.113.0/24"]),
+            false,
+            "a deny CIDR",
+        ),
+        (
+            e2b(Mode::Public, &["203.0.113.10"], &["203.0.113.0/24"]),
+            true,
+            "an allow CIDR inside the deny CIDR",
+        ),
+        (e2b(Mode::Allow, &[], &[]), false, "deny-all"),
+        (
+            e2b(Mode::Allow, &["203.0.113.10"], &[]),
+            true,
+            "deny-all and an allow IP",
+        ),
+    ];
+    for (p, relayed, what) in cases {
+        assert!(world.gateway.set_policy(sb.addr, p));
+        let got = in_sandbox(&sb.netns, move || udp_echo(echo, b"e2b", wait(relayed)));
+        assert_eq!(got.is_some(), relayed, "{what}: {got:?}");
+    }
+}
+
+/// A policy change applies to new flows and ends the open ones it no
+/// longer admits; each flow is logged when it ends, with its bytes.
+#[test]
+fn a_policy_change_stops_udp_flows() {
+    let Some(world) = world("udpchange") else {
+        return;
+    };
+    let sb = world
+        .gateway
+        .attach("udpc00000001", policy(Mode::Allow, &["203.0.113.10"], &[]))
+        .unwrap();
+    let echo = sa(ALLOWED, UDP_ECHO_PORT);
+    let open = in_sandbox(&sb.netns, move || {
+        let u = UdpSocket::bind("0.0.0.0:0").unwrap();
+        u.connect(echo).unwrap();
+        u
+    });
+    assert_eq!(
+        udp_again(&open, b"one", ANSWER).as_deref(),
+        Some(&b"one"[..])
+    );
+    assert_eq!(
+        udp_again(&open, b"two", ANSWER).as_deref(),
+        Some(&b"two"[..])
+    );
+    assert_eq!(sb.net.udp_flows(), 1);
+    assert!(world
+        .gateway
+        .set_policy(sb.addr, policy(Mode::Allow, &["203.0.113.11"], &[])));
+    assert_eq!(sb.net.udp_flows(), 0, "the flow outlived the rule");
+    assert_eq!(
+        udp_again(&open, b"three", SILENCE),
+        None,
+        "an open flow went on"
+    );
+    let fresh = in_sandbox(&sb.netns, move || udp_echo(echo, b"four", SILENCE));
+    assert_eq!(fresh, None, "a new flow went out");
+    let ended = eventually(|| {
+        sb.net.log.lock().unwrap().entries().iter().any(|e| {
+            e.protocol == "udp"
+                && e.allowed
+                && e.destination == echo
+                && e.bytes_out == 6
+                && e.bytes_in == 6
+                && e.reason
+                    .as_deref()
+                    .is_some_and(|r| r.contains("policy changed"))
+        })
+    });
+    assert!(ended, "{:?}", sb.net.log.lock().unwrap().entries());
+    // And back: the rule opens new flows again at once.
+    assert!(world
+        .gateway
+        .set_policy(sb.addr, policy(Mode::Allow, &["203.0.113.10"], &[])));
+    assert_eq!(
+        udp_again(&open, b"five", ANSWER).as_deref(),
+        Some(&b"five"[..])
+    );
+}
+
+/// A sandbox has at most MAX_FLOWS flows open: past that, its least
+/// recently active ones end to make room, and new flows still work.
+#[test]
+fn udp_flows_per_sandbox_are_bounded() {
+    let Some(world) = world("udpbound") else {
+        return;
+    };
+    let sb = world
+        .gateway
+        .attach("udpb00000001", policy(Mode::Allow, &["203.0.113.10"], &[]))
+        .unwrap();
+    let max = brig_net::udp::MAX_FLOWS;
+    let extra = 20;
+    let echo = sa(ALLOWED, UDP_ECHO_PORT);
+    let answered = in_sandbox(&sb.netns, move || {
+        // Every socket kept open, so that each has a port of its own (a
+        // port used again would be the same flow).
+        let mut sockets = Vec::new();
+        for _ in 0..max + extra {
+            let u = UdpSocket::bind("0.0.0.0:0").unwrap();
+            u.connect(echo).unwrap();
+            if udp_again(&u, b"n", ANSWER).is_some() {
+                sockets.push(u);
+            }
+        }
+        sockets.len()
+    });
+    assert_eq!(answered, max + extra, "some flows were not relayed");
+    assert_eq!(sb.net.udp_flows(), max);
+    let evicted = eventually(|| {
+        sb.net
+            .log
+            .lock()
+            .unwrap()
+            .entries()
+            .iter()
+            .filter(|e| e.reason.as_deref().is_some_and(|r| r.contains("make room")))
+            .count()
+            == extra
+    });
+    assert!(evicted, "the oldest flows were not the ones ended");
+}
+
+/// A sandbox whose egress goes through a SOCKS5 proxy sends no UDP: the
+/// proxy does not carry it, and around it is not allowed.
+#[test]
+fn udp_does_not_go_around_an_egress_proxy() {
+    let Some(world) = world("udpsocks") else {
+        return;
+    };
+    let mut p = policy(Mode::Allow, &["203.0.113.10"], &[]);
+    p.egress_proxy = Some(EgressProxy {
+        address: format!("{SOCKS}:1080"),
+        username: None,
+        password: None,
+    });
+    let sb = world.gateway.attach("udpx00000001", p).unwrap();
+    let got = in_sandbox(&sb.netns, || {
+        udp_echo(sa(ALLOWED, UDP_ECHO_PORT), b"x", SILENCE)
+    });
+    assert_eq!(got, None, "UDP went around the egress proxy");
+    let logged = eventually(|| {
+        sb.net.log.lock().unwrap().entries().iter().any(|e| {
+            e.protocol == "udp"
+                && !e.allowed
+                && e.reason
+                    .as_deref()
+                    .is_some_and(|r| r.contains("egress proxy"))
+        })
+    });
+    assert!(logged, "{:?}", sb.net.log.lock().unwrap().entries());
+}
+
+/// DNS over TCP, to any address, is answered by brig's resolver by the
+/// same rules as over UDP: several queries to a connection, allowed names
+/// recorded for the proxy, --add-host names answered, others refused, and
+/// a truncated upstream answer asked again over TCP.
+#[test]
+fn dns_over_tcp_is_answered_by_the_same_rules() {
+    let Some(world) = world("dnstcp") else { return };
+    let mut p = policy(Mode::Allow, &["allowed.test", "big.test"], &[]);
+    p.hosts = vec![("db.internal".into(), OTHER.into())];
+    let sb = world.gateway.attach("dnst00000001", p).unwrap();
+    let got = in_sandbox(&sb.netns, || {
+        (
+            // Any address, as over UDP; the name resolves over TCP only.
+            lookup_tcp(
+                Ipv4Addr::new(8, 8, 8, 8),
+                &["allowed.test", "other.test", "db.internal"],
+            ),
+            get(sa(ALLOWED, 80), "allowed.test"),
+            lookup_tcp(GATEWAY_ADDR, &["big.test"]),
+            lookup(GATEWAY_ADDR, "big.test"),
+        )
+    });
+    assert_eq!(
+        got.0,
+        Some(vec![
+            (ResponseCode::NoError, vec![ALLOWED]),
+            (ResponseCode::Refused, vec![]),
+            (ResponseCode::NoError, vec![OTHER]),
+        ])
+    );
+    assert_eq!(
+        got.1.as_deref(),
+        Some("hello from 203.0.113.10:80"),
+        "a name resolved over TCP did not count for the proxy"
+    );
+    let big = got.2.expect("big.test over TCP");
+    assert_eq!(big[0].0, ResponseCode::NoError);
+    assert_eq!(
+        big[0].1.len(),
+        usize::from(BIG_RECORDS),
+        "the whole answer over TCP"
+    );
+    assert_eq!(
+        got.3,
+        Some((ResponseCode::NoError, vec![])),
+        "over UDP the answer stays truncated"
+    );
+    // Under none, refused over TCP too.
+    assert!(world.gateway.set_policy(sb.addr, Policy::none()));
+    let none = in_sandbox(&sb.netns, || lookup_tcp(GATEWAY_ADDR, &["allowed.test"]));
+    assert_eq!(none, Some(vec![(ResponseCode::Refused, vec![])]));
 }

@@ -366,7 +366,8 @@ pub(crate) struct NetLink {
 
 impl NetLink {
     fn set_policy(&self, policy: brig_net::Policy) {
-        *self.net.policy.write().unwrap_or_else(|e| e.into_inner()) = policy;
+        // Through brig-net, which also ends the UDP flows it now refuses.
+        self.net.set_policy(policy);
     }
 }
 

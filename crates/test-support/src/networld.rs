@@ -7,9 +7,10 @@
 //!  routes to the world's addresses                    ALLOWED 203.0.113.10  http :80 :443, udp echo :9999
 //!                                                     OTHER   203.0.113.11  http :80
 //!                                                     DNS     203.0.113.53  allowed.test, www.allowed.test,
-//!                                                                           other.test, rebind.test, meta.test
-//!                                                     PRIVATE 192.168.1.10  http :80
-//!                                                     METADATA 169.254.169.254 http :80
+//!                                                                           other.test, rebind.test, meta.test,
+//!                                                                           big.test (UDP and TCP)
+//!                                                     PRIVATE 192.168.1.10  http :80, udp echo :9999
+//!                                                     METADATA 169.254.169.254 http :80, udp echo :9999
 //! ```
 //!
 //! Every TCP server answers whatever it reads first (an HTTP head, a TLS
@@ -35,6 +36,12 @@ pub const DNS: Ipv4Addr = Ipv4Addr::new(203, 0, 113, 53);
 pub const PRIVATE: Ipv4Addr = Ipv4Addr::new(192, 168, 1, 10);
 pub const METADATA: Ipv4Addr = Ipv4Addr::new(169, 254, 169, 254);
 pub const HOST: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
+/// The UDP echo servers' port (ALLOWED, PRIVATE, METADATA).
+pub const UDP_ECHO_PORT: u16 = 9999;
+/// How many A records `big.test` has: too many for a UDP answer, which
+/// the world's DNS sends truncated (TC, no records); over TCP, all of
+/// them, 203.0.113.100 and on.
+pub const BIG_RECORDS: u8 = 40;
 /// A SOCKS5 proxy (port 1080; user `u`, password `p` when a client
 /// offers to authenticate), which records where it was asked to connect
 /// ([`socks_log`]).
@@ -132,7 +139,9 @@ impl NetWorld {
                 serve_echo(SocketAddr::new(addr.into(), ECHO_PORT), None);
             }
             serve_echo(SocketAddr::new(ALLOWED.into(), TLS_ECHO_PORT), Some(tls));
-            serve_udp_echo(SocketAddr::new(ALLOWED.into(), 9999));
+            for addr in [ALLOWED, PRIVATE, METADATA] {
+                serve_udp_echo(SocketAddr::new(addr.into(), UDP_ECHO_PORT));
+            }
             serve_dns(SocketAddr::new(DNS.into(), 53));
             serve_socks(SocketAddr::new(SOCKS.into(), 1080));
         })
@@ -440,7 +449,8 @@ pub fn serve_http(addr: SocketAddr) {
     });
 }
 
-fn serve_udp_echo(addr: SocketAddr) {
+/// A UDP echo server: each datagram back to where it came from.
+pub fn serve_udp_echo(addr: SocketAddr) {
     let u = UdpSocket::bind(addr).expect("bind the world's echo");
     std::thread::spawn(move || {
         let mut buf = [0u8; 512];
@@ -450,42 +460,72 @@ fn serve_udp_echo(addr: SocketAddr) {
     });
 }
 
-/// The world's DNS: A records for a few names, NXDOMAIN for the rest.
+/// The world's DNS, over UDP and TCP: A records for a few names, NXDOMAIN
+/// for the rest.
 fn serve_dns(addr: SocketAddr) {
     let u = UdpSocket::bind(addr).expect("bind the world's DNS");
     std::thread::spawn(move || {
         let mut buf = [0u8; 512];
         while let Ok((n, from)) = u.recv_from(&mut buf) {
-            let Ok(q) = Message::from_vec(&buf[..n]) else {
-                continue;
-            };
-            let Some(question) = q.queries().first() else {
-                continue;
-            };
-            let mut r = Message::new();
-            r.set_id(q.id()).set_message_type(MessageType::Response);
-            r.add_queries(q.queries().to_vec());
-            let name = question.name().clone();
-            let a = match name.to_ascii().trim_end_matches('.') {
-                "allowed.test" | "www.allowed.test" => Some(ALLOWED),
-                "other.test" => Some(OTHER),
-                "pypi.test" => Some(PYPI),
-                "rebind.test" => Some(PRIVATE),
-                "meta.test" => Some(METADATA),
-                _ => None,
-            };
-            match a {
-                Some(a) if question.query_type() == RecordType::A => {
-                    r.add_answer(Record::from_rdata(name, 30, RData::A(a.into())));
-                }
-                Some(_) => {}
-                None => {
-                    r.set_response_code(ResponseCode::NXDomain);
-                }
-            }
-            if let Ok(bytes) = r.to_vec() {
+            if let Some(bytes) = dns_answer(&buf[..n], false) {
                 let _ = u.send_to(&bytes, from);
             }
         }
     });
+    let l = std::net::TcpListener::bind(addr).expect("bind the world's DNS over TCP");
+    std::thread::spawn(move || {
+        for s in l.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut s = s;
+                let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+                let mut len = [0u8; 2];
+                while s.read_exact(&mut len).is_ok() {
+                    let mut q = vec![0u8; usize::from(u16::from_be_bytes(len))];
+                    if s.read_exact(&mut q).is_err() {
+                        return;
+                    }
+                    let Some(a) = dns_answer(&q, true) else {
+                        return;
+                    };
+                    let mut framed = (a.len() as u16).to_be_bytes().to_vec();
+                    framed.extend(a);
+                    if s.write_all(&framed).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+}
+
+fn dns_answer(query: &[u8], tcp: bool) -> Option<Vec<u8>> {
+    let q = Message::from_vec(query).ok()?;
+    let question = q.queries().first()?;
+    let mut r = Message::new();
+    r.set_id(q.id()).set_message_type(MessageType::Response);
+    r.add_queries(q.queries().to_vec());
+    let name = question.name().clone();
+    let a = match name.to_ascii().trim_end_matches('.') {
+        "allowed.test" | "www.allowed.test" => vec![ALLOWED],
+        "other.test" => vec![OTHER],
+        "pypi.test" => vec![PYPI],
+        "rebind.test" => vec![PRIVATE],
+        "meta.test" => vec![METADATA],
+        "big.test" => (0..BIG_RECORDS)
+            .map(|i| Ipv4Addr::new(203, 0, 113, 100 + i))
+            .collect(),
+        _ => Vec::new(),
+    };
+    if a.is_empty() {
+        r.set_response_code(ResponseCode::NXDomain);
+    } else if question.query_type() == RecordType::A {
+        if a.len() > 1 && !tcp {
+            r.set_truncated(true);
+        } else {
+            for a in a {
+                r.add_answer(Record::from_rdata(name.clone(), 30, RData::A(a.into())));
+            }
+        }
+    }
+    r.to_vec().ok()
 }

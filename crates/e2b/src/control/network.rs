@@ -40,8 +40,20 @@ use crate::E2bState;
 /// E2B's `ALL_TRAFFIC`.
 pub const ALL_TRAFFIC: &str = "0.0.0.0/0";
 
+/// What an E2B sandbox whose settings restrict nothing gets: the internet
+/// under E2B's precedence, so UDP too goes out by default (E2B: "CIDR sets
+/// only, allow before deny, default accept"), where brig's own default
+/// admits UDP only by an address rule.
+pub fn open() -> Policy {
+    Policy {
+        precedence: Precedence::Allow,
+        ..Policy::default()
+    }
+}
+
 /// The brig policy of E2B's egress settings, or a 400 naming what is
-/// wrong. `None`: nothing restricts egress (the daemon's default network).
+/// wrong. `None`: nothing restricts egress ([`open`] where the daemon gives
+/// sandboxes a network).
 pub fn policy(
     allow_internet_access: Option<bool>,
     allow_out: &[String],
@@ -300,7 +312,7 @@ pub async fn update(
         req.rules.as_ref(),
         req.egress_proxy.as_ref(),
     )?
-    .unwrap_or_default();
+    .unwrap_or_else(open);
     let manager = Arc::clone(&state.manager);
     let registry = Arc::clone(&state.sandboxes);
     tokio::task::spawn_blocking(move || -> Result<(), E2bError> {
