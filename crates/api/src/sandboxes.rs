@@ -57,6 +57,11 @@ pub struct CreateSandboxConfig {
     /// (or the tenant's key).
     #[serde(default)]
     pub public_ports: bool,
+    /// Secrets of this sandbox alone, for its injections'
+    /// `${secrets.NAME}` (before the tenant's of the same name): name →
+    /// value. Never shown back.
+    #[serde(default)]
+    pub secrets: BTreeMap<String, String>,
 }
 
 /// What a create asked of its ports, checked before anything is made.
@@ -133,6 +138,7 @@ impl CreateSandboxConfig {
             name: self.name,
             timeout,
             network,
+            secrets: self.secrets,
             ..CreateConfig::default()
         };
         let ports = PortsAsked {

@@ -698,6 +698,78 @@ fn secrets_are_injected_and_never_reach_the_sandbox() {
     support::stop_daemon(&mut daemon.0);
 }
 
+/// `brig create --secret NAME`: a secret of that sandbox alone, taken from
+/// the CLI's environment, used by its injections before the tenant's
+/// secret of the same name, and shown by no answer; another sandbox
+/// without it gets the tenant's.
+#[test]
+fn a_sandbox_can_be_given_its_own_secret() {
+    require_root!();
+    let world = NetWorld::build("ownsecret");
+    let home = tempfile::tempdir().unwrap();
+    let (mut daemon, url, lines) = serve(home.path(), &[], Some(world.ca_file()));
+    drain(lines);
+    let h = home.path();
+    const OWN: &str = "own-0123456789abcdef";
+    const TENANTS: &str = "tenant-fedcba9876543210";
+    let mut set = Command::new(BRIG)
+        .args(["secrets", "set", "tok"])
+        .env("BRIG_URL", &url)
+        .env("BRIG_HOME", h)
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut set.stdin.take().unwrap(), TENANTS.as_bytes()).unwrap();
+    assert!(set.wait().unwrap().success());
+    let sha = |s: &str| {
+        let out = Command::new("sh")
+            .args(["-c", &format!("printf %s 'Bearer {s}' | sha256sum")])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)[..64].to_string()
+    };
+    let inject = "allowed.test:Authorization=Bearer ${secrets.tok}";
+    let created = Command::new(BRIG)
+        .args(["create", "--inject", inject, "--secret", "TOK"])
+        .env("BRIG_URL", &url)
+        .env("BRIG_HOME", h)
+        .env("TOK", OWN)
+        .output()
+        .unwrap();
+    let own_id = ok(created, "create --secret").trim().to_string();
+    let other_id = ok(brig(h, &url, &["create", "--inject", inject]), "create")
+        .trim()
+        .to_string();
+    let plain = "http://allowed.test:8080/";
+    let got = fetch_flat(h, &url, &own_id, &[plain]);
+    assert!(
+        line(&got, plain).contains(&format!("auth-sha256: {}", sha(OWN))),
+        "{got}"
+    );
+    let got = fetch_flat(h, &url, &other_id, &[plain]);
+    assert!(
+        line(&got, plain).contains(&format!("auth-sha256: {}", sha(TENANTS))),
+        "{got}"
+    );
+    // No answer shows it.
+    for args in [
+        vec!["inspect", "--json", own_id.as_str()],
+        vec!["net", own_id.as_str()],
+        vec!["ls", "--format", "json"],
+    ] {
+        let shown = ok(brig(h, &url, &args), "show");
+        assert!(!shown.contains(OWN), "{args:?} shows the secret: {shown}");
+    }
+    // Bad ones are refused before anything is made.
+    let bad = brig(h, &url, &["create", "--secret", "sec_x=1"]);
+    assert!(!bad.status.success());
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("invalid secret name"),
+        "{bad:?}"
+    );
+    support::stop_daemon(&mut daemon.0);
+}
+
 /// `brig run --inject … --secret NAME`: no daemon, the same guarantees:
 /// the host gets the header, the sandbox (its environment, processes,
 /// files) never sees the value, which came from brig's environment and

@@ -174,8 +174,13 @@ pub struct CreateConfig {
     /// has a gateway, loopback only when it has none.
     pub network: Option<brig_net::Policy>,
     /// What the front-end keeps on the record from its first write, by key
-    /// (`network` is the runtime's own: one given here is replaced).
+    /// (`network` and `secrets` are the runtime's own: ones given here are
+    /// replaced).
     pub attrs: serde_json::Map<String, serde_json::Value>,
+    /// Secrets of this sandbox alone, for its injections' `${secrets.NAME}`
+    /// (before its tenant's of the same name); kept on its record, never
+    /// shown.
+    pub secrets: BTreeMap<String, String>,
 }
 
 impl Default for CreateConfig {
@@ -191,6 +196,7 @@ impl Default for CreateConfig {
             isolation: Isolation::Process,
             network: None,
             attrs: serde_json::Map::new(),
+            secrets: BTreeMap::new(),
         }
     }
 }
@@ -738,6 +744,7 @@ impl SandboxManager {
         net.set_secrets(Arc::new(crate::secrets::TenantSecrets {
             reader: Arc::clone(&self.secret_reader),
             tenant: record.tenant.clone(),
+            own: crate::secrets::TenantSecrets::own_from(&record.attrs),
         }));
         // A kept CA was installed by the daemon that made it.
         let trusted = record.attrs.get(CA_ATTR).is_some();
@@ -910,11 +917,22 @@ impl SandboxManager {
         }
         // The record keeps the policy (for a later daemon) and what the
         // front-end asked to keep, in its first write.
+        let own =
+            crate::secrets::check_own(&req.secrets).map_err(|e| ManagerError::BadRequest {
+                reason: e.to_string(),
+            })?;
         let mut attrs = req.attrs;
         attrs.insert(
             "network".into(),
             serde_json::to_value(&policy).unwrap_or_default(),
         );
+        attrs.remove(crate::secrets::OWN_ATTR);
+        if !own.is_empty() {
+            attrs.insert(
+                crate::secrets::OWN_ATTR.into(),
+                serde_json::to_value(&own).unwrap_or_default(),
+            );
+        }
         let new = |id: SandboxId| NewSandbox {
             id,
             tenant: tenant.clone(),
@@ -1150,12 +1168,14 @@ impl SandboxManager {
             .map(|e| (e.key.clone(), e.value.clone()))
             .collect();
         if let Some(link) = &net {
-            // Its injections read its tenant's secrets; the CA it trusts is
-            // kept for a later daemon; its processes are pointed at it.
+            // Its injections read its own secrets, then its tenant's; the
+            // CA it trusts is kept for a later daemon; its processes are
+            // pointed at it.
             link.net
                 .set_secrets(Arc::new(crate::secrets::TenantSecrets {
                     reader: Arc::clone(&self.secret_reader),
                     tenant: tenant.clone(),
+                    own: crate::secrets::TenantSecrets::own_from(&record.attrs),
                 }));
             let ca = serde_json::json!({"pem": link.net.ca.pem(), "key": link.net.ca.key_pem()});
             if let Err(e) = self.store().set_attrs(&id, CA_ATTR, &ca) {

@@ -60,6 +60,10 @@ pub enum SecretError {
     NotFound(String),
     #[error("this tenant has {MAX_SECRETS} secrets, the most it may keep: remove some first")]
     TooMany,
+    #[error(
+        "{0} secrets given to one sandbox: at most {MAX_OWN} (store more with brig secrets set)"
+    )]
+    TooManyOwn(usize),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -71,7 +75,8 @@ impl SecretError {
             SecretError::BadName(_)
             | SecretError::TooLarge(_)
             | SecretError::Empty
-            | SecretError::BadMetadata(_) => K::BadRequest,
+            | SecretError::BadMetadata(_)
+            | SecretError::TooManyOwn(_) => K::BadRequest,
             SecretError::Exists(_) | SecretError::TooMany => K::Conflict,
             SecretError::NotFound(_) => K::NotFound,
             SecretError::Store(e) => e.kind(),
@@ -359,16 +364,62 @@ impl SecretReader {
     }
 }
 
-/// One tenant's secrets, for its sandboxes' injections.
+/// Where a sandbox's own secrets (`brig create --secret`) are kept on its
+/// record: in its attrs, never shown by any answer.
+pub(crate) const OWN_ATTR: &str = "secrets";
+/// The most secrets one sandbox may be given at create.
+pub const MAX_OWN: usize = 64;
+
+/// A sandbox's secrets, for its injections: those it was created with,
+/// then its tenant's.
 pub(crate) struct TenantSecrets {
     pub(crate) reader: std::sync::Arc<SecretReader>,
     pub(crate) tenant: TenantId,
+    pub(crate) own: BTreeMap<String, String>,
+}
+
+impl TenantSecrets {
+    /// The sandbox's own secrets as its record keeps them.
+    pub(crate) fn own_from(
+        attrs: &serde_json::Map<String, serde_json::Value>,
+    ) -> BTreeMap<String, String> {
+        attrs
+            .get(OWN_ATTR)
+            .and_then(|v| serde_json::from_value(v.clone()).ok())
+            .unwrap_or_default()
+    }
 }
 
 impl brig_net::inject::SecretSource for TenantSecrets {
     fn secret(&self, name: &str) -> Option<Vec<u8>> {
-        self.reader.value(&self.tenant, name)
+        match self.own.get(name) {
+            Some(v) => Some(v.clone().into_bytes()),
+            None => self.reader.value(&self.tenant, name),
+        }
     }
+}
+
+/// A create's own secrets, checked (names as the store takes them, values
+/// within its limit, at most [`MAX_OWN`]) and keyed by their lower-cased
+/// names.
+pub fn check_own(
+    given: &BTreeMap<String, String>,
+) -> Result<BTreeMap<String, String>, SecretError> {
+    if given.len() > MAX_OWN {
+        return Err(SecretError::TooManyOwn(given.len()));
+    }
+    let mut out = BTreeMap::new();
+    for (name, value) in given {
+        let name = normalize_name(name)?;
+        if value.is_empty() {
+            return Err(SecretError::Empty);
+        }
+        if value.len() > MAX_VALUE {
+            return Err(SecretError::TooLarge(value.len()));
+        }
+        out.insert(name, value.clone());
+    }
+    Ok(out)
 }
 
 #[cfg(test)]

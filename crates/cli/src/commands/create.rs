@@ -44,6 +44,12 @@ pub struct CreateArgs {
     /// (repeatable; PORT alone: any free host port, printed on stderr).
     #[arg(long = "publish", short = 'p', value_name = "[HOSTPORT:]PORT")]
     publish: Vec<String>,
+    /// A secret of this sandbox alone for --inject's ${secrets.NAME}
+    /// (repeatable): NAME=VALUE, or NAME to take the value of $NAME here
+    /// (kept out of `ps`); before the tenant's secret of the same name. The
+    /// sandbox never sees it.
+    #[arg(long = "secret", value_name = "NAME[=VALUE]")]
+    secret: Vec<String>,
     /// Let anyone reach its ports by host name
     /// (http://PORT-ID.localhost:7777/) without its traffic token.
     #[arg(long)]
@@ -86,6 +92,10 @@ impl CreateArgs {
         }
         if self.public_ports {
             body["public_ports"] = json!(true);
+        }
+        let secrets = super::net::secret_flags(&self.secret)?;
+        if !secrets.is_empty() {
+            body["secrets"] = json!(secrets);
         }
         Ok(body)
     }

@@ -138,6 +138,30 @@ impl NetworkFlags {
     }
 }
 
+/// `--secret NAME=VALUE` / `--secret NAME` (the value of $NAME here, kept
+/// out of `ps`), by lower-cased name, each checked as the store checks
+/// secrets.
+pub fn secret_flags(
+    given: &[String],
+) -> anyhow::Result<std::collections::BTreeMap<String, String>> {
+    let mut secrets = std::collections::BTreeMap::new();
+    for g in given {
+        let (name, value) = match g.split_once('=') {
+            Some((n, v)) => (n, v.to_string()),
+            None => (
+                g.as_str(),
+                std::env::var(g).map_err(|_| {
+                    anyhow::anyhow!(
+                        "--secret {g}: ${g} is not set here (give --secret {g}=VALUE, or export {g})"
+                    )
+                })?,
+            ),
+        };
+        secrets.insert(name.to_string(), value);
+    }
+    brig_runtime::secrets::check_own(&secrets).map_err(|e| anyhow::anyhow!("--secret: {e}"))
+}
+
 /// `--dns-upstream`'s value: IP or IP:PORT (port 53 if none).
 pub fn parse_upstream(s: &str) -> Result<SocketAddr, String> {
     s.parse::<SocketAddr>()

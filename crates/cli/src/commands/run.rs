@@ -154,35 +154,16 @@ struct RunNetwork {
     secrets: HashMap<String, Vec<u8>>,
 }
 
-/// `--secret NAME=VALUE` / `--secret NAME` (the value of $NAME), checked
-/// against what the injections name: each named secret given, each given
-/// one used.
+/// `--secret`s (see [`super::net::secret_flags`]), checked against what
+/// the injections name: each named secret given, each given one used.
 fn run_secrets(
     given: &[String],
     policy: &brig_net::Policy,
 ) -> anyhow::Result<HashMap<String, Vec<u8>>> {
-    let mut secrets = HashMap::new();
-    for g in given {
-        let (name, value) = match g.split_once('=') {
-            Some((n, v)) => (n, v.to_string()),
-            None => (
-                g.as_str(),
-                std::env::var(g).map_err(|_| {
-                    anyhow::anyhow!("--secret {g}: ${g} is not set here (give --secret {g}=VALUE, or export {g})")
-                })?,
-            ),
-        };
-        let name = brig_runtime::secrets::normalize_name(name)
-            .map_err(|e| anyhow::anyhow!("--secret {name:?}: {e}"))?;
-        if value.len() > brig_runtime::secrets::MAX_VALUE {
-            anyhow::bail!(
-                "--secret {name}: {} bytes is too large (at most {})",
-                value.len(),
-                brig_runtime::secrets::MAX_VALUE
-            );
-        }
-        secrets.insert(name, value.into_bytes());
-    }
+    let secrets: HashMap<String, Vec<u8>> = super::net::secret_flags(given)?
+        .into_iter()
+        .map(|(k, v)| (k, v.into_bytes()))
+        .collect();
     let mut named = Vec::new();
     for i in &policy.inject {
         named.extend(
