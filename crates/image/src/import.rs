@@ -154,7 +154,7 @@ fn import_oci(store: &ImageStore, src: &Source, name: &str) -> Result<ImageRecor
     store.write_blob(chosen.desc.digest().as_ref(), &manifest_bytes[..])?;
     let config = manifest.config();
     store.write_blob(config.digest().as_ref(), &src.read_blob(config)?[..])?;
-    let mut size = 0;
+    let mut size: u64 = 0;
     for (layer, diff_id) in layers.iter().zip(&parsed.diff_ids) {
         let digest = layer.digest().to_string();
         if !store.has_blob(&digest) {
@@ -162,7 +162,7 @@ fn import_oci(store: &ImageStore, src: &Source, name: &str) -> Result<ImageRecor
             store.write_blob_sized(&digest, Some(layer.size()), reader)?;
         }
         store.unpack_layer(&digest, layer.media_type().as_ref(), diff_id)?;
-        size += layer.size();
+        size = size.saturating_add(layer.size());
     }
     Ok(ImageRecord {
         name: name.to_string(),
@@ -370,7 +370,7 @@ fn import_docker(store: &ImageStore, src: &Source, name: &str) -> Result<ImageRe
     store.write_blob(&config_digest, &config_bytes[..])?;
 
     let mut descriptors = Vec::new();
-    let mut size = 0;
+    let mut size: u64 = 0;
     for (member, diff_id) in entry.layers.iter().zip(&parsed.diff_ids) {
         let mut magic = [0u8; 4];
         let got = read_up_to(&mut src.reader(member)?, &mut magic).map_err(|source| {
@@ -397,7 +397,7 @@ fn import_docker(store: &ImageStore, src: &Source, name: &str) -> Result<ImageRe
         let media_type = compression.oci_media_type();
         store.unpack_layer(&digest, media_type, diff_id)?;
         descriptors.push(descriptor(media_type, &digest, n)?);
-        size += n;
+        size = size.saturating_add(n);
     }
 
     let manifest = ImageManifestBuilder::default()

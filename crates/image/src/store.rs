@@ -13,8 +13,10 @@
 //! written to `blobs/sha256/.tmp-*` while it is hashed, and renamed only if
 //! its digest (and size, when known) is right; a layer is unpacked into
 //! `layers/.tmp-*` and renamed only once the whole uncompressed stream
-//! matched its diff id. Both are `fsync`ed before the rename, so a crash
-//! cannot leave a torn file under a good name. Both are idempotent: a blob
+//! matched its diff id. Both reach the disk before the rename (a blob by
+//! `fsync`, a layer by `syncfs`: one call instead of one per file, at the
+//! price of flushing the rest of the filesystem too), so a crash cannot
+//! leave a torn file under a good name. Both are idempotent: a blob
 //! or layer that exists is not written again (two writers racing rename
 //! identical content over each other, or the loser throws its copy away).
 //!
@@ -340,12 +342,8 @@ impl ImageStore {
             .prefix(".tmp-")
             .tempdir_in(&layers)
             .map_err(ImageError::io("create a temporary layer in", &layers))?;
-        // The layer's root, unless the layer says otherwise with a `./`
-        // entry. Overlayfs takes the merged root's attributes from the
-        // upper layer anyway.
-        fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o755))
-            .map_err(ImageError::io("chmod", tmp.path()))?;
-
+        // The temporary stays 0700 while it is written (no other user can
+        // get in and race the unpack); unpack gives the root its mode last.
         let stream_err = |source| ImageError::LayerStream {
             blob: blob.to_string(),
             source,
@@ -380,6 +378,9 @@ impl ImageStore {
     /// layers must be unpacked and its manifest blob stored.
     pub fn register(&self, image: &ImageRecord) -> Result<(), ImageError> {
         check_name(&image.name)?;
+        // Shared: a prune cannot take a layer between the check and the
+        // insert.
+        let _lock = self.lock(FlockOperation::LockShared)?;
         digest::check(&image.digest)?;
         if !self.has_blob(&image.digest) {
             return Err(ImageError::ManifestMissing {

@@ -80,6 +80,7 @@ pub(crate) fn unpack<R: Read>(reader: R, dest: &Path, blob: &str) -> Result<R, I
         dest,
         blob,
         dir_times: Vec::new(),
+        root_meta: None,
         buf: vec![0; 64 * 1024],
     };
     let mut archive = tar::Archive::new(reader);
@@ -88,7 +89,7 @@ pub(crate) fn unpack<R: Read>(reader: R, dest: &Path, blob: &str) -> Result<R, I
         let mut entry = entry.map_err(|e| unpacker.stream(e))?;
         unpacker.entry(&mut entry)?;
     }
-    unpacker.finish_dirs();
+    unpacker.finish()?;
     Ok(archive.into_inner())
 }
 
@@ -109,6 +110,10 @@ struct Unpacker<'a> {
     /// Directories made or updated, with the mtime to give them once the
     /// layer is unpacked (every entry created inside one changes it).
     dir_times: Vec<(Vec<Vec<u8>>, Timespec)>,
+    /// What a `./` entry says about the layer's root, applied last: until
+    /// then the root stays as the caller made it (0700, root's), so no
+    /// other user can reach into a layer while it is being written.
+    root_meta: Option<(Meta, String)>,
     buf: Vec<u8>,
 }
 
@@ -130,9 +135,8 @@ impl Unpacker<'_> {
             if kind != EntryType::Directory {
                 return Err(self.refuse(&shown, "names the layer's root but is not a directory"));
             }
-            let fd = self.reopen_root(&shown)?;
-            self.set_meta_fd(&fd, &meta, &shown, false)?;
             self.dir_times.push((Vec::new(), meta.mtime));
+            self.root_meta = Some((meta, shown));
             return Ok(());
         };
         let parent = self.open_dir(parents, true, &shown)?;
@@ -566,9 +570,15 @@ impl Unpacker<'_> {
             .map_err(self.io(shown, "open the layer's root"))
     }
 
-    /// Give directories their mtimes, deepest last-made first. One that a
-    /// later entry replaced (by a file, or a symlink) is skipped.
-    fn finish_dirs(&mut self) {
+    /// The root's metadata (a `./` entry's, or 0755), then directories'
+    /// mtimes, deepest last-made first; one that a later entry replaced (by
+    /// a file, or a symlink) is skipped.
+    fn finish(&mut self) -> Result<(), ImageError> {
+        match self.root_meta.take() {
+            Some((meta, shown)) => self.set_meta_fd(&self.root, &meta, &shown, false)?,
+            None => rfs::fchmod(&self.root, Mode::from_raw_mode(0o755))
+                .map_err(self.io("./", "chmod the layer's root"))?,
+        }
         let dirs = std::mem::take(&mut self.dir_times);
         for (comps, mtime) in dirs.iter().rev() {
             let comps: Vec<&[u8]> = comps.iter().map(Vec::as_slice).collect();
@@ -577,6 +587,7 @@ impl Unpacker<'_> {
                 let _ = rfs::futimens(&fd, &times_of(*mtime));
             }
         }
+        Ok(())
     }
 
     fn refuse(&self, shown: &str, reason: impl Into<String>) -> ImageError {
@@ -647,7 +658,7 @@ fn pax_time(v: &[u8]) -> Option<Timespec> {
     // `-1.25` is 1.25 s before the epoch: -2 s + 0.75 s.
     if v.starts_with('-') && nanos > 0 {
         return Some(Timespec {
-            tv_sec: secs - 1,
+            tv_sec: secs.checked_sub(1)?,
             tv_nsec: 1_000_000_000 - nanos,
         });
     }
@@ -692,6 +703,7 @@ mod tests {
         assert_eq!((t.tv_sec, t.tv_nsec), (-2, 750_000_000));
         assert!(pax_time(b"1.2x").is_none());
         assert!(pax_time(b"soon").is_none());
+        assert!(pax_time(b"-9223372036854775808.5").is_none());
     }
 
     #[test]
