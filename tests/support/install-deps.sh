@@ -17,6 +17,7 @@ packages=(
     busybox-static  # a shell and coreutils for minimal rootfs fixtures
     uidmap          # newuidmap/newgidmap for the unprivileged user-namespace tests
     iproute2        # `ip`: brig-net makes sandbox links with it; tests build their network worlds
+    skopeo          # writes docker-archives and oci-archives for brig-image's import tests
     ca-certificates # mmdebstrap over https mirrors
     python3-venv    # the venv schemathesis runs in (tests/support/install-python-deps.sh)
     # The code interpreter (crates/e2b/resources/code-interpreter), tested on
