@@ -3,6 +3,7 @@
 //! subcommand to its module under `commands/`, and maps any error to a
 //! message and an exit code in exactly one place ([`exit`]).
 
+mod agent;
 mod commands;
 mod exit;
 mod log;

@@ -33,10 +33,6 @@ use support::{eventually, host_mounts_matching, BRIG};
 
 const ROUNDS: u64 = 8;
 
-fn agent() -> PathBuf {
-    Path::new(BRIG).with_file_name("brig-agent")
-}
-
 struct Daemon {
     child: Child,
     url: String,
@@ -251,11 +247,6 @@ fn load(daemon: &Daemon, sandboxes: usize, stop: &Arc<AtomicBool>) -> Vec<String
 #[test]
 fn kill_9_of_the_daemon_at_any_moment_leaks_nothing() {
     require_root!();
-    assert!(
-        agent().exists(),
-        "{} is missing: build it first",
-        agent().display()
-    );
     let host_net = ns(std::process::id(), "net");
     let host_mnt = ns(std::process::id(), "mnt");
     let started = Instant::now();

@@ -6,17 +6,11 @@
 mod support;
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
 use support::{cgroup_dirs, eventually, processes_of, BRIG};
-
-/// The agent binary cargo built next to brig (the workspace build makes it
-/// for the agent's own tests).
-fn agent() -> PathBuf {
-    Path::new(BRIG).with_file_name("brig-agent")
-}
 
 struct Daemon {
     child: Child,
@@ -82,11 +76,6 @@ fn text(b: &[u8]) -> String {
 #[test]
 fn the_cli_drives_sandboxes_on_a_real_daemon() {
     require_root!();
-    assert!(
-        agent().exists(),
-        "{} is missing: build the workspace (cargo build) first",
-        agent().display()
-    );
     let mut daemon = Daemon::start();
 
     // The first key was written for the local CLI, readable by root only.
@@ -259,11 +248,6 @@ fn sha256(path: &Path) -> String {
 #[test]
 fn keys_inspect_and_cp_on_a_real_daemon() {
     require_root!();
-    assert!(
-        agent().exists(),
-        "{} is missing: build the workspace (cargo build) first",
-        agent().display()
-    );
     let daemon = Daemon::start();
 
     // keys: create (shown once), ls (never the secret), revoke.
@@ -909,7 +893,6 @@ fn a_second_daemon_on_the_same_home_refuses_and_names_the_first() {
     let second = Command::new(BRIG)
         .args(["serve", "--listen", "127.0.0.1:0", "--home"])
         .arg(daemon.home.path())
-        .env("BRIG_AGENT", agent())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()

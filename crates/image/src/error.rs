@@ -10,6 +10,12 @@ use std::path::PathBuf;
 /// Why an image operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ImageError {
+    #[error("invalid image reference {reference:?}: {reason}")]
+    BadReference { reference: String, reason: String },
+    #[error("cannot pull {reference}: {reason}")]
+    Registry { reference: String, reason: String },
+    #[error("{reason}")]
+    BadImage { reason: String },
     #[error("cannot {op} {path}")]
     Io {
         op: &'static str,
@@ -97,7 +103,7 @@ pub enum ImageError {
     LayerMissing { name: String, diff_id: String },
     #[error("image {name}'s manifest {digest} is not in the store: write it (write_blob) before registering")]
     ManifestMissing { name: String, digest: String },
-    #[error("no image named {name:?}: `brig image ls` lists the images there are")]
+    #[error("no image named {name:?}: `brig template ls` lists the images there are")]
     NotFound { name: String },
 
     #[error("not an OCI layout, oci-archive or docker-archive: {path} has neither index.json nor manifest.json")]

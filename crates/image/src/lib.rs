@@ -19,7 +19,7 @@
 //!   image references.
 //!
 //! Images get in two ways. [`import`] reads an OCI layout, an oci-archive
-//! or a docker-archive from disk. A registry pull (another module) fetches
+//! or a docker-archive from disk. A registry pull ([`pull::pull`]) fetches
 //! blobs itself and calls the same three steps: `write_blob` for the
 //! manifest, config and layers, `unpack_layer` for each layer, `register`
 //! last, holding a [`WriteLease`] throughout.
@@ -47,6 +47,7 @@ mod db;
 pub mod digest;
 mod error;
 mod import;
+pub mod pull;
 mod store;
 #[cfg(feature = "testing")]
 pub mod testing;

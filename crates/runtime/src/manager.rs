@@ -880,13 +880,21 @@ impl SandboxManager {
         if let Some(name) = &req.name {
             crate::sandboxes::check_name(name)?;
         }
-        let template = self.allowed_template(req.template)?;
+        let (template, image) = self.allowed_template(req.template)?;
         let mut limits = req.limits;
         if limits.cpus.is_none() {
             limits.cpus = self.config.default_cpus;
         }
         let mut spec = agent_spec(template, limits);
-        spec.env = req.env;
+        // An image's environment first; what the create gives wins.
+        let mut env: Vec<EnvVar> = image
+            .iter()
+            .flat_map(|i| i.env.iter())
+            .filter_map(|kv| EnvVar::parse(kv).ok())
+            .filter(|e| !req.env.iter().any(|g| g.key == e.key))
+            .collect();
+        env.extend(req.env);
+        spec.env = env;
         spec.allow_setuid = req.allow_setuid;
         spec.validate()?;
 
@@ -999,32 +1007,44 @@ impl SandboxManager {
     /// recipe changed (minutes, once). No manager lock is held meanwhile;
     /// concurrent creates of the same template wait for the same build
     /// (brig-template's flock).
-    fn allowed_template(&self, template: TemplateRef) -> Result<TemplateRef, ManagerError> {
-        if let TemplateRef::Named(name) = &template {
-            // An unknown name is the client's mistake: a 400 listing the
-            // known ones, before anything touches the disk.
-            brig_template::recipe(name).map_err(|e| ManagerError::BadRequest {
-                reason: e.to_string(),
-            })?;
+    fn allowed_template(
+        &self,
+        template: TemplateRef,
+    ) -> Result<(TemplateRef, Option<brig_image::ImageConfig>), ManagerError> {
+        if let TemplateRef::Named(name) | TemplateRef::Image(name) = &template {
             let Some(home) = &self.config.home else {
                 return Err(ManagerError::BadRequest {
                     reason: format!(
-                        "named templates such as {name:?} are not enabled on this daemon"
+                        "named templates and images such as {name:?} are not enabled on this daemon"
                     ),
                 });
             };
-            let rootfs = brig_template::ensure(home, name, brig_template::Progress::Lines)
-                .map_err(|source| ManagerError::Template {
-                    name: name.clone(),
-                    source: Box::new(source),
-                })?;
-            let rootfs = TemplateRef::Dir(rootfs);
-            // Built now if it was not: its pools (if any) start filling.
-            drop(self.pool.resolve(name, &rootfs));
-            return Ok(rootfs);
+            let recipe = brig_template::recipe(name).is_ok();
+            let resolved =
+                brig_template::resolve(home, template.clone(), brig_template::Progress::Lines)
+                    .map_err(|source| match source {
+                        // Nothing by that name anywhere, or a registry that
+                        // refused: the client's to fix.
+                        e @ (brig_template::TemplateError::NoSuchTemplate { .. }
+                        | brig_template::TemplateError::Image(
+                            brig_image::ImageError::Registry { .. }
+                            | brig_image::ImageError::BadReference { .. },
+                        )) => ManagerError::BadRequest {
+                            reason: e.to_string(),
+                        },
+                        source => ManagerError::Template {
+                            name: name.clone(),
+                            source: Box::new(source),
+                        },
+                    })?;
+            if recipe {
+                // Built now if it was not: its pools (if any) start filling.
+                drop(self.pool.resolve(name, &resolved.template));
+            }
+            return Ok((resolved.template, resolved.image));
         }
         let TemplateRef::Dir(path) = &template else {
-            return Ok(template);
+            return Ok((template, None));
         };
         let real = path.canonicalize().map_err(|e| ManagerError::BadRequest {
             reason: format!("template {template}: {e}"),
@@ -1045,7 +1065,7 @@ impl SandboxManager {
                     .join(", "),
             });
         }
-        Ok(TemplateRef::Dir(real))
+        Ok((TemplateRef::Dir(real), None))
     }
 
     /// Sandbox `id`'s network namespace, linked to the gateway under

@@ -42,8 +42,10 @@ use std::time::{Duration, Instant};
 use sha2::{Digest, Sha256};
 
 pub mod recipes;
+mod resolve;
 
 pub use recipes::Recipe;
+pub use resolve::{pull, resolve, Resolved};
 
 /// Overrides the Debian mirror templates are built from.
 pub const MIRROR_ENV: &str = "BRIG_TEMPLATE_MIRROR";
@@ -71,6 +73,17 @@ pub enum TemplateError {
         status: ExitStatus,
         tail: String,
     },
+    #[error(
+        "no template or image named {name:?}: the named templates are {known}, and pulling it as \
+         an image failed: {pulled}"
+    )]
+    NoSuchTemplate {
+        name: String,
+        known: String,
+        pulled: String,
+    },
+    #[error(transparent)]
+    Image(#[from] brig_image::ImageError),
     #[error("template {name}: cannot {op} {path}")]
     Io {
         name: String,

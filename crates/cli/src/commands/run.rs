@@ -30,10 +30,15 @@ use crate::tty::{self, RawTerminal};
 pub struct RunArgs {
     /// Root filesystem: `host` (read-only view of the host's /usr, /etc,
     /// /bin, /sbin, /lib*), a named template (`base`, `code-interpreter-v1`:
-    /// built on first use, see `brig template`) or `dir:PATH` (any unpacked
-    /// root filesystem).
-    #[arg(long, default_value = "host", value_name = "NAME|dir:PATH")]
+    /// built on first use, see `brig template`), an image (`python:3.12-slim`,
+    /// `REGISTRY/PATH:TAG`, a name given at import: pulled on first use) or
+    /// `dir:PATH` (any unpacked root filesystem).
+    #[arg(long, default_value = "host", value_name = "NAME|IMAGE|dir:PATH")]
     template: String,
+    /// Run this instead of the image's entrypoint (`--entrypoint ''`: none;
+    /// the command is then the whole argv).
+    #[arg(long, value_name = "CMD")]
+    entrypoint: Option<String>,
     /// Memory limit; going over it kills the sandbox (exit 137).
     #[arg(long, default_value = "512M", value_name = "SIZE")]
     memory: String,
@@ -87,8 +92,9 @@ pub struct RunArgs {
     /// sandbox never sees it.
     #[arg(long = "secret", value_name = "NAME[=VALUE]")]
     secret: Vec<String>,
-    /// The command and its arguments (after `--`).
-    #[arg(value_name = "CMD", required = true)]
+    /// The command and its arguments (after `--`); for an image, after its
+    /// entrypoint, and its default command when none is given.
+    #[arg(value_name = "CMD")]
     command: Vec<String>,
 }
 
@@ -104,20 +110,28 @@ impl RunArgs {
             publish: self.publish,
             secrets,
         };
-        let mut spec = SandboxSpec::new(self.command);
-        spec.template = match TemplateRef::parse(&self.template)? {
-            // Built (minutes, once) under $BRIG_HOME/templates if missing
-            // or stale; the jail gets its rootfs.
-            TemplateRef::Named(name) => {
-                brig_template::recipe(&name)?;
-                TemplateRef::Dir(brig_template::ensure(
-                    &home_dir(),
-                    &name,
-                    brig_template::Progress::Auto,
-                )?)
-            }
-            other => other,
+        // Built (minutes, once), or pulled, under $BRIG_HOME if missing; the
+        // jail gets a rootfs or an image's layers.
+        let resolved = brig_template::resolve(
+            &home_dir(),
+            TemplateRef::parse(&self.template)?,
+            brig_template::Progress::Auto,
+        )?;
+        let image = resolved.image.unwrap_or_default();
+        // As docker runs an image: its entrypoint, then the command given
+        // or else its cmd.
+        let entrypoint = match &self.entrypoint {
+            Some(e) if e.is_empty() => Vec::new(),
+            Some(e) => vec![e.clone()],
+            None => image.entrypoint.clone(),
         };
+        let args = if self.command.is_empty() && self.entrypoint.is_none() {
+            image.cmd.clone()
+        } else {
+            self.command
+        };
+        let mut spec = SandboxSpec::new(entrypoint.into_iter().chain(args).collect());
+        spec.template = resolved.template;
         spec.limits.memory = parse_size(&self.memory).context("--memory")?;
         spec.limits.disk = parse_size(&self.disk).context("--disk")?;
         spec.limits.pids = self.pids;
@@ -128,13 +142,27 @@ impl RunArgs {
             .map(parse_duration)
             .transpose()
             .context("--timeout")?;
-        // The files first, then -e (a later value wins), as `brig create`.
-        spec.env = super::client::env_pairs(&self.env, &self.env_file)?
+        // The image's environment, then the files, then -e (a later value
+        // wins), as `brig create`.
+        let given: Vec<EnvVar> = super::client::env_pairs(&self.env, &self.env_file)?
             .iter()
             .map(|(k, v)| EnvVar::parse(&format!("{k}={}", v.as_str().unwrap_or_default())))
             .collect::<Result<_, _>>()?;
-        spec.workdir = self.workdir;
-        spec.user = self.user.as_deref().map(UserSpec::parse).transpose()?;
+        let mut env: Vec<EnvVar> = image
+            .env
+            .iter()
+            .filter_map(|kv| EnvVar::parse(kv).ok())
+            .filter(|e| !given.iter().any(|g| g.key == e.key))
+            .collect();
+        env.extend(given);
+        spec.env = env;
+        spec.workdir = self.workdir.or(image.working_dir);
+        spec.user = self
+            .user
+            .or(image.user)
+            .as_deref()
+            .map(UserSpec::parse)
+            .transpose()?;
         spec.stdin = self.interactive || self.tty;
         spec.tty = self.tty;
         spec.validate()?;

@@ -23,7 +23,7 @@ use anyhow::Context;
 use brig_api::{app, AppState};
 use brig_core::parse_duration;
 use brig_e2b::{control_router, data_router, E2bState};
-use brig_jail::{find_agent, ProcessTier};
+use brig_jail::ProcessTier;
 use brig_runtime::manager::{ManagerConfig, OnStop, DEFAULT_MAX_TIMEOUT};
 use brig_runtime::pool::{self, PoolTarget};
 use brig_runtime::{SandboxManager, Store};
@@ -188,12 +188,12 @@ pub fn run(args: ServeArgs) -> anyhow::Result<i32> {
             path.display()
         );
     }
-    // The process tier, run by the agent next to this binary, and tagged
+    // The process tier, run by the agent this binary carries, and tagged
     // with this daemon's database: sandboxes of another home on the same
     // host are none of its business.
     let store_path = store.path().to_path_buf();
     let owner = store_path.display().to_string();
-    let tier = ProcessTier::new(find_agent()?, &owner)
+    let tier = ProcessTier::new(crate::agent::path()?, &owner)
         .context("cannot prepare the process tier (see brig doctor)")?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -166,7 +166,7 @@ pub fn start_daemon(
 }
 
 /// [`start_daemon`] with a command of the caller's (`brig serve …`, from
-/// any binary): the home, the agent and the template root are added.
+/// any binary): the home and the template root are added.
 pub fn start_daemon_with(
     mut cmd: Command,
     home: &std::path::Path,
@@ -176,11 +176,8 @@ pub fn start_daemon_with(
     if let Some(parent) = rootfs().and_then(|r| r.parent().map(Path::to_path_buf)) {
         cmd.arg("--template-root").arg(parent);
     }
-    // The agent built with this brig, unless the caller chose another (the
-    // upgrade test's earlier build brings its own).
-    if !cmd.get_envs().any(|(k, _)| k == "BRIG_AGENT") {
-        cmd.env("BRIG_AGENT", Path::new(BRIG).with_file_name("brig-agent"));
-    }
+    // The agent this brig carries (static, embedded), unless the caller
+    // chose another (the upgrade test's earlier build brings its own).
     let mut child = cmd
         .env("BRIG_HOME", home)
         .stdout(std::process::Stdio::null())

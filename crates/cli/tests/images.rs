@@ -1,0 +1,690 @@
+//! Images, tried as a user does: Debian's `docker-registry` on loopback
+//! (plain, and behind basic auth), images pushed into it with skopeo, then
+//! `brig template pull|import|ls|inspect|rm|prune` and `brig run` /
+//! `brig create` on them through the real binary.
+//!
+//! The test image is built here with brig-image's test helpers: a
+//! busybox-static base layer (a shell and coreutils, from the host's
+//! busybox-static package) and a second layer that deletes a file of the
+//! first (whiteout), replaces a directory wholesale (opaque) and adds a
+//! file; its config sets Env, WorkingDir and Cmd. Needs root, the
+//! registry, skopeo and htpasswd (scripts/test installs them); skips with
+//! a printed reason otherwise.
+
+mod support;
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use brig_image::testing::{write_multi_platform_layout, write_oci_layout, Entry, PlatformImage};
+use brig_image::ImageConfig;
+use support::BRIG;
+
+/// A registry on a free loopback port, removed (process and storage) on
+/// drop.
+struct Registry {
+    child: Child,
+    addr: String,
+    storage: tempfile::TempDir,
+}
+
+impl Registry {
+    /// `htpasswd`: a file of users (basic auth) or none.
+    fn start(htpasswd: Option<&Path>) -> Registry {
+        let storage = tempfile::tempdir().unwrap();
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let addr = format!("127.0.0.1:{port}");
+        let auth = htpasswd
+            .map(|p| {
+                format!(
+                    "auth:\n  htpasswd:\n    realm: brig-test\n    path: {}\n",
+                    p.display()
+                )
+            })
+            .unwrap_or_default();
+        let config = storage.path().join("config.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {addr}\n{auth}",
+                storage.path().join("data").display()
+            ),
+        )
+        .unwrap();
+        let child = Command::new("docker-registry")
+            .args(["serve", config.to_str().unwrap()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start docker-registry");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(&addr).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "docker-registry never listened on {addr}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Registry {
+            child,
+            addr,
+            storage,
+        }
+    }
+
+    /// Push the OCI layout `dir` as `repo:tag` (`--all`: every platform).
+    fn push(&self, dir: &Path, repo: &str, creds: Option<&str>) {
+        let mut cmd = Command::new("skopeo");
+        cmd.args(["copy", "--all", "--dest-tls-verify=false"]);
+        if let Some(c) = creds {
+            cmd.args(["--dest-creds", c]);
+        }
+        let out = cmd
+            .arg(format!("oci:{}", dir.display()))
+            .arg(format!("docker://{}/{repo}", self.addr))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "skopeo push: {out:?}");
+    }
+
+    /// The registry's stored copy of blob `digest`.
+    fn blob_file(&self, digest: &str) -> PathBuf {
+        let hex = digest.trim_start_matches("sha256:");
+        self.storage
+            .path()
+            .join("data/docker/registry/v2/blobs/sha256")
+            .join(&hex[..2])
+            .join(hex)
+            .join("data")
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Why this test cannot run here, if it cannot.
+fn missing() -> Option<String> {
+    if support::euid() != 0 {
+        return Some("unpacking images and running sandboxes need root".into());
+    }
+    for tool in ["docker-registry", "skopeo", "htpasswd"] {
+        let found = Command::new("sh")
+            .args(["-c", &format!("command -v {tool}")])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !found {
+            return Some(format!(
+                "{tool} is not installed (tests/support/install-deps.sh installs it)"
+            ));
+        }
+    }
+    if !Path::new("/bin/busybox").exists() {
+        return Some("/bin/busybox (busybox-static) is missing".into());
+    }
+    None
+}
+
+macro_rules! require_tools {
+    () => {
+        if let Some(why) = missing() {
+            support::skip(&why);
+            return;
+        }
+    };
+}
+
+/// The base layer: busybox and the applets the tests use, /etc/passwd, and
+/// what the second layer changes.
+fn base_layer(marker: &str) -> Vec<Entry> {
+    let busybox = std::fs::read("/bin/busybox").unwrap();
+    let mut l = vec![
+        Entry::dir("bin"),
+        Entry::dir("etc"),
+        Entry::dir("tmp").mode(0o1777),
+        Entry::dir("data"),
+        Entry::dir("data/dir"),
+        Entry::file("bin/busybox", busybox).mode(0o755),
+        Entry::file(
+            "etc/passwd",
+            "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/sh\n",
+        ),
+        Entry::file("etc/group", "root:x:0:\nnogroup:x:65534:\n"),
+        Entry::file("data/old", "old\n"),
+        Entry::file("data/dir/a", "a\n"),
+        Entry::file("data/dir/b", "b\n"),
+        Entry::file("etc/marker", marker),
+    ];
+    for applet in [
+        "sh", "ls", "cat", "echo", "pwd", "test", "env", "id", "sleep", "wc",
+    ] {
+        l.push(Entry::symlink(&format!("bin/{applet}"), "busybox"));
+    }
+    l
+}
+
+fn top_layer() -> Vec<Entry> {
+    vec![
+        Entry::whiteout("data/old"),
+        Entry::opaque("data/dir"),
+        Entry::file("data/dir/c", "c\n"),
+        Entry::file("data/file", "from the top layer\n"),
+    ]
+}
+
+fn config() -> ImageConfig {
+    ImageConfig {
+        env: vec!["PATH=/bin".into(), "GREETING=hello from the image".into()],
+        working_dir: Some("/data".into()),
+        user: None,
+        entrypoint: Vec::new(),
+        cmd: vec![
+            "sh".into(),
+            "-c".into(),
+            "echo $GREETING; pwd; ls /data/dir; test -e /data/old && echo OLD; cat /data/file"
+                .into(),
+        ],
+    }
+}
+
+/// What the image's Cmd prints when its layers and config are honoured.
+const EXPECTED: &str = "hello from the image\n/data\nc\nfrom the top layer\n";
+
+fn brig(home: &Path, args: &[&str]) -> Output {
+    Command::new(BRIG)
+        .args(args)
+        .env("BRIG_HOME", home)
+        // ~/.docker/config.json of this test only.
+        .env("DOCKER_CONFIG", home.join("docker"))
+        .output()
+        .unwrap()
+}
+
+fn ok(out: Output, what: &str) -> String {
+    assert!(
+        out.status.success(),
+        "{what}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn failed(out: Output, what: &str) -> String {
+    assert!(!out.status.success(), "{what} succeeded: {out:?}");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn images_are_pulled_run_inspected_and_removed() {
+    require_tools!();
+    let registry = Registry::start(None);
+    let layout = tempfile::tempdir().unwrap();
+    let digest = write_oci_layout(layout.path(), &[base_layer("one"), top_layer()], config());
+    registry.push(layout.path(), "test/busy:1", None);
+    let home = tempfile::tempdir().unwrap();
+    let h = home.path();
+    let reference = format!("{}/test/busy:1", registry.addr);
+
+    // First use pulls, with progress lines (stderr is not a terminal), and
+    // runs the image's Cmd in its WorkingDir with its Env.
+    let out = brig(h, &["run", "--template", &reference]);
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(ok(out, "run the image"), EXPECTED);
+    assert!(
+        said.contains(&format!("brig: pulling {reference}")),
+        "{said}"
+    );
+    // A command replaces Cmd; -e beats the image's Env; -w its WorkingDir.
+    let out = brig(
+        h,
+        &[
+            "run",
+            "--template",
+            &reference,
+            "-e",
+            "GREETING=mine",
+            "-w",
+            "/tmp",
+            "--",
+            "sh",
+            "-c",
+            "echo $GREETING $PATH; pwd; id -u",
+        ],
+    );
+    assert_eq!(ok(out, "run a command"), "mine /bin\n/tmp\n0\n");
+
+    // Listed and inspected.
+    let listed = ok(brig(h, &["template", "ls", "--json"]), "ls");
+    let listed: serde_json::Value = serde_json::from_str(&listed).unwrap();
+    let entry = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == reference.as_str())
+        .unwrap_or_else(|| panic!("{reference} not listed: {listed}"));
+    assert_eq!(entry["kind"], "image");
+    assert_eq!(entry["layers"], 2);
+    let shown = ok(
+        brig(h, &["template", "inspect", &reference, "--json"]),
+        "inspect",
+    );
+    let shown: serde_json::Value = serde_json::from_str(&shown).unwrap();
+    assert_eq!(shown["digest"], digest.as_str());
+    assert_eq!(shown["config"]["working_dir"], "/data");
+    assert_eq!(shown["lowers"].as_array().unwrap().len(), 2);
+
+    // By digest, under another name.
+    let by_digest = format!("{}/test/busy@{digest}", registry.addr);
+    let name = ok(
+        brig(
+            h,
+            &["template", "pull", &by_digest, "--name", "busy-pinned"],
+        ),
+        "pull by digest",
+    );
+    assert_eq!(name.trim(), "busy-pinned");
+    assert_eq!(
+        ok(
+            brig(h, &["run", "--template", "busy-pinned"]),
+            "run by name"
+        ),
+        EXPECTED
+    );
+
+    // Unknown image and tag: clear errors, nothing registered.
+    let err = failed(
+        brig(
+            h,
+            &[
+                "template",
+                "pull",
+                &format!("{}/test/busy:nope", registry.addr),
+            ],
+        ),
+        "unknown tag",
+    );
+    assert!(err.contains("no such image or tag"), "{err}");
+    let err = failed(
+        brig(
+            h,
+            &["run", "--template", "no-such-template-here", "--", "true"],
+        ),
+        "unknown name",
+    );
+    assert!(err.contains("no template or image named"), "{err}");
+
+    // rm and prune: the layers go once nothing names them.
+    ok(brig(h, &["template", "rm", &reference]), "rm");
+    let err = failed(
+        brig(h, &["template", "inspect", &reference]),
+        "inspect removed",
+    );
+    assert!(err.contains("no image named"), "{err}");
+    ok(brig(h, &["template", "rm", "busy-pinned"]), "rm pinned");
+    let layers = || {
+        std::fs::read_dir(h.join("images/layers")).map_or(0, |d| {
+            d.filter(|e| {
+                e.as_ref()
+                    .is_ok_and(|e| !e.file_name().to_string_lossy().starts_with('.'))
+            })
+            .count()
+        })
+    };
+    assert_eq!(layers(), 2);
+    let pruned = brig(h, &["template", "prune"]);
+    let said = String::from_utf8_lossy(&pruned.stderr).into_owned();
+    ok(pruned, "prune");
+    assert!(said.contains("removed 2 layers"), "{said}");
+    assert_eq!(layers(), 0);
+}
+
+#[test]
+fn a_multi_platform_image_gives_this_hosts_platform() {
+    require_tools!();
+    let registry = Registry::start(None);
+    let layout = tempfile::tempdir().unwrap();
+    let image = |arch: &str| PlatformImage {
+        os: "linux".into(),
+        architecture: arch.into(),
+        layers: vec![base_layer(arch)],
+        config: ImageConfig {
+            env: vec!["PATH=/bin".into()],
+            cmd: vec!["cat".into(), "/etc/marker".into()],
+            ..ImageConfig::default()
+        },
+    };
+    write_multi_platform_layout(
+        layout.path(),
+        &[image("arm64"), image("amd64"), image("s390x")],
+    );
+    registry.push(layout.path(), "test/multi:1", None);
+    let home = tempfile::tempdir().unwrap();
+    let reference = format!("{}/test/multi:1", registry.addr);
+    assert_eq!(
+        ok(
+            brig(home.path(), &["run", "--template", &reference]),
+            "run multi"
+        ),
+        "amd64"
+    );
+    // Another platform on request, and one the image lacks.
+    ok(
+        brig(
+            home.path(),
+            &[
+                "template",
+                "pull",
+                &reference,
+                "--platform",
+                "linux/arm64",
+                "--name",
+                "m-arm",
+            ],
+        ),
+        "pull arm64",
+    );
+    let shown = ok(
+        brig(home.path(), &["template", "inspect", "m-arm", "--json"]),
+        "inspect",
+    );
+    assert!(shown.contains("\"lowers\""), "{shown}");
+    let err = failed(
+        brig(
+            home.path(),
+            &[
+                "template",
+                "pull",
+                &reference,
+                "--platform",
+                "linux/riscv64",
+                "--name",
+                "m-x",
+            ],
+        ),
+        "missing platform",
+    );
+    assert!(err.contains("cannot pull"), "{err}");
+}
+
+#[test]
+fn a_registry_with_basic_auth_takes_flags_and_docker_config() {
+    require_tools!();
+    let home = tempfile::tempdir().unwrap();
+    let h = home.path();
+    let htpasswd = h.join("htpasswd");
+    let made = Command::new("htpasswd")
+        .args(["-Bbc", htpasswd.to_str().unwrap(), "alice", "s3cret"])
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{made:?}");
+    let registry = Registry::start(Some(&htpasswd));
+    let layout = tempfile::tempdir().unwrap();
+    write_oci_layout(layout.path(), &[base_layer("auth"), top_layer()], config());
+    registry.push(layout.path(), "private/busy:1", Some("alice:s3cret"));
+    let reference = format!("{}/private/busy:1", registry.addr);
+
+    let err = failed(brig(h, &["template", "pull", &reference]), "anonymous pull");
+    assert!(
+        err.contains("refused the credentials")
+            || err.contains("401")
+            || err.to_lowercase().contains("unauthorized"),
+        "{err}"
+    );
+    let mut pull = Command::new(BRIG)
+        .args([
+            "template",
+            "pull",
+            &reference,
+            "--username",
+            "alice",
+            "--password-stdin",
+            "--name",
+            "with-flags",
+        ])
+        .env("BRIG_HOME", h)
+        .env("DOCKER_CONFIG", h.join("docker"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut pull.stdin.take().unwrap(), b"s3cret\n").unwrap();
+    ok(pull.wait_with_output().unwrap(), "pull with --username");
+    // ~/.docker/config.json, as `docker login` writes it.
+    std::fs::create_dir_all(h.join("docker")).unwrap();
+    std::fs::write(
+        h.join("docker/config.json"),
+        format!(
+            r#"{{"auths": {{"{}": {{"auth": "YWxpY2U6czNjcmV0"}}}}}}"#,
+            registry.addr
+        ),
+    )
+    .unwrap();
+    assert_eq!(
+        ok(
+            brig(h, &["run", "--template", &reference]),
+            "run with docker config"
+        ),
+        EXPECTED
+    );
+}
+
+#[test]
+fn a_corrupt_or_broken_off_pull_registers_nothing_and_a_retry_completes() {
+    require_tools!();
+    let registry = Registry::start(None);
+    let layout = tempfile::tempdir().unwrap();
+    write_oci_layout(
+        layout.path(),
+        &[base_layer("broken"), top_layer()],
+        config(),
+    );
+    registry.push(layout.path(), "test/broken:1", None);
+    let home = tempfile::tempdir().unwrap();
+    let h = home.path();
+    let reference = format!("{}/test/broken:1", registry.addr);
+    // The manifest's layers, as the layout has them.
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(layout.path().join("index.json")).unwrap()).unwrap();
+    let manifest_digest = index["manifests"][0]["digest"].as_str().unwrap();
+    let manifest: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(
+            layout
+                .path()
+                .join("blobs/sha256")
+                .join(manifest_digest.trim_start_matches("sha256:")),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let base = manifest["layers"][0]["digest"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let top = manifest["layers"][1]["digest"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    // A corrupted blob: refused by its digest, nothing registered.
+    let top_file = registry.blob_file(&top);
+    let good = std::fs::read(&top_file).unwrap();
+    let mut bad = good.clone();
+    let mid = bad.len() / 2;
+    bad[mid] ^= 0xff;
+    std::fs::write(&top_file, &bad).unwrap();
+    let err = failed(brig(h, &["template", "pull", &reference]), "corrupt pull");
+    assert!(err.contains("does not match its digest"), "{err}");
+    let listed = ok(brig(h, &["template", "ls", "--json"]), "ls");
+    assert!(!listed.contains(&reference), "{listed}");
+
+    // A pull that breaks off (the blob gone from the registry): nothing
+    // registered; the base layer that did arrive is kept.
+    std::fs::remove_file(&top_file).unwrap();
+    failed(
+        brig(h, &["template", "pull", &reference]),
+        "broken-off pull",
+    );
+    let base_blob = h
+        .join("images/blobs/sha256")
+        .join(base.trim_start_matches("sha256:"));
+    let before = std::fs::metadata(&base_blob).expect("the base layer's blob is kept");
+    // Back again: the retry fetches only what is missing, and completes.
+    std::fs::write(&top_file, &good).unwrap();
+    ok(brig(h, &["template", "pull", &reference]), "retry");
+    let after = std::fs::metadata(&base_blob).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(
+        (before.ino(), before.mtime()),
+        (after.ino(), after.mtime()),
+        "the base layer was fetched again"
+    );
+    assert_eq!(
+        ok(brig(h, &["run", "--template", &reference]), "run"),
+        EXPECTED
+    );
+}
+
+#[test]
+fn archives_import_and_run() {
+    require_tools!();
+    let layout = tempfile::tempdir().unwrap();
+    write_oci_layout(
+        layout.path(),
+        &[base_layer("import"), top_layer()],
+        config(),
+    );
+    let home = tempfile::tempdir().unwrap();
+    let h = home.path();
+    let work = tempfile::tempdir().unwrap();
+    let docker_archive = work.path().join("busy-docker.tar");
+    let oci_archive = work.path().join("busy-oci.tar");
+    for (target, file) in [
+        ("docker-archive", &docker_archive),
+        ("oci-archive", &oci_archive),
+    ] {
+        let out = Command::new("skopeo")
+            .args([
+                "copy",
+                &format!("oci:{}", layout.path().display()),
+                &format!("{target}:{}", file.display()),
+            ])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "skopeo {target}: {out:?}");
+    }
+    for (name, path) in [
+        ("from-dir", layout.path()),
+        ("from-docker", docker_archive.as_path()),
+        ("from-oci", oci_archive.as_path()),
+    ] {
+        ok(
+            brig(
+                h,
+                &["template", "import", path.to_str().unwrap(), "--name", name],
+            ),
+            name,
+        );
+        assert_eq!(
+            ok(brig(h, &["run", "--template", name]), name),
+            EXPECTED,
+            "{name}"
+        );
+    }
+    let err = failed(
+        brig(h, &["template", "import", "/etc/hostname", "--name", "x"]),
+        "not an image",
+    );
+    assert!(
+        err.contains("/etc/hostname") && err.contains("not a tar archive"),
+        "{err}"
+    );
+    let plain = tempfile::tempdir().unwrap();
+    let err = failed(
+        brig(
+            h,
+            &[
+                "template",
+                "import",
+                plain.path().to_str().unwrap(),
+                "--name",
+                "x",
+            ],
+        ),
+        "a plain directory",
+    );
+    assert!(err.contains("not an OCI layout"), "{err}");
+}
+
+#[test]
+fn the_daemon_creates_from_an_image_and_keeps_it_while_used() {
+    require_tools!();
+    let registry = Registry::start(None);
+    let layout = tempfile::tempdir().unwrap();
+    write_oci_layout(
+        layout.path(),
+        &[base_layer("daemon"), top_layer()],
+        config(),
+    );
+    registry.push(layout.path(), "test/daemon:1", None);
+    let home = tempfile::tempdir().unwrap();
+    let h = home.path();
+    let mut cmd = Command::new(BRIG);
+    cmd.args(["serve", "--listen", "127.0.0.1:0"]);
+    let (mut daemon, url, lines) = support::start_daemon_with(cmd, h);
+    std::thread::spawn(move || {
+        for l in lines.map_while(Result::ok) {
+            eprintln!("daemon: {l}");
+        }
+    });
+    let cli = |args: &[&str]| {
+        Command::new(BRIG)
+            .args(args)
+            .env("BRIG_HOME", h)
+            .env("BRIG_URL", &url)
+            .output()
+            .unwrap()
+    };
+    let reference = format!("{}/test/daemon:1", registry.addr);
+    let id = ok(
+        cli(&["create", "--template", &reference]),
+        "create from an image",
+    );
+    let id = id.trim();
+    let got = ok(
+        cli(&[
+            "exec",
+            id,
+            "--",
+            "sh",
+            "-c",
+            "echo $GREETING; cat /data/file; ls /data/dir",
+        ]),
+        "exec",
+    );
+    assert_eq!(got, "hello from the image\nfrom the top layer\nc\n");
+    let shown = ok(cli(&["inspect", "--json", id]), "inspect");
+    assert!(
+        shown.contains(&format!("\"template\":\"{reference}\"")),
+        "{shown}"
+    );
+    // Not removed while a sandbox runs on it.
+    let err = failed(cli(&["template", "rm", &reference]), "rm in use");
+    assert!(
+        err.contains("in use by running sandbox") && err.contains(id),
+        "{err}"
+    );
+    ok(cli(&["kill", id]), "kill");
+    ok(cli(&["template", "rm", &reference]), "rm after");
+    support::stop_daemon(&mut daemon);
+}
