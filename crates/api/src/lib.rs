@@ -40,6 +40,7 @@ pub mod processes;
 pub mod pty;
 pub mod sandboxes;
 pub mod secrets;
+pub mod templates;
 pub mod tenants;
 
 use std::sync::{Arc, OnceLock};
@@ -94,6 +95,17 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/keys/{id}", axum::routing::delete(keys::revoke))
         .route("/v1/tenants", post(tenants::create).get(tenants::list))
         .route("/v1/tenants/{name}", axum::routing::delete(tenants::remove))
+        .route("/v1/templates", get(templates::list))
+        .route("/v1/templates/pull", post(templates::pull))
+        .route(
+            "/v1/templates/import",
+            post(templates::import).layer(axum::extract::DefaultBodyLimit::disable()),
+        )
+        .route("/v1/templates/prune", post(templates::prune))
+        .route(
+            "/v1/templates/{*name}",
+            get(templates::get).delete(templates::remove),
+        )
         .route("/v1/secrets", get(secrets::list))
         .route(
             "/v1/secrets/{name}",

@@ -38,6 +38,11 @@ const ROUTES: &[(&str, &[&str])] = &[
     ("/v1/sandboxes/{id}/network", &["get", "put"]),
     ("/v1/sandboxes/{id}/network/connections", &["get"]),
     ("/v1/sandboxes/{id}/tcp/{port}", &["get"]),
+    ("/v1/templates", &["get"]),
+    ("/v1/templates/pull", &["post"]),
+    ("/v1/templates/import", &["post"]),
+    ("/v1/templates/prune", &["post"]),
+    ("/v1/templates/{name}", &["get", "delete"]),
     (
         "/v1/sandboxes/{id}/ports/{port}/{path}",
         &["get", "post", "put", "patch", "delete"],

@@ -686,5 +686,100 @@ fn the_daemon_creates_from_an_image_and_keeps_it_while_used() {
     );
     ok(cli(&["kill", id]), "kill");
     ok(cli(&["template", "rm", &reference]), "rm after");
+
+    // The same through the API.
+    let key = std::fs::read_to_string(h.join("local.key")).unwrap();
+    let key = key.trim();
+    let call = |method: &str, path: &str| {
+        ureq::request(method, &format!("{url}{path}"))
+            .set("Authorization", &format!("Bearer {key}"))
+    };
+    let answer = |r: Result<ureq::Response, ureq::Error>| -> (u16, String) {
+        match r {
+            Ok(r) => (r.status(), r.into_string().unwrap()),
+            Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap()),
+            Err(e) => panic!("{e}"),
+        }
+    };
+    let (status, lines) = answer(
+        call("POST", "/v1/templates/pull").send_json(serde_json::json!({"reference": reference})),
+    );
+    assert_eq!(status, 200, "{lines}");
+    let events: Vec<serde_json::Value> = lines
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(events[0]["event"], "resolved", "{lines}");
+    assert_eq!(
+        events.iter().filter(|e| e["event"] == "layer").count(),
+        2,
+        "{lines}"
+    );
+    let last = events.last().unwrap();
+    assert_eq!(last["event"], "pulled", "{lines}");
+    assert_eq!(last["image"]["name"], reference.as_str());
+    let (status, listed) = answer(call("GET", "/v1/templates").call());
+    assert_eq!(status, 200);
+    assert!(
+        listed.contains(&reference) && listed.contains("\"kind\":\"recipe\""),
+        "{listed}"
+    );
+    let (status, one) = answer(call("GET", &format!("/v1/templates/{reference}")).call());
+    assert_eq!(status, 200, "{one}");
+    assert!(one.contains("\"working_dir\":\"/data\""), "{one}");
+    // A bad reference streams an error line; an unknown image is 404.
+    let (_, lines) = answer(
+        call("POST", "/v1/templates/pull")
+            .send_json(serde_json::json!({"reference": format!("{}/test/none:1", registry.addr)})),
+    );
+    assert!(
+        lines.contains("\"event\":\"error\"") && lines.contains("no such image or tag"),
+        "{lines}"
+    );
+    let (status, _) = answer(call("GET", "/v1/templates/no/such:image").call());
+    assert_eq!(status, 404);
+    // Import a docker-archive as the body.
+    let archive = tempfile::NamedTempFile::new().unwrap();
+    let out = Command::new("skopeo")
+        .args([
+            "copy",
+            &format!("oci:{}", layout.path().display()),
+            &format!("docker-archive:{}", archive.path().display()),
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let (status, body) = answer(
+        call("POST", "/v1/templates/import?name=uploaded")
+            .send_bytes(&std::fs::read(archive.path()).unwrap()),
+    );
+    assert_eq!(status, 201, "{body}");
+    let id = ok(
+        cli(&["create", "--template", "uploaded"]),
+        "create from the upload",
+    );
+    let got = ok(cli(&["exec", id.trim(), "--", "cat", "/data/file"]), "exec");
+    assert_eq!(got, "from the top layer\n");
+    // In use: 409; a tenant key may look but not change.
+    let (status, body) = answer(call("DELETE", "/v1/templates/uploaded").call());
+    assert_eq!(status, 409, "{body}");
+    let tenant = ok(cli(&["tenants", "create", "acme", "--json"]), "tenant");
+    let tenant_key = serde_json::from_str::<serde_json::Value>(&tenant).unwrap()["key"]["key"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let as_tenant = |method: &str, path: &str| {
+        ureq::request(method, &format!("{url}{path}"))
+            .set("Authorization", &format!("Bearer {tenant_key}"))
+    };
+    assert_eq!(answer(as_tenant("GET", "/v1/templates").call()).0, 200);
+    let (status, body) = answer(as_tenant("POST", "/v1/templates/prune").call());
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("admin key"), "{body}");
+    ok(cli(&["kill", id.trim()]), "kill");
+    let (status, _) = answer(call("DELETE", "/v1/templates/uploaded").call());
+    assert_eq!(status, 200);
+    let (status, body) = answer(call("POST", "/v1/templates/prune").call());
+    assert_eq!(status, 200, "{body}");
     support::stop_daemon(&mut daemon);
 }

@@ -115,7 +115,7 @@ fn bad_input_gets_one_line_a_person_can_act_on() {
     let cases: &[(&[&str], &str)] = &[
         (
             &["--template", "ubuntu"],
-            "unknown template \"ubuntu\": the named templates are base, code-interpreter-v1 (or use `host` or `dir:/path/to/rootfs`)",
+            "no template or image named \"ubuntu\": the named templates are base, code-interpreter-v1, and pulling it as an image failed: the registry index.docker.io is not among those BRIG_REGISTRIES allows",
         ),
         (
             &["--template", "dir:/no/such/rootfs"],

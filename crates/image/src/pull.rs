@@ -104,6 +104,43 @@ pub fn pull(
     ))
 }
 
+/// The registries pulls may use, from `BRIG_REGISTRIES` (hosts, commas
+/// between, a port optional: `ghcr.io,127.0.0.1`); unset or empty: any.
+pub const REGISTRIES_ENV: &str = "BRIG_REGISTRIES";
+
+/// Whether `registry` (as the reference resolves it) is one
+/// [`REGISTRIES_ENV`] allows; `Err` names the allowed ones.
+fn registry_allowed(registry: &str) -> Result<(), String> {
+    let Ok(list) = std::env::var(REGISTRIES_ENV) else {
+        return Ok(());
+    };
+    let host = |r: &str| {
+        let r = r
+            .trim()
+            .trim_start_matches("https://")
+            .trim_start_matches("http://");
+        let h = r.split('/').next().unwrap_or(r);
+        let h = h.rsplit_once(':').map_or(h, |(h, _port)| h);
+        match h {
+            "docker.io" | "registry-1.docker.io" => "index.docker.io".to_string(),
+            other => other.to_ascii_lowercase(),
+        }
+    };
+    let allowed: Vec<String> = list
+        .split(',')
+        .filter(|e| !e.trim().is_empty())
+        .map(host)
+        .collect();
+    if allowed.is_empty() || allowed.contains(&host(registry)) {
+        return Ok(());
+    }
+    Err(format!(
+        "the registry {registry} is not among those {REGISTRIES_ENV} allows ({}): pull from one of \
+         them, or add it",
+        allowed.join(", ")
+    ))
+}
+
 async fn pull_async(
     store: &Arc<ImageStore>,
     given: &str,
@@ -113,6 +150,10 @@ async fn pull_async(
     on_event: OnEvent,
 ) -> Result<ImageRecord, ImageError> {
     let registry = image.resolve_registry().to_string();
+    registry_allowed(&registry).map_err(|reason| ImageError::Registry {
+        reference: given.to_string(),
+        reason,
+    })?;
     let client = Client::new(client_config(&registry, opts)?);
     let auth = match &opts.credentials {
         Some((user, pass)) => RegistryAuth::Basic(user.clone(), pass.clone()),

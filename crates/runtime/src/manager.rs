@@ -116,6 +116,9 @@ pub struct ManagerConfig {
     pub gateway: Option<Arc<brig_net::Gateway>>,
     /// Why there is no gateway, for that refusal.
     pub network_unavailable: Option<String>,
+    /// Pull an image a create names that the store lacks (`brig serve
+    /// --pull missing`); off: only images already there.
+    pub pull_images: bool,
 }
 
 impl Default for ManagerConfig {
@@ -141,6 +144,7 @@ impl ManagerConfig {
             agent_answer_timeout: brig_agent_client::connection::ANSWER_TIMEOUT,
             gateway: None,
             network_unavailable: None,
+            pull_images: true,
         }
     }
 }
@@ -1020,23 +1024,28 @@ impl SandboxManager {
                 });
             };
             let recipe = brig_template::recipe(name).is_ok();
-            let resolved =
-                brig_template::resolve(home, template.clone(), brig_template::Progress::Lines)
-                    .map_err(|source| match source {
-                        // Nothing by that name anywhere, or a registry that
-                        // refused: the client's to fix.
-                        e @ (brig_template::TemplateError::NoSuchTemplate { .. }
-                        | brig_template::TemplateError::Image(
-                            brig_image::ImageError::Registry { .. }
-                            | brig_image::ImageError::BadReference { .. },
-                        )) => ManagerError::BadRequest {
-                            reason: e.to_string(),
-                        },
-                        source => ManagerError::Template {
-                            name: name.clone(),
-                            source: Box::new(source),
-                        },
-                    })?;
+            let resolved = brig_template::resolve(
+                home,
+                template.clone(),
+                brig_template::Progress::Lines,
+                self.config.pull_images,
+            )
+            .map_err(|source| match source {
+                // Nothing by that name anywhere, or a registry that
+                // refused: the client's to fix.
+                e @ (brig_template::TemplateError::NoSuchTemplate { .. }
+                | brig_template::TemplateError::NotPulled { .. }
+                | brig_template::TemplateError::Image(
+                    brig_image::ImageError::Registry { .. }
+                    | brig_image::ImageError::BadReference { .. },
+                )) => ManagerError::BadRequest {
+                    reason: e.to_string(),
+                },
+                source => ManagerError::Template {
+                    name: name.clone(),
+                    source: Box::new(source),
+                },
+            })?;
             if recipe {
                 // Built now if it was not: its pools (if any) start filling.
                 drop(self.pool.resolve(name, &resolved.template));

@@ -82,6 +82,12 @@ pub enum TemplateError {
         known: String,
         pulled: String,
     },
+    #[error(
+        "{name:?} is neither a named template ({known}) nor an image in the store, and this daemon \
+         does not pull images (brig serve --pull never): pull it on the daemon's host with `brig \
+         template pull {name}`"
+    )]
+    NotPulled { name: String, known: String },
     #[error(transparent)]
     Image(#[from] brig_image::ImageError),
     #[error("template {name}: cannot {op} {path}")]

@@ -35,11 +35,13 @@ pub struct Resolved {
 }
 
 /// Resolve `template` (see the module docs). Pulls and builds report on
-/// stderr as `progress` says.
+/// stderr as `progress` says; `pull`: whether an image the store lacks is
+/// pulled (else an error naming `brig template pull`).
 pub fn resolve(
     home: &Path,
     template: TemplateRef,
     progress: Progress,
+    pull_missing: bool,
 ) -> Result<Resolved, TemplateError> {
     let name = match template {
         TemplateRef::Named(name) if recipe(&name).is_ok() => {
@@ -59,6 +61,12 @@ pub fn resolve(
     let store = Arc::new(ImageStore::open(home)?);
     let image = match store.get(&name)? {
         Some(image) => image,
+        None if !pull_missing => {
+            return Err(TemplateError::NotPulled {
+                name,
+                known: crate::known_names(),
+            })
+        }
         None => pull(&store, &name, None, &PullOptions::default(), progress).map_err(|e| {
             match e {
                 // A name that is neither a recipe nor anything a registry

@@ -205,6 +205,9 @@ mod fixture {
         let other = store.create_tenant("other").unwrap();
         let (_, other_key) = store.create_key(&other).unwrap();
         let mut config = ManagerConfig::new();
+        // In-process tests never pull an image (a template name no recipe
+        // has would otherwise send the manager to Docker Hub).
+        config.pull_images = false;
         tweak(&mut config);
         // On the process tier, as `brig serve` runs it.
         let owner = store.path().display().to_string();

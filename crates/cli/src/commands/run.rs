@@ -116,6 +116,7 @@ impl RunArgs {
             &home_dir(),
             TemplateRef::parse(&self.template)?,
             brig_template::Progress::Auto,
+            true,
         )?;
         let image = resolved.image.unwrap_or_default();
         // As docker runs an image: its entrypoint, then the command given
@@ -458,9 +459,11 @@ mod tests {
         );
         let e = parse(&["brig", "run", "--timeout", "soon", "--", "true"]).unwrap_err();
         assert!(format!("{e:#}").contains("--timeout"), "{e:#}");
-        let e = parse(&["brig", "run", "--template", "ubuntu", "--", "true"]).unwrap_err();
+        // A name of no possible shape (a known shape would be resolved,
+        // which touches the disk or a registry: tests/run.rs covers it).
+        let e = parse(&["brig", "run", "--template", "Ubuntu!", "--", "true"]).unwrap_err();
         assert!(
-            format!("{e:#}").contains("unknown template \"ubuntu\""),
+            format!("{e:#}").contains("unknown template \"Ubuntu!\""),
             "{e:#}"
         );
         let e = parse(&["brig", "run", "-e", "1X=2", "--", "true"]).unwrap_err();

@@ -31,6 +31,13 @@ use brig_runtime::{SandboxManager, Store};
 use super::client::{home_dir, LOCAL_KEY_FILE};
 use crate::exit;
 
+/// When the daemon pulls images.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PullPolicy {
+    Missing,
+    Never,
+}
+
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
     /// Address to listen on (port 0 picks a free one; the address chosen
@@ -64,6 +71,12 @@ pub struct ServeArgs {
     /// directory into a sandbox.
     #[arg(long = "template-root", value_name = "DIR")]
     template_roots: Vec<PathBuf>,
+    /// Whether a create naming an image the store lacks pulls it (and
+    /// whether POST /v1/templates/pull works): `missing` (the default), or
+    /// `never` (only images an operator pulled or imported with `brig
+    /// template`, on this host).
+    #[arg(long, value_enum, default_value_t = PullPolicy::Missing, value_name = "WHEN")]
+    pull: PullPolicy,
     /// A resolver the sandboxes' DNS questions are forwarded to, for the
     /// names their network policy allows (repeatable) [default: the
     /// nameservers of /etc/resolv.conf].
@@ -114,6 +127,7 @@ struct ServeConfig {
 impl ServeArgs {
     fn into_config(self) -> anyhow::Result<ServeConfig> {
         let mut manager = ManagerConfig::new();
+        manager.pull_images = self.pull == PullPolicy::Missing;
         manager.max_timeout = match &self.max_timeout {
             Some(d) => parse_duration(d).context("--max-timeout")?,
             None => DEFAULT_MAX_TIMEOUT,

@@ -57,7 +57,13 @@ pub fn signal(pid: u32, sig: libc::c_int) {
 }
 
 pub fn brig() -> Command {
-    Command::new(BRIG)
+    let mut cmd = Command::new(BRIG);
+    // A template name that is no recipe is an image to pull: only ever
+    // from a registry on this machine.
+    if std::env::var_os("BRIG_REGISTRIES").is_none() {
+        cmd.env("BRIG_REGISTRIES", "127.0.0.1,localhost");
+    }
+    cmd
 }
 
 /// `brig run [args] -- cmd...` with the given template.
