@@ -783,3 +783,80 @@ fn the_daemon_creates_from_an_image_and_keeps_it_while_used() {
     assert_eq!(status, 200, "{body}");
     support::stop_daemon(&mut daemon);
 }
+
+/// `brig serve --pool IMAGE=N`: an image in the store is pooled like a
+/// built-in template, and a create naming it is served from the pool with
+/// the image's environment.
+#[test]
+fn an_image_is_pooled_like_a_template() {
+    require_tools!();
+    let registry = Registry::start(None);
+    let layout = tempfile::tempdir().unwrap();
+    write_oci_layout(layout.path(), &[base_layer("pool"), top_layer()], config());
+    registry.push(layout.path(), "test/pool:1", None);
+    let home = tempfile::tempdir().unwrap();
+    let h = home.path();
+    let reference = format!("{}/test/pool:1", registry.addr);
+    ok(brig(h, &["template", "pull", &reference]), "pull");
+    let mut cmd = Command::new(BRIG);
+    cmd.args([
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--pool",
+        "host=0",
+        "--pool",
+    ])
+    .arg(format!("{reference}=1"));
+    let (mut daemon, url, lines) = support::start_daemon_with(cmd, h);
+    std::thread::spawn(move || {
+        for l in lines.map_while(Result::ok) {
+            eprintln!("daemon: {l}");
+        }
+    });
+    let key = std::fs::read_to_string(h.join("local.key")).unwrap();
+    let metric = |name: &str| -> f64 {
+        let text = ureq::get(&format!("{url}/metrics"))
+            .set("Authorization", &format!("Bearer {}", key.trim()))
+            .call()
+            .unwrap()
+            .into_string()
+            .unwrap();
+        text.lines()
+            .filter(|l| l.starts_with(name))
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+            .sum()
+    };
+    assert!(
+        support::eventually(Duration::from_secs(20), || metric("brig_pool_idle") >= 1.0),
+        "the image's pool never filled"
+    );
+    let claims = metric("brig_pool_claims_total");
+    let cli = |args: &[&str]| {
+        Command::new(BRIG)
+            .args(args)
+            .env("BRIG_HOME", h)
+            .env("BRIG_URL", &url)
+            .output()
+            .unwrap()
+    };
+    let id = ok(cli(&["create", "--template", &reference]), "create");
+    assert_eq!(
+        metric("brig_pool_claims_total"),
+        claims + 1.0,
+        "not served from the pool"
+    );
+    let got = ok(
+        cli(&[
+            "exec",
+            id.trim(),
+            "--",
+            "sh",
+            "-c",
+            "echo $GREETING; cat /etc/marker",
+        ]),
+        "exec",
+    );
+    assert_eq!(got, "hello from the image\npool");
+    support::stop_daemon(&mut daemon);
+}

@@ -1023,7 +1023,6 @@ impl SandboxManager {
                     ),
                 });
             };
-            let recipe = brig_template::recipe(name).is_ok();
             let resolved = brig_template::resolve(
                 home,
                 template.clone(),
@@ -1046,10 +1045,9 @@ impl SandboxManager {
                     source: Box::new(source),
                 },
             })?;
-            if recipe {
-                // Built now if it was not: its pools (if any) start filling.
-                drop(self.pool.resolve(name, &resolved.template));
-            }
+            // Built or pulled now if it was not: its pools (if any) start
+            // filling.
+            drop(self.pool.resolve(name, &resolved.template));
             return Ok((resolved.template, resolved.image));
         }
         let TemplateRef::Dir(path) = &template else {

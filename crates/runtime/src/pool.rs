@@ -74,11 +74,16 @@ impl PoolTarget {
                  is +setuid, once, as in base+setuid=2"
             ));
         }
-        let template =
-            TemplateRef::parse(template).map_err(|e| format!("--pool {s:?}: bad template: {e}"))?;
-        if let TemplateRef::Named(name) = &template {
-            brig_template::recipe(name).map_err(|e| format!("--pool {s:?}: {e}"))?;
-        }
+        let template = match TemplateRef::parse(template)
+            .map_err(|e| format!("--pool {s:?}: bad template: {e}"))?
+        {
+            // A name no recipe has: an image of the store by that name,
+            // pooled once it is there (pulled or imported).
+            TemplateRef::Named(name) if brig_template::recipe(&name).is_err() => {
+                TemplateRef::Image(name)
+            }
+            other => other,
+        };
         let size = size
             .parse::<usize>()
             .ok()
@@ -197,9 +202,10 @@ impl Pool {
                     p.canonicalize().unwrap_or_else(|_| p.clone()),
                 )),
                 TemplateRef::Named(name) => home.and_then(|home| built(home, name)),
-                // Images are not pooled yet: their creates start from
-                // scratch.
-                TemplateRef::Image(_) | TemplateRef::Layers { .. } => None,
+                // An image's layers once it is in the store (never pulled
+                // here: the first create that names it pulls it).
+                TemplateRef::Image(name) => home.and_then(|home| stored(home, name)),
+                TemplateRef::Layers { .. } => None,
             };
             slots.push(Slot {
                 target,
@@ -230,7 +236,7 @@ impl Pool {
         let mut slots = self.lock();
         let mut changed = false;
         for slot in slots.iter_mut() {
-            if !matches!(&slot.target.template, TemplateRef::Named(n) if n == name)
+            if !matches!(&slot.target.template, TemplateRef::Named(n) | TemplateRef::Image(n) if n == name)
                 || slot.made_from.as_ref() == Some(made_from)
             {
                 continue;
@@ -369,6 +375,14 @@ fn built(home: &Path, name: &str) -> Option<TemplateRef> {
     brig_template::ready(home, name).map(TemplateRef::Dir)
 }
 
+/// Image `name`'s layers if the store has it (nothing is pulled).
+fn stored(home: &Path, name: &str) -> Option<TemplateRef> {
+    let template = TemplateRef::Image(name.to_string());
+    brig_template::resolve(home, template, brig_template::Progress::Quiet, false)
+        .ok()
+        .map(|r| r.template)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -402,7 +416,7 @@ mod tests {
             ("base+sudo=2", "+setuid, once"),
             ("base+setuid+setuid=2", "+setuid, once"),
             ("+setuid=2", "bad template"),
-            ("nosuch=2", "nosuch"),
+            ("No Such=2", "bad template"),
         ] {
             let e = PoolTarget::parse(bad).unwrap_err();
             assert!(e.contains("--pool") && e.contains(says), "{bad}: {e}");
