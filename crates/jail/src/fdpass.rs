@@ -6,8 +6,16 @@ use std::os::fd::RawFd;
 
 use crate::sys::{Errno, SysResult};
 
-/// Most descriptors one message carries.
-pub const MAX_FDS: usize = 6;
+/// Most descriptors one message carries: an image's layers (each its own
+/// idmapped mount, at most [`brig_core::spec::MAX_LAYERS`]), the pooled
+/// network's sysfs, the program and the stdio socket, with room to spare
+/// (the kernel takes up to 253).
+pub const MAX_FDS: usize = 136;
+const _: () = assert!(brig_core::spec::MAX_LAYERS + 4 <= MAX_FDS);
+
+/// The control buffer: one SCM_RIGHTS header (16 bytes) and MAX_FDS ints,
+/// in 8-byte words.
+const CBUF_WORDS: usize = (16 + MAX_FDS * 4).div_ceil(8) + 1;
 
 /// Receive one message into `buf` and up to [`MAX_FDS`] descriptors (made
 /// close-on-exec). Returns (bytes, descriptors); 0 bytes means the peer
@@ -18,7 +26,7 @@ pub fn recv(sock: RawFd, buf: &mut [u8], fds: &mut [RawFd; MAX_FDS]) -> SysResul
         iov_len: buf.len(),
     };
     // Room for one SCM_RIGHTS header and MAX_FDS ints, 8-byte aligned.
-    let mut cbuf = [0u64; 8];
+    let mut cbuf = [0u64; CBUF_WORDS];
     // SAFETY: msghdr is plain old data; all-zero is valid.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = &mut iov;
@@ -75,12 +83,15 @@ pub fn send(sock: RawFd, payload: &[u8], fds: &[RawFd]) -> SysResult {
         iov_base: payload.as_ptr() as *mut _,
         iov_len: payload.len(),
     };
-    let mut cbuf = [0u64; 8];
+    let mut cbuf = [0u64; CBUF_WORDS];
     // SAFETY: msghdr is plain old data; all-zero is valid.
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = &mut iov;
     msg.msg_iovlen = 1;
-    let fds = &fds[..fds.len().min(MAX_FDS)];
+    // More than the peer can take is refused, never cut short.
+    if fds.len() > MAX_FDS {
+        return Err(Errno(libc::E2BIG));
+    }
     if !fds.is_empty() {
         let bytes = std::mem::size_of_val(fds) as u32;
         msg.msg_control = cbuf.as_mut_ptr().cast();

@@ -92,3 +92,34 @@ fn image_layers_stack_with_whiteouts_and_opaque_directories() {
         "kept, from the top\n"
     );
 }
+
+/// Many layers (each its own idmapped mount, all sent to the init at once)
+/// stack as well as three: a file from every one is there.
+#[test]
+fn forty_layers_stack() {
+    if !root_or_skip() {
+        return;
+    }
+    let Some(rootfs) = rootfs_or_skip() else {
+        return;
+    };
+    let layers: Vec<tempfile::TempDir> = (0..40).map(|_| tempfile::tempdir().unwrap()).collect();
+    for (i, l) in layers.iter().enumerate() {
+        write(l.path(), &format!("srv/l{i}"), "x");
+    }
+    let mut lowers: Vec<std::path::PathBuf> = layers.iter().map(|l| l.path().into()).collect();
+    lowers.push(rootfs.clone());
+    let mut spec = SandboxSpec::new(vec![
+        "/bin/sh".into(),
+        "-c".into(),
+        "[ \"$(ls /srv | wc -l)\" = 40 ]".into(),
+    ]);
+    spec.template = TemplateRef::Layers {
+        image: "test/many".into(),
+        lowers,
+    };
+    spec.validate().unwrap();
+    let opts = SpawnOptions::prepare().unwrap();
+    let code = Sandbox::spawn(&spec, &opts).unwrap().wait().unwrap().code;
+    assert_eq!(code, 0, "not every layer's file is there (exit {code})");
+}
