@@ -82,6 +82,7 @@ pub(crate) fn unpack<R: Read>(reader: R, dest: &Path, blob: &str) -> Result<R, I
         dir_times: Vec::new(),
         root_meta: None,
         buf: vec![0; 64 * 1024],
+        open_dirs: std::cell::RefCell::new(Vec::new()),
     };
     let mut archive = tar::Archive::new(reader);
     let entries = archive.entries().map_err(|e| unpacker.stream(e))?;
@@ -115,6 +116,13 @@ struct Unpacker<'a> {
     /// other user can reach into a layer while it is being written.
     root_meta: Option<(Meta, String)>,
     buf: Vec<u8>,
+    /// The directories the last entry's parent was reached through, from
+    /// the root down (name, descriptor): the next entry under the same
+    /// directories starts from them instead of walking from the root again
+    /// (a layer's entries come depth first, and the walk was most of an
+    /// unpack's system calls). An entry that makes, replaces or deletes a
+    /// path drops what is at or below it first.
+    open_dirs: std::cell::RefCell<Vec<(Vec<u8>, OwnedFd)>>,
 }
 
 impl Unpacker<'_> {
@@ -128,6 +136,7 @@ impl Unpacker<'_> {
         let raw = entry.path_bytes().into_owned();
         let shown = String::from_utf8_lossy(&raw).into_owned();
         let comps = components(&raw).map_err(|r| self.refuse(&shown, r.to_string()))?;
+        self.forget_dirs_at(&comps);
         let meta = self.meta(entry, &shown)?;
 
         let Some((name, parents)) = comps.split_last() else {
@@ -534,20 +543,31 @@ impl Unpacker<'_> {
     /// refusing symlinks; with `create`, missing ones are made (mode 0755,
     /// as tar does for parents a layer does not list).
     fn open_dir(&self, comps: &[&[u8]], create: bool, shown: &str) -> Result<OwnedFd, ImageError> {
-        let mut cur = self.reopen_root(shown)?;
-        for (i, c) in comps.iter().enumerate() {
+        let mut open = self.open_dirs.borrow_mut();
+        // The directories already open on the way are used as they are.
+        let common = open
+            .iter()
+            .zip(comps)
+            .take_while(|((n, _), c)| n.as_slice() == **c)
+            .count();
+        open.truncate(common);
+        for (i, c) in comps.iter().enumerate().skip(common) {
             let name = OsStr::from_bytes(c);
-            let next = match rfs::openat(&cur, name, DIR_FLAGS, Mode::empty()) {
+            let cur = match open.last() {
+                Some((_, fd)) => fd.as_fd(),
+                None => self.root.as_fd(),
+            };
+            let next = match rfs::openat(cur, name, DIR_FLAGS, Mode::empty()) {
                 Ok(fd) => fd,
                 Err(Errno::NOENT) if create => {
-                    rfs::mkdirat(&cur, name, Mode::from_raw_mode(0o755))
+                    rfs::mkdirat(cur, name, Mode::from_raw_mode(0o755))
                         .map_err(self.io(shown, "make a parent directory"))?;
-                    rfs::openat(&cur, name, DIR_FLAGS, Mode::empty())
+                    rfs::openat(cur, name, DIR_FLAGS, Mode::empty())
                         .map_err(self.io(shown, "open a parent directory"))?
                 }
                 Err(Errno::LOOP) | Err(Errno::NOTDIR) => {
                     let prefix = String::from_utf8_lossy(&comps[..=i].join(&b'/')).into_owned();
-                    let symlink = rfs::statat(&cur, name, AtFlags::SYMLINK_NOFOLLOW)
+                    let symlink = rfs::statat(cur, name, AtFlags::SYMLINK_NOFOLLOW)
                         .is_ok_and(|st| FileType::from_raw_mode(st.st_mode) == FileType::Symlink);
                     return Err(self.refuse(
                         shown,
@@ -560,9 +580,41 @@ impl Unpacker<'_> {
                 }
                 Err(e) => return Err(self.io(shown, "open a parent directory")(e)),
             };
-            cur = next;
+            open.push((c.to_vec(), next));
         }
-        Ok(cur)
+        match open.last() {
+            Some((_, fd)) => rustix::io::fcntl_dupfd_cloexec(fd, 0)
+                .map_err(self.io(shown, "open a parent directory")),
+            None => self.reopen_root(shown),
+        }
+    }
+
+    /// Drop the open directories at or below the path an entry is about
+    /// to make, replace or delete (`.wh.NAME` deletes NAME; an opaque
+    /// marker empties its directory).
+    fn forget_dirs_at(&self, comps: &[&[u8]]) {
+        let Some((last, parents)) = comps.split_last() else {
+            self.open_dirs.borrow_mut().clear();
+            return;
+        };
+        // The parents stay open; what is at the path (or, for an opaque
+        // marker, everything in its directory) goes.
+        let keep = parents.len();
+        let mut open = self.open_dirs.borrow_mut();
+        let under = open.len() > keep
+            && open
+                .iter()
+                .zip(parents)
+                .all(|((n, _), c)| n.as_slice() == *c)
+            && (*last == OPAQUE_MARKER.as_bytes() || {
+                let name = last
+                    .strip_prefix(WHITEOUT_PREFIX.as_bytes())
+                    .unwrap_or(last);
+                open[keep].0.as_slice() == name
+            });
+        if under {
+            open.truncate(keep);
+        }
     }
 
     fn reopen_root(&self, shown: &str) -> Result<OwnedFd, ImageError> {

@@ -261,6 +261,22 @@ fn nothing_is_written_through_a_symlink_of_the_layer() {
         &[Entry::symlink("a", target), Entry::dir("a/sub")],
         "a/sub",
     );
+    // Nor through a directory that was open a moment ago and then became
+    // a symlink (the unpacker keeps the directories it walked open).
+    assert_refused(
+        &store,
+        &[
+            Entry::dir("a"),
+            Entry::file("a/x", "inside"),
+            Entry::symlink("a", target),
+            Entry::file("a/y", "through"),
+        ],
+        "a/y",
+    );
+    assert!(
+        !outside.join("y").exists(),
+        "written through a replaced directory"
+    );
     assert!(!outside.join("sub").exists());
     // Nor a hard link whose target path goes through one.
     assert_refused(
