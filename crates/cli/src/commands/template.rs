@@ -240,14 +240,22 @@ pub fn run(args: TemplateArgs) -> anyhow::Result<i32> {
                     .collect();
                 println!("{}", serde_json::Value::Array(items));
             } else {
-                println!("{:<22} {:<8} {:>9}  DESCRIPTION", "NAME", "STATE", "SIZE");
+                // As wide as the longest name (image references are long).
+                let w = list
+                    .iter()
+                    .map(|t| t.recipe.name.len())
+                    .chain(images.iter().map(|i| i.name.len()))
+                    .max()
+                    .unwrap_or(4)
+                    .max(22);
+                println!("{:<w$} {:<8} {:>10}  DESCRIPTION", "NAME", "STATE", "SIZE");
                 for t in &list {
                     let size = t
                         .size
                         .map(|b| format!("{} MiB", b / (1024 * 1024)))
                         .unwrap_or_else(|| "-".into());
                     println!(
-                        "{:<22} {:<8} {:>9}  {}",
+                        "{:<w$} {:<8} {:>10}  {}",
                         t.recipe.name,
                         t.state.as_str(),
                         size,
@@ -256,7 +264,7 @@ pub fn run(args: TemplateArgs) -> anyhow::Result<i32> {
                 }
                 for i in &images {
                     println!(
-                        "{:<22} {:<8} {:>9}  image {} ({} layers)",
+                        "{:<w$} {:<8} {:>10}  image {} ({} layers)",
                         i.name,
                         "ready",
                         mib(i.size),
