@@ -33,7 +33,7 @@ use std::time::Duration;
 
 use hickory_proto::op::{Message, MessageType, ResponseCode};
 use hickory_proto::rr::{RData, Record, RecordType};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, Interest};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 
 use crate::gateway::{Gateway, SandboxNet};
@@ -66,25 +66,7 @@ pub(crate) fn spawn(gateway: Arc<Gateway>, socket: std::net::UdpSocket) -> std::
     tokio::spawn(async move {
         let mut buf = vec![0u8; MAX_QUERY];
         loop {
-            let got = socket
-                .async_io(Interest::READABLE, || {
-                    sys::recv_with_dst(socket.as_raw_fd(), &mut buf)
-                })
-                .await;
-            let dg = match got {
-                Ok(dg) => dg,
-                Err(e) => {
-                    tracing::warn!("resolver: receive failed: {e}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            };
-            let Some(net) = gateway.sandbox(*dg.from.ip()) else {
-                continue;
-            };
-            if dg.truncated {
-                continue;
-            }
+            let (dg, net) = gateway.next_datagram(&socket, &mut buf, "resolver").await;
             let query = buf[..dg.len].to_vec();
             let socket = Arc::clone(&socket);
             let upstream = gateway.config.upstream_dns.clone();

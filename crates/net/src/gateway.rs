@@ -511,6 +511,39 @@ impl Gateway {
     }
 
     /// The sandbox at `addr`, if attached.
+    /// The next whole datagram a linked sandbox sent to `socket` (a
+    /// steered socket of the gateway, read into `buf`), with the sandbox's
+    /// network; a datagram from no linked address, or cut by `buf`, is
+    /// dropped. A failed receive is logged as `what`'s and waited out.
+    pub(crate) async fn next_datagram(
+        &self,
+        socket: &tokio::net::UdpSocket,
+        buf: &mut [u8],
+        what: &str,
+    ) -> (sys::Datagram, Arc<SandboxNet>) {
+        loop {
+            let got = socket
+                .async_io(tokio::io::Interest::READABLE, || {
+                    sys::recv_with_dst(socket.as_raw_fd(), buf)
+                })
+                .await;
+            let dg = match got {
+                Ok(dg) => dg,
+                Err(e) => {
+                    tracing::warn!("{what}: receive failed: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            if dg.truncated {
+                continue;
+            }
+            if let Some(net) = self.sandbox(*dg.from.ip()) {
+                return (dg, net);
+            }
+        }
+    }
+
     pub fn sandbox(&self, addr: Ipv4Addr) -> Option<Arc<SandboxNet>> {
         self.sandboxes
             .read()

@@ -54,7 +54,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use tokio::io::Interest;
 use tokio::net::UdpSocket;
 use tokio::sync::{oneshot, Notify};
 
@@ -276,25 +275,7 @@ pub(crate) fn spawn(
     tokio::spawn(async move {
         let mut buf = vec![0u8; BUFFER];
         loop {
-            let got = socket
-                .async_io(Interest::READABLE, || {
-                    sys::recv_with_dst(socket.as_raw_fd(), &mut buf)
-                })
-                .await;
-            let dg = match got {
-                Ok(dg) => dg,
-                Err(e) => {
-                    tracing::warn!("UDP relay: receive failed: {e}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            };
-            let Some(net) = gateway.sandbox(*dg.from.ip()) else {
-                continue;
-            };
-            if dg.truncated {
-                continue;
-            }
+            let (dg, net) = gateway.next_datagram(&socket, &mut buf, "UDP relay").await;
             let key = (dg.from, dg.to);
             let datagram = &buf[..dg.len];
             // A flow's datagrams reach its own socket once it is made;
