@@ -384,6 +384,14 @@ pub struct SandboxSpec {
     /// bytes in all.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub run_files: Vec<RunFile>,
+    /// Keep the sandbox's writable layer in this host directory (which
+    /// holds `upper/` and `work/`, owned as inside the sandbox: it is
+    /// idmapped like the template) instead of on the sandbox's own tmpfs,
+    /// so that what the command changed outlives it: how an image build
+    /// turns a RUN step into a layer. For the host's own callers only:
+    /// nothing a client sends sets it. Needs an overlay template.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upper_dir: Option<PathBuf>,
 }
 
 /// A file of the sandbox's `/run`, written before its command starts.
@@ -444,6 +452,7 @@ impl SandboxSpec {
             stdin: false,
             allow_setuid: false,
             run_files: Vec::new(),
+            upper_dir: None,
         }
     }
 
@@ -472,6 +481,24 @@ impl SandboxSpec {
                     self.run_files.len()
                 ),
             });
+        }
+        if let Some(upper) = &self.upper_dir {
+            let overlay = matches!(
+                self.template,
+                TemplateRef::Dir(_) | TemplateRef::Layers { .. }
+            );
+            if !overlay
+                || !upper.is_absolute()
+                || !upper.join("upper").is_dir()
+                || !upper.join("work").is_dir()
+            {
+                return Err(SpecError::TemplateDir {
+                    path: upper.clone(),
+                    reason: "a kept writable layer needs an overlay template and an absolute \
+                             directory holding upper/ and work/"
+                        .into(),
+                });
+            }
         }
         if let Some(w) = &self.workdir {
             if !w.starts_with('/') || w.contains('\0') {

@@ -355,8 +355,10 @@ impl Plan {
                     root: staging.clone(),
                     steps: Vec::new(),
                 };
-                for d in ["/upper", "/work", "/root"] {
-                    b.mkdir(d, 0o755);
+                b.mkdir("/root", 0o755);
+                if spec.upper_dir.is_none() {
+                    b.mkdir("/upper", 0o755);
+                    b.mkdir("/work", 0o755);
                 }
                 // Each lower layer (a `dir:` template's one, an image's
                 // layers top first) attached idmapped and read-only at
@@ -378,10 +380,23 @@ impl Plan {
                     next_fd += 1;
                     lowerdir.push(format!("{staging}{at}"));
                 }
+                // The writable layer: on the scratch tmpfs, or a host
+                // directory sent after the lower layers (`/keep`).
+                let rw = if spec.upper_dir.is_some() {
+                    b.mkdir("/keep", 0o755);
+                    b.steps.push(Step::Attach {
+                        what: "attach the kept writable layer (idmapped)",
+                        index: next_fd,
+                        target: b.at("/keep"),
+                    });
+                    next_fd += 1;
+                    format!("{staging}/keep")
+                } else {
+                    staging.clone()
+                };
                 let opts = format!(
-                    "lowerdir={},upperdir={s}/upper,workdir={s}/work,userxattr",
+                    "lowerdir={},upperdir={rw}/upper,workdir={rw}/work,userxattr",
                     lowerdir.join(":"),
-                    s = staging
                 );
                 // nosuid unless the spec lets setuid binaries work (then
                 // no_new_privs is off too; see bringup::drop_privileges).

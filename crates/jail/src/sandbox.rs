@@ -443,10 +443,15 @@ impl Sandbox {
         let mut template_fds = match &layout {
             Layout::Overlay { lowers } => lowers
                 .iter()
-                .map(|lower| idmapped_template(lower, pid))
+                .map(|lower| idmapped(lower, pid, true))
                 .collect::<Result<Vec<_>, _>>()?,
             Layout::Host(_) => Vec::new(),
         };
+        // A kept writable layer (an image build's RUN): writable, and
+        // idmapped so what the sandbox's root writes is root's on disk.
+        if let Some(upper) = &spec.upper_dir {
+            template_fds.push(idmapped(upper, pid, false)?);
+        }
         if let Some(net) = pooled {
             // The namespace lives on in the init; our copies go.
             drop(net.ns);
@@ -1205,7 +1210,7 @@ fn write_id_map(pid: libc::pid_t, file: &'static str, base: u32) -> Result<(), J
 /// owned by the sandbox's own users (an idmapped mount through the init's
 /// user namespace). Falls back to a plain read-only copy on filesystems
 /// that cannot be idmapped.
-fn idmapped_template(lower: &Path, pid: libc::pid_t) -> Result<OwnedFd, JailError> {
+fn idmapped(lower: &Path, pid: libc::pid_t, read_only: bool) -> Result<OwnedFd, JailError> {
     const OPEN_TREE_CLONE: libc::c_uint = 1;
     const AT_RECURSIVE: libc::c_uint = 0x8000;
     const MOUNT_ATTR_RDONLY: u64 = 0x1;
@@ -1265,8 +1270,15 @@ fn idmapped_template(lower: &Path, pid: libc::pid_t) -> Result<OwnedFd, JailErro
             )
         }
     };
-    let ro = MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
+    let ro = if read_only { MOUNT_ATTR_RDONLY } else { 0 } | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
     if setattr(ro | MOUNT_ATTR_IDMAP, userns.as_raw_fd() as u64) < 0 {
+        // A writable layer the sandbox would own under other ids than
+        // root's is no use to an image build: say so.
+        if !read_only {
+            return Err(os_err("idmap the kept writable layer (mount_setattr)")(
+                Errno::last(),
+            ));
+        }
         // EINVAL/EOPNOTSUPP: this filesystem cannot be idmapped. The
         // template still works; its root-owned files show as nobody.
         if setattr(ro, 0) < 0 {

@@ -123,3 +123,52 @@ fn forty_layers_stack() {
     let code = Sandbox::spawn(&spec, &opts).unwrap().wait().unwrap().code;
     assert_eq!(code, 0, "not every layer's file is there (exit {code})");
 }
+
+/// `SandboxSpec::upper_dir`: the writable layer kept in a host directory
+/// (how an image build captures a RUN step): what the command wrote is
+/// there afterwards, owned as inside (the sandbox's root is root on disk,
+/// through the idmapping), a deletion is a 0/0 whiteout, and the template
+/// is untouched.
+#[test]
+fn a_kept_writable_layer_holds_what_the_command_changed() {
+    if !root_or_skip() {
+        return;
+    }
+    let Some(rootfs) = rootfs_or_skip() else {
+        return;
+    };
+    let keep = tempfile::tempdir().unwrap();
+    std::fs::create_dir(keep.path().join("upper")).unwrap();
+    std::fs::create_dir(keep.path().join("work")).unwrap();
+    let mut spec = SandboxSpec::new(vec![
+        "/bin/sh".into(),
+        "-c".into(),
+        "echo built > /built && rm /etc/issue && mkdir -p /home/u && chown 1000:1000 /home/u"
+            .into(),
+    ]);
+    spec.template = TemplateRef::Dir(rootfs.clone());
+    spec.upper_dir = Some(keep.path().to_path_buf());
+    spec.validate().unwrap();
+    let opts = SpawnOptions::prepare().unwrap();
+    let code = Sandbox::spawn(&spec, &opts).unwrap().wait().unwrap().code;
+    assert_eq!(code, 0);
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let upper = keep.path().join("upper");
+    assert_eq!(
+        std::fs::read_to_string(upper.join("built")).unwrap(),
+        "built\n"
+    );
+    let built = std::fs::metadata(upper.join("built")).unwrap();
+    assert_eq!((built.uid(), built.gid()), (0, 0));
+    let home = std::fs::metadata(upper.join("home/u")).unwrap();
+    assert_eq!((home.uid(), home.gid()), (1000, 1000));
+    let gone = std::fs::symlink_metadata(upper.join("etc/issue")).unwrap();
+    assert!(
+        gone.file_type().is_char_device() && gone.rdev() == 0,
+        "{gone:?}"
+    );
+    assert!(
+        rootfs.join("etc/issue").exists(),
+        "the template was written"
+    );
+}
