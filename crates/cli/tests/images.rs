@@ -860,3 +860,107 @@ fn an_image_is_pooled_like_a_template() {
     assert_eq!(got, "hello from the image\npool");
     support::stop_daemon(&mut daemon);
 }
+
+/// `brig template build NAME -f Dockerfile CONTEXT`: FROM an image of the
+/// registry, ARG/ENV, a RUN that adds, deletes and makes (in a sandbox),
+/// COPY from the context, WORKDIR and CMD; the result runs; an unchanged
+/// rebuild is all cache hits, a changed file rebuilds from its COPY on, a
+/// build arg that changes the environment reruns the RUN; a failing RUN
+/// and a malformed Dockerfile name their line and register nothing.
+#[test]
+fn dockerfiles_build_with_a_cache() {
+    require_tools!();
+    let registry = Registry::start(None);
+    let layout = tempfile::tempdir().unwrap();
+    write_oci_layout(layout.path(), &[base_layer("build"), top_layer()], config());
+    registry.push(layout.path(), "test/base:1", None);
+    let home = tempfile::tempdir().unwrap();
+    let h = home.path();
+    let ctx = tempfile::tempdir().unwrap();
+    std::fs::write(ctx.path().join("app.txt"), "app v1\n").unwrap();
+    let dockerfile = format!(
+        "# a comment\nFROM {}/test/base:1\nARG WHO=world\nENV GREETING=\"hello $WHO\"\n\
+         RUN echo built > /data/built && rm /data/file && mkdir -p /srv/app\n\
+         COPY app.txt /srv/app/\nWORKDIR /srv/app\n\
+         CMD [\"sh\", \"-c\", \"echo $GREETING; cat /data/built; test -e /data/file || echo gone; cat app.txt; pwd\"]\n",
+        registry.addr
+    );
+    std::fs::write(ctx.path().join("Dockerfile"), &dockerfile).unwrap();
+    let build = |extra: &[&str]| {
+        let mut args = vec!["template", "build", "built", ctx.path().to_str().unwrap()];
+        args.extend_from_slice(extra);
+        brig(h, &args)
+    };
+    let out = build(&[]);
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    ok(out, "build");
+    assert!(!said.contains("(cached)"), "{said}");
+    let want = "hello world\nbuilt\ngone\napp v1\n/srv/app\n";
+    assert_eq!(
+        ok(brig(h, &["run", "--template", "built"]), "run built"),
+        want
+    );
+
+    // Unchanged: every step from the cache.
+    let out = build(&[]);
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    ok(out, "rebuild");
+    assert_eq!(said.matches("(cached)").count(), 2, "{said}");
+    // A changed file: the RUN from the cache, the COPY again.
+    std::fs::write(ctx.path().join("app.txt"), "app v2\n").unwrap();
+    let out = build(&[]);
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    ok(out, "rebuild after a change");
+    assert_eq!(said.matches("(cached)").count(), 1, "{said}");
+    assert_eq!(
+        ok(brig(h, &["run", "--template", "built"]), "run v2"),
+        "hello world\nbuilt\ngone\napp v2\n/srv/app\n"
+    );
+    // A build arg changes ENV: the RUN runs again.
+    let out = build(&["--build-arg", "WHO=you"]);
+    let said = String::from_utf8_lossy(&out.stderr).into_owned();
+    ok(out, "build with an arg");
+    assert_eq!(said.matches("(cached)").count(), 0, "{said}");
+    assert!(ok(brig(h, &["run", "--template", "built"]), "run").starts_with("hello you\n"));
+
+    // A failing RUN and a malformed Dockerfile: the line, nothing registered.
+    for (text, line, says) in [
+        (
+            format!("FROM {}/test/base:1\nRUN true\nRUN false\n", registry.addr),
+            3,
+            "RUN failed",
+        ),
+        (
+            format!("FROM {}/test/base:1\nFROBNICATE\n", registry.addr),
+            2,
+            "unknown instruction",
+        ),
+        (
+            "FROM scratch\nRUN true\n".to_string(),
+            2,
+            "RUN needs an image",
+        ),
+    ] {
+        std::fs::write(ctx.path().join("Bad"), &text).unwrap();
+        let err = failed(
+            brig(
+                h,
+                &[
+                    "template",
+                    "build",
+                    "bad",
+                    "-f",
+                    ctx.path().join("Bad").to_str().unwrap(),
+                    ctx.path().to_str().unwrap(),
+                ],
+            ),
+            "a bad build",
+        );
+        assert!(
+            err.contains(&format!("Dockerfile line {line}")) && err.contains(says),
+            "{err}"
+        );
+    }
+    let listed = ok(brig(h, &["template", "ls", "--json"]), "ls");
+    assert!(!listed.contains("\"bad\""), "{listed}");
+}

@@ -16,6 +16,8 @@ pub enum ImageError {
     Registry { reference: String, reason: String },
     #[error("{reason}")]
     BadImage { reason: String },
+    #[error("Dockerfile line {line}: {reason}")]
+    Dockerfile { line: usize, reason: String },
     #[error("cannot {op} {path}")]
     Io {
         op: &'static str,

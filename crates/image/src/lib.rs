@@ -42,6 +42,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod build;
 mod config;
 mod db;
 pub mod digest;

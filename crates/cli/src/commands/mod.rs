@@ -4,6 +4,7 @@
 
 use clap::{Parser, Subcommand};
 
+pub mod build;
 pub mod client;
 pub mod completion;
 pub mod cp;

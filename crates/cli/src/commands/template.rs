@@ -26,13 +26,23 @@ pub struct TemplateArgs {
 
 #[derive(Debug, clap::Subcommand)]
 enum TemplateCommand {
-    /// Build a template if it is missing or its recipe changed; print its rootfs.
+    /// Build a named template (`base`, `code-interpreter-v1`) if it is
+    /// missing or its recipe changed, or, with a Dockerfile, an image
+    /// (each RUN in a sandbox, each step cached).
     Build {
-        /// `base` or `code-interpreter-v1`.
+        /// `base` or `code-interpreter-v1`, or the name of the image to build.
         name: String,
-        /// Rebuild even if it is up to date.
+        /// Rebuild a named template even if it is up to date.
         #[arg(long)]
         force: bool,
+        /// The Dockerfile [default: CONTEXT/Dockerfile].
+        #[arg(long, short = 'f', value_name = "FILE")]
+        file: Option<std::path::PathBuf>,
+        /// `NAME=VALUE` for the Dockerfile's ARG (repeatable).
+        #[arg(long = "build-arg", value_name = "NAME=VALUE")]
+        build_arg: Vec<String>,
+        /// The directory COPY reads from [default: the current one].
+        context: Option<std::path::PathBuf>,
     },
     /// Pull an image from a registry into the image store (`python:3.12`
     /// is docker.io/library/python:3.12).
@@ -90,7 +100,26 @@ enum TemplateCommand {
 pub fn run(args: TemplateArgs) -> anyhow::Result<i32> {
     let home = home_dir();
     match args.command {
-        TemplateCommand::Build { name, force } => {
+        TemplateCommand::Build {
+            name,
+            file,
+            build_arg,
+            context,
+            ..
+        } if file.is_some() || context.is_some() || brig_template::recipe(&name).is_err() => {
+            let context = context.unwrap_or_else(|| std::path::PathBuf::from("."));
+            let file = file.unwrap_or_else(|| context.join("Dockerfile"));
+            let start = Instant::now();
+            let image = super::build::build(&home, &name, &file, &context, &build_arg)?;
+            eprintln!(
+                "brig: built {} ({} layers) in {:.1} s",
+                image.name,
+                image.layers.len(),
+                start.elapsed().as_secs_f64()
+            );
+            println!("{}", image.name);
+        }
+        TemplateCommand::Build { name, force, .. } => {
             let start = Instant::now();
             let rootfs = brig_template::build(&home, &name, force, brig_template::Progress::Auto)?;
             eprintln!(

@@ -1,0 +1,964 @@
+//! Building an image from a Dockerfile: `FROM` (an image of the store, one
+//! to pull, or `scratch`), `RUN`, `COPY`/`ADD` (local files), `ENV`,
+//! `ARG`, `WORKDIR`, `USER`, `ENTRYPOINT`, `CMD` (`LABEL`, `EXPOSE`,
+//! `MAINTAINER` are accepted and change nothing a sandbox sees).
+//!
+//! - **RUN** runs in a sandbox whose root is the image so far and whose
+//!   writable layer is kept in a directory of the store (the caller's
+//!   [`RunStep`] does the running: brig's jail, with its network); what it
+//!   changed becomes the next layer (overlayfs already wrote deletions as
+//!   0/0 whiteouts and replaced directories as opaque: they become the OCI
+//!   `.wh.` entries of the layer's tar).
+//! - **COPY** makes a layer straight from the context's files, owned by
+//!   root or `--chown=UID:GID`, with no sandbox.
+//! - **The others** change the image's config only.
+//! - **Each step is cached by its inputs**: the image so far (a chain of
+//!   the steps before), the instruction as written after `ARG`/`ENV`
+//!   substitution, the environment a RUN sees, and for COPY the contents,
+//!   modes and names of what it copies. An unchanged rebuild makes no
+//!   sandbox and writes nothing; a change rebuilds from that step on.
+//!   The cache is `images/build-cache/<key>` (the layer's diff id).
+//! - A failed step fails the build with the Dockerfile's line number and
+//!   registers nothing.
+//!
+//! Layers are kept as uncompressed tars (their digest is their diff id).
+//! Extended attributes of built files (file capabilities) are not kept yet.
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::{Read, Write};
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest as _, Sha256};
+
+use crate::store::media_types;
+use crate::{ImageConfig, ImageError, ImageRecord, ImageStore};
+
+/// One instruction, with its line.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Instruction {
+    From(String),
+    Run(Vec<String>),
+    Copy {
+        sources: Vec<String>,
+        dest: String,
+        chown: Option<(u32, u32)>,
+    },
+    Env(Vec<(String, String)>),
+    Arg(String, Option<String>),
+    Workdir(String),
+    User(String),
+    Entrypoint(Vec<String>),
+    Cmd(Vec<String>),
+    /// LABEL, EXPOSE, MAINTAINER, …: nothing a sandbox sees.
+    Ignored,
+}
+
+/// A RUN for the caller to execute: `argv` in a sandbox whose root is
+/// `lowers` (top first) and whose writable layer is kept in `upper_dir`
+/// (holding `upper/` and `work/`), with `env`, `workdir` and `user`.
+#[derive(Debug)]
+pub struct RunStep<'a> {
+    pub line: usize,
+    pub argv: &'a [String],
+    pub lowers: Vec<PathBuf>,
+    pub upper_dir: &'a Path,
+    pub env: &'a [String],
+    pub workdir: Option<&'a str>,
+    pub user: Option<&'a str>,
+}
+
+/// What a build needs from its caller.
+pub struct Builder<'a> {
+    pub store: &'a ImageStore,
+    /// The directory COPY reads from.
+    pub context: &'a Path,
+    /// `--build-arg NAME=VALUE`s.
+    pub build_args: HashMap<String, String>,
+    /// The image a FROM names, pulled if the caller pulls.
+    pub base: &'a mut dyn FnMut(&str) -> Result<ImageRecord, String>,
+    /// Runs a RUN step; `Err` is why it failed (its exit status, …).
+    pub run: &'a mut dyn FnMut(&RunStep<'_>) -> Result<(), String>,
+    /// One line per step (`Step 2/5: RUN …`, `(cached)`).
+    pub say: &'a mut dyn FnMut(&str),
+}
+
+impl std::fmt::Debug for Builder<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Builder")
+            .field("context", &self.context)
+            .finish_non_exhaustive()
+    }
+}
+
+fn bad(line: usize, reason: impl Into<String>) -> ImageError {
+    ImageError::Dockerfile {
+        line,
+        reason: reason.into(),
+    }
+}
+
+/// The instructions of a Dockerfile, each with its (first) line number:
+/// comments and blank lines skipped, `\` continuations joined.
+pub fn parse(text: &str) -> Result<Vec<(usize, Instruction)>, ImageError> {
+    let mut out = Vec::new();
+    let mut pending = String::new();
+    let mut start = 0;
+    for (i, raw) in text.lines().enumerate() {
+        let line = i + 1;
+        let trimmed = raw.trim();
+        if pending.is_empty() && (trimmed.is_empty() || trimmed.starts_with('#')) {
+            continue;
+        }
+        if pending.is_empty() {
+            start = line;
+        } else if trimmed.starts_with('#') {
+            continue;
+        }
+        if let Some(body) = trimmed.strip_suffix('\\') {
+            pending.push_str(body);
+            pending.push(' ');
+            continue;
+        }
+        pending.push_str(trimmed);
+        out.push((start, instruction(start, &std::mem::take(&mut pending))?));
+    }
+    if !pending.is_empty() {
+        return Err(bad(
+            start,
+            "the last instruction ends with a line continuation (\\)",
+        ));
+    }
+    match out.first() {
+        Some((_, Instruction::From(_) | Instruction::Arg(..))) => Ok(out),
+        Some((line, _)) => Err(bad(
+            *line,
+            "a Dockerfile starts with FROM (ARG may come before it)",
+        )),
+        None => Err(bad(1, "the Dockerfile has no instructions")),
+    }
+}
+
+fn instruction(line: usize, text: &str) -> Result<Instruction, ImageError> {
+    let (word, rest) = text.split_once(char::is_whitespace).unwrap_or((text, ""));
+    let rest = rest.trim();
+    let need = |what: &str| {
+        if rest.is_empty() {
+            Err(bad(line, format!("{} needs {what}", word.to_uppercase())))
+        } else {
+            Ok(())
+        }
+    };
+    Ok(match word.to_ascii_uppercase().as_str() {
+        "FROM" => {
+            need("an image (or scratch)")?;
+            let mut parts = rest.split_whitespace();
+            let image = parts.next().unwrap_or_default().to_string();
+            if parts.next().is_some_and(|w| !w.eq_ignore_ascii_case("as")) {
+                return Err(bad(line, "FROM takes IMAGE [AS NAME]"));
+            }
+            Instruction::From(image)
+        }
+        "RUN" => {
+            need("a command")?;
+            Instruction::Run(command(line, rest)?)
+        }
+        "CMD" => Instruction::Cmd(command(line, rest)?),
+        "ENTRYPOINT" => Instruction::Entrypoint(command(line, rest)?),
+        "COPY" | "ADD" => {
+            need("sources and a destination")?;
+            let mut words: Vec<String> = if rest.starts_with('[') {
+                serde_json::from_str(rest).map_err(|e| bad(line, format!("bad JSON array: {e}")))?
+            } else {
+                rest.split_whitespace().map(str::to_string).collect()
+            };
+            let mut chown = None;
+            while words.first().is_some_and(|w| w.starts_with("--")) {
+                let flag = words.remove(0);
+                if let Some(v) = flag.strip_prefix("--chown=") {
+                    let (u, g) = v.split_once(':').unwrap_or((v, v));
+                    let id = |s: &str| {
+                        s.parse::<u32>().map_err(|_| {
+                            bad(line, format!("--chown={v}: give numeric UID[:GID] (names are not resolved yet)"))
+                        })
+                    };
+                    chown = Some((id(u)?, id(g)?));
+                } else {
+                    return Err(bad(
+                        line,
+                        format!("{word} does not take {flag} (only --chown=UID[:GID])"),
+                    ));
+                }
+            }
+            if words.len() < 2 {
+                return Err(bad(
+                    line,
+                    format!("{word} needs at least one source and a destination"),
+                ));
+            }
+            let dest = words.pop().unwrap_or_default();
+            for s in &words {
+                if s.contains("://") {
+                    return Err(bad(
+                        line,
+                        format!("{word} {s}: URLs are not fetched; copy local files"),
+                    ));
+                }
+            }
+            Instruction::Copy {
+                sources: words,
+                dest,
+                chown,
+            }
+        }
+        "ENV" => {
+            need("NAME=VALUE")?;
+            let pairs = if rest.contains('=') {
+                words_of(rest)
+                    .into_iter()
+                    .map(|w| {
+                        w.split_once('=')
+                            .map(|(k, v)| (k.to_string(), v.to_string()))
+                            .ok_or_else(|| bad(line, format!("ENV {w:?}: expected NAME=VALUE")))
+                    })
+                    .collect::<Result<Vec<_>, _>>()?
+            } else {
+                let (k, v) = rest.split_once(char::is_whitespace).unwrap_or((rest, ""));
+                vec![(k.to_string(), v.trim().to_string())]
+            };
+            Instruction::Env(pairs)
+        }
+        "ARG" => {
+            need("a NAME")?;
+            match rest.split_once('=') {
+                Some((k, v)) => Instruction::Arg(k.trim().to_string(), Some(unquote(v.trim()))),
+                None => Instruction::Arg(rest.to_string(), None),
+            }
+        }
+        "WORKDIR" => {
+            need("a directory")?;
+            Instruction::Workdir(rest.to_string())
+        }
+        "USER" => {
+            need("a user")?;
+            Instruction::User(rest.to_string())
+        }
+        "LABEL" | "EXPOSE" | "MAINTAINER" | "STOPSIGNAL" | "HEALTHCHECK" | "VOLUME" | "SHELL"
+        | "ONBUILD" => Instruction::Ignored,
+        other => return Err(bad(line, format!("unknown instruction {other}"))),
+    })
+}
+
+/// `["a", "b"]` (exec form) or a shell line (`/bin/sh -c LINE`).
+fn command(line: usize, rest: &str) -> Result<Vec<String>, ImageError> {
+    if rest.starts_with('[') {
+        let argv: Vec<String> =
+            serde_json::from_str(rest).map_err(|e| bad(line, format!("bad JSON array: {e}")))?;
+        Ok(argv)
+    } else if rest.is_empty() {
+        Ok(Vec::new())
+    } else {
+        Ok(vec!["/bin/sh".into(), "-c".into(), rest.to_string()])
+    }
+}
+
+/// Words split at blanks outside double quotes, quotes removed.
+fn words_of(s: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut quoted = false;
+    for c in s.chars() {
+        match c {
+            '"' => quoted = !quoted,
+            c if c.is_whitespace() && !quoted => {
+                if !cur.is_empty() {
+                    out.push(std::mem::take(&mut cur));
+                }
+            }
+            c => cur.push(c),
+        }
+    }
+    if !cur.is_empty() {
+        out.push(cur);
+    }
+    out
+}
+
+fn unquote(s: &str) -> String {
+    s.trim_matches('"').to_string()
+}
+
+/// `$NAME` and `${NAME}` replaced from `vars` (unknown ones: empty).
+fn substitute(s: &str, vars: &HashMap<String, String>) -> String {
+    let mut out = String::new();
+    let mut rest = s;
+    while let Some(at) = rest.find('$') {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + 1..];
+        let (name, len) = if let Some(inner) = after.strip_prefix('{') {
+            match inner.find('}') {
+                Some(end) => (&inner[..end], end + 2),
+                None => ("", 0),
+            }
+        } else {
+            let end = after
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .unwrap_or(after.len());
+            (&after[..end], end)
+        };
+        if name.is_empty() {
+            out.push('$');
+            rest = after;
+            continue;
+        }
+        out.push_str(vars.get(name).map(String::as_str).unwrap_or(""));
+        rest = &after[len..];
+    }
+    out.push_str(rest);
+    out
+}
+
+fn sha(parts: &[&[u8]]) -> String {
+    let mut h = Sha256::new();
+    for p in parts {
+        h.update((p.len() as u64).to_le_bytes());
+        h.update(p);
+    }
+    hex::encode(h.finalize())
+}
+
+impl Builder<'_> {
+    /// Build `dockerfile` (its text) as image `name`; `source` says where
+    /// it came from (shown by `inspect`).
+    pub fn build(
+        &mut self,
+        dockerfile: &str,
+        name: &str,
+        source: &str,
+    ) -> Result<ImageRecord, ImageError> {
+        let steps = parse(dockerfile)?;
+        let total = steps.len();
+        let mut layers: Vec<String> = Vec::new();
+        let mut config = ImageConfig::default();
+        let mut chain = String::new();
+        let mut args: HashMap<String, String> = HashMap::new();
+        let mut from_seen = false;
+        for (n, (line, step)) in steps.iter().enumerate() {
+            let line = *line;
+            // What later instructions substitute: ARGs, then the image's ENV.
+            let mut vars = args.clone();
+            for kv in &config.env {
+                if let Some((k, v)) = kv.split_once('=') {
+                    vars.insert(k.to_string(), v.to_string());
+                }
+            }
+            let shown = format!("{step:?}");
+            (self.say)(&format!("Step {}/{total} (line {line}): {}", n + 1, shown));
+            match step {
+                Instruction::Arg(k, default) => {
+                    let v = self
+                        .build_args
+                        .get(k)
+                        .cloned()
+                        .or(default.clone())
+                        .unwrap_or_default();
+                    args.insert(k.clone(), v);
+                }
+                Instruction::From(image) => {
+                    if from_seen {
+                        return Err(bad(
+                            line,
+                            "only one FROM: multi-stage builds are not supported yet",
+                        ));
+                    }
+                    from_seen = true;
+                    let image = substitute(image, &vars);
+                    if image != "scratch" {
+                        let base = (self.base)(&image)
+                            .map_err(|e| bad(line, format!("FROM {image}: {e}")))?;
+                        layers = base.layers.clone();
+                        config = base.config.clone();
+                        chain = base.digest.clone();
+                    } else {
+                        chain = "scratch".into();
+                    }
+                }
+                _ if !from_seen => return Err(bad(line, "FROM must come before this")),
+                Instruction::Env(pairs) => {
+                    for (k, v) in pairs {
+                        let v = substitute(v, &vars);
+                        config
+                            .env
+                            .retain(|e| e.split_once('=').map(|(ek, _)| ek) != Some(k.as_str()));
+                        config.env.push(format!("{k}={v}"));
+                        vars.insert(k.clone(), v);
+                    }
+                }
+                Instruction::Workdir(d) => {
+                    let d = substitute(d, &vars);
+                    let d = if d.starts_with('/') {
+                        d
+                    } else {
+                        format!(
+                            "{}/{d}",
+                            config
+                                .working_dir
+                                .as_deref()
+                                .unwrap_or("")
+                                .trim_end_matches('/')
+                        )
+                    };
+                    config.working_dir = Some(d);
+                }
+                Instruction::User(u) => config.user = Some(substitute(u, &vars)),
+                Instruction::Entrypoint(argv) => config.entrypoint = argv.clone(),
+                Instruction::Cmd(argv) => config.cmd = argv.clone(),
+                Instruction::Ignored => {}
+                Instruction::Run(argv) => {
+                    // The build args a RUN sees, as docker passes them.
+                    let mut env = config.env.clone();
+                    for (k, v) in &args {
+                        if !env.iter().any(|e| e.starts_with(&format!("{k}="))) {
+                            env.push(format!("{k}={v}"));
+                        }
+                    }
+                    let key = sha(&[
+                        chain.as_bytes(),
+                        b"RUN",
+                        serde_json::to_string(argv).unwrap_or_default().as_bytes(),
+                        serde_json::to_string(&env).unwrap_or_default().as_bytes(),
+                        config.working_dir.as_deref().unwrap_or("").as_bytes(),
+                        config.user.as_deref().unwrap_or("").as_bytes(),
+                    ]);
+                    let diff_id = match self.cached(&key) {
+                        Some(d) => {
+                            (self.say)("  (cached)");
+                            d
+                        }
+                        None => {
+                            let keep = tempfile::Builder::new()
+                                .prefix(".build-")
+                                .tempdir_in(self.store.root())
+                                .map_err(io_err("make a build directory", self.store.root()))?;
+                            fs::create_dir(keep.path().join("upper"))
+                                .and_then(|_| fs::create_dir(keep.path().join("work")))
+                                .map_err(io_err("make a build directory", keep.path()))?;
+                            if layers.is_empty() {
+                                return Err(bad(line, "RUN needs an image with a shell: FROM scratch has nothing to run"));
+                            }
+                            let lowers = self.lowers(&layers);
+                            (self.run)(&RunStep {
+                                line,
+                                argv,
+                                lowers,
+                                upper_dir: keep.path(),
+                                env: &env,
+                                workdir: config.working_dir.as_deref(),
+                                user: config.user.as_deref(),
+                            })
+                            .map_err(|e| bad(line, format!("RUN failed: {e}")))?;
+                            let d = self.layer_from_dir(&keep.path().join("upper"), None)?;
+                            self.remember(&key, &d);
+                            d
+                        }
+                    };
+                    chain = sha(&[key.as_bytes(), diff_id.as_bytes()]);
+                    layers.push(diff_id);
+                }
+                Instruction::Copy {
+                    sources,
+                    dest,
+                    chown,
+                } => {
+                    let dest = substitute(dest, &vars);
+                    let dest = if dest.starts_with('/') {
+                        dest
+                    } else {
+                        format!("{}/{dest}", config.working_dir.as_deref().unwrap_or(""))
+                    };
+                    let staged = self.stage_copy(line, sources, &dest, &vars)?;
+                    let content = tree_hash(staged.path())
+                        .map_err(io_err("read the copied files", staged.path()))?;
+                    let key = sha(&[
+                        chain.as_bytes(),
+                        b"COPY",
+                        content.as_bytes(),
+                        format!("{chown:?}").as_bytes(),
+                    ]);
+                    let diff_id = match self.cached(&key) {
+                        Some(d) => {
+                            (self.say)("  (cached)");
+                            d
+                        }
+                        None => {
+                            let d =
+                                self.layer_from_dir(staged.path(), Some(chown.unwrap_or((0, 0))))?;
+                            self.remember(&key, &d);
+                            d
+                        }
+                    };
+                    chain = sha(&[key.as_bytes(), diff_id.as_bytes()]);
+                    layers.push(diff_id);
+                }
+            }
+        }
+        if !from_seen {
+            return Err(bad(1, "the Dockerfile has no FROM"));
+        }
+        self.register(name, source, layers, config)
+    }
+
+    fn lowers(&self, layers: &[String]) -> Vec<PathBuf> {
+        let mut seen = std::collections::HashSet::new();
+        layers
+            .iter()
+            .rev()
+            .filter(|d| seen.insert(d.as_str()))
+            .map(|d| self.store.layer_dir(d))
+            .collect()
+    }
+
+    fn cache_file(&self, key: &str) -> PathBuf {
+        self.store.root().join("build-cache").join(key)
+    }
+
+    /// A step's layer, if it was built before and is still unpacked.
+    fn cached(&self, key: &str) -> Option<String> {
+        let d = fs::read_to_string(self.cache_file(key)).ok()?;
+        let d = d.trim().to_string();
+        (self.store.layer_dir(&d).is_dir() && self.store.has_blob(&d)).then_some(d)
+    }
+
+    fn remember(&self, key: &str, diff_id: &str) {
+        let f = self.cache_file(key);
+        let _ = fs::create_dir_all(f.parent().unwrap_or(Path::new(".")));
+        let _ = fs::write(f, diff_id);
+    }
+
+    /// The files COPY adds, laid out under `dest` in a scratch directory.
+    fn stage_copy(
+        &self,
+        line: usize,
+        sources: &[String],
+        dest: &str,
+        vars: &HashMap<String, String>,
+    ) -> Result<tempfile::TempDir, ImageError> {
+        let staged = tempfile::Builder::new()
+            .prefix(".copy-")
+            .tempdir_in(self.store.root())
+            .map_err(io_err("make a build directory", self.store.root()))?;
+        let context = self
+            .context
+            .canonicalize()
+            .map_err(io_err("open the build context", self.context))?;
+        let mut found = Vec::new();
+        for s in sources {
+            let s = substitute(s, vars);
+            let matched = glob(&context, &s).map_err(|e| bad(line, e))?;
+            if matched.is_empty() {
+                return Err(bad(
+                    line,
+                    format!(
+                        "COPY {s}: no such file in the build context {}",
+                        context.display()
+                    ),
+                ));
+            }
+            found.extend(matched);
+        }
+        let into_dir = dest.ends_with('/') || found.len() > 1 || found.iter().any(|p| p.is_dir());
+        let target = staged.path().join(dest.trim_start_matches('/'));
+        for src in found {
+            // Nothing outside the context, whatever the path or its links say.
+            let real = src.canonicalize().map_err(io_err("read", &src))?;
+            if !real.starts_with(&context) {
+                return Err(bad(
+                    line,
+                    format!("COPY {}: outside the build context", src.display()),
+                ));
+            }
+            let to = if real.is_dir() {
+                target.clone()
+            } else if into_dir {
+                target.join(real.file_name().unwrap_or_default())
+            } else {
+                target.clone()
+            };
+            copy_tree(&real, &to).map_err(io_err("copy", &real))?;
+        }
+        Ok(staged)
+    }
+
+    /// A layer from a directory: an overlay upper (whiteouts and opaque
+    /// directories as overlayfs writes them) or staged COPY files (owned
+    /// by `chown`). Kept as an uncompressed tar blob and unpacked.
+    fn layer_from_dir(&self, dir: &Path, chown: Option<(u32, u32)>) -> Result<String, ImageError> {
+        let mut tmp = tempfile::NamedTempFile::new_in(self.store.root())
+            .map_err(io_err("make a layer file", self.store.root()))?;
+        {
+            let mut tar = tar::Builder::new(&mut tmp);
+            tar.follow_symlinks(false);
+            add_tree(&mut tar, dir, Path::new(""), chown).map_err(io_err("write a layer", dir))?;
+            tar.finish().map_err(io_err("write a layer", dir))?;
+        }
+        tmp.flush().map_err(io_err("write a layer", dir))?;
+        let mut file = tmp.reopen().map_err(io_err("read a layer", tmp.path()))?;
+        let mut h = Sha256::new();
+        let mut buf = vec![0u8; 1 << 16];
+        loop {
+            let n = file
+                .read(&mut buf)
+                .map_err(io_err("read a layer", tmp.path()))?;
+            if n == 0 {
+                break;
+            }
+            h.update(&buf[..n]);
+        }
+        let digest = format!("sha256:{}", hex::encode(h.finalize()));
+        let file = tmp.reopen().map_err(io_err("read a layer", tmp.path()))?;
+        self.store.write_blob(&digest, file)?;
+        self.store
+            .unpack_layer(&digest, media_types::LAYER_TAR, &digest)?;
+        Ok(digest)
+    }
+
+    fn register(
+        &self,
+        name: &str,
+        source: &str,
+        layers: Vec<String>,
+        config: ImageConfig,
+    ) -> Result<ImageRecord, ImageError> {
+        let (os, arch) = crate::host_platform();
+        let config_json = serde_json::json!({
+            "architecture": arch,
+            "os": os,
+            "config": {
+                "Env": config.env,
+                "WorkingDir": config.working_dir.clone().unwrap_or_default(),
+                "User": config.user.clone().unwrap_or_default(),
+                "Entrypoint": (!config.entrypoint.is_empty()).then(|| config.entrypoint.clone()),
+                "Cmd": (!config.cmd.is_empty()).then(|| config.cmd.clone()),
+            },
+            "rootfs": {"type": "layers", "diff_ids": layers},
+        })
+        .to_string();
+        let config_digest = format!(
+            "sha256:{}",
+            hex::encode(Sha256::digest(config_json.as_bytes()))
+        );
+        self.store
+            .write_blob(&config_digest, config_json.as_bytes())?;
+        let size_of = |d: &str| fs::metadata(self.store.blob_path(d)).map_or(0, |m| m.len());
+        let manifest = serde_json::json!({
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {
+                "mediaType": "application/vnd.oci.image.config.v1+json",
+                "digest": config_digest,
+                "size": config_json.len(),
+            },
+            "layers": layers.iter().map(|d| serde_json::json!({
+                "mediaType": media_types::LAYER_TAR, "digest": d, "size": size_of(d),
+            })).collect::<Vec<_>>(),
+        })
+        .to_string();
+        let digest = format!(
+            "sha256:{}",
+            hex::encode(Sha256::digest(manifest.as_bytes()))
+        );
+        self.store.write_blob(&digest, manifest.as_bytes())?;
+        let record = ImageRecord {
+            name: name.to_string(),
+            source: source.to_string(),
+            digest,
+            size: layers.iter().map(|d| size_of(d)).sum(),
+            config,
+            layers,
+            created_at: crate::now_millis(),
+        };
+        self.store.register(&record)?;
+        Ok(record)
+    }
+}
+
+fn io_err<'p>(op: &'static str, path: &'p Path) -> impl FnOnce(std::io::Error) -> ImageError + 'p {
+    move |source| ImageError::Io {
+        op,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// `pattern` (relative to the context; `*` and `?` in its last part) as
+/// the paths it names, sorted.
+fn glob(context: &Path, pattern: &str) -> Result<Vec<PathBuf>, String> {
+    let rel = pattern.trim_start_matches("./").trim_start_matches('/');
+    if rel.split('/').any(|c| c == "..") {
+        return Err(format!("{pattern}: outside the build context"));
+    }
+    let (dir, last) = match rel.rsplit_once('/') {
+        Some((d, l)) => (context.join(d), l),
+        None => (context.to_path_buf(), rel),
+    };
+    if rel.is_empty() || rel == "." {
+        return Ok(vec![context.to_path_buf()]);
+    }
+    if !last.contains(['*', '?']) {
+        let p = dir.join(last);
+        return Ok(if p.symlink_metadata().is_ok() {
+            vec![p]
+        } else {
+            Vec::new()
+        });
+    }
+    let mut out: Vec<PathBuf> = fs::read_dir(&dir)
+        .map_err(|e| format!("{pattern}: {e}"))?
+        .filter_map(Result::ok)
+        .filter(|e| wildcard(last, &e.file_name().to_string_lossy()))
+        .map(|e| e.path())
+        .collect();
+    out.sort();
+    Ok(out)
+}
+
+fn wildcard(p: &str, s: &str) -> bool {
+    let (p, s): (Vec<char>, Vec<char>) = (p.chars().collect(), s.chars().collect());
+    fn go(p: &[char], s: &[char]) -> bool {
+        match (p.first(), s.first()) {
+            (None, None) => true,
+            (Some('*'), _) => go(&p[1..], s) || (!s.is_empty() && go(p, &s[1..])),
+            (Some('?'), Some(_)) => go(&p[1..], &s[1..]),
+            (Some(a), Some(b)) if a == b => go(&p[1..], &s[1..]),
+            _ => false,
+        }
+    }
+    go(&p, &s)
+}
+
+/// Copy a file or a directory's contents to `to` (symlinks as symlinks).
+fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
+    let meta = from.symlink_metadata()?;
+    if meta.is_dir() {
+        fs::create_dir_all(to)?;
+        for e in fs::read_dir(from)? {
+            let e = e?;
+            copy_tree(&e.path(), &to.join(e.file_name()))?;
+        }
+        fs::set_permissions(to, meta.permissions())?;
+    } else {
+        if let Some(parent) = to.parent() {
+            fs::create_dir_all(parent)?;
+        }
+        if meta.file_type().is_symlink() {
+            std::os::unix::fs::symlink(fs::read_link(from)?, to)?;
+        } else {
+            fs::copy(from, to)?;
+        }
+    }
+    Ok(())
+}
+
+/// A digest of a tree: names, kinds, modes, link targets and contents.
+fn tree_hash(root: &Path) -> std::io::Result<String> {
+    let mut h = Sha256::new();
+    fn walk(h: &mut Sha256, root: &Path, rel: &Path) -> std::io::Result<()> {
+        let path = root.join(rel);
+        let meta = path.symlink_metadata()?;
+        h.update(rel.as_os_str().as_encoded_bytes());
+        h.update(meta.mode().to_le_bytes());
+        if meta.is_dir() {
+            let mut names: Vec<_> = fs::read_dir(&path)?
+                .filter_map(Result::ok)
+                .map(|e| e.file_name())
+                .collect();
+            names.sort();
+            for n in names {
+                walk(h, root, &rel.join(n))?;
+            }
+        } else if meta.file_type().is_symlink() {
+            h.update(fs::read_link(&path)?.as_os_str().as_encoded_bytes());
+        } else {
+            h.update(fs::read(&path)?);
+        }
+        Ok(())
+    }
+    walk(&mut h, root, Path::new(""))?;
+    Ok(hex::encode(h.finalize()))
+}
+
+/// The entries of `dir` (at `rel` in the layer) into `tar`: overlayfs's
+/// 0/0 whiteouts as `.wh.NAME`, opaque directories with `.wh..wh..opq`,
+/// hard links once; with `chown`, every entry owned so.
+fn add_tree<W: Write>(
+    tar: &mut tar::Builder<W>,
+    dir: &Path,
+    rel: &Path,
+    chown: Option<(u32, u32)>,
+) -> std::io::Result<()> {
+    let mut names: Vec<_> = fs::read_dir(dir.join(rel))?
+        .filter_map(Result::ok)
+        .map(|e| e.file_name())
+        .collect();
+    names.sort();
+    let mut links: HashMap<(u64, u64), PathBuf> = HashMap::new();
+    for name in names {
+        let path = rel.join(&name);
+        let full = dir.join(&path);
+        let meta = full.symlink_metadata()?;
+        let ft = meta.file_type();
+        let mut header = tar::Header::new_gnu();
+        header.set_metadata(&meta);
+        if let Some((u, g)) = chown {
+            header.set_uid(u.into());
+            header.set_gid(g.into());
+        }
+        header.set_mtime(meta.mtime().max(0) as u64);
+        if ft.is_char_device() && meta.rdev() == 0 {
+            // Deleted in this layer.
+            let wh = rel.join(format!(
+                "{}{}",
+                crate::WHITEOUT_PREFIX,
+                name.to_string_lossy()
+            ));
+            tar.append_data(&mut marker(), wh, std::io::empty())?;
+        } else if ft.is_dir() {
+            header.set_entry_type(tar::EntryType::Directory);
+            header.set_size(0);
+            tar.append_data(&mut header, &path, std::io::empty())?;
+            let opaque = xattr_is_y(&full, crate::OPAQUE_XATTR);
+            if opaque {
+                tar.append_data(
+                    &mut marker(),
+                    path.join(crate::OPAQUE_MARKER),
+                    std::io::empty(),
+                )?;
+            }
+            add_tree(tar, dir, &path, chown)?;
+        } else if ft.is_symlink() {
+            header.set_entry_type(tar::EntryType::Symlink);
+            header.set_size(0);
+            tar.append_link(&mut header, &path, fs::read_link(&full)?)?;
+        } else if ft.is_file() {
+            let key = (meta.dev(), meta.ino());
+            if meta.nlink() > 1 {
+                if let Some(first) = links.get(&key) {
+                    header.set_entry_type(tar::EntryType::Link);
+                    header.set_size(0);
+                    tar.append_link(&mut header, &path, first)?;
+                    continue;
+                }
+                links.insert(key, path.clone());
+            }
+            header.set_entry_type(tar::EntryType::Regular);
+            tar.append_data(&mut header, &path, fs::File::open(&full)?)?;
+        } else if ft.is_fifo() || ft.is_char_device() || ft.is_block_device() {
+            header.set_size(0);
+            tar.append_data(&mut header, &path, std::io::empty())?;
+        }
+    }
+    Ok(())
+}
+
+/// An empty regular file's header, root's: a whiteout or opaque marker.
+fn marker() -> tar::Header {
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(tar::EntryType::Regular);
+    h.set_size(0);
+    h.set_mode(0o644);
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_mtime(0);
+    h
+}
+
+fn xattr_is_y(path: &Path, name: &str) -> bool {
+    let mut buf = [0u8; 4];
+    rustix::fs::lgetxattr(path, name, &mut buf).is_ok_and(|n| &buf[..n] == b"y")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dockerfiles_parse_with_line_numbers_and_say_what_is_wrong() {
+        let text = "# a comment\nARG BASE=alpine\nFROM $BASE\n\nRUN apk add \\\n    curl\nENV A=1 B=\"two words\"\nENV C three\nCOPY --chown=1000:1000 a b /dst/\nWORKDIR /app\nUSER 1000\nCMD [\"python3\", \"app.py\"]\nEXPOSE 80\n";
+        let steps = parse(text).unwrap();
+        assert_eq!(
+            steps[0],
+            (2, Instruction::Arg("BASE".into(), Some("alpine".into())))
+        );
+        assert_eq!(steps[1], (3, Instruction::From("$BASE".into())));
+        assert_eq!(
+            steps[2],
+            (
+                5,
+                Instruction::Run(vec!["/bin/sh".into(), "-c".into(), "apk add  curl".into()])
+            )
+        );
+        assert_eq!(
+            steps[3],
+            (
+                7,
+                Instruction::Env(vec![
+                    ("A".into(), "1".into()),
+                    ("B".into(), "two words".into())
+                ])
+            )
+        );
+        assert_eq!(
+            steps[4],
+            (8, Instruction::Env(vec![("C".into(), "three".into())]))
+        );
+        assert_eq!(
+            steps[5],
+            (
+                9,
+                Instruction::Copy {
+                    sources: vec!["a".into(), "b".into()],
+                    dest: "/dst/".into(),
+                    chown: Some((1000, 1000))
+                }
+            )
+        );
+        assert_eq!(
+            steps[8],
+            (
+                12,
+                Instruction::Cmd(vec!["python3".into(), "app.py".into()])
+            )
+        );
+        for (bad_text, line, says) in [
+            (
+                "FROM alpine\nFROBNICATE x\n",
+                2,
+                "unknown instruction FROBNICATE",
+            ),
+            ("RUN true\n", 1, "starts with FROM"),
+            ("FROM a\nRUN [\"x\"\n", 2, "bad JSON"),
+            ("FROM a\nCOPY onlyone\n", 2, "at least one source"),
+            ("FROM a\nCOPY --chown=bob x /y\n", 2, "numeric"),
+            ("FROM a\nRUN x \\\n", 2, "continuation"),
+            ("", 1, "no instructions"),
+        ] {
+            match parse(bad_text) {
+                Err(ImageError::Dockerfile { line: l, reason }) => {
+                    assert_eq!(l, line, "{bad_text:?}: {reason}");
+                    assert!(reason.contains(says), "{bad_text:?}: {reason}");
+                }
+                other => panic!("{bad_text:?}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn substitution_and_wildcards() {
+        let vars: HashMap<String, String> = [("A".to_string(), "x".to_string())].into();
+        assert_eq!(substitute("/$A/${A}y/$B/$", &vars), "/x/xy//$");
+        assert!(wildcard("*.py", "app.py"));
+        assert!(wildcard("a?c", "abc"));
+        assert!(!wildcard("*.py", "app.pyc"));
+    }
+}
