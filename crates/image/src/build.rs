@@ -55,6 +55,33 @@ pub enum Instruction {
     Ignored,
 }
 
+impl std::fmt::Display for Instruction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let argv = |a: &[String]| match a {
+            [sh, c, line] if sh == "/bin/sh" && c == "-c" => line.clone(),
+            _ => serde_json::to_string(a).unwrap_or_default(),
+        };
+        match self {
+            Instruction::From(i) => write!(f, "FROM {i}"),
+            Instruction::Run(a) => write!(f, "RUN {}", argv(a)),
+            Instruction::Copy { sources, dest, .. } => {
+                write!(f, "COPY {} {dest}", sources.join(" "))
+            }
+            Instruction::Env(pairs) => {
+                let kv: Vec<String> = pairs.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                write!(f, "ENV {}", kv.join(" "))
+            }
+            Instruction::Arg(k, Some(v)) => write!(f, "ARG {k}={v}"),
+            Instruction::Arg(k, None) => write!(f, "ARG {k}"),
+            Instruction::Workdir(d) => write!(f, "WORKDIR {d}"),
+            Instruction::User(u) => write!(f, "USER {u}"),
+            Instruction::Entrypoint(a) => write!(f, "ENTRYPOINT {}", argv(a)),
+            Instruction::Cmd(a) => write!(f, "CMD {}", argv(a)),
+            Instruction::Ignored => write!(f, "(no effect on the image)"),
+        }
+    }
+}
+
 /// A RUN for the caller to execute: `argv` in a sandbox whose root is
 /// `lowers` (top first) and whose writable layer is kept in `upper_dir`
 /// (holding `upper/` and `work/`), with `env`, `workdir` and `user`.
@@ -353,7 +380,7 @@ impl Builder<'_> {
                     vars.insert(k.to_string(), v.to_string());
                 }
             }
-            let shown = format!("{step:?}");
+            let shown = step.to_string();
             (self.say)(&format!("Step {}/{total} (line {line}): {}", n + 1, shown));
             match step {
                 Instruction::Arg(k, default) => {
