@@ -516,13 +516,16 @@ http.server.HTTPServer(('127.0.0.1', 8000), H).handle_request()
         .unwrap_or_else(|| panic!("no published address in {line:?}"));
     assert!(addr.ip().is_loopback() && addr.port() != 0, "{line}");
     assert!(line.contains("-> port 8000"), "{line}");
-    // Until the server listens, a connection is closed at once.
+    // Until the server listens, a connection is closed at once. The
+    // server answers one request and exits, so an answer is waited for
+    // long enough that a loaded machine never loses it to a timeout.
     let mut body = String::new();
-    for _ in 0..200 {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while std::time::Instant::now() < deadline {
         let Ok(mut s) = std::net::TcpStream::connect(addr) else {
             break;
         };
-        s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+        s.set_read_timeout(Some(std::time::Duration::from_secs(60)))
             .unwrap();
         let _ = s.write_all(b"GET / HTTP/1.0\r\nHost: x\r\n\r\n");
         let mut got = String::new();
