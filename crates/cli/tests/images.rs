@@ -112,6 +112,16 @@ impl Drop for Registry {
     }
 }
 
+/// A daemon, stopped however the test ends (a failing test must not leave
+/// it and its sandboxes running).
+struct Daemon(Child);
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        support::stop_daemon(&mut self.0);
+    }
+}
+
 /// Why this test cannot run here, if it cannot.
 fn missing() -> Option<String> {
     if support::euid() != 0 {
@@ -641,7 +651,8 @@ fn the_daemon_creates_from_an_image_and_keeps_it_while_used() {
     let h = home.path();
     let mut cmd = Command::new(BRIG);
     cmd.args(["serve", "--listen", "127.0.0.1:0"]);
-    let (mut daemon, url, lines) = support::start_daemon_with(cmd, h);
+    let (daemon, url, lines) = support::start_daemon_with(cmd, h);
+    let daemon = Daemon(daemon);
     std::thread::spawn(move || {
         for l in lines.map_while(Result::ok) {
             eprintln!("daemon: {l}");
@@ -781,7 +792,7 @@ fn the_daemon_creates_from_an_image_and_keeps_it_while_used() {
     assert_eq!(status, 200);
     let (status, body) = answer(call("POST", "/v1/templates/prune").call());
     assert_eq!(status, 200, "{body}");
-    support::stop_daemon(&mut daemon);
+    drop(daemon);
 }
 
 /// `brig serve --pool IMAGE=N`: an image in the store is pooled like a
@@ -808,7 +819,8 @@ fn an_image_is_pooled_like_a_template() {
         "--pool",
     ])
     .arg(format!("{reference}=1"));
-    let (mut daemon, url, lines) = support::start_daemon_with(cmd, h);
+    let (daemon, url, lines) = support::start_daemon_with(cmd, h);
+    let daemon = Daemon(daemon);
     std::thread::spawn(move || {
         for l in lines.map_while(Result::ok) {
             eprintln!("daemon: {l}");
@@ -858,7 +870,7 @@ fn an_image_is_pooled_like_a_template() {
         "exec",
     );
     assert_eq!(got, "hello from the image\npool");
-    support::stop_daemon(&mut daemon);
+    drop(daemon);
 }
 
 /// `brig template build NAME -f Dockerfile CONTEXT`: FROM an image of the
