@@ -514,8 +514,13 @@ fn explain(e: &oci_client::errors::OciDistributionError, registry: &str) -> Stri
                      --username and --password-stdin, or `docker login {registry}`)"
                 );
             }
-            if text.contains("https") || text.contains("tls") || text.contains("certificate") {
+            if ["tls", "ssl", "certificate", "wrong version number"]
+                .iter()
+                .any(|w| lower.contains(w))
+            {
                 format!("{text} (a registry that speaks plain HTTP needs --insecure)")
+            } else if lower.contains("error sending request") || lower.contains("connect") {
+                format!("{text} (is {registry} reachable from this host?)")
             } else {
                 text
             }
