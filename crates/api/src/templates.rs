@@ -168,11 +168,10 @@ pub async fn remove(
     let removed = blocking(move || -> Result<_, ApiError> {
         let users: Vec<String> = manager
             .store()
-            .live_sandboxes()
+            .live_on_template(&name)
             .map_err(|e| ApiError::internal(&e))?
-            .into_iter()
-            .filter(|r| r.template == name)
-            .map(|r| r.id.to_string())
+            .iter()
+            .map(ToString::to_string)
             .collect();
         if !users.is_empty() {
             return Err(ApiError::new(

@@ -114,11 +114,45 @@ impl Drop for Registry {
 
 /// A daemon, stopped however the test ends (a failing test must not leave
 /// it and its sandboxes running).
-struct Daemon(Child);
+struct Daemon {
+    child: Child,
+    url: String,
+    home: PathBuf,
+}
+
+impl Daemon {
+    /// `brig serve` on `home` with `extra` flags, its log on the test's
+    /// stderr.
+    fn start(home: &Path, extra: &[&str]) -> Daemon {
+        let mut cmd = Command::new(BRIG);
+        cmd.args(["serve", "--listen", "127.0.0.1:0"]).args(extra);
+        let (child, url, lines) = support::start_daemon_with(cmd, home);
+        std::thread::spawn(move || {
+            for l in lines.map_while(Result::ok) {
+                eprintln!("daemon: {l}");
+            }
+        });
+        Daemon {
+            child,
+            url,
+            home: home.to_path_buf(),
+        }
+    }
+
+    /// The CLI, pointed at this daemon.
+    fn cli(&self, args: &[&str]) -> Output {
+        Command::new(BRIG)
+            .args(args)
+            .env("BRIG_HOME", &self.home)
+            .env("BRIG_URL", &self.url)
+            .output()
+            .unwrap()
+    }
+}
 
 impl Drop for Daemon {
     fn drop(&mut self) {
-        support::stop_daemon(&mut self.0);
+        support::stop_daemon(&mut self.child);
     }
 }
 
@@ -649,23 +683,9 @@ fn the_daemon_creates_from_an_image_and_keeps_it_while_used() {
     registry.push(layout.path(), "test/daemon:1", None);
     let home = tempfile::tempdir().unwrap();
     let h = home.path();
-    let mut cmd = Command::new(BRIG);
-    cmd.args(["serve", "--listen", "127.0.0.1:0"]);
-    let (daemon, url, lines) = support::start_daemon_with(cmd, h);
-    let daemon = Daemon(daemon);
-    std::thread::spawn(move || {
-        for l in lines.map_while(Result::ok) {
-            eprintln!("daemon: {l}");
-        }
-    });
-    let cli = |args: &[&str]| {
-        Command::new(BRIG)
-            .args(args)
-            .env("BRIG_HOME", h)
-            .env("BRIG_URL", &url)
-            .output()
-            .unwrap()
-    };
+    let daemon = Daemon::start(h, &[]);
+    let url = daemon.url.clone();
+    let cli = |args: &[&str]| daemon.cli(args);
     let reference = format!("{}/test/daemon:1", registry.addr);
     let id = ok(
         cli(&["create", "--template", &reference]),
@@ -809,23 +829,11 @@ fn an_image_is_pooled_like_a_template() {
     let h = home.path();
     let reference = format!("{}/test/pool:1", registry.addr);
     ok(brig(h, &["template", "pull", &reference]), "pull");
-    let mut cmd = Command::new(BRIG);
-    cmd.args([
-        "serve",
-        "--listen",
-        "127.0.0.1:0",
-        "--pool",
-        "host=0",
-        "--pool",
-    ])
-    .arg(format!("{reference}=1"));
-    let (daemon, url, lines) = support::start_daemon_with(cmd, h);
-    let daemon = Daemon(daemon);
-    std::thread::spawn(move || {
-        for l in lines.map_while(Result::ok) {
-            eprintln!("daemon: {l}");
-        }
-    });
+    let daemon = Daemon::start(
+        h,
+        &["--pool", "host=0", "--pool", &format!("{reference}=1")],
+    );
+    let url = daemon.url.clone();
     let key = std::fs::read_to_string(h.join("local.key")).unwrap();
     let metric = |name: &str| -> f64 {
         let text = ureq::get(&format!("{url}/metrics"))
@@ -844,14 +852,7 @@ fn an_image_is_pooled_like_a_template() {
         "the image's pool never filled"
     );
     let claims = metric("brig_pool_claims_total");
-    let cli = |args: &[&str]| {
-        Command::new(BRIG)
-            .args(args)
-            .env("BRIG_HOME", h)
-            .env("BRIG_URL", &url)
-            .output()
-            .unwrap()
-    };
+    let cli = |args: &[&str]| daemon.cli(args);
     let id = ok(cli(&["create", "--template", &reference]), "create");
     assert_eq!(
         metric("brig_pool_claims_total"),

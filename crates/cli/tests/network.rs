@@ -77,6 +77,33 @@ fn brig(home: &Path, url: &str, args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// `brig secrets set NAME` with `value` on stdin, as a user types it.
+fn set_secret(home: &Path, url: &str, name: &str, value: &str) {
+    let mut set = Command::new(BRIG)
+        .args(["secrets", "set", name])
+        .env("BRIG_URL", url)
+        .env("BRIG_HOME", home)
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut set.stdin.take().unwrap(), value.as_bytes()).unwrap();
+    assert!(set.wait().unwrap().success(), "brig secrets set {name}");
+}
+
+/// What the world's echo servers report for `Authorization: Bearer
+/// SECRET` (`auth-sha256: HEX`), computed here by sha256sum.
+fn bearer_sha256(secret: &str) -> String {
+    let out = Command::new("sh")
+        .args(["-c", &format!("printf %s 'Bearer {secret}' | sha256sum")])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string()
+}
+
 fn ok(out: Output, what: &str) -> String {
     assert!(
         out.status.success(),
@@ -588,15 +615,7 @@ fn secrets_are_injected_and_never_reach_the_sandbox() {
     drain(lines);
     let h = home.path();
     const SECRET: &str = "s3cret-token-0123456789";
-    let mut set = Command::new(BRIG)
-        .args(["secrets", "set", "tok"])
-        .env("BRIG_URL", &url)
-        .env("BRIG_HOME", h)
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::io::Write::write_all(&mut set.stdin.take().unwrap(), SECRET.as_bytes()).unwrap();
-    assert!(set.wait().unwrap().success());
+    set_secret(h, &url, "tok", SECRET);
 
     let id = ok(
         brig(
@@ -612,17 +631,7 @@ fn secrets_are_injected_and_never_reach_the_sandbox() {
     );
     let id = id.trim();
     let fetch_any = |urls: &[&str]| fetch_flat(h, &url, id, urls);
-    let want = {
-        let out = Command::new("sh")
-            .args(["-c", &format!("printf %s 'Bearer {SECRET}' | sha256sum")])
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout)
-            .split_whitespace()
-            .next()
-            .unwrap()
-            .to_string()
-    };
+    let want = bearer_sha256(SECRET);
     let tls = "https://allowed.test:8443/";
     let plain = "http://allowed.test:8080/";
     let other = "http://other.test:8080/";
@@ -715,22 +724,7 @@ fn a_sandbox_can_be_given_its_own_secret() {
     let h = home.path();
     const OWN: &str = "own-0123456789abcdef";
     const TENANTS: &str = "tenant-fedcba9876543210";
-    let mut set = Command::new(BRIG)
-        .args(["secrets", "set", "tok"])
-        .env("BRIG_URL", &url)
-        .env("BRIG_HOME", h)
-        .stdin(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::io::Write::write_all(&mut set.stdin.take().unwrap(), TENANTS.as_bytes()).unwrap();
-    assert!(set.wait().unwrap().success());
-    let sha = |s: &str| {
-        let out = Command::new("sh")
-            .args(["-c", &format!("printf %s 'Bearer {s}' | sha256sum")])
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout)[..64].to_string()
-    };
+    set_secret(h, &url, "tok", TENANTS);
     let inject = "allowed.test:Authorization=Bearer ${secrets.tok}";
     let created = Command::new(BRIG)
         .args(["create", "--inject", inject, "--secret", "TOK"])
@@ -746,12 +740,12 @@ fn a_sandbox_can_be_given_its_own_secret() {
     let plain = "http://allowed.test:8080/";
     let got = fetch_flat(h, &url, &own_id, &[plain]);
     assert!(
-        line(&got, plain).contains(&format!("auth-sha256: {}", sha(OWN))),
+        line(&got, plain).contains(&format!("auth-sha256: {}", bearer_sha256(OWN))),
         "{got}"
     );
     let got = fetch_flat(h, &url, &other_id, &[plain]);
     assert!(
-        line(&got, plain).contains(&format!("auth-sha256: {}", sha(TENANTS))),
+        line(&got, plain).contains(&format!("auth-sha256: {}", bearer_sha256(TENANTS))),
         "{got}"
     );
     // No answer shows it.
@@ -783,17 +777,7 @@ fn brig_run_injects_secrets_it_is_given() {
     require_root!();
     let world = NetWorld::build("runinject");
     const SECRET: &str = "run-s3cret-9876543210";
-    let want = {
-        let out = Command::new("sh")
-            .args(["-c", &format!("printf %s 'Bearer {SECRET}' | sha256sum")])
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout)
-            .split_whitespace()
-            .next()
-            .unwrap()
-            .to_string()
-    };
+    let want = bearer_sha256(SECRET);
     let run = |extra: &[&str], script: &str| -> Output {
         let mut args = vec![
             "run",

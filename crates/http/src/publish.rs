@@ -22,7 +22,7 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use brig_core::SandboxId;
@@ -269,11 +269,6 @@ impl Publisher {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SandboxId, Vec<(Published, AbortHandle)>>> {
         self.held.lock().unwrap_or_else(|e| e.into_inner())
     }
-}
-
-/// The address a published port listens on.
-pub fn address(p: &Published) -> SocketAddr {
-    SocketAddr::from((Ipv4Addr::LOCALHOST, p.host_port))
 }
 
 #[cfg(test)]

@@ -492,38 +492,26 @@ async fn blocking<T: Send + 'static>(
 /// The registry's error in words, with what to do.
 fn explain(e: &oci_client::errors::OciDistributionError, registry: &str) -> String {
     use oci_client::errors::OciDistributionError as E;
-    match e {
-        E::AuthenticationFailure(_) | E::UnauthorizedError { .. } => format!(
-            "{e}: the registry {registry} refused the credentials (give them with --username and \
+    let text = e.to_string();
+    let lower = text.to_ascii_lowercase();
+    let has = |words: &[&str]| words.iter().any(|w| lower.contains(w));
+    let hint = if matches!(e, E::AuthenticationFailure(_) | E::UnauthorizedError { .. })
+        || has(&["unauthorized", "401"])
+    {
+        format!(
+            "the registry {registry} refused the credentials (give them with --username and \
              --password-stdin, or `docker login {registry}`)"
-        ),
-        E::ImageManifestNotFoundError(_) => {
-            format!("{e}: no such image or tag on {registry} (check the name and the tag)")
-        }
-        _ => {
-            let text = format!("{e}");
-            let lower = text.to_ascii_lowercase();
-            if lower.contains("manifest unknown") || lower.contains("name unknown") {
-                return format!(
-                    "{text}: no such image or tag on {registry} (check the name and the tag)"
-                );
-            }
-            if lower.contains("unauthorized") || lower.contains("401") {
-                return format!(
-                    "{text}: the registry {registry} refused the credentials (give them with \
-                     --username and --password-stdin, or `docker login {registry}`)"
-                );
-            }
-            if ["tls", "ssl", "certificate", "wrong version number"]
-                .iter()
-                .any(|w| lower.contains(w))
-            {
-                format!("{text} (a registry that speaks plain HTTP needs --insecure)")
-            } else if lower.contains("error sending request") || lower.contains("connect") {
-                format!("{text} (is {registry} reachable from this host?)")
-            } else {
-                text
-            }
-        }
-    }
+        )
+    } else if matches!(e, E::ImageManifestNotFoundError(_))
+        || has(&["manifest unknown", "name unknown"])
+    {
+        format!("no such image or tag on {registry} (check the name and the tag)")
+    } else if has(&["tls", "ssl", "certificate", "wrong version number"]) {
+        "a registry that speaks plain HTTP needs --insecure".into()
+    } else if has(&["error sending request", "connect"]) {
+        format!("is {registry} reachable from this host?")
+    } else {
+        return text;
+    };
+    format!("{text}: {hint}")
 }

@@ -981,6 +981,17 @@ impl Store {
         )
     }
 
+    /// The live sandboxes created from `template` (as the record names it:
+    /// an image's name): what keeps an image from being removed.
+    pub fn live_on_template(&self, template: &str) -> Result<Vec<SandboxId>, SandboxError> {
+        Ok(self
+            .live_sandboxes()?
+            .into_iter()
+            .filter(|r| r.template == template)
+            .map(|r| r.id)
+            .collect())
+    }
+
     /// Keep the manager's pause state of a live sandbox (see
     /// [`SandboxRecord::lifecycle`]).
     pub fn set_lifecycle(

@@ -5,7 +5,6 @@
 //! how a port of a sandbox on another machine's daemon is reached, where
 //! `brig create --publish` would bind on the daemon's host.
 
-use std::io::{Read, Write};
 use std::net::{Ipv4Addr, Shutdown, TcpListener, TcpStream};
 use std::sync::Arc;
 
@@ -59,16 +58,6 @@ fn relay(a: TcpStream, b: TcpStream) {
 }
 
 fn copy(mut from: TcpStream, mut to: TcpStream) {
-    let mut buf = vec![0u8; 64 * 1024];
-    loop {
-        match from.read(&mut buf) {
-            Ok(0) | Err(_) => break,
-            Ok(n) => {
-                if to.write_all(&buf[..n]).is_err() {
-                    break;
-                }
-            }
-        }
-    }
+    let _ = std::io::copy(&mut from, &mut to);
     let _ = to.shutdown(Shutdown::Write);
 }

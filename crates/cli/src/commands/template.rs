@@ -329,10 +329,9 @@ fn live_users(home: &Path, name: &str) -> Vec<String> {
         return Vec::new();
     };
     store
-        .live_sandboxes()
+        .live_on_template(name)
         .unwrap_or_default()
-        .into_iter()
-        .filter(|r| r.template == name)
-        .map(|r| r.id.to_string())
+        .iter()
+        .map(ToString::to_string)
         .collect()
 }
