@@ -11,6 +11,8 @@ mod support;
 
 use std::time::{Duration, Instant};
 
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine;
 use serde_json::json;
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -25,9 +27,11 @@ const STREAMS: usize = SANDBOXES * PER_SANDBOX;
 /// The bound the issue sets for "still answers".
 const PROMPT: Duration = Duration::from_millis(50);
 
-/// base64 of the two lines each process prints.
-const START: &str = "c3RhcnQK"; // "start\n"
-const MID: &str = "bWlkCg=="; // "mid\n"
+/// The two lines each process prints. They are looked for in the decoded
+/// stdout, not as base64 in the body: on a loaded machine the agent may
+/// read both in one chunk ("start\nmid\n" encodes to neither's base64).
+const START: &str = "start\n";
+const MID: &str = "mid\n";
 
 #[derive(Debug)]
 enum Seen {
@@ -80,6 +84,7 @@ async fn stream(
     )
     .await;
     let (mut buf, mut chunk) = (Vec::new(), vec![0u8; 4096]);
+    let mut stdout = String::new();
     let (mut started, mut mid) = (false, false);
     loop {
         let n = s.read(&mut chunk).await.unwrap_or(0);
@@ -90,12 +95,24 @@ async fn stream(
             return;
         }
         buf.extend_from_slice(&chunk[..n]);
-        let text = String::from_utf8_lossy(&buf);
-        if !started && text.contains(START) {
+        // Decode the stdout events of every complete line read so far
+        // (the body is chunked: a line may arrive in pieces).
+        stdout.clear();
+        for line in String::from_utf8_lossy(&buf).lines() {
+            let Ok(event) = serde_json::from_str::<serde_json::Value>(line) else {
+                continue;
+            };
+            if event["type"] == "stdout" {
+                let data = event["data"].as_str().unwrap_or_default();
+                let bytes = BASE64.decode(data).unwrap_or_default();
+                stdout.push_str(&String::from_utf8_lossy(&bytes));
+            }
+        }
+        if !started && stdout.contains(START) {
             started = true;
             let _ = seen.send(Seen::Start);
         }
-        if !mid && text.contains(MID) {
+        if !mid && stdout.contains(MID) {
             mid = true;
             let _ = seen.send(Seen::Mid);
         }

@@ -19,6 +19,7 @@
 //!   host loopback port (`brig create --publish`).
 //! - [`on_end`]: follow the runtime's events to forget per-sandbox state
 //!   when a sandbox ends.
+//! - [`listen`]: the daemon's listening socket, with a backlog for bursts.
 #![forbid(unsafe_code)]
 
 pub mod ports;
@@ -34,6 +35,29 @@ use brig_core::SandboxId;
 use brig_runtime::{AuthError, EventKind, Principal, SandboxManager, TenantId};
 use tokio::sync::broadcast::error::RecvError;
 use tokio::task::JoinError;
+
+/// The most connections that may wait to be accepted. The kernel caps
+/// it at `net.core.somaxconn` (4096 on current kernels); what tokio's
+/// `TcpListener::bind` asks for, 1024, overflows when clients open a few
+/// thousand connections at once (2,000 streaming execs): the kernel then
+/// drops their handshakes, and each client waits out TCP's retransmit
+/// back-off (a minute or more) before the daemon ever sees it.
+const BACKLOG: u32 = 65_535;
+
+/// A listening TCP socket on `addr` (port 0 picks one) for an HTTP
+/// front-end, with a backlog as deep as the kernel allows.
+pub fn listen(addr: std::net::SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    // As std and tokio do: a restarted daemon binds again at once, though
+    // connections of the old one linger in TIME_WAIT.
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(BACKLOG)
+}
 
 /// A front-end's router state, as [`Auth`] needs it.
 pub trait AuthState: Send + Sync {

@@ -128,7 +128,9 @@ pub fn agent_bin() -> &'static Path {
 /// current runtime, as `brig serve` does; its address.
 #[cfg(feature = "http")]
 pub async fn serve(router: axum::Router) -> std::net::SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    // The daemon's own listener (its backlog matters to tests that open
+    // thousands of connections at once).
+    let listener = brig_http::listen(([127, 0, 0, 1], 0).into()).unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
     addr

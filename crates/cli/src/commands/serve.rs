@@ -463,9 +463,8 @@ impl HomeClaim {
 /// otherwise wait for the client's delayed ACK, 40 ms, on every exec of a
 /// kept-alive connection.
 async fn bind(listen: SocketAddr) -> anyhow::Result<(Listener, SocketAddr)> {
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
-        .with_context(|| format!("cannot listen on {listen}"))?;
+    let listener =
+        brig_http::listen(listen).with_context(|| format!("cannot listen on {listen}"))?;
     let addr = listener
         .local_addr()
         .context("cannot read the listening address")?;
