@@ -3,7 +3,9 @@
 # else: schemathesis, which fuzzes a live `brig serve` against
 # api/openapi.yaml (tests/api/schemathesis.sh, crates/cli/tests/schemathesis.rs),
 # and the official E2B clients (e2b-venv: e2b + e2b-code-interpreter, current;
-# e2b-venv-2.48: e2b 2.48, the v1 create path) for the E2B tests.
+# e2b-venv-2.48: e2b 2.48, the v1 create path; e2b-venv-2.45: e2b 2.45, a
+# release that refuses any API key but `e2b_` and hex digits) for the E2B
+# tests.
 #
 #   tests/support/install-python-deps.sh
 #
@@ -24,6 +26,8 @@ SCHEMATHESIS_VERSION=4.32.5
 E2B_VERSION=2.63.0
 E2B_CODE_INTERPRETER_VERSION=2.11.5
 E2B_OLD_VERSION=2.48.0
+# Releases 2.25-2.45 check the key's shape before sending anything.
+E2B_KEY_CHECKING_VERSION=2.45.0
 
 cache=${BRIG_TEST_CACHE:-$HOME/.cache/brig-test}
 venv=$cache/venv
@@ -92,3 +96,6 @@ install_schemathesis
 install_venv e2b-venv "e2b==$E2B_VERSION" "e2b-code-interpreter==$E2B_CODE_INTERPRETER_VERSION"
 # An older generation (Python 2.10-2.50): POST /sandboxes.
 install_venv e2b-venv-2.48 "e2b==$E2B_OLD_VERSION"
+# A generation that validates the key's shape (E2B_VALIDATE_API_KEY
+# defaults to true there): brig's keys must pass in their E2B spelling.
+install_venv e2b-venv-2.45 "e2b==$E2B_KEY_CHECKING_VERSION"

@@ -73,6 +73,8 @@ impl KeyView {
 pub struct CreatedKey {
     pub id: KeyId,
     pub key: String,
+    /// The same key as E2B's clients take it (`e2b_` and hex digits).
+    pub e2b_key: String,
     pub name: Option<String>,
     pub role: Role,
     pub tenant: String,
@@ -153,6 +155,7 @@ pub async fn create(
         StatusCode::CREATED,
         Json(CreatedKey {
             id: info.id,
+            e2b_key: brig_runtime::e2b_spelling(&key).unwrap_or_default(),
             key,
             name: info.name,
             role: info.role,

@@ -264,6 +264,27 @@ fn keys_inspect_and_cp_on_a_real_daemon() {
     assert!(third.starts_with("brig_") && third.len() == 61, "{plain:?}");
 
     ok(brig_with_key(&daemon, &key, &["ls"]), "ls with the new key");
+
+    // Its E2B spelling: in the answer, from `brig keys e2b KEY` (no daemon
+    // needed) and of the CLI's own key; the same key on the native API.
+    let e2b = created["e2b_key"].as_str().unwrap().to_string();
+    assert!(e2b.starts_with(&format!("e2b_{key_id}")), "{created}");
+    assert_eq!(
+        ok(daemon.brig(&["keys", "e2b", &key]), "keys e2b KEY").trim(),
+        e2b
+    );
+    let e2b_ls = ok(
+        brig_with_key(&daemon, &e2b, &["ls"]),
+        "ls with the e2b spelling",
+    );
+    assert_eq!(e2b_ls, ok(brig_with_key(&daemon, &key, &["ls"]), "ls"));
+    let own = ok(brig_with_key(&daemon, &key, &["keys", "e2b"]), "keys e2b");
+    assert_eq!(own.trim(), e2b, "keys e2b spells the CLI's own key");
+    fails(
+        daemon.brig(&["keys", "e2b", &e2b]),
+        "keys e2b of an e2b spelling",
+        "already an E2B spelling",
+    );
     let listed = ok(daemon.brig(&["keys", "ls", "--json"]), "keys ls --json");
     assert!(
         !listed.contains(&key[18..]),
@@ -282,6 +303,11 @@ fn keys_inspect_and_cp_on_a_real_daemon() {
     fails(
         brig_with_key(&daemon, &key, &["ls"]),
         "ls with a revoked key",
+        "invalid api key",
+    );
+    fails(
+        brig_with_key(&daemon, &e2b, &["ls"]),
+        "ls with the revoked key's e2b spelling",
         "invalid api key",
     );
     fails(

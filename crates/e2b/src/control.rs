@@ -114,7 +114,7 @@ impl FromRequestParts<E2bState> for ApiKey {
             .ok_or_else(|| {
                 E2bError::new(
                     StatusCode::UNAUTHORIZED,
-                    "missing X-API-KEY: set E2B_API_KEY to a brig API key",
+                    "missing X-API-KEY: set E2B_API_KEY to a brig API key (brig keys e2b prints the local one)",
                 )
             })?;
         match Auth::with_key(&state.manager, key).await {
@@ -124,7 +124,7 @@ impl FromRequestParts<E2bState> for ApiKey {
             // Refused (brig-http logged why).
             Err(_) => Err(E2bError::new(
                 StatusCode::UNAUTHORIZED,
-                "invalid X-API-KEY: set E2B_API_KEY to a brig API key (brig keys create)",
+                "invalid X-API-KEY: set E2B_API_KEY to a brig API key of this daemon (brig keys e2b prints the local one; brig keys create makes another)",
             )),
         }
     }

@@ -613,7 +613,7 @@ fn bad_requests_are_json_errors() {
 
 /// Run tests/e2b/control_sdk.py with the venv's Python against the planes;
 /// it must pass exactly `CONTROL_SDK_CHECKS` checks.
-fn run_sdk(venv_name: &str, generation: &str, version: &str, create_path: &str) {
+fn run_sdk(venv_name: &str, generation: &str, version: &str, create_path: &str, key: Spelling) {
     if !root_or_skip() {
         return;
     }
@@ -621,11 +621,16 @@ fn run_sdk(venv_name: &str, generation: &str, version: &str, create_path: &str) 
         return;
     };
     let p = planes();
+    let key = match key {
+        Spelling::Brig => p.f.key.clone(),
+        Spelling::E2b => brig_runtime::e2b_spelling(&p.f.key).unwrap(),
+    };
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/e2b/control_sdk.py");
     let out = Command::new(&python)
         .arg(&script)
         .arg(generation)
-        .env("E2B_API_KEY", &p.f.key)
+        .env("E2B_API_KEY", &key)
+        .env_remove("E2B_VALIDATE_API_KEY")
         .env("E2B_API_URL", format!("http://{}", p.api))
         .env("E2B_SANDBOX_URL", format!("http://{}", p.data))
         .env("E2B_TEMPLATE", "host")
@@ -659,17 +664,77 @@ fn run_sdk(venv_name: &str, generation: &str, version: &str, create_path: &str) 
     );
 }
 
-/// The checks of tests/e2b/control_sdk.py (the same for both generations).
+/// The checks of tests/e2b/control_sdk.py (the same for every generation).
 const CONTROL_SDK_CHECKS: usize = 47;
+
+/// Which spelling of the fixture's key a client is given: brig's own, or
+/// E2B's (`e2b_` and hex digits, `brig keys e2b`). Both are the same key.
+#[derive(Clone, Copy)]
+enum Spelling {
+    Brig,
+    E2b,
+}
 
 #[test]
 fn python_sdk_current_generation() {
-    run_sdk("e2b-venv", "current", "2.63.0", "POST /v2/sandboxes");
+    run_sdk(
+        "e2b-venv",
+        "current",
+        "2.63.0",
+        "POST /v2/sandboxes",
+        Spelling::E2b,
+    );
 }
 
 #[test]
 fn python_sdk_2_48_v1_create_path() {
-    run_sdk("e2b-venv-2.48", "v1", "2.48.0", "POST /sandboxes");
+    run_sdk(
+        "e2b-venv-2.48",
+        "v1",
+        "2.48.0",
+        "POST /sandboxes",
+        Spelling::Brig,
+    );
+}
+
+/// e2b 2.45 refuses, before sending anything, a key that is not `e2b_`
+/// and hex digits (as 2.25-2.45 do, unless E2B_VALIDATE_API_KEY=false):
+/// brig's own spelling fails there, and its E2B spelling passes the whole
+/// suite, with no opt-out set.
+#[test]
+fn python_sdk_2_45_checks_the_key_shape() {
+    if !root_or_skip() {
+        return;
+    }
+    let Some(python) = support::venv_or_skip("e2b-venv-2.45") else {
+        return;
+    };
+    let p = planes();
+    let refused = Command::new(&python)
+        .args([
+            "-c",
+            "from e2b import Sandbox\n\
+             try:\n    Sandbox.create(timeout=30).kill()\n    print('accepted')\n\
+             except Exception as e:\n    print(type(e).__name__, e)",
+        ])
+        .env("E2B_API_KEY", &p.f.key)
+        .env("E2B_API_URL", format!("http://{}", p.api))
+        .env_remove("E2B_VALIDATE_API_KEY")
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&refused.stdout);
+    assert!(
+        said.contains("AuthenticationException") && said.contains("e2b_"),
+        "e2b 2.45 no longer refuses brig's own spelling: this test proves nothing: {said}"
+    );
+    drop(p);
+    run_sdk(
+        "e2b-venv-2.45",
+        "v1",
+        "2.45.0",
+        "POST /sandboxes",
+        Spelling::E2b,
+    );
 }
 
 /// E2B's Secrets API through the official Python client

@@ -5,6 +5,13 @@
 //! 43 characters drawn uniformly from `[0-9A-Za-z]` by the OS's random number
 //! generator — 256 bits. Only SHA-256 of the secret is stored.
 //!
+//! Every key has a second spelling for E2B's clients, [`e2b_spelling`]:
+//! `e2b_<id><the secret's bytes in hex>` (98 lowercase hex digits). Releases
+//! 2.25–2.45 of E2B's Python client refuse, before sending anything, a key
+//! that is not `e2b_` followed by hex digits; the spelling is derived, not
+//! stored, so every key ever issued has one, and either spelling is the
+//! same key everywhere (native API, E2B, MCP).
+//!
 //! Why a plain SHA-256 and not bcrypt/argon2: slow KDFs exist to make
 //! guessing *low-entropy* secrets (passwords people choose) expensive after a
 //! database leaks. A 256-bit random secret cannot be guessed at any speed, so
@@ -22,6 +29,8 @@ use crate::store::{random_hex_id, Store, StoreError, UnixMillis};
 use crate::tenants::{TenantId, DEFAULT_TENANT};
 
 const KEY_PREFIX: &str = "brig_";
+/// The prefix E2B's clients expect (`e2b_` followed by hex digits).
+const E2B_PREFIX: &str = "e2b_";
 const ID_LEN: usize = 12;
 /// 43 base62 characters carry 43 × log2(62) ≈ 256.1 bits.
 const SECRET_LEN: usize = 43;
@@ -488,7 +497,8 @@ impl Store {
     /// Check a presented key: who it is ([`Principal`]). Records when the
     /// key was last used, at most once a minute.
     pub fn authenticate(&self, plaintext: &str) -> Result<Principal, AuthError> {
-        let (id, secret) = parse_key(plaintext)?;
+        let native = native_spelling(plaintext)?;
+        let (id, secret) = parse_key(&native)?;
         type Row = (
             String,
             Vec<u8>,
@@ -587,6 +597,52 @@ impl Store {
     }
 }
 
+/// The spelling of `key` (`brig_<id>_<secret>`) that E2B's clients take:
+/// `e2b_<id><hex of the secret>`. `None` if `key` is not a brig key.
+pub fn e2b_spelling(key: &str) -> Option<String> {
+    let (id, secret) = parse_key(key).ok()?;
+    let mut out = String::with_capacity(E2B_PREFIX.len() + ID_LEN + 2 * SECRET_LEN);
+    out.push_str(E2B_PREFIX);
+    out.push_str(id);
+    for b in secret.bytes() {
+        out.push_str(&format!("{b:02x}"));
+    }
+    Some(out)
+}
+
+/// A presented key in brig's own spelling: an `e2b_` one translated back,
+/// anything else as it is (and checked by [`parse_key`]).
+fn native_spelling(plaintext: &str) -> Result<std::borrow::Cow<'_, str>, AuthError> {
+    let Some(hex) = plaintext.strip_prefix(E2B_PREFIX) else {
+        return Ok(std::borrow::Cow::Borrowed(plaintext));
+    };
+    let malformed = |reason| AuthError::Malformed { reason };
+    if hex.len() != ID_LEN + 2 * SECRET_LEN
+        || !hex
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    {
+        return Err(malformed(
+            "an e2b_ key is the E2B spelling of a brig key (brig keys e2b prints it): \
+             98 lowercase hex digits after e2b_",
+        ));
+    }
+    let (id, secret_hex) = hex.split_at(ID_LEN);
+    let secret: Vec<u8> = secret_hex
+        .as_bytes()
+        .chunks(2)
+        .map(|pair| {
+            let digit = |c: u8| (c as char).to_digit(16).unwrap_or(0) as u8;
+            digit(pair[0]) << 4 | digit(pair[1])
+        })
+        .collect();
+    let secret = String::from_utf8(secret)
+        .map_err(|_| malformed("the secret of an e2b_ key is not letters and digits"))?;
+    Ok(std::borrow::Cow::Owned(format!(
+        "{KEY_PREFIX}{id}_{secret}"
+    )))
+}
+
 /// Split `brig_<id>_<secret>` and check each part's shape.
 fn parse_key(plaintext: &str) -> Result<(&str, &str), AuthError> {
     let malformed = |reason| AuthError::Malformed { reason };
@@ -657,6 +713,54 @@ mod tests {
         assert_eq!(listed[0].id, id);
         assert!(key.starts_with(&listed[0].prefix));
         assert!(listed[0].prefix.len() < key.len() - 32);
+    }
+
+    /// The E2B spelling is what E2B's validating clients accept
+    /// (`\Ae2b_[0-9a-f]+\Z`), authenticates as the same key, and a
+    /// damaged one is refused as malformed or wrong, never as another key.
+    #[test]
+    fn e2b_spelling_is_the_same_key() {
+        let (_d, s) = store();
+        let t = s.create_tenant("acme").unwrap();
+        let (id, key) = s.create_key(&t).unwrap();
+        let e2b = e2b_spelling(&key).unwrap();
+        assert!(e2b.starts_with(&format!("e2b_{id}")), "{e2b}");
+        assert_eq!(e2b.len(), 4 + 12 + 86);
+        assert!(e2b[4..]
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)));
+        let who = s.authenticate(&e2b).unwrap();
+        assert_eq!((who.tenant, who.key), (t.clone(), id.clone()));
+        assert_eq!(e2b_spelling("not a key"), None);
+        assert_eq!(e2b_spelling(&e2b), None);
+
+        // One hex digit of the secret changed: the same id, a wrong secret.
+        let mut wrong = e2b.clone();
+        let last = if wrong.ends_with('1') { "2" } else { "1" };
+        wrong.replace_range(wrong.len() - 1.., last);
+        assert!(matches!(
+            s.authenticate(&wrong),
+            Err(AuthError::WrongSecret { .. })
+        ));
+        for bad in [
+            "e2b_".to_string(),
+            "e2b_".to_string() + &"0".repeat(40),
+            e2b.to_uppercase().replacen("E2B_", "e2b_", 1),
+            format!("{e2b}0"),
+            // A secret byte that is not a letter or digit ("-" is 2d).
+            format!("{}2d", &e2b[..e2b.len() - 2]),
+        ] {
+            assert!(
+                matches!(s.authenticate(&bad), Err(AuthError::Malformed { .. })),
+                "{bad}"
+            );
+        }
+        // Revoking the key revokes both spellings.
+        s.revoke_key(&t, &id).unwrap();
+        assert!(matches!(
+            s.authenticate(&e2b),
+            Err(AuthError::Revoked { .. })
+        ));
     }
 
     #[test]

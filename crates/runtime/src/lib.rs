@@ -42,7 +42,7 @@ pub mod tenants;
 
 pub use error::{chain, ErrorKind};
 pub use events::{Event, EventKind};
-pub use keys::{AuthError, KeyError, KeyId, KeyInfo, NewKey, Principal, Role};
+pub use keys::{e2b_spelling, AuthError, KeyError, KeyId, KeyInfo, NewKey, Principal, Role};
 pub use lifecycle::{LiveCounts, PauseMode, Resumed, SandboxMetrics};
 pub use manager::{CreateConfig, ManagerConfig, ManagerError, NetworkInfo, OnStop, SandboxManager};
 pub use metrics::Metrics;

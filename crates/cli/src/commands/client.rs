@@ -58,6 +58,25 @@ enum Found {
     Default,
 }
 
+/// The key the CLI presents: `$BRIG_API_KEY`, else the local daemon's
+/// `$BRIG_HOME/local.key`.
+pub fn api_key() -> anyhow::Result<String> {
+    if let Some(k) = std::env::var("BRIG_API_KEY").ok().filter(|k| !k.is_empty()) {
+        return Ok(k);
+    }
+    let path = home_dir().join(LOCAL_KEY_FILE);
+    Ok(std::fs::read_to_string(&path)
+        .with_context(|| {
+            format!(
+                "no api key: set BRIG_API_KEY, or run where the local daemon's key {} is \
+                 readable (--home or BRIG_HOME selects the daemon's home)",
+                path.display()
+            )
+        })?
+        .trim()
+        .to_string())
+}
+
 /// Where the local daemon of `home` listens, if one runs: `brig serve`
 /// holds a lock on `$BRIG_HOME/daemon` and writes its address there (see
 /// serve.rs); a file nobody holds is a daemon that is gone.
@@ -156,22 +175,7 @@ impl Client {
                 None => (DEFAULT_URL.to_string(), Found::Default),
             },
         };
-        let key = match std::env::var("BRIG_API_KEY").ok().filter(|k| !k.is_empty()) {
-            Some(k) => k,
-            None => {
-                let path = home_dir().join(LOCAL_KEY_FILE);
-                std::fs::read_to_string(&path)
-                    .with_context(|| {
-                        format!(
-                            "no api key: set BRIG_API_KEY, or run where the local daemon's key \
-                             {} is readable (--home or BRIG_HOME selects the daemon's home)",
-                            path.display()
-                        )
-                    })?
-                    .trim()
-                    .to_string()
-            }
-        };
+        let key = api_key()?;
         Ok(Client {
             base: base.trim_end_matches('/').to_string(),
             found,

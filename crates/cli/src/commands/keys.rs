@@ -1,10 +1,13 @@
-//! `brig keys create|ls|revoke`: API keys.
+//! `brig keys create|ls|revoke|e2b`: API keys.
 //!
 //! `create` prints the new key once — the daemon keeps only its hash, so it
 //! can never be shown again. A tenant key manages its own tenant's tenant
 //! keys; an admin key (the one `brig serve` wrote to local.key) also
 //! `--tenant NAME` and `--admin` keys. `revoke` refuses (409 from the
 //! daemon) a tenant's last active key and the last admin key.
+//!
+//! `e2b` prints a key's spelling for E2B's clients (`e2b_` and hex: some
+//! of their releases refuse any other shape); either spelling is the key.
 //!
 //! `create --local` is the way back in for an operator locked out (the
 //! local key revoked, lost or expired): run as root on the daemon's host,
@@ -59,6 +62,13 @@ enum KeysCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Print a key's spelling for E2B's clients (`e2b_` and hex digits;
+    /// the same key): `export E2B_API_KEY=$(brig keys e2b)`.
+    E2b {
+        /// The key (default: the one this CLI uses, $BRIG_API_KEY or
+        /// $BRIG_HOME/local.key).
+        key: Option<String>,
+    },
     /// Revoke a key: every request with it is refused from then on.
     Revoke {
         /// The key's id (the 12 hex digits after `brig_`, as `ls` shows).
@@ -75,6 +85,9 @@ pub fn run(args: KeysArgs) -> anyhow::Result<i32> {
     } = &args.command
     {
         return create_local(&home_dir(), name.as_deref(), *json);
+    }
+    if let KeysCommand::E2b { key } = &args.command {
+        return e2b(key.as_deref());
     }
     let client = Client::from_env()?;
     match args.command {
@@ -104,10 +117,12 @@ pub fn run(args: KeysArgs) -> anyhow::Result<i32> {
             } else {
                 println!("{}", created["key"].as_str().unwrap_or_default());
                 eprintln!(
-                    "brig: created {} key {} for tenant {}; store it now, it is not shown again",
+                    "brig: created {} key {} for tenant {}; store it now, it is not shown again\n\
+                     brig: the same key for E2B's clients (E2B_API_KEY): {}",
                     created["role"].as_str().unwrap_or("api"),
                     created["id"].as_str().unwrap_or_default(),
                     created["tenant"].as_str().unwrap_or_default(),
+                    created["e2b_key"].as_str().unwrap_or_default(),
                 );
             }
         }
@@ -151,6 +166,7 @@ pub fn run(args: KeysArgs) -> anyhow::Result<i32> {
                 );
             }
         }
+        KeysCommand::E2b { .. } => unreachable!("handled without a daemon above"),
         KeysCommand::Revoke { id } => {
             // The path segment is the user's text: refuse what is not an id
             // rather than send `/` or `?` into the URL.
@@ -162,6 +178,27 @@ pub fn run(args: KeysArgs) -> anyhow::Result<i32> {
             client.send(client.request("DELETE", &format!("/v1/keys/{id}")), None)?;
         }
     }
+    Ok(0)
+}
+
+/// `brig keys e2b [KEY]`: the E2B spelling, worked out here (it is the
+/// key itself, re-encoded), so it needs no daemon.
+fn e2b(key: Option<&str>) -> anyhow::Result<i32> {
+    let key = match key {
+        Some(k) => k.trim().to_string(),
+        None => super::client::api_key()?,
+    };
+    let spelling = brig_runtime::e2b_spelling(&key).with_context(|| {
+        format!(
+            "{} is not a brig key (brig_<id>_<secret>, as brig keys create prints it)",
+            if key.starts_with("e2b_") {
+                "this is already an E2B spelling; it"
+            } else {
+                "this"
+            }
+        )
+    })?;
+    println!("{spelling}");
     Ok(0)
 }
 
@@ -185,7 +222,8 @@ fn create_local(home: &Path, name: Option<&str>, json: bool) -> anyhow::Result<i
     if json {
         println!(
             "{}",
-            json!({ "id": info.id, "key": key, "role": "admin", "path": path })
+            json!({ "id": info.id, "key": key, "e2b_key": brig_runtime::e2b_spelling(&key),
+                    "role": "admin", "path": path })
         );
     } else {
         println!("{key}");

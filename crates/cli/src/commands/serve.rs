@@ -198,8 +198,10 @@ pub fn run(args: ServeArgs) -> anyhow::Result<i32> {
         let path = config.home.join(LOCAL_KEY_FILE);
         write_key(&path, &key)?;
         eprintln!(
-            "brig: created the first api key (shown once; also saved to {} for the local CLI):\n{key}",
-            path.display()
+            "brig: created the first api key (shown once; also saved to {} for the local CLI):\n{key}\n\
+             brig: the same key for E2B's clients (E2B_API_KEY; brig keys e2b prints it): {}",
+            path.display(),
+            brig_runtime::e2b_spelling(&key).unwrap_or_default()
         );
     }
     // The process tier, run by the agent this binary carries, and tagged
