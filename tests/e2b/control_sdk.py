@@ -20,6 +20,7 @@ import datetime
 import importlib.metadata
 import os
 import sys
+import threading
 import time
 import uuid
 
@@ -161,6 +162,20 @@ try:
     check("timeout: expired sandbox not found", False, "no exception")
 except SandboxNotFoundException:
     check("timeout: expired sandbox not found", True)
+# Killed while a command streams: the client raises its killed-sandbox
+# error, as on E2B (>= 2.5x: SandboxNotRunningException, after its /health
+# probe answers 502 "was not found"; older: TimeoutException), never a
+# CommandExitException with exit code -1.
+victim = Sandbox.create(template=TEMPLATE, timeout=60)
+killer = threading.Timer(1.5, lambda: Sandbox.kill(victim.sandbox_id))
+killer.start()
+try:
+    r = victim.commands.run("sleep 30")
+    check("killed mid-command: the killed-sandbox error", False, r)
+except Exception as e:
+    want = "SandboxNotRunningException" if generation == "current" else "TimeoutException"
+    check("killed mid-command: the killed-sandbox error", type(e).__name__ == want, repr(e))
+killer.join()
 check("kill by id", Sandbox.kill(others[0].sandbox_id) is True)
 check("kill by id: twice is False", Sandbox.kill(others[0].sandbox_id) is False)
 for s in others[1:]:

@@ -408,6 +408,14 @@ await section('control', async () => {
   check('killing it then is false', (await Sandbox.kill(c.sandboxId)) === false)
 
   check('Sandbox.kill(id)', (await Sandbox.kill(b.sandboxId)) === true && (await b.isRunning()) === false)
+
+  // Killed while a command streams: the client's killed-sandbox error
+  // (TimeoutError, as on E2B), not a CommandExitError with exit code -1.
+  const d = await create({ metadata: { suite: 'js', which: 'd' } })
+  const killer = setTimeout(() => Sandbox.kill(d.sandboxId).catch(() => {}), 1_500)
+  const cut = await rejection(d.commands.run('sleep 30'))
+  clearTimeout(killer)
+  check('killed mid-command: TimeoutError', cut instanceof TimeoutError, String(cut))
 })
 
 check('kill', (await sbx.kill()) === true)

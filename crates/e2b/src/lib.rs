@@ -277,7 +277,8 @@ impl FromRequestParts<E2bState> for RoutedSandbox {
         let (id, _) = routing(&parts.headers);
         let id = id.unwrap_or_default();
         match state.sandboxes.get(id) {
-            Some(sb) if state.manager.is_live(&sb.id) => Ok(RoutedSandbox(sb)),
+            // Not once its end has begun (see `envd::dispatch`).
+            Some(sb) if !state.manager.is_ending(&sb.id) => Ok(RoutedSandbox(sb)),
             _ => Err(sandbox_not_found(id)),
         }
     }

@@ -665,7 +665,7 @@ fn run_sdk(venv_name: &str, generation: &str, version: &str, create_path: &str, 
 }
 
 /// The checks of tests/e2b/control_sdk.py (the same for every generation).
-const CONTROL_SDK_CHECKS: usize = 47;
+const CONTROL_SDK_CHECKS: usize = 48;
 
 /// Which spelling of the fixture's key a client is given: brig's own, or
 /// E2B's (`e2b_` and hex digits, `brig keys e2b`). Both are the same key.

@@ -1068,11 +1068,25 @@ async fn a_sandbox_ending_ends_its_streams() {
         .await;
     assert_eq!(w.envelope().await.unwrap().1, json!({"start":{}}));
     support::delete(&e.f, &e.id).await;
-    // Both streams end (no hang): the process's with an `end`, then the
-    // end-stream envelope.
+    // Both streams end (no hang). The process's, as E2B's proxy ends it
+    // when a sandbox goes away mid-command: no `end` event (that would
+    // read as the process's exit, code -1), an `unavailable` end-stream
+    // error instead, which the clients turn into their killed-sandbox
+    // error after a /health probe that now answers 502 "was not found".
     let events = r.envelopes().await;
-    assert_eq!(events.last().unwrap().0, 2, "{events:?}");
-    assert!(collect(&events).2.is_object(), "{events:?}");
+    let (flags, last) = events.last().unwrap();
+    assert_eq!(*flags, 2, "{events:?}");
+    assert_eq!(last["error"]["code"], "unavailable", "{events:?}");
+    let message = last["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("ended before the stream completed"),
+        "{events:?}"
+    );
+    assert!(collect(&events).2.is_null(), "an end event: {events:?}");
+    let health = request(e.data, "GET", "/health", &e.routed(&[]), b"").await;
+    assert_eq!(health.status, 502);
+    let said = String::from_utf8_lossy(&health.body().await).into_owned();
+    assert!(said.contains("was not found"), "{said}");
     let events = w.envelopes().await;
     assert_eq!(events.last().map(|e| e.0), Some(2), "{events:?}");
 }

@@ -126,7 +126,7 @@ fn js_sdk_current_generation() {
     let log = format!("{stdout}\n{stderr}");
     assert!(out.status.success(), "{log}");
     assert!(stdout.contains(&format!("e2b {E2B_JS} (js)")), "{log}");
-    assert!(stdout.lines().any(|l| l == "101 passed, 0 failed"), "{log}");
+    assert!(stdout.lines().any(|l| l == "102 passed, 0 failed"), "{log}");
     // The current generation's create and connect paths; pause and resume
     // went through the control plane.
     let seen = p.seen.lock().unwrap().clone();
@@ -145,7 +145,7 @@ fn js_sdk_current_generation() {
         !seen.iter().any(|l| l == "POST /sandboxes"),
         "the old create path: {seen:?}"
     );
-    all_killed(&p, 3, &log);
+    all_killed(&p, 4, &log);
 }
 
 /// `@e2b/code-interpreter` 2.8.0 runs tests/e2b/js_code_interpreter.mjs on

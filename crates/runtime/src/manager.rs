@@ -1561,6 +1561,14 @@ impl SandboxManager {
         lock(&self.live).contains_key(id)
     }
 
+    /// Whether `id` is gone or on its way out (its end has begun: a kill,
+    /// an expiry, a shutdown): what a front-end asks when a stream into it
+    /// broke off, to tell the sandbox's end from a process's.
+    pub fn is_ending(&self, id: &SandboxId) -> bool {
+        self.live_sandbox(id)
+            .is_none_or(|live| lock(&live.ending).started)
+    }
+
     /// Whether `id` is live and was started by an earlier daemon (re-adopted
     /// at this one's start): a front-end's state about it must come back
     /// from its record or its agent.

@@ -312,7 +312,7 @@ impl Envd {
     /// back the processes that daemon started (see `process::Table::restore`).
     fn for_sandbox(
         &self,
-        manager: &SandboxManager,
+        manager: &Arc<SandboxManager>,
         tenant: &TenantId,
         id: &SandboxId,
     ) -> Arc<SandboxEnvd> {
@@ -406,7 +406,13 @@ async fn dispatch(
         },
         _ => return missing_headers(req.headers()),
     };
-    let Some(sandbox) = state.sandboxes.get(&id) else {
+    // A sandbox whose end has begun is gone for the clients already: the
+    // /health probe they send when a stream breaks off must say so.
+    let Some(sandbox) = state
+        .sandboxes
+        .get(&id)
+        .filter(|sb| !state.manager.is_ending(&sb.id))
+    else {
         return sandbox_not_found(&id);
     };
     let paused = |c: &Result<_, ManagerError>| matches!(c, Err(e) if e.kind() == ErrorKind::Paused);

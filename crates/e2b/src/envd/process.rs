@@ -270,8 +270,31 @@ struct Tracked {
 #[derive(Debug, Default)]
 struct Fanout {
     subscribers: Vec<mpsc::Sender<StreamItem>>,
-    /// The `end` event, once the process exited, and when.
-    end: Option<(Value, Instant)>,
+    /// How the stream ended, once it did, and when.
+    end: Option<(Ending, Instant)>,
+}
+
+/// How a process's stream ends for every subscriber, present and late.
+#[derive(Debug, Clone)]
+enum Ending {
+    /// The process exited: its `end` event, then a clean end of stream.
+    Exited(Value),
+    /// The sandbox was killed (or its agent lost) under the process: the
+    /// stream ends with `unavailable`, as E2B's proxy ends it when a
+    /// sandbox goes away mid-command. The clients then probe `/health`
+    /// (a 502 "was not found" for a sandbox that is gone) and raise
+    /// their killed-sandbox error (Python `SandboxNotRunningException`,
+    /// JS `TimeoutError`), not an exit code of -1.
+    Lost(ConnectError),
+}
+
+impl Ending {
+    fn items(&self) -> Vec<StreamItem> {
+        match self {
+            Ending::Exited(end) => vec![StreamItem::Msg(end.clone())],
+            Ending::Lost(e) => vec![StreamItem::End(Some(e.clone()))],
+        }
+    }
 }
 
 impl Table {
@@ -319,7 +342,7 @@ impl Table {
     /// shows it and `Connect`, input and signals reach it again. Output it
     /// wrote while no daemon ran was kept by the agent (its last 1 MiB) and
     /// is dropped here like any output nobody is subscribed to.
-    pub(crate) fn restore(&self, manager: &SandboxManager, tenant: &TenantId, id: &SandboxId) {
+    pub(crate) fn restore(&self, manager: &Arc<SandboxManager>, tenant: &TenantId, id: &SandboxId) {
         let list = match manager.call(tenant, id, &Call::ListProcesses) {
             Ok(Reply::Processes(list)) => list,
             Ok(_) => return,
@@ -357,7 +380,7 @@ impl Table {
                 fanout: Mutex::new(Fanout::default()),
             });
             self.insert(Arc::clone(&tracked));
-            if let Err(e) = spawn_pump(tracked, attached) {
+            if let Err(e) = spawn_pump(tracked, attached, Arc::clone(manager), id.clone()) {
                 tracing::warn!("sandbox {id}: cannot pump process {}: {e}", info.pid);
             }
         }
@@ -389,7 +412,9 @@ impl Tracked {
         let mut f = lock(&self.fanout);
         match &f.end {
             Some((end, _)) => {
-                let _ = tx.try_send(StreamItem::Msg(end.clone()));
+                for item in end.items() {
+                    let _ = tx.try_send(item);
+                }
             }
             None => f.subscribers.push(tx),
         }
@@ -421,32 +446,48 @@ impl Tracked {
 
 /// [`pump`] as a task of the daemon's runtime: it waits on the agent
 /// without a thread for as long as the process runs.
-fn spawn_pump(p: Arc<Tracked>, process: Process) -> std::io::Result<()> {
+fn spawn_pump(
+    p: Arc<Tracked>,
+    process: Process,
+    manager: Arc<SandboxManager>,
+    id: SandboxId,
+) -> std::io::Result<()> {
     let rt = tokio::runtime::Handle::try_current()
         .map_err(|e| std::io::Error::other(format!("no async runtime to pump on: {e}")))?;
-    rt.spawn(async move { pump(&p, process).await });
+    rt.spawn(async move { pump(&p, process, &manager, &id).await });
     Ok(())
 }
 
 /// Take the attachment's output until the process exits, fanning it out.
-async fn pump(p: &Tracked, mut process: Process) {
+async fn pump(p: &Tracked, mut process: Process, manager: &SandboxManager, id: &SandboxId) {
+    let lost = |why: String| {
+        Ending::Lost(ConnectError::new(
+            Code::Unavailable,
+            format!("the connection to sandbox {id} ended before the stream completed: {why}"),
+        ))
+    };
     let mut end = None;
     while let Some(item) = process.next_output().await {
         let ev = match item {
             Ok(Output::Stdout(b)) if p.pty => json!({ "data": { "pty": b64(&b) } }),
             Ok(Output::Stdout(b)) => json!({ "data": { "stdout": b64(&b) } }),
             Ok(Output::Stderr(b)) => json!({ "data": { "stderr": b64(&b) } }),
+            // Killed with its sandbox: the sandbox's end, not the process's.
+            Ok(Output::Exited {
+                signal: Some(libc::SIGKILL),
+                ..
+            }) if manager.is_ending(id) => {
+                end = Some(lost("the sandbox was killed".into()));
+                break;
+            }
             Ok(Output::Exited { code, signal }) => {
-                end = Some(end_event(code, signal));
+                end = Some(Ending::Exited(end_event(code, signal)));
                 break;
             }
             Ok(Output::Started { .. } | Output::Attached { .. }) => continue,
             Err(e) => {
                 // The sandbox or its agent went away mid-process.
-                end = Some(json!({ "end": {
-                    "exitCode": -1, "exited": false, "status": "unknown",
-                    "error": format!("lost the process: {e}"),
-                }}));
+                end = Some(lost(e.to_string()));
                 break;
             }
         };
@@ -463,18 +504,21 @@ async fn pump(p: &Tracked, mut process: Process) {
                 .retain(|s| !gone.iter().any(|g| g.same_channel(s)));
         }
     }
-    let end = event(end.unwrap_or_else(|| {
-        json!({ "end": { "exitCode": -1, "exited": false, "status": "unknown",
-                         "error": "the process stream ended without an exit status" } })
-    }));
+    let end = end.unwrap_or_else(|| lost("the process stream ended without an exit status".into()));
+    let end = match end {
+        Ending::Exited(v) => Ending::Exited(event(v)),
+        lost => lost,
+    };
     let subs = {
         let mut f = lock(&p.fanout);
         f.end = Some((end.clone(), Instant::now()));
         std::mem::take(&mut f.subscribers)
     };
     for tx in subs {
-        // Dropping the sender afterwards ends the stream with `{}`.
-        let _ = tx.send(StreamItem::Msg(end.clone())).await;
+        // Dropping the sender afterwards ends an exited stream with `{}`.
+        for item in end.items() {
+            let _ = tx.send(item).await;
+        }
     }
 }
 
@@ -641,7 +685,7 @@ fn spawn(
     let _ = tx.try_send(StreamItem::Msg(event(json!({ "start": { "pid": pid } }))));
     tracked.subscribe(tx);
     ctx.envd.processes.insert(Arc::clone(&tracked));
-    spawn_pump(Arc::clone(&tracked), attached)
+    spawn_pump(Arc::clone(&tracked), attached, ctx.manager(), id.clone())
         .map_err(|e| ConnectError::internal(format!("cannot start a pump thread: {e}")))?;
     Ok(tracked)
 }
