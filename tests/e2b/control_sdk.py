@@ -100,6 +100,24 @@ age = (datetime.datetime.now(datetime.timezone.utc) - m.timestamp).total_seconds
 check("get_metrics: taken now", -5 < age < 30, m.timestamp)
 static = Sandbox.get_metrics(sbx.sandbox_id)
 check("get_metrics: by id", len(static) >= 1 and static[0].mem_total == m.mem_total, static)
+# The series: a sample every BRIG_METRICS_INTERVAL seconds (the daemon's
+# interval; E2B's is 5) while the sandbox runs, oldest first.
+interval = float(os.environ.get("BRIG_METRICS_INTERVAL", "5"))
+time.sleep(3.5 * interval)
+series = sbx.get_metrics()
+stamps = [s.timestamp for s in series]
+gaps = [(b - a).total_seconds() for a, b in zip(stamps, stamps[1:])]
+check(
+    "get_metrics: a series at the interval",
+    len(series) >= 4 and all(0.5 * interval <= g <= 2.5 * interval for g in gaps),
+    gaps,
+)
+# start/end (whole seconds, both included) select exactly the samples in
+# that range.
+lo, hi = series[1].timestamp, series[-2].timestamp
+want = [t for t in stamps if int(lo.timestamp()) <= int(t.timestamp()) <= int(hi.timestamp())]
+got = [s.timestamp for s in sbx.get_metrics(start=lo, end=hi)]
+check("get_metrics(start, end): exactly the samples in the range", got == want and len(want) >= 2, (got, want))
 Sandbox.set_timeout(sbx.sandbox_id, 150)
 left = (Sandbox.get_info(sbx.sandbox_id).end_at - datetime.datetime.now(datetime.timezone.utc)).total_seconds()
 check("set_timeout and get_info: by id", 140 <= left <= 151, left)

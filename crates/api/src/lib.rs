@@ -123,6 +123,10 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/pause", post(sandboxes::pause))
         .route("/v1/sandboxes/{id}/resume", post(sandboxes::resume))
         .route("/v1/sandboxes/{id}/metrics", get(sandboxes::metrics))
+        .route(
+            "/v1/sandboxes/{id}/metrics/series",
+            get(sandboxes::metrics_series),
+        )
         .route("/metrics", get(metrics::serve))
         .route(
             "/v1/sandboxes/{id}/exec",

@@ -430,6 +430,45 @@ pub async fn resume(
     Ok(Json(record.into()))
 }
 
+/// `GET /v1/sandboxes/{id}/metrics/series`'s query: a range of Unix
+/// times in milliseconds, both optional and included.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SeriesQuery {
+    pub since: Option<i64>,
+    pub until: Option<i64>,
+}
+
+/// The samples of a sandbox's metrics series in a range.
+#[derive(Debug, Serialize)]
+pub struct MetricsSeries {
+    /// How often a running sandbox is sampled.
+    pub interval_ms: u64,
+    pub items: Vec<SandboxMetrics>,
+}
+
+/// The sandbox's metrics series (a sample every `interval_ms` while it
+/// runs, the last hour kept): the samples from `since` to `until`.
+pub async fn metrics_series(
+    State(state): State<AppState>,
+    Auth(tenant): Auth,
+    id: Result<Path<String>, PathRejection>,
+    query: Result<Query<SeriesQuery>, QueryRejection>,
+) -> Result<Json<MetricsSeries>, ApiError> {
+    let id = sandbox_id(&id?.0)?;
+    let range = query.map_err(ApiError::from)?.0;
+    let (since, until) = (range.since.unwrap_or(0), range.until.unwrap_or(i64::MAX));
+    if since > until {
+        return Err(ApiError::bad_request(format!(
+            "since ({since}) is after until ({until}): give a range that runs forwards"
+        )));
+    }
+    let manager = state.manager.clone();
+    let interval_ms = manager.config().metrics_interval.as_millis() as u64;
+    let items = blocking(move || manager.metrics_series(&tenant, &id, since, until)).await?;
+    Ok(Json(MetricsSeries { interval_ms, items }))
+}
+
 /// A sample of the sandbox's CPU, memory, disk and task use.
 pub async fn metrics(
     State(state): State<AppState>,

@@ -281,6 +281,81 @@ async fn metrics_report_plausible_numbers() {
     assert_error(status, &body, StatusCode::CONFLICT, "conflict");
 }
 
+/// The metrics series: a sample every interval while the sandbox runs
+/// (none while it is paused), oldest first; `since`/`until` select exactly
+/// the samples in the range; a backwards range is 400.
+#[tokio::test(flavor = "multi_thread")]
+async fn metrics_series_samples_at_the_interval_and_selects_ranges() {
+    if !root_or_skip() {
+        return;
+    }
+    let f = fixture(|c| c.metrics_interval = Duration::from_millis(200));
+    let id = create(&f, "{}").await;
+    let series = |query: String| {
+        let f = &f;
+        let uri = format!("/v1/sandboxes/{id}/metrics/series{query}");
+        async move {
+            let (status, body) = call(&f.app, Method::GET, &uri, Some(&f.key), None).await;
+            (status, body)
+        }
+    };
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (status, all) = series(String::new()).await;
+    assert_eq!(status, StatusCode::OK, "{all}");
+    assert_eq!(all["interval_ms"], 200, "{all}");
+    let stamps: Vec<i64> = all["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["timestamp"].as_i64().unwrap())
+        .collect();
+    assert!(stamps.len() >= 5, "{stamps:?}");
+    for gap in stamps.windows(2).map(|w| w[1] - w[0]) {
+        assert!(
+            (150..=500).contains(&gap),
+            "gaps at the interval: {stamps:?}"
+        );
+    }
+    assert!(
+        all["items"][0]["memory_bytes"].as_u64().unwrap() > 0,
+        "{all}"
+    );
+
+    let (lo, hi) = (stamps[1], stamps[stamps.len() - 2]);
+    let (status, some) = series(format!("?since={lo}&until={hi}")).await;
+    assert_eq!(status, StatusCode::OK, "{some}");
+    let got: Vec<i64> = some["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["timestamp"].as_i64().unwrap())
+        .collect();
+    assert_eq!(got, stamps[1..stamps.len() - 1].to_vec());
+
+    let (status, body) = series("?since=20&until=10".into()).await;
+    assert_error(status, &body, StatusCode::BAD_REQUEST, "bad_request");
+    let (status, body) = series("?since=soon".into()).await;
+    assert_error(status, &body, StatusCode::BAD_REQUEST, "bad_request");
+
+    // Paused: no samples; running again: samples again.
+    pause(&f, &id).await;
+    let paused_at = stamps_now();
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let (_, during) = series(format!("?since={paused_at}")).await;
+    assert_eq!(during["items"], json!([]), "samples while paused: {during}");
+    resume(&f, &id, None).await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let (_, after) = series(format!("?since={paused_at}")).await;
+    assert!(after["items"].as_array().unwrap().len() >= 2, "{after}");
+}
+
+fn stamps_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn another_tenant_can_neither_pause_resume_nor_read_metrics() {
     if !root_or_skip() {

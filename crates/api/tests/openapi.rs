@@ -19,6 +19,7 @@ const ROUTES: &[(&str, &[&str])] = &[
     ("/v1/sandboxes/{id}/pause", &["post"]),
     ("/v1/sandboxes/{id}/resume", &["post"]),
     ("/v1/sandboxes/{id}/metrics", &["get"]),
+    ("/v1/sandboxes/{id}/metrics/series", &["get"]),
     ("/metrics", &["get"]),
     ("/v1/sandboxes/{id}/exec", &["post"]),
     ("/v1/sandboxes/{id}/files", &["get", "put", "delete"]),

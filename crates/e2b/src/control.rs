@@ -544,19 +544,58 @@ async fn info(
     Ok(Json(Detail::with_pause(&sb, &record, true, paused)))
 }
 
-/// `GET /sandboxes/{id}/metrics`: one `SandboxMetric`, taken now (`start`
-/// and `end` are accepted and ignored: brig keeps no history).
+/// `GET /sandboxes/{id}/metrics?start=&end=` (unix seconds, both
+/// optional, as E2B's): the `SandboxMetric`s of the sandbox's series (a
+/// sample every 5 s while it runs, the last hour kept) taken from `start`
+/// (default: its creation) to `end` (default: now), both included, oldest
+/// first.
 async fn metrics(
     State(state): State<E2bState>,
     ApiKey(tenant): ApiKey,
     Path(id): Path<String>,
+    RawQuery(query): RawQuery,
 ) -> Result<Json<Vec<Metric>>, E2bError> {
-    let (sb, (sample, record)) = on_sandbox(&state, tenant, &id, |manager, tenant, sid| {
-        Ok((manager.metrics(tenant, sid)?, manager.get(tenant, sid)?))
+    let (start, end) = metrics_range(query.as_deref())?;
+    let (sb, (samples, record)) = on_sandbox(&state, tenant, &id, move |manager, tenant, sid| {
+        let record = manager.get(tenant, sid)?;
+        let from = start.map_or(record.created_at, |s| s.saturating_mul(1000));
+        // A sample's `timestampUnix` is its second: `end` takes all of it.
+        let to = end.map_or(i64::MAX, |e| e.saturating_mul(1000).saturating_add(999));
+        Ok((manager.metrics_series(tenant, sid, from, to)?, record))
     })
     .await?;
     let cpus = Detail::new(&sb, &record, false).cpu_count;
-    Ok(Json(vec![Metric::new(&sample, cpus)]))
+    Ok(Json(samples.iter().map(|s| Metric::new(s, cpus)).collect()))
+}
+
+/// `start` and `end` of a metrics query: whole seconds since the epoch,
+/// `start` not after `end`.
+fn metrics_range(query: Option<&str>) -> Result<(Option<i64>, Option<i64>), E2bError> {
+    let pairs: Vec<(String, String)> = serde_urlencoded::from_str(query.unwrap_or(""))
+        .map_err(|e| E2bError::bad_request(format!("invalid query string: {e}")))?;
+    let (mut start, mut end) = (None, None);
+    for (k, v) in pairs {
+        let slot = match k.as_str() {
+            "start" => &mut start,
+            "end" => &mut end,
+            // Unknown parameters are ignored, as upstream does.
+            _ => continue,
+        };
+        let secs = v.parse::<i64>().ok().filter(|s| *s >= 0).ok_or_else(|| {
+            E2bError::bad_request(format!(
+                "{k} must be a Unix time in whole seconds (0 or more), not {v:?}"
+            ))
+        })?;
+        *slot = Some(secs);
+    }
+    if let (Some(s), Some(e)) = (start, end) {
+        if s > e {
+            return Err(E2bError::bad_request(format!(
+                "start ({s}) is after end ({e}): give a range that runs forwards"
+            )));
+        }
+    }
+    Ok((start, end))
 }
 
 /// What a listing selects.

@@ -291,6 +291,25 @@ fn get_info_timeout_connect_and_metrics() {
         (s["timestampUnix"].as_i64().unwrap() - now_ms() / 1000).abs() < 5,
         "{s}"
     );
+    // A range with no sample in it: none (before the sandbox existed).
+    let none = p.k(
+        "GET",
+        &format!("/sandboxes/{id}/metrics?start=0&end=1"),
+        None,
+    );
+    assert_eq!((none.status, none.body.clone()), (200, json!([])));
+    // Bad ranges: 400 naming the parameter, as E2B's.
+    for (query, says) in [
+        ("start=-1", "start must be"),
+        ("end=soon", "end must be"),
+        ("start=1.5", "start must be"),
+        ("start=20&end=10", "is after end"),
+    ] {
+        let bad = p.k("GET", &format!("/sandboxes/{id}/metrics?{query}"), None);
+        assert_eq!(bad.status, 400, "{query}: {}", bad.body);
+        let message = bad.body["message"].as_str().unwrap_or_default();
+        assert!(message.contains(says), "{query}: {}", bad.body);
+    }
 
     // Unknown sandboxes: 404 JSON everywhere.
     for (method, path) in [
@@ -620,7 +639,9 @@ fn run_sdk(venv_name: &str, generation: &str, version: &str, create_path: &str, 
     let Some(python) = support::venv_or_skip(venv_name) else {
         return;
     };
-    let p = planes();
+    // A metrics sample a second (E2B's is 5 s), so the script sees a
+    // series within seconds.
+    let p = planes_with(|c| c.metrics_interval = Duration::from_secs(1));
     let key = match key {
         Spelling::Brig => p.f.key.clone(),
         Spelling::E2b => brig_runtime::e2b_spelling(&p.f.key).unwrap(),
@@ -630,6 +651,7 @@ fn run_sdk(venv_name: &str, generation: &str, version: &str, create_path: &str, 
         .arg(&script)
         .arg(generation)
         .env("E2B_API_KEY", &key)
+        .env("BRIG_METRICS_INTERVAL", "1")
         .env_remove("E2B_VALIDATE_API_KEY")
         .env("E2B_API_URL", format!("http://{}", p.api))
         .env("E2B_SANDBOX_URL", format!("http://{}", p.data))
@@ -665,7 +687,7 @@ fn run_sdk(venv_name: &str, generation: &str, version: &str, create_path: &str, 
 }
 
 /// The checks of tests/e2b/control_sdk.py (the same for every generation).
-const CONTROL_SDK_CHECKS: usize = 48;
+const CONTROL_SDK_CHECKS: usize = 50;
 
 /// Which spelling of the fixture's key a client is given: brig's own, or
 /// E2B's (`e2b_` and hex digits, `brig keys e2b`). Both are the same key.

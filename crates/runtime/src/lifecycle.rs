@@ -61,7 +61,18 @@ pub(crate) struct Lifecycle {
     timeout: Option<Duration>,
     /// The previous metrics sample (when, CPU ns), for `cpu_percent`.
     last_sample: Option<(Instant, u64)>,
+    /// Its metrics series: a sample every [`ManagerConfig::metrics_interval`]
+    /// while it runs (none while paused), the last [`SERIES_KEEP`].
+    ///
+    /// [`ManagerConfig::metrics_interval`]: crate::ManagerConfig::metrics_interval
+    series: std::collections::VecDeque<SandboxMetrics>,
+    /// The series' previous sample (when, CPU ns), for its `cpu_percent`.
+    series_last: Option<(Instant, u64)>,
 }
+
+/// Samples a sandbox's series keeps: an hour at the default interval of
+/// 5 s (E2B's), about 100 bytes each.
+pub const SERIES_KEEP: usize = 720;
 
 /// The part of a [`Lifecycle`] a restarted daemon needs, as the record
 /// keeps it (`lifecycle_json`).
@@ -94,6 +105,8 @@ impl Lifecycle {
             on_timeout: kept.on_timeout,
             timeout: kept.timeout_ms.map(Duration::from_millis),
             last_sample: None,
+            series: Default::default(),
+            series_last: None,
         }
     }
 
@@ -465,6 +478,98 @@ impl SandboxManager {
             },
             timestamp,
         })
+    }
+
+    /// Add a sample to the series of every running sandbox whose next one
+    /// is due ([`ManagerConfig::metrics_interval`] after its last; the
+    /// sweeper calls this on each of its ticks). Paused ones are skipped:
+    /// nothing changes in a frozen sandbox, and E2B records nothing for
+    /// them either.
+    ///
+    /// [`ManagerConfig::metrics_interval`]: crate::ManagerConfig::metrics_interval
+    pub(crate) fn sample_series(&self) {
+        let every = self.config().metrics_interval;
+        let due = |l: &Live| {
+            lock(&l.lifecycle)
+                .series_last
+                .is_none_or(|(at, _)| at.elapsed() + every / 10 >= every)
+        };
+        // Copied out first: no sandbox's lock is taken under the map's.
+        let live: Vec<(SandboxId, Arc<Live>)> = lock(&self.live)
+            .iter()
+            .map(|(id, l)| (id.clone(), Arc::clone(l)))
+            .collect();
+        for (id, l) in live {
+            if !l.is_paused() && due(&l) {
+                self.sample_into_series(&id, &l);
+            }
+        }
+    }
+
+    /// Take one sample into `live`'s series; `None` if the tier could not
+    /// say (a sandbox ending meanwhile).
+    fn sample_into_series(&self, id: &SandboxId, live: &Live) -> Option<()> {
+        let stats = live.instance.usage().ok()?;
+        let now = Instant::now();
+        let timestamp = now_millis();
+        let cpu = stats.cpu_ns.unwrap_or(0);
+        let since = match lock(&live.lifecycle).series_last {
+            Some((at, before)) => (now.duration_since(at), cpu.saturating_sub(before)),
+            // The first sample: since the sandbox started.
+            None => {
+                let created = self.store().get_sandbox(Scope::Daemon, id).ok()?.created_at;
+                let wall = timestamp.saturating_sub(created).max(0) as u64;
+                (Duration::from_millis(wall), cpu)
+            }
+        };
+        let cpu_percent = (!since.0.is_zero() && stats.cpu_ns.is_some()).then(|| {
+            let pct = since.1 as f64 / since.0.as_nanos() as f64 * 100.0;
+            (pct * 100.0).round() / 100.0
+        });
+        let mut lc = lock(&live.lifecycle);
+        lc.series_last = Some((now, cpu));
+        if lc.series.len() == SERIES_KEEP {
+            lc.series.pop_front();
+        }
+        lc.series.push_back(SandboxMetrics {
+            cpu_usage_ns: cpu,
+            cpu_percent,
+            memory_bytes: stats.memory_bytes,
+            memory_peak_bytes: stats.memory_peak_bytes,
+            memory_limit_bytes: stats.memory_limit_bytes,
+            disk_used_bytes: stats.disk_used_bytes,
+            disk_total_bytes: stats.disk_total_bytes,
+            pids: stats.pids,
+            oom_kills: stats.oom_kills,
+            state: SandboxState::Running,
+            timestamp,
+        });
+        Some(())
+    }
+
+    /// The samples of the sandbox's metrics series taken from `from` to
+    /// `to` (milliseconds since the epoch, both included), oldest first.
+    /// A running sandbox with no sample yet (created since the last tick)
+    /// gets its first one now, so a live sandbox's series is never empty.
+    pub fn metrics_series(
+        &self,
+        tenant: &TenantId,
+        id: &SandboxId,
+        from: UnixMillis,
+        to: UnixMillis,
+    ) -> Result<Vec<SandboxMetrics>, ManagerError> {
+        let live = self.owned_live(tenant, id)?;
+        let empty = lock(&live.lifecycle).series.is_empty();
+        if empty && !live.is_paused() {
+            self.sample_into_series(id, &live);
+        }
+        let lc = lock(&live.lifecycle);
+        Ok(lc
+            .series
+            .iter()
+            .filter(|s| (from..=to).contains(&s.timestamp))
+            .cloned()
+            .collect())
     }
 
     /// How many of this daemon's sandboxes are running and paused.

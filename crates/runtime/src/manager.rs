@@ -37,7 +37,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use brig_agent_client::{
     Call, ClientError, Connection, ExecRequest, FileReader, LogReader, LogsRequest, Process, Reply,
@@ -94,6 +94,9 @@ pub struct ManagerConfig {
     pub max_timeout: Duration,
     /// How often the sweeper looks for expired sandboxes and dead agents.
     pub sweep_interval: Duration,
+    /// How often a running sandbox's metrics series takes a sample (on
+    /// the sweeper's next tick after it is due): E2B's 5 s by default.
+    pub metrics_interval: Duration,
     /// Pre-made sandboxes to keep ready, per template (see `pool.rs`).
     pub pool: Vec<PoolTarget>,
     /// The directories whose subdirectories a client may name as a
@@ -133,6 +136,7 @@ impl ManagerConfig {
             default_timeout: DEFAULT_TIMEOUT,
             max_timeout: DEFAULT_MAX_TIMEOUT,
             sweep_interval: Duration::from_secs(1),
+            metrics_interval: Duration::from_secs(5),
             pool: vec![PoolTarget {
                 template: TemplateRef::Host,
                 setuid: false,
@@ -551,15 +555,24 @@ impl SandboxManager {
         // The sweeper holds only a weak reference, so dropping the manager
         // without `shutdown` still lets it go.
         let weak = Arc::downgrade(&manager);
-        let interval = manager.config.sweep_interval;
+        // Ticks often enough that each sandbox's metrics sample is taken
+        // within a fifth of an interval of when it is due.
+        let tick = manager
+            .config
+            .sweep_interval
+            .min(manager.config.metrics_interval / 5);
+        let sweep_every = manager.config.sweep_interval;
         let sweeper = thread::Builder::new()
             .name("brig-sweeper".into())
             .spawn(move || {
-                while let Err(mpsc::RecvTimeoutError::Timeout) = stop_rx.recv_timeout(interval) {
-                    match weak.upgrade() {
-                        Some(m) => m.sweep(),
-                        None => return,
+                let mut swept = Instant::now();
+                while let Err(mpsc::RecvTimeoutError::Timeout) = stop_rx.recv_timeout(tick) {
+                    let Some(m) = weak.upgrade() else { return };
+                    if swept.elapsed() >= sweep_every.saturating_sub(tick / 2) {
+                        swept = Instant::now();
+                        m.sweep();
                     }
+                    m.sample_series();
                 }
             })
             .map_err(|source| ManagerError::Io {
