@@ -147,6 +147,17 @@ paused, _ = listed(SandboxQuery(metadata={"run": run}, state=[SandboxState.PAUSE
 check("list: state=paused", [s.sandbox_id for s in paused] == [sbx.sandbox_id], paused)
 running, _ = listed(SandboxQuery(metadata={"run": run}, state=[SandboxState.RUNNING]))
 check("list: state=running", {s.sandbox_id for s in running} == mine - {sbx.sandbox_id}, running)
+# Paused without auto-resume, the data plane answers as E2B's proxy does
+# (502 "not found"): not running, and a command raises the clients'
+# not-running error (>= 2.5x: SandboxNotRunningException; older:
+# TimeoutException), which says how to get it back (connect).
+check("paused: is_running is False", sbx.is_running() is False)
+try:
+    sbx.commands.run("true")
+    check("paused: a command raises the not-running error", False, "no exception")
+except Exception as e:
+    want = "SandboxNotRunningException" if generation == "current" else "TimeoutException"
+    check("paused: a command raises the not-running error", type(e).__name__ == want, repr(e))
 
 resumed = Sandbox.connect(sbx.sandbox_id)
 check("connect: resumes", resumed.get_info().state == SandboxState.RUNNING)

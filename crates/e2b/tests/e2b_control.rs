@@ -687,7 +687,7 @@ fn run_sdk(venv_name: &str, generation: &str, version: &str, create_path: &str, 
 }
 
 /// The checks of tests/e2b/control_sdk.py (the same for every generation).
-const CONTROL_SDK_CHECKS: usize = 50;
+const CONTROL_SDK_CHECKS: usize = 52;
 
 /// Which spelling of the fixture's key a client is given: brig's own, or
 /// E2B's (`e2b_` and hex digits, `brig keys e2b`). Both are the same key.
@@ -1006,8 +1006,9 @@ fn filesystem_pause_ends_processes_keeps_files_and_needs_an_explicit_resume() {
     let d = wait_state(&p, &id, "paused");
     assert_eq!(d["pauseMode"], "filesystem", "{d}");
     assert_eq!(d["lifecycle"]["autoResume"], false);
-    // No auto-resume: the data plane says it is paused.
-    assert_ne!(envd_status(&p, &id), 200);
+    // No auto-resume: the data plane answers as E2B's proxy does for a
+    // paused sandbox, 502 "not found".
+    assert_eq!(envd_status(&p, &id), 502);
     assert_eq!(
         p.k("GET", &format!("/sandboxes/{id}"), None).body["state"],
         "paused"

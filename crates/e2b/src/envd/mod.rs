@@ -424,13 +424,11 @@ async fn dispatch(
     }
     match conn {
         Ok(_) => {}
-        Err(e) if e.kind() == ErrorKind::Paused => {
-            return ConnectError::new(
-                Code::Unavailable,
-                format!("sandbox {id} is paused; resume it first"),
-            )
-            .into_response();
-        }
+        // Paused, and not to be woken by traffic: not there, as E2B's
+        // proxy answers for a paused sandbox (its catalog has no entry).
+        // So `is_running()` is false, a command raises the clients'
+        // not-running error, and `connect` (which resumes) is the way back.
+        Err(e) if e.kind() == ErrorKind::Paused => return sandbox_not_found(&id),
         Err(_) => return sandbox_not_found(&id),
     }
     if port != ENVD_PORT {
