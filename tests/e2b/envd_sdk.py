@@ -333,6 +333,12 @@ sbx.files.remove(f"{base}/c.txt")
 check("remove: a file", not sbx.files.exists(f"{base}/c.txt"))
 sbx.files.remove(f"{base}/p2")
 check("remove: a directory tree", not sbx.files.exists(f"{base}/p2"))
+# As envd (os.RemoveAll): removing what is not there is no error.
+try:
+    sbx.files.remove(f"{base}/never-there")
+    check("remove: a missing path is no error", True)
+except Exception as e:
+    check("remove: a missing path is no error", False, repr(e))
 
 raises("read: missing is FileNotFoundException", (FileNotFoundException,),
        lambda: sbx.files.read(f"{base}/missing"))

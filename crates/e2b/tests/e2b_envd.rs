@@ -724,6 +724,9 @@ async fn filesystem_service() {
     assert_eq!(s, 200);
     let (s, _) = e.unary(&fs("Stat"), json!({"path":"/tmp/e2b/a"})).await;
     assert_eq!(s, 404);
+    // Again, now that it is gone: no error, as envd's os.RemoveAll.
+    let (s, body) = e.unary(&fs("Remove"), json!({"path":"/tmp/e2b/a"})).await;
+    assert_eq!((s, body), (200, json!({})));
 
     // Polling watchers.
     let (s, body) = e
@@ -779,6 +782,67 @@ async fn filesystem_service() {
         .envelopes()
         .await;
     assert_eq!(events[0].1["error"]["code"], "not_found", "{events:?}");
+}
+
+/// A watched directory that is removed, then made again, as envd
+/// (fsnotify) reports it: a `REMOVE` of "." and then nothing, no error
+/// (the stream stays open; polls answer empty), and the new directory of
+/// the same name is not watched.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_removed_watched_directory_reads_as_envd_s() {
+    if !root_or_skip() {
+        return;
+    }
+    let e = env().await;
+    let fs = |m: &str| format!("/filesystem.Filesystem/{m}");
+    support::sh(&e.f, &e.id, "mkdir -p /tmp/wd /tmp/wp").await;
+    let mut r = e
+        .stream(&fs("WatchDir"), json!({"path":"/tmp/wd"}), &[])
+        .await;
+    assert_eq!(r.envelope().await.unwrap(), (0, json!({"start":{}})));
+    let (s, body) = e
+        .unary(&fs("CreateWatcher"), json!({"path":"/tmp/wp"}))
+        .await;
+    assert_eq!(s, 200, "{body}");
+    let wid = body["watcherId"].as_str().unwrap().to_string();
+
+    support::sh(&e.f, &e.id, "rmdir /tmp/wd /tmp/wp").await;
+    let (flags, ev) = r.envelope().await.unwrap();
+    assert_eq!(flags, 0, "not the end of the stream: {ev}");
+    assert_eq!(
+        ev["filesystem"],
+        json!({"name": ".", "type": "EVENT_TYPE_REMOVE"})
+    );
+    let mut seen = Vec::new();
+    for _ in 0..50 {
+        let (s, body) = e
+            .unary(&fs("GetWatcherEvents"), json!({"watcherId": wid}))
+            .await;
+        assert_eq!(s, 200, "no error after the removal: {body}");
+        seen.extend(body["events"].as_array().unwrap().clone());
+        if !seen.is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        seen,
+        vec![json!({"name": ".", "type": "EVENT_TYPE_REMOVE"})]
+    );
+
+    // Made again, with a file in it: nothing on either watch.
+    support::sh(
+        &e.f,
+        &e.id,
+        "mkdir /tmp/wd /tmp/wp; touch /tmp/wd/f /tmp/wp/f",
+    )
+    .await;
+    let quiet = tokio::time::timeout(std::time::Duration::from_millis(700), r.envelope()).await;
+    assert!(quiet.is_err(), "an event after the removal: {quiet:?}");
+    let (s, body) = e
+        .unary(&fs("GetWatcherEvents"), json!({"watcherId": wid}))
+        .await;
+    assert_eq!((s, body), (200, json!({"events": []})));
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -1040,14 +1104,14 @@ async fn run_envd_sdk(venv: &str, version: &str, checks: usize) {
 /// The current client, e2b 2.63: commands, PTY, files, watches, signed URLs.
 #[tokio::test(flavor = "multi_thread")]
 async fn official_python_sdk() {
-    run_envd_sdk("e2b-venv", "2.63.0", 115).await;
+    run_envd_sdk("e2b-venv", "2.63.0", 116).await;
 }
 
 /// The older generation, e2b 2.48 (the v1 create path; no
 /// `commands.stream_input`, so one check fewer).
 #[tokio::test(flavor = "multi_thread")]
 async fn official_python_sdk_2_48() {
-    run_envd_sdk("e2b-venv-2.48", "2.48.0", 114).await;
+    run_envd_sdk("e2b-venv-2.48", "2.48.0", 115).await;
 }
 
 #[tokio::test(flavor = "multi_thread")]

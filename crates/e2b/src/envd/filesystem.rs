@@ -322,18 +322,24 @@ fn list_dir(ctx: &Ctx, user: &User, h: &HeaderMap, body: &[u8]) -> Result<Value,
     }
 }
 
+/// `Remove`: the path and everything under it. Like envd's
+/// `os.RemoveAll`, a path that is not there is no error.
 fn remove(ctx: &Ctx, user: &User, h: &HeaderMap, body: &[u8]) -> Result<Value, ConnectError> {
     let req: PathRequest = connect::unary_request(h, body)?;
     let path = user.resolve(&req.path);
-    ctx.manager().call(
+    let removed = ctx.manager().call(
         &ctx.sandbox.tenant,
         ctx.id(),
         &Call::Remove {
             path,
             recursive: true,
         },
-    )?;
-    Ok(json!({}))
+    );
+    match removed.map_err(ConnectError::from) {
+        Ok(_) => Ok(json!({})),
+        Err(e) if e.code == Code::NotFound => Ok(json!({})),
+        Err(e) => Err(e),
+    }
 }
 
 /// A change as a `FilesystemEvent`.
@@ -433,6 +439,15 @@ async fn watch_dir(ctx: &Ctx, headers: &HeaderMap, body: &[u8]) -> Response {
                     }
                 }
                 Ok(None) => return,
+                // As envd's fsnotify: a `REMOVE` of "." and then silence
+                // (keepalives) until the client leaves.
+                Err(e) if watched_dir_gone(&e) => {
+                    let msg = StreamItem::Msg(json!({ "filesystem": removed_itself() }));
+                    if tx.send(msg).await.is_ok() {
+                        tx.closed().await;
+                    }
+                    return;
+                }
                 Err(e) => {
                     let source = ManagerError::Agent {
                         id: pump_ctx.id().clone(),
@@ -445,6 +460,20 @@ async fn watch_dir(ctx: &Ctx, headers: &HeaderMap, body: &[u8]) -> Response {
         }
     });
     connect::stream_response(rx, connect::keepalive(headers), json!({ "keepalive": {} }))
+}
+
+/// The agent ended a watch because its directory was removed or moved
+/// away (the only `not_found` once a watch has started).
+fn watched_dir_gone(e: &brig_agent_client::ClientError) -> bool {
+    e.agent_code() == Some(brig_agent_client::ErrorCode::NotFound)
+}
+
+/// The event envd (fsnotify) reports when the watched directory itself is
+/// removed: `REMOVE` named "." (its path relative to itself). Its watch
+/// is gone with it: a directory re-created there is not watched, and no
+/// error follows, as with envd.
+fn removed_itself() -> Value {
+    json!({ "name": ".", "type": "EVENT_TYPE_REMOVE" })
 }
 
 /// The polling watchers of one sandbox.
@@ -515,6 +544,11 @@ fn create_watcher(
                     }
                 }
                 Ok(None) => return,
+                // As envd's: the event, then empty polls (no error).
+                Err(e) if watched_dir_gone(&e) => {
+                    lock(&polled.queue).events.push_back(removed_itself());
+                    return;
+                }
                 Err(e) => {
                     let source = ManagerError::Agent {
                         id: pump_ctx.id().clone(),
