@@ -72,7 +72,10 @@ impl Daemon {
             "127.0.0.1:0",
             "--e2b-sandbox",
             "127.0.0.1:0",
-            // Pre-made sandboxes are not what this test is about.
+            // Nor template builds (this home has none) and pre-made
+            // sandboxes: not what this test is about.
+            "--prepare",
+            "none",
             "--pool",
             "host=0",
             "--pool",

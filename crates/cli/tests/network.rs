@@ -296,6 +296,8 @@ fn e2b_network_options_work_through_the_official_client() {
             "127.0.0.1:0",
             "--e2b-sandbox",
             "127.0.0.1:0",
+            "--prepare",
+            "none",
         ],
         Some(world.ca_file()),
     );

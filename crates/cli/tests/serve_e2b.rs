@@ -23,6 +23,9 @@ fn serve_e2b_prints_both_addresses_and_serves_them() {
             "127.0.0.1:0",
             "--e2b-sandbox",
             "127.0.0.1:0",
+            // No template builds in the background (this home has none).
+            "--prepare",
+            "none",
         ],
     );
     let mut addr = |prefix: &str| loop {
@@ -72,4 +75,105 @@ fn serve_e2b_prints_both_addresses_and_serves_them() {
         status.success(),
         "brig serve exits 0 on SIGTERM: {status:?}"
     );
+}
+
+/// The first start on a fresh machine: `brig serve --e2b` prepares `base`
+/// and `code-interpreter-v1` in the background from the start, and an E2B
+/// create of either meanwhile is answered at once with a 503 the clients
+/// retry (`Retry-After`), saying it is being prepared and for how long,
+/// never held past the clients' 60 s timeout. The build is held here by
+/// taking its lock first (what a concurrent build of it would hold), so
+/// nothing is built; the daemon stays responsive and stops promptly.
+#[test]
+fn e2b_creates_of_a_template_being_prepared_answer_503_at_once() {
+    require_root!();
+    let home = tempfile::tempdir().unwrap();
+    let dir = home.path().join("templates/base");
+    std::fs::create_dir_all(&dir).unwrap();
+    let lock = dir.join(".lock");
+    // -F: flock execs the sleep itself, so killing it lets the lock go.
+    let mut holder = std::process::Command::new("flock")
+        .arg("-F")
+        .arg(&lock)
+        .args(["sleep", "600"])
+        .spawn()
+        .expect("flock(1)");
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            !std::process::Command::new("flock")
+                .args(["-n"])
+                .arg(&lock)
+                .arg("true")
+                .status()
+                .unwrap()
+                .success()
+        }),
+        "the build lock is not held"
+    );
+    let (mut child, url, mut lines) = support::start_daemon(
+        home.path(),
+        &[
+            "--e2b",
+            "--e2b-api",
+            "127.0.0.1:0",
+            "--e2b-sandbox",
+            "127.0.0.1:0",
+        ],
+    );
+    let api = loop {
+        let line = lines.next().expect("brig serve exited").unwrap();
+        if let Some(a) = line.strip_prefix("brig: e2b api on ") {
+            break a.to_string();
+        }
+    };
+    std::thread::spawn(move || for _ in lines {});
+    let key = std::fs::read_to_string(home.path().join("local.key")).unwrap();
+    let key = key.trim();
+
+    for template in ["base", "code-interpreter-v1"] {
+        let started = std::time::Instant::now();
+        let answer = ureq::post(&format!("{api}/v2/sandboxes"))
+            .set("X-API-KEY", key)
+            .timeout(Duration::from_secs(20))
+            .send_json(serde_json::json!({"templateID": template}));
+        let took = started.elapsed();
+        match answer {
+            Err(ureq::Error::Status(503, r)) => {
+                assert_eq!(r.header("retry-after"), Some("10"));
+                let body: serde_json::Value = r.into_json().unwrap();
+                let message = body["message"].as_str().unwrap_or_default();
+                assert!(
+                    message.contains(&format!("template {template} is still being prepared"))
+                        && message.contains("s so far"),
+                    "{body}"
+                );
+                assert_eq!(body["code"], 503, "{body}");
+            }
+            other => panic!("{template}: expected 503 at once: {other:?}"),
+        }
+        assert!(
+            took < Duration::from_secs(5),
+            "{template}: answered after {took:?}"
+        );
+    }
+    // The daemon serves everything else meanwhile.
+    let created: serde_json::Value = ureq::post(&format!("{url}/v1/sandboxes"))
+        .set("Authorization", &format!("Bearer {key}"))
+        .send_json(serde_json::json!({}))
+        .expect("a host create while base is being prepared")
+        .into_json()
+        .unwrap();
+    assert_eq!(created["state"], "running", "{created}");
+
+    // It stops promptly, the build still waiting for its lock; only then
+    // is the lock let go (so nothing is ever built here).
+    let stopping = std::time::Instant::now();
+    support::stop_daemon(&mut child);
+    assert!(
+        stopping.elapsed() < Duration::from_secs(20),
+        "stopping took {:?}",
+        stopping.elapsed()
+    );
+    let _ = holder.kill();
+    let _ = holder.wait();
 }

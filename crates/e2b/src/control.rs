@@ -223,6 +223,9 @@ async fn create(
             },
             ..Limits::default()
         },
+        // E2B's clients give up after 60 s: a template still to be built
+        // is a 503 they retry, not a request held for minutes.
+        wait_for_template: false,
         // Nothing restricted: E2B's open internet where there is a network
         // (a daemon without one still creates, with loopback only).
         network: policy.or_else(|| state.manager.config().gateway.is_some().then(network::open)),

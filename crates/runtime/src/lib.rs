@@ -35,6 +35,7 @@ mod lifecycle;
 pub mod manager;
 pub mod metrics;
 pub mod pool;
+mod prepare;
 pub mod sandboxes;
 pub mod secrets;
 pub mod store;

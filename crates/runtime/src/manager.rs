@@ -189,6 +189,11 @@ pub struct CreateConfig {
     /// (before its tenant's of the same name); kept on its record, never
     /// shown.
     pub secrets: BTreeMap<String, String>,
+    /// A named template that is not built yet is built before the create
+    /// goes on (minutes, once). Off (E2B, whose clients give up after
+    /// 60 s): its build starts in the background and the create fails at
+    /// once with [`ManagerError::Preparing`] (see `prepare.rs`).
+    pub wait_for_template: bool,
 }
 
 impl Default for CreateConfig {
@@ -205,6 +210,7 @@ impl Default for CreateConfig {
             network: None,
             attrs: serde_json::Map::new(),
             secrets: BTreeMap::new(),
+            wait_for_template: true,
         }
     }
 }
@@ -276,6 +282,12 @@ pub enum ManagerError {
     AlreadyPaused { id: SandboxId },
     #[error("sandbox {id} is {state}, not paused; only a paused sandbox can be resumed")]
     NotPaused { id: SandboxId, state: SandboxState },
+    /// A named template this daemon is still building (`prepare.rs`).
+    #[error(
+        "template {name} is still being prepared on this daemon ({for_secs} s so far; a first \
+         build takes a few minutes, its progress is in the daemon's log): try again shortly"
+    )]
+    Preparing { name: String, for_secs: u64 },
     #[error("template {name} is not available")]
     Template {
         name: String,
@@ -331,7 +343,9 @@ impl ManagerError {
             },
             ManagerError::NoTier { .. } => ErrorKind::Unsupported,
             ManagerError::TemplateNotAllowed { .. } => ErrorKind::Forbidden,
-            ManagerError::Template { .. } | ManagerError::ShuttingDown => ErrorKind::Unavailable,
+            ManagerError::Template { .. }
+            | ManagerError::Preparing { .. }
+            | ManagerError::ShuttingDown => ErrorKind::Unavailable,
             ManagerError::Handshake { .. } | ManagerError::Io { .. } => ErrorKind::Internal,
         }
     }
@@ -493,6 +507,9 @@ pub struct SandboxManager {
     exec_timeouts: AtomicU64,
     /// The secrets header injection reads (`secrets.rs`).
     secret_reader: Arc<crate::secrets::SecretReader>,
+    /// Named templates being built in the background, since when
+    /// (`prepare.rs`).
+    pub(crate) preparing: Arc<Mutex<HashMap<String, Instant>>>,
 }
 
 impl std::fmt::Debug for SandboxManager {
@@ -549,6 +566,7 @@ impl SandboxManager {
             events: Events::new(),
             ends: Arc::default(),
             exec_timeouts: Default::default(),
+            preparing: Arc::default(),
         });
         manager.readopt()?;
 
@@ -897,6 +915,9 @@ impl SandboxManager {
         if let Some(name) = &req.name {
             crate::sandboxes::check_name(name)?;
         }
+        if !req.wait_for_template {
+            self.unless_preparing(&req.template)?;
+        }
         let (template, image) = self.allowed_template(req.template)?;
         let mut limits = req.limits;
         if limits.cpus.is_none() {
@@ -1024,7 +1045,7 @@ impl SandboxManager {
     /// recipe changed (minutes, once). No manager lock is held meanwhile;
     /// concurrent creates of the same template wait for the same build
     /// (brig-template's flock).
-    fn allowed_template(
+    pub(crate) fn allowed_template(
         &self,
         template: TemplateRef,
     ) -> Result<(TemplateRef, Option<brig_image::ImageConfig>), ManagerError> {

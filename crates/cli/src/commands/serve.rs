@@ -94,6 +94,15 @@ pub struct ServeArgs {
     /// interpreter (E2B_SANDBOX_URL).
     #[arg(long, default_value = "127.0.0.1:49983", value_name = "ADDR:PORT")]
     e2b_sandbox: SocketAddr,
+    /// Build these named templates in the background from the start, if
+    /// they are not built yet (a first build takes minutes; its progress
+    /// goes to the log), so the first client to ask for one does not wait:
+    /// meanwhile an E2B create of it answers 503 with the time it has been
+    /// building (the clients retry), a native one waits. `none` builds
+    /// nothing [default: with --e2b, base,code-interpreter-v1 (what E2B's
+    /// clients ask for); else none].
+    #[arg(long, value_name = "TEMPLATE,...|none", value_delimiter = ',')]
+    prepare: Vec<String>,
     /// On SIGTERM or SIGINT, leave the sandboxes running (with their
     /// processes, files and timeouts) for the next `brig serve` on this
     /// home to re-adopt, instead of ending them: for restarts and
@@ -122,6 +131,8 @@ struct ServeConfig {
     e2b: Option<(SocketAddr, SocketAddr)>,
     on_stop: OnStop,
     dns_upstream: Vec<SocketAddr>,
+    /// Named templates to build in the background from the start.
+    prepare: Vec<String>,
 }
 
 impl ServeArgs {
@@ -168,7 +179,24 @@ impl ServeArgs {
         // A pool of a named template is not built here: it fills once the
         // template is built (at once if it is; else after the first create
         // of it built it; see pool.rs), so an unbuilt one delays nothing.
+        let prepare = match self.prepare.as_slice() {
+            [] if self.e2b => vec!["base".to_string(), "code-interpreter-v1".to_string()],
+            [] => Vec::new(),
+            [none] if none == "none" => Vec::new(),
+            names => {
+                for name in names {
+                    brig_template::recipe(name).map_err(|_| {
+                        anyhow::anyhow!(
+                            "--prepare {name}: not a template brig builds (known: {}; or none)",
+                            brig_template::known_names()
+                        )
+                    })?;
+                }
+                names.to_vec()
+            }
+        };
         Ok(ServeConfig {
+            prepare,
             dns_upstream: self.dns_upstream,
             listen: self.listen,
             home,
@@ -244,6 +272,13 @@ pub fn run(args: ServeArgs) -> anyhow::Result<i32> {
         }
     }
     let manager = SandboxManager::start(store, manager_config, vec![Arc::new(tier)])?;
+    manager.prepare(&config.prepare);
+    for (name, _) in manager.preparing() {
+        eprintln!(
+            "brig: preparing template {name} in the background (a first build takes a few \
+             minutes; progress below). E2B creates of it answer 503 until it is ready"
+        );
+    }
     let state = AppState::new(Arc::clone(&manager)).with_public_metrics(config.metrics_public);
     let served = runtime.block_on(serve(
         config.listen,

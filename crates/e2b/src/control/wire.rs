@@ -25,12 +25,16 @@ pub const CLIENT_ID: &str = "6532622b";
 pub struct E2bError {
     pub status: StatusCode,
     pub message: String,
+    /// `Retry-After` (seconds): E2B's clients wait that long before they
+    /// retry a 503 (three times, within their request timeout).
+    pub retry_after: Option<u64>,
 }
 
 impl E2bError {
     pub fn new(status: StatusCode, message: impl Into<String>) -> E2bError {
         E2bError {
             status,
+            retry_after: None,
             message: message.into(),
         }
     }
@@ -69,13 +73,24 @@ impl E2bError {
     }
 }
 
+/// How long a client is asked to wait before it retries a create of a
+/// template still being prepared: three retries (the clients' default)
+/// then span 30 s of the build, inside their 60 s request timeout.
+pub const PREPARING_RETRY_SECS: u64 = 10;
+
 impl IntoResponse for E2bError {
     fn into_response(self) -> Response {
         let body = serde_json::json!({
             "code": self.status.as_u16(),
             "message": self.message,
         });
-        (self.status, Json(body)).into_response()
+        let mut response = (self.status, Json(body)).into_response();
+        if let Some(secs) = self.retry_after {
+            response
+                .headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, secs.into());
+        }
+        response
     }
 }
 
@@ -83,7 +98,12 @@ impl IntoResponse for E2bError {
 /// runtime's, with its sources.
 impl From<ManagerError> for E2bError {
     fn from(e: ManagerError) -> E2bError {
-        E2bError::from_kind(e.kind(), chain(&e))
+        let mut err = E2bError::from_kind(e.kind(), chain(&e));
+        if let ManagerError::Preparing { .. } = e {
+            // The clients' retries then wait out part of the build.
+            err.retry_after = Some(PREPARING_RETRY_SECS);
+        }
+        err
     }
 }
 

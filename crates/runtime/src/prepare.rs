@@ -1,0 +1,128 @@
+//! Named templates built in the background, so that a client with a short
+//! request timeout never waits minutes for a first build.
+//!
+//! `brig serve --e2b` prepares what E2B's clients ask for (`base`,
+//! `code-interpreter-v1`) from the moment it starts
+//! ([`SandboxManager::prepare`]): a template already built is ready at
+//! once; one that is not is built on a thread of its own, its progress in
+//! the daemon's log. A create that must not wait (E2B's:
+//! [`CreateConfig::wait_for_template`] off) for a template that is not
+//! built yet starts its build here if none runs, and fails at once with
+//! [`ManagerError::Preparing`] (503 on E2B's API, which its clients retry)
+//! saying for how long it has been building, rather than holding the
+//! request past the client's timeout.
+//!
+//! [`CreateConfig::wait_for_template`]: crate::CreateConfig::wait_for_template
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::Instant;
+
+use brig_core::TemplateRef;
+
+use crate::manager::{lock, ManagerError, SandboxManager};
+
+impl SandboxManager {
+    /// Build each of `names` that is not built yet, one after the other,
+    /// on a thread of its own (which ends with the last build). Names that
+    /// are not brig recipes, or that are built already, cost nothing.
+    pub fn prepare(&self, names: &[String]) {
+        let Some(home) = self.config().home.clone() else {
+            return;
+        };
+        let wanted: Vec<String> = {
+            let mut preparing = lock(&self.preparing);
+            let wanted: Vec<String> = names
+                .iter()
+                .filter(|n| brig_template::recipe(n).is_ok())
+                .filter(|n| !preparing.contains_key(*n))
+                .filter(|n| brig_template::ready(&home, n).is_none())
+                .cloned()
+                .collect();
+            for n in &wanted {
+                preparing.insert(n.clone(), Instant::now());
+            }
+            wanted
+        };
+        if wanted.is_empty() {
+            return;
+        }
+        let preparing = Arc::clone(&self.preparing);
+        let pull = self.config().pull_images;
+        let spawned = thread::Builder::new().name("brig-prepare".into()).spawn({
+            let wanted = wanted.clone();
+            let preparing = Arc::clone(&preparing);
+            move || build_all(&home, pull, &wanted, &preparing)
+        });
+        if let Err(e) = spawned {
+            tracing::warn!("cannot start preparing templates: {e}");
+            let mut preparing = lock(&preparing);
+            for n in &wanted {
+                preparing.remove(n);
+            }
+        }
+    }
+
+    /// For a create that must not wait: `Err(Preparing)` if `template` is
+    /// a named template that is not built yet (its build started now if
+    /// none runs).
+    pub(crate) fn unless_preparing(&self, template: &TemplateRef) -> Result<(), ManagerError> {
+        let TemplateRef::Named(name) = template else {
+            return Ok(());
+        };
+        let Some(home) = &self.config().home else {
+            return Ok(());
+        };
+        if brig_template::recipe(name).is_err() || brig_template::ready(home, name).is_some() {
+            return Ok(());
+        }
+        self.prepare(std::slice::from_ref(name));
+        let since = lock(&self.preparing).get(name).copied();
+        match since {
+            Some(since) => Err(ManagerError::Preparing {
+                name: name.clone(),
+                for_secs: since.elapsed().as_secs(),
+            }),
+            // Finished in between: the create goes on.
+            None => Ok(()),
+        }
+    }
+
+    /// Templates being built in the background, and for how long (s).
+    pub fn preparing(&self) -> Vec<(String, u64)> {
+        let mut out: Vec<(String, u64)> = lock(&self.preparing)
+            .iter()
+            .map(|(n, at)| (n.clone(), at.elapsed().as_secs()))
+            .collect();
+        out.sort();
+        out
+    }
+}
+
+/// Build `names` in order, forgetting each once it is done (or failed:
+/// the next create that needs it tries again).
+fn build_all(
+    home: &Path,
+    pull: bool,
+    names: &[String],
+    preparing: &Mutex<HashMap<String, Instant>>,
+) {
+    for name in names {
+        let started = Instant::now();
+        tracing::info!("template {name}: preparing it (a first build takes a few minutes)");
+        let built = brig_template::resolve(
+            home,
+            TemplateRef::Named(name.clone()),
+            brig_template::Progress::Lines,
+            pull,
+        )
+        .map_err(|e| crate::chain(&e));
+        match built {
+            Ok(_) => tracing::info!("template {name}: ready after {:.0?}", started.elapsed()),
+            Err(e) => tracing::warn!("template {name}: not prepared: {e}"),
+        }
+        lock(preparing).remove(name);
+    }
+}
