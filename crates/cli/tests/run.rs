@@ -330,6 +330,47 @@ fn the_sandbox_has_its_own_hostname_network_and_identity() {
     }
 }
 
+/// A sandbox looks like a machine that booted when it started: a boot id
+/// of its own (not the host's, not another sandbox's; read-only), and an
+/// uptime counted from its start (a time namespace).
+#[test]
+fn the_sandbox_has_its_own_boot_id_and_uptime() {
+    require_root!();
+    let host_boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
+    let host_up: f64 = std::fs::read_to_string("/proc/uptime")
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    for t in templates() {
+        let script = "cat /proc/sys/kernel/random/boot_id; cut -d' ' -f1 /proc/uptime; \
+                      echo x > /proc/sys/kernel/random/boot_id || echo refused";
+        let ids: Vec<String> = (0..2)
+            .map(|_| {
+                let o = run(&t, &[], &["sh", "-c", script]);
+                let out = stdout(&o);
+                let lines: Vec<&str> = out.lines().collect();
+                assert_eq!(lines.len(), 3, "{t}: {out}");
+                let up: f64 = lines[1].parse().unwrap();
+                assert!(up < 30.0, "{t}: uptime {up} s, the host's is {host_up}");
+                if host_up > 60.0 {
+                    assert!(up < host_up - 30.0, "{t}: the host's uptime: {up}");
+                }
+                assert_eq!(lines[2], "refused", "{t}: the boot id is writable");
+                lines[0].to_string()
+            })
+            .collect();
+        for id in &ids {
+            assert_eq!(id.len(), 36, "{t}: {id}");
+            assert_eq!(&id[14..15], "4", "{t}: a version 4 UUID: {id}");
+            assert_ne!(id.as_str(), host_boot.trim(), "{t}: the host's boot id");
+        }
+        assert_ne!(ids[0], ids[1], "{t}: two sandboxes, one boot id");
+    }
+}
+
 #[test]
 fn env_workdir_and_user_apply() {
     require_root!();

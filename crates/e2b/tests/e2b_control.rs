@@ -1003,6 +1003,8 @@ fn filesystem_pause_ends_processes_keeps_files_and_needs_an_explicit_resume() {
     // On timeout, filesystem-only.
     let id = p.create(json!({"timeout": 1, "autoPause": true, "autoPauseMemory": false}));
     sh_in(&p, &id, MARK);
+    let boot_id = || sh_in(&p, &id, "cat /proc/sys/kernel/random/boot_id");
+    let booted = boot_id();
     let d = wait_state(&p, &id, "paused");
     assert_eq!(d["pauseMode"], "filesystem", "{d}");
     assert_eq!(d["lifecycle"]["autoResume"], false);
@@ -1020,6 +1022,10 @@ fn filesystem_pause_ends_processes_keeps_files_and_needs_an_explicit_resume() {
         "kept\n0\n",
         "files kept, processes ended"
     );
+    // A reboot, and it looks like one: a new boot id.
+    let rebooted = boot_id();
+    assert_eq!(rebooted.len(), 37, "{rebooted:?}");
+    assert_ne!(rebooted, booted, "the same boot id after a reboot");
 
     // An explicit pause with `memory: false`: the same.
     sh_in(&p, &id, MARK);

@@ -283,6 +283,20 @@ pub fn run_init(plan: &Plan, sys: &dyn Syscalls, ch: Channels) -> Result<i32, Fa
         .map_err(Failure::at(Stage::CgroupNamespace))?;
     marks.hit(Stage::CgroupNamespace as u32);
 
+    // 6b. A clock of its own: what this process execs or starts next (the
+    //    agent, the command) is in a new time namespace whose boot time is
+    //    now, so uptime (/proc/uptime, CLOCK_BOOTTIME) counts from the
+    //    sandbox's start as a machine's does from its boot, not the host's.
+    //    CLOCK_MONOTONIC is left alone. Not a protection, so a kernel
+    //    without time namespaces (before 5.6) just keeps the host's uptime.
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut now) };
+    let _ = sys.new_clock(now.tv_sec);
+
     // 7. A pseudo-terminal from the sandbox's own devpts, if asked for. The
     //    host gets the master; the command gets the slave as its
     //    controlling terminal. "Ready" carries the trace marks, if any.

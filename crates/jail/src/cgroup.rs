@@ -526,6 +526,11 @@ pub struct CgroupControls {
 }
 
 impl CgroupControls {
+    /// The sandbox's init, as the host sees it.
+    pub fn init_pid(&self) -> libc::pid_t {
+        self.init_pid
+    }
+
     /// The group of one v1 controller (the only group on v2).
     fn dir(&self, controller: &'static str) -> Result<&Path, CgroupError> {
         match self.hierarchy {

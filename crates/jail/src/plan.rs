@@ -49,6 +49,28 @@ pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bi
 /// nothing in there needs changing from inside.
 pub const READONLY_PROC: &[&str] = &["sys", "sysrq-trigger"];
 
+/// The kernel's boot id, under /proc; each sandbox is shown its own.
+pub const BOOT_ID: &str = "sys/kernel/random/boot_id";
+/// Where a sandbox's boot id is kept, inside it (its /dev tmpfs).
+pub const BOOT_ID_FILE: &str = "/dev/.boot_id";
+
+/// A boot id as the kernel writes one: a random (version 4) UUID and a
+/// newline.
+pub fn random_boot_id() -> String {
+    let mut b: [u8; 16] = rand::random();
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}\n",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
 /// One mount-namespace operation before `pivot_root`.
 #[derive(Debug)]
 pub enum Step {
@@ -517,6 +539,24 @@ impl Plan {
                 libc::MS_NOEXEC,
             );
         }
+        // A boot id of its own: the host's names the host's boot, the
+        // same in every sandbox. A random one, kept in the sandbox's /dev
+        // tmpfs (where the host can renew it when the sandbox "reboots":
+        // `renew_boot_id`) and bound read-only over the kernel's, after
+        // /proc/sys was frozen (a bind there first would be hidden).
+        if (input.proc_has)(BOOT_ID) {
+            b.steps.push(Step::Write {
+                target: b.at(BOOT_ID_FILE),
+                data: random_boot_id().into_bytes(),
+                mode: 0o444,
+            });
+            b.bind_ro(
+                "give the sandbox a boot id of its own",
+                &format!("{root}{BOOT_ID_FILE}"),
+                &format!("/proc/{BOOT_ID}"),
+                libc::MS_NOSUID | libc::MS_NOEXEC,
+            );
+        }
 
         // sysfs read-only: programs read CPU topology from it; nothing may
         // be written. It shows the sandbox's own network namespace: mounted
@@ -752,8 +792,12 @@ mod tests {
                 }
                 _ => None,
             })
+            // Host paths only: not devices, not the sandbox's own files
+            // (under the staging root: its /proc, its boot id).
             .filter(|s| {
-                !s.starts_with("/dev/") && !s.contains("/proc/") && !s.ends_with("/dev/null")
+                !s.starts_with("/dev/")
+                    && !s.starts_with("/run/brig/mnt/")
+                    && !s.ends_with("/dev/null")
             })
             .collect();
         assert_eq!(binds, vec!["/usr"]);

@@ -101,6 +101,7 @@ impl HostFacts {
         };
         let proc_paths = plan::READONLY_PROC
             .iter()
+            .chain(std::iter::once(&plan::BOOT_ID))
             .filter(|f| Path::new("/proc").join(f).exists())
             .map(|f| f.to_string())
             .collect();

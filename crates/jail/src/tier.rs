@@ -523,10 +523,16 @@ impl Instance for ProcessInstance {
             .map_err(self.cgroup_err("read the sandbox's freezer"))
     }
 
+    /// What a reboot leaves: the agent and the files. The sandbox gets a
+    /// new boot id too, as a machine that booted again has.
     fn end_all_but_agent(&self) -> Result<usize, TierError> {
-        self.controls()?
+        let controls = self.controls()?;
+        let ended = controls
             .end_all_but_init()
-            .map_err(self.cgroup_err("end the sandbox's processes"))
+            .map_err(self.cgroup_err("end the sandbox's processes"))?;
+        // Cosmetic (the sandbox's own view): a failure is not the reboot's.
+        let _ = renew_boot_id(controls.init_pid());
+        Ok(ended)
     }
 
     fn usage(&self) -> Result<Usage, TierError> {
@@ -620,4 +626,50 @@ fn chain(e: &dyn std::error::Error) -> String {
         src = cause.source();
     }
     s
+}
+
+/// Give the sandbox of `init_pid` a new boot id: rewrite the file its
+/// `/proc/sys/kernel/random/boot_id` is bound from (`plan::BOOT_ID_FILE`).
+/// The path is the sandbox's to change, so it is resolved inside its root
+/// with no symlink followed (openat2 `RESOLVE_IN_ROOT | RESOLVE_NO_SYMLINKS`),
+/// opened without blocking (a FIFO put there cannot hold the host), and
+/// written only if it is a regular file.
+pub(crate) fn renew_boot_id(init_pid: libc::pid_t) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::fd::FromRawFd;
+    let root = std::fs::File::open(format!("/proc/{init_pid}/root"))?;
+    /// `struct open_how` (libc's is non-exhaustive).
+    #[repr(C)]
+    struct OpenHow {
+        flags: u64,
+        mode: u64,
+        resolve: u64,
+    }
+    let how = OpenHow {
+        flags: (libc::O_WRONLY | libc::O_TRUNC | libc::O_NONBLOCK | libc::O_CLOEXEC) as u64,
+        mode: 0,
+        resolve: libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS,
+    };
+    let path = std::ffi::CString::new(crate::plan::BOOT_ID_FILE.trim_start_matches('/'))
+        .map_err(std::io::Error::other)?;
+    // SAFETY: openat2 with a valid directory fd, C string and open_how of
+    // the size passed; the result is checked.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            std::os::fd::AsRawFd::as_raw_fd(&root),
+            path.as_ptr(),
+            &how as *const OpenHow,
+            std::mem::size_of::<OpenHow>(),
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor openat2 just returned, owned here alone.
+    let mut file = unsafe { std::fs::File::from_raw_fd(fd as i32) };
+    if !file.metadata()?.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
+    file.write_all(crate::plan::random_boot_id().as_bytes())
 }
