@@ -52,17 +52,20 @@ struct Daemon {
 
 impl Daemon {
     fn start(bin: &Path, home: &Path) -> Daemon {
-        Daemon::start_with(Command::new(bin), home)
+        // No template builds in the background either (this home has
+        // none): not what this test is about.
+        Daemon::start_with(Command::new(bin), home, &["--prepare", "none"])
     }
 
-    /// A daemon of another build, with that build's agent.
+    /// A daemon of another build, with that build's agent (which knows no
+    /// --prepare and builds nothing in the background).
     fn start_build(dir: &Path, home: &Path) -> Daemon {
         let mut cmd = Command::new(dir.join("brig"));
         cmd.env("BRIG_AGENT", dir.join("brig-agent"));
-        Daemon::start_with(cmd, home)
+        Daemon::start_with(cmd, home, &[])
     }
 
-    fn start_with(mut cmd: Command, home: &Path) -> Daemon {
+    fn start_with(mut cmd: Command, home: &Path, extra: &[&str]) -> Daemon {
         cmd.args([
             "serve",
             "--listen",
@@ -72,15 +75,13 @@ impl Daemon {
             "127.0.0.1:0",
             "--e2b-sandbox",
             "127.0.0.1:0",
-            // Nor template builds (this home has none) and pre-made
-            // sandboxes: not what this test is about.
-            "--prepare",
-            "none",
+            // Pre-made sandboxes are not what this test is about.
             "--pool",
             "host=0",
             "--pool",
             "base+setuid=0",
         ]);
+        cmd.args(extra);
         let (child, url, mut lines) = support::start_daemon_with(cmd, home);
         let mut addr = |prefix: &str| loop {
             let line = lines.next().expect("brig serve exited").unwrap();
