@@ -3,7 +3,8 @@
 # else: schemathesis, which fuzzes a live `brig serve` against
 # api/openapi.yaml (tests/api/schemathesis.sh, crates/cli/tests/schemathesis.rs),
 # and the official E2B clients (e2b-venv: e2b + e2b-code-interpreter, current;
-# e2b-venv-2.48: e2b 2.48, the v1 create path) for the E2B tests.
+# e2b-venv-2.48: e2b 2.48, the v1 create path) for the E2B tests, and the
+# official MCP Python SDK (mcp-venv: mcp) for the MCP tests.
 #
 #   tests/support/install-python-deps.sh
 #
@@ -24,6 +25,9 @@ SCHEMATHESIS_VERSION=4.32.5
 E2B_VERSION=2.63.0
 E2B_CODE_INTERPRETER_VERSION=2.11.5
 E2B_OLD_VERSION=2.48.0
+# Pinned: the MCP tests (tests/mcp/, crates/cli/tests/mcp.rs) drive brig
+# with the official MCP Python SDK client of this version.
+MCP_VERSION=2.3.0
 
 cache=${BRIG_TEST_CACHE:-$HOME/.cache/brig-test}
 venv=$cache/venv
@@ -92,3 +96,6 @@ install_schemathesis
 install_venv e2b-venv "e2b==$E2B_VERSION" "e2b-code-interpreter==$E2B_CODE_INTERPRETER_VERSION"
 # An older generation (Python 2.10-2.50): POST /sandboxes.
 install_venv e2b-venv-2.48 "e2b==$E2B_OLD_VERSION"
+# The MCP client (stdio and streamable HTTP), with matplotlib nowhere: the
+# plots are drawn inside the sandbox.
+install_venv mcp-venv "mcp==$MCP_VERSION"

@@ -145,6 +145,33 @@ fn sandbox_named(message: &str) -> Option<&str> {
         .filter(|id| !id.is_empty())
 }
 
+/// The daemon's URL if one is named (`--url`, `BRIG_URL`) or runs for the
+/// home; `None` when no daemon is to be found (`brig mcp` then starts an
+/// embedded runtime).
+pub fn daemon_url() -> Option<String> {
+    url_given().or_else(|| local_daemon(&home_dir()))
+}
+
+/// The key to present: `BRIG_API_KEY`, else the local daemon's.
+pub fn api_key() -> anyhow::Result<String> {
+    match std::env::var("BRIG_API_KEY").ok().filter(|k| !k.is_empty()) {
+        Some(k) => Ok(k),
+        None => {
+            let path = home_dir().join(LOCAL_KEY_FILE);
+            Ok(std::fs::read_to_string(&path)
+                .with_context(|| {
+                    format!(
+                        "no api key: set BRIG_API_KEY, or run where the local daemon's key \
+                         {} is readable (--home or BRIG_HOME selects the daemon's home)",
+                        path.display()
+                    )
+                })?
+                .trim()
+                .to_string())
+        }
+    }
+}
+
 impl Client {
     /// From the environment, or a clear error saying what to set.
     pub fn from_env() -> anyhow::Result<Client> {
@@ -156,22 +183,7 @@ impl Client {
                 None => (DEFAULT_URL.to_string(), Found::Default),
             },
         };
-        let key = match std::env::var("BRIG_API_KEY").ok().filter(|k| !k.is_empty()) {
-            Some(k) => k,
-            None => {
-                let path = home_dir().join(LOCAL_KEY_FILE);
-                std::fs::read_to_string(&path)
-                    .with_context(|| {
-                        format!(
-                            "no api key: set BRIG_API_KEY, or run where the local daemon's key \
-                             {} is readable (--home or BRIG_HOME selects the daemon's home)",
-                            path.display()
-                        )
-                    })?
-                    .trim()
-                    .to_string()
-            }
-        };
+        let key = api_key()?;
         Ok(Client {
             base: base.trim_end_matches('/').to_string(),
             found,

@@ -19,6 +19,7 @@ pub mod kill;
 pub mod logs;
 pub mod ls;
 pub mod man;
+pub mod mcp;
 pub mod net;
 pub mod pause;
 pub mod resume;
@@ -55,6 +56,8 @@ pub enum Command {
     Doctor(doctor::DoctorArgs),
     /// Run the daemon: the HTTP API for long-lived sandboxes.
     Serve(serve::ServeArgs),
+    /// Serve the Model Context Protocol over stdio (what MCP clients launch).
+    Mcp(Box<mcp::McpArgs>),
     /// Create a sandbox on the daemon and print its id.
     Create(create::CreateArgs),
     /// Show or change a sandbox's network policy, or list its connections.
@@ -106,6 +109,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Run(args) => run::run(*args),
         Command::Doctor(args) => doctor::run(args),
         Command::Serve(args) => serve::run(args),
+        Command::Mcp(args) => mcp::run(*args),
         Command::Create(args) => create::run(args),
         Command::Net(args) => net::run(args),
         Command::Exec(args) => exec::run(args),

@@ -1,0 +1,284 @@
+//! `brig mcp`: the Model Context Protocol over stdin/stdout, what desktop
+//! MCP clients and IDE agents launch (`{"command": "brig", "args":
+//! ["mcp"]}`).
+//!
+//! One implementation of the tools (brig-mcp's `BrigMcp`), reached one of
+//! two ways:
+//!
+//! - **relay** (a daemon runs for the home, or `--url`/`BRIG_URL` names
+//!   one): every JSON-RPC line from stdin is POSTed to the daemon's `/mcp`
+//!   (`brig serve --mcp`) with the key (`BRIG_API_KEY`, else
+//!   `$BRIG_HOME/local.key`), and what comes back (JSON, or the events of
+//!   an SSE stream: progress, then the result) is written to stdout. The
+//!   sandboxes are the daemon's, shown by `brig ls` like any other; the
+//!   session (its `Mcp-Session-Id`) is deleted when stdin closes, which
+//!   ends the sandboxes it made.
+//! - **embedded** (no daemon): the runtime is started in this process for
+//!   the session, on the home (whose lock it takes, as a daemon would), and
+//!   brig-mcp serves stdio directly as the home's first tenant (the local
+//!   key's). When stdin closes every sandbox ends and brig exits.
+//!
+//! Relaying rather than serving stdio from this process with the daemon's
+//! native API as a back-end keeps one implementation of the tools, in the
+//! daemon, with its pools, limits and tenants.
+
+use std::io::{BufRead, BufReader, Write};
+use std::sync::{Arc, Mutex};
+
+use anyhow::Context;
+use brig_runtime::manager::{ManagerConfig, OnStop};
+use brig_runtime::Store;
+
+use super::client::{home_dir, LOCAL_KEY_FILE};
+use crate::exit;
+
+#[derive(Debug, clap::Args)]
+#[command(
+    long_about = "Serve the Model Context Protocol over stdin/stdout, so an MCP client (a \
+desktop assistant, an IDE agent, an agent framework) gets brig's sandboxes as tools: run_code \
+(stateful Python and other Jupyter kernels, plots as images), run_command, files, background \
+processes, sandboxes.\n\n\
+Client configuration: {\"command\": \"brig\", \"args\": [\"mcp\"]}.\n\n\
+With a daemon running for the home (or --url / BRIG_URL), brig mcp relays to its /mcp (start \
+it with `brig serve --mcp`), with BRIG_API_KEY or the local key. Without one, brig mcp starts \
+an embedded runtime for the session (as root); its sandboxes end when stdin closes. Logs go \
+to stderr. See docs/mcp.md."
+)]
+pub struct McpArgs {
+    /// The template of the session's default sandbox, in embedded mode (a
+    /// daemon's is its `--mcp-template`).
+    #[arg(long, default_value = brig_mcp::DEFAULT_TEMPLATE, value_name = "TEMPLATE")]
+    template: String,
+    /// Never start an embedded runtime: fail unless a daemon is reachable.
+    #[arg(long, conflicts_with = "embedded")]
+    relay: bool,
+    /// Always start an embedded runtime, even if a daemon runs elsewhere
+    /// (not on this home: a home serves one runtime at a time).
+    #[arg(long)]
+    embedded: bool,
+    /// The least severe events logged to stderr: error, warn, info, debug.
+    #[arg(long, default_value = "warn", value_name = "LEVEL")]
+    log_level: String,
+}
+
+pub fn run(args: McpArgs) -> anyhow::Result<i32> {
+    crate::log::init(&args.log_level, crate::log::LogFormat::Text)?;
+    let daemon = if args.embedded {
+        None
+    } else {
+        super::client::daemon_url()
+    };
+    match daemon {
+        Some(url) => relay(&url),
+        None if args.relay => anyhow::bail!(
+            "no daemon to relay to: start one with `brig serve --mcp`, or set --url / BRIG_URL"
+        ),
+        None => embedded(&args.template),
+    }
+}
+
+/// Relay stdio to `{base}/mcp`.
+fn relay(base: &str) -> anyhow::Result<i32> {
+    let key = super::client::api_key()?;
+    let relay = Arc::new(Relay {
+        url: format!("{}{}", base.trim_end_matches('/'), brig_mcp::http::PATH),
+        key,
+        agent: ureq::AgentBuilder::new().build(),
+        session: Mutex::new(None),
+        version: Mutex::new(None),
+        out: Mutex::new(std::io::stdout()),
+    });
+    let stdin = std::io::stdin();
+    let mut lines = stdin.lock().lines();
+    // The first message (initialize) goes alone, so its session id is
+    // known before any other is sent.
+    let mut first = true;
+    let mut inflight = Vec::new();
+    while let Some(line) = lines.next().transpose().context("cannot read stdin")? {
+        if line.trim().is_empty() {
+            continue;
+        }
+        if first {
+            relay.post(&line);
+            first = false;
+            continue;
+        }
+        // Each in its own thread: a cancellation must get through while
+        // the call it cancels is still streaming.
+        let r = Arc::clone(&relay);
+        inflight.push(std::thread::spawn(move || r.post(&line)));
+        inflight.retain(|t| !t.is_finished());
+    }
+    // stdin closed: the client is gone. End the session (and with it the
+    // sandboxes it made); calls still running are cut off with it.
+    relay.close();
+    Ok(0)
+}
+
+struct Relay {
+    url: String,
+    key: String,
+    agent: ureq::Agent,
+    session: Mutex<Option<String>>,
+    version: Mutex<Option<String>>,
+    out: Mutex<std::io::Stdout>,
+}
+
+impl Relay {
+    fn request(&self, method: &str) -> ureq::Request {
+        let mut req = self
+            .agent
+            .request(method, &self.url)
+            .set("Authorization", &format!("Bearer {}", self.key))
+            .set("Accept", "application/json, text/event-stream");
+        if let Some(s) = &*lock(&self.session) {
+            req = req.set("Mcp-Session-Id", s);
+        }
+        if let Some(v) = &*lock(&self.version) {
+            req = req.set("MCP-Protocol-Version", v);
+        }
+        req
+    }
+
+    fn write(&self, line: &str) {
+        let mut out = lock(&self.out);
+        let _ = writeln!(out, "{}", line.trim_end());
+        let _ = out.flush();
+    }
+
+    /// Answer a request the daemon did not, so the client is not left
+    /// waiting.
+    fn fail(&self, message: &serde_json::Value, why: String) {
+        eprintln!("brig mcp: {why}");
+        if let Some(id) = message.get("id").filter(|_| message.get("method").is_some()) {
+            let answer = serde_json::json!({
+                "jsonrpc": "2.0", "id": id,
+                "error": { "code": -32603, "message": why },
+            });
+            self.write(&answer.to_string());
+        }
+    }
+
+    fn post(&self, line: &str) {
+        let message: serde_json::Value = serde_json::from_str(line).unwrap_or_default();
+        let result = self
+            .request("POST")
+            .set("Content-Type", "application/json")
+            .send_string(line);
+        let resp = match result {
+            Ok(r) => r,
+            Err(ureq::Error::Status(status, r)) => {
+                let body = r.into_string().unwrap_or_default();
+                let text = serde_json::from_str::<serde_json::Value>(&body)
+                    .ok()
+                    .and_then(|v| v["message"].as_str().map(str::to_string))
+                    .unwrap_or(body);
+                let why = match status {
+                    404 => format!(
+                        "the daemon at {} does not serve MCP (404): restart it with `brig serve \
+                         --mcp`",
+                        self.url
+                    ),
+                    401 => format!("the daemon refused the key ({text}); set BRIG_API_KEY"),
+                    _ => format!("the daemon answered {status}: {}", text.trim()),
+                };
+                return self.fail(&message, why);
+            }
+            Err(e) => {
+                return self.fail(&message, format!("cannot reach the daemon at {}: {e}", self.url))
+            }
+        };
+        if let Some(s) = resp.header("mcp-session-id") {
+            *lock(&self.session) = Some(s.to_string());
+        }
+        let sse = resp
+            .header("content-type")
+            .is_some_and(|c| c.starts_with("text/event-stream"));
+        if !sse {
+            let body = resp.into_string().unwrap_or_default();
+            if !body.trim().is_empty() {
+                self.note_version(&body);
+                self.write(&body);
+            }
+            return;
+        }
+        // SSE: one JSON-RPC message per event's data lines.
+        let mut data = String::new();
+        for l in BufReader::new(resp.into_reader()).lines() {
+            let Ok(l) = l else { break };
+            if let Some(d) = l.strip_prefix("data:") {
+                data.push_str(d.strip_prefix(' ').unwrap_or(d));
+            } else if l.is_empty() && !data.is_empty() {
+                let event = std::mem::take(&mut data);
+                self.note_version(&event);
+                self.write(&event);
+            }
+        }
+        if !data.trim().is_empty() {
+            self.write(&data);
+        }
+    }
+
+    /// An initialize answer names the protocol version every later request
+    /// must carry in `MCP-Protocol-Version`.
+    fn note_version(&self, body: &str) {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(body) else {
+            return;
+        };
+        if let Some(version) = v["result"]["protocolVersion"].as_str() {
+            *lock(&self.version) = Some(version.to_string());
+        }
+    }
+
+    fn close(&self) {
+        if lock(&self.session).is_some() {
+            let _ = self.request("DELETE").call();
+        }
+    }
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Serve stdio from a runtime started in this process.
+fn embedded(template: &str) -> anyhow::Result<i32> {
+    exit::require_root().context(
+        "no daemon is running for this home, and an embedded runtime needs root (start one \
+         with `sudo brig serve --mcp`, or run brig mcp as root)",
+    )?;
+    let home = home_dir();
+    std::fs::create_dir_all(&home)
+        .with_context(|| format!("cannot create the home directory {}", home.display()))?;
+    let _claim = super::serve::HomeClaim::take(&home)?;
+    let store = Store::open_in(&home)?;
+    let key = match store.ensure_initial_key()? {
+        Some(key) => {
+            super::serve::write_key(&home.join(LOCAL_KEY_FILE), &key)?;
+            key
+        }
+        None => super::client::api_key()?,
+    };
+    let tenant = store
+        .authenticate(&key)
+        .context("the local key does not open this home (set BRIG_API_KEY)")?
+        .tenant;
+    let mut config = ManagerConfig::new();
+    // No pre-made sandboxes: one session needs a few, made as it asks.
+    config.pool.clear();
+    config.template_roots = vec![home.join("templates")];
+    config.home = Some(home.clone());
+    let started = super::serve::start_runtime(store, config, &[])?;
+    let shared = brig_mcp::Shared::new(Arc::clone(&started.manager), template);
+    let served = started
+        .runtime
+        .block_on(brig_mcp::serve_stdio(shared, tenant));
+    // stdin closed: every sandbox of this runtime ends with it.
+    started.manager.stop(OnStop::End);
+    started
+        .runtime
+        .shutdown_timeout(std::time::Duration::from_secs(5));
+    brig_net::gateway::remove_pin(&started.pin);
+    served?;
+    Ok(0)
+}

@@ -1,0 +1,104 @@
+//! Streamable HTTP at `/mcp`, for `brig serve --mcp`: rmcp's
+//! [`StreamableHttpService`] behind a middleware that checks the brig key
+//! in `Authorization: Bearer <key>` (brig-http's [`Auth`]) before the MCP
+//! layer sees the request, and hands the tenant on in the request's
+//! extensions, where [`BrigMcp`](crate::BrigMcp) reads it for every call.
+//!
+//! Sessions (protocol revisions with the `initialize` handshake, up to
+//! 2025-11-25) get an `Mcp-Session-Id`; a session's sandboxes end when the
+//! client deletes it (the SDKs do on close) or after it has been idle for
+//! rmcp's session keep-alive. A client of the stateless revision
+//! (2026-07-28) has no session: its default sandbox is one per key, and
+//! its sandboxes live until their timeout.
+//!
+//! The `Host` check rmcp makes against DNS rebinding is off: every request
+//! must carry a brig key, which a page in a browser does not have, and a
+//! daemon may serve on any address its operator chooses.
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use brig_http::{Auth, AuthRejection};
+use brig_runtime::SandboxManager;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use serde_json::json;
+
+use crate::{BrigMcp, Shared};
+
+/// Where the daemon serves MCP.
+pub const PATH: &str = "/mcp";
+/// The largest MCP request: an `upload_file` of a few tens of MiB.
+const MAX_BODY: usize = 64 << 20;
+
+/// `/mcp`, to merge into the daemon's router.
+pub fn router(shared: Arc<Shared>) -> Router {
+    let config = StreamableHttpServerConfig::default()
+        .disable_allowed_hosts()
+        .with_max_request_body_bytes(MAX_BODY);
+    let factory_shared = Arc::clone(&shared);
+    let service = StreamableHttpService::new(
+        move || Ok(BrigMcp::new(Arc::clone(&factory_shared))),
+        Arc::new(LocalSessionManager::default()),
+        config,
+    );
+    Router::new()
+        .route_service(PATH, service)
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&shared.manager),
+            authenticate,
+        ))
+}
+
+/// Refuse a request without a valid key (401, a JSON body saying what to
+/// send); put the key's tenant in the request's extensions.
+async fn authenticate(
+    State(manager): State<Arc<SandboxManager>>,
+    mut req: Request,
+    next: Next,
+) -> Response {
+    let key = req
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(|k| k.trim().to_string());
+    let refused = |message: String, status: StatusCode| {
+        let mut r = (
+            status,
+            axum::Json(json!({ "code": "unauthorized", "message": message })),
+        )
+            .into_response();
+        r.headers_mut().insert(
+            axum::http::header::WWW_AUTHENTICATE,
+            axum::http::HeaderValue::from_static("Bearer realm=\"brig\""),
+        );
+        r
+    };
+    let Some(key) = key else {
+        return refused(
+            "no api key: send Authorization: Bearer <brig key> (the local one is in \
+             $BRIG_HOME/local.key; `brig keys create` makes more)"
+                .into(),
+            StatusCode::UNAUTHORIZED,
+        );
+    };
+    match Auth::with_key(&manager, key).await {
+        Ok(auth) => {
+            req.extensions_mut().insert(auth);
+            next.run(req).await
+        }
+        Err(AuthRejection::Key(e)) if e.is_rejection() => refused(
+            format!("{e}: send Authorization: Bearer <a valid brig key>"),
+            StatusCode::UNAUTHORIZED,
+        ),
+        Err(e) => refused(
+            format!("cannot check the api key: {e}"),
+            StatusCode::INTERNAL_SERVER_ERROR,
+        ),
+    }
+}
