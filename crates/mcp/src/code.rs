@@ -21,8 +21,8 @@ use rmcp::model::{CallToolResult, ContentBlock};
 use serde_json::json;
 
 use crate::error::ToolError;
-use crate::Structured;
 use crate::tools::RunCodeArgs;
+use crate::Structured;
 use crate::{lock, Call, DEFAULT_WAIT};
 
 /// A sandbox whose interpreter is up.
@@ -71,7 +71,10 @@ async fn ensure(call: &Call<'_>, id: &SandboxId) -> Result<(), ToolError> {
     Ok(())
 }
 
-pub(crate) async fn run_code(call: &Call<'_>, args: RunCodeArgs) -> Result<CallToolResult, ToolError> {
+pub(crate) async fn run_code(
+    call: &Call<'_>,
+    args: RunCodeArgs,
+) -> Result<CallToolResult, ToolError> {
     let id = call.sandbox(args.sandbox_id.as_deref()).await?;
     ensure(call, &id).await?;
     let timeout = args
@@ -130,9 +133,8 @@ pub(crate) async fn run_code(call: &Call<'_>, args: RunCodeArgs) -> Result<CallT
             }
         };
         let Some(frame) = frame else { break };
-        let frame = frame.map_err(|e| {
-            ToolError::Failed(format!("the code interpreter's answer broke: {e}"))
-        })?;
+        let frame = frame
+            .map_err(|e| ToolError::Failed(format!("the code interpreter's answer broke: {e}")))?;
         let Some(data) = frame.data_ref() else {
             continue;
         };
@@ -284,21 +286,28 @@ mod tests {
     fn a_figure_becomes_an_image_and_a_traceback_loses_its_colours() {
         let mut cell = Cell::default();
         cell.take(json!({"type": "stdout", "text": "hi\n"}));
-        cell.take(json!({"type": "result", "text": "<Figure size 640x480 with 1 Axes>",
-                         "png": "iVBORw0KGgo=", "is_main_result": false}));
+        cell.take(
+            json!({"type": "result", "text": "<Figure size 640x480 with 1 Axes>",
+                         "png": "iVBORw0KGgo=", "is_main_result": false}),
+        );
         cell.take(json!({"type": "result", "text": "3", "is_main_result": true}));
-        let r = cell.into_result(&SandboxId::parse("0123456789abcdef").unwrap());
+        let r = cell.into_result(&SandboxId::parse("0123456789ab").unwrap());
         assert_ne!(r.is_error, Some(true));
         assert_eq!(r.content.len(), 2);
         assert!(r.content[1].as_image().is_some());
         let text = &r.content[0].as_text().unwrap().text;
-        assert!(text.contains("hi") && text.contains("--- result ---\n3"), "{text}");
+        assert!(
+            text.contains("hi") && text.contains("--- result ---\n3"),
+            "{text}"
+        );
         assert!(!text.contains("<Figure"));
 
         let mut cell = Cell::default();
-        cell.take(json!({"type": "error", "name": "ZeroDivisionError", "value": "division by zero",
-                         "traceback": "\u{1b}[0;31mZeroDivisionError\u{1b}[0m"}));
-        let r = cell.into_result(&SandboxId::parse("0123456789abcdef").unwrap());
+        cell.take(
+            json!({"type": "error", "name": "ZeroDivisionError", "value": "division by zero",
+                         "traceback": "\u{1b}[0;31mZeroDivisionError\u{1b}[0m"}),
+        );
+        let r = cell.into_result(&SandboxId::parse("0123456789ab").unwrap());
         assert_eq!(r.is_error, Some(true));
         assert!(!r.content[0].as_text().unwrap().text.contains('\u{1b}'));
     }

@@ -12,8 +12,8 @@ use rmcp::model::{CallToolResult, ContentBlock};
 use serde_json::json;
 
 use crate::error::ToolError;
-use crate::Structured;
 use crate::tools::{KillProcessArgs, ReadProcessArgs, RunCommandArgs, StartProcessArgs};
+use crate::Structured;
 use crate::{Call, DEFAULT_WAIT};
 
 /// The most of each stream a result shows; the rest is in a file.
@@ -295,7 +295,15 @@ pub(crate) async fn start_process(
 ) -> Result<CallToolResult, ToolError> {
     no_nul(&args.command, "command")?;
     let id = call.sandbox(args.sandbox_id.as_deref()).await?;
-    let mut req = request(call, &id, args.command.clone(), args.cwd, args.env, args.user).await;
+    let mut req = request(
+        call,
+        &id,
+        args.command.clone(),
+        args.cwd,
+        args.env,
+        args.user,
+    )
+    .await;
     req.background = true;
     let mut process = call
         .manager()
@@ -393,14 +401,16 @@ pub(crate) async fn read_output(
     if !stderr.is_empty() {
         text.push_str(&format!("\n--- stderr ---\n{stderr}"));
     }
-    Ok(CallToolResult::success(vec![ContentBlock::text(text)]).with_structured_content(json!({
-        "pid": pid,
-        "running": ended.is_none(),
-        "exit_code": ended.and_then(|e| e.0),
-        "signal": ended.and_then(|e| e.1),
-        "stdout": stdout,
-        "stderr": stderr,
-    })))
+    Ok(
+        CallToolResult::success(vec![ContentBlock::text(text)]).with_structured_content(json!({
+            "pid": pid,
+            "running": ended.is_none(),
+            "exit_code": ended.and_then(|e| e.0),
+            "signal": ended.and_then(|e| e.1),
+            "stdout": stdout,
+            "stderr": stderr,
+        })),
+    )
 }
 
 pub(crate) async fn kill_process(

@@ -24,10 +24,7 @@ pub enum ToolError {
     Invalid(String),
     /// The runtime refused or failed.
     #[error("{message}")]
-    Manager {
-        message: String,
-        kind: ErrorKind,
-    },
+    Manager { message: String, kind: ErrorKind },
     /// The code interpreter or a file operation failed.
     #[error("{0}")]
     Failed(String),

@@ -1,6 +1,6 @@
 //! `read_file`, `write_file`, `upload_file`, `list_files`, and a sandbox's
 //! files as MCP resources: `brig://SANDBOX_ID/PATH` (the path absolute
-//! inside the sandbox, so `brig://0123456789abcdef/etc/hostname`), listed
+//! inside the sandbox, so `brig://0123456789ab/etc/hostname`), listed
 //! for the session's default sandbox and readable in any of the tenant's.
 
 use std::io::Read;
@@ -12,15 +12,14 @@ use brig_agent_client::{Call as AgentCall, Reply};
 use brig_core::SandboxId;
 use brig_runtime::{SandboxManager, TenantId};
 use rmcp::model::{
-    CallToolResult, ContentBlock, ReadResourceResult, Resource, ResourceContents,
-    ResourceTemplate,
+    CallToolResult, ContentBlock, ReadResourceResult, Resource, ResourceContents, ResourceTemplate,
 };
 use serde_json::json;
 
 use crate::error::ToolError;
-use crate::Structured;
 use crate::tools::{ListFilesArgs, ReadFileArgs, UploadFileArgs, WriteFileArgs};
 use crate::Call;
+use crate::Structured;
 
 /// The most of a file `read_file` returns.
 const MAX_READ: u64 = 8 << 20;
@@ -70,7 +69,10 @@ fn image_mime(b: &[u8]) -> Option<&'static str> {
     }
 }
 
-pub(crate) async fn read_file(call: &Call<'_>, args: ReadFileArgs) -> Result<CallToolResult, ToolError> {
+pub(crate) async fn read_file(
+    call: &Call<'_>,
+    args: ReadFileArgs,
+) -> Result<CallToolResult, ToolError> {
     let id = call.sandbox(args.sandbox_id.as_deref()).await?;
     let path = absolute(call, &id, &args.path).await;
     let (m, t, i, p) = (
@@ -93,7 +95,10 @@ pub(crate) async fn read_file(call: &Call<'_>, args: ReadFileArgs) -> Result<Cal
     };
     let content = if let Some(mime) = image_mime(&bytes) {
         vec![
-            ContentBlock::text(format!("{path}: an image ({mime}, {} bytes){note}", bytes.len())),
+            ContentBlock::text(format!(
+                "{path}: an image ({mime}, {} bytes){note}",
+                bytes.len()
+            )),
             ContentBlock::image(BASE64.encode(&bytes), mime),
         ]
     } else {
@@ -117,7 +122,12 @@ pub(crate) async fn read_file(call: &Call<'_>, args: ReadFileArgs) -> Result<Cal
     Ok(CallToolResult::success(content))
 }
 
-async fn write(call: &Call<'_>, id: &SandboxId, path: &str, data: Vec<u8>) -> Result<u64, ToolError> {
+async fn write(
+    call: &Call<'_>,
+    id: &SandboxId,
+    path: &str,
+    data: Vec<u8>,
+) -> Result<u64, ToolError> {
     let (m, t, i, p) = (
         Arc::clone(call.manager()),
         call.tenant.clone(),
@@ -201,7 +211,9 @@ pub(crate) async fn list_files(
     .map_err(|e| ToolError::Failed(format!("the list task failed: {e}")))?
     .map_err(|e| ToolError::Failed(format!("cannot list {path}: {}", crate::error::chain(&e))))?;
     let Reply::Entries(entries) = reply else {
-        return Err(ToolError::Failed(format!("cannot list {path}: no entries came back")));
+        return Err(ToolError::Failed(format!(
+            "cannot list {path}: no entries came back"
+        )));
     };
     let mut text = format!("{path} ({} entries)\n", entries.len());
     let mut items = Vec::new();
@@ -220,12 +232,14 @@ pub fn uri(id: &SandboxId, path: &str) -> String {
 }
 
 pub fn resource_templates() -> Vec<ResourceTemplate> {
-    vec![ResourceTemplate::new("brig://{sandbox_id}/{+path}", "sandbox file")
-        .with_title("A file in a brig sandbox")
-        .with_description(
-            "A file inside one of your sandboxes, by its absolute path without the leading \
+    vec![
+        ResourceTemplate::new("brig://{sandbox_id}/{+path}", "sandbox file")
+            .with_title("A file in a brig sandbox")
+            .with_description(
+                "A file inside one of your sandboxes, by its absolute path without the leading \
              slash: brig://SANDBOX_ID/home/user/report.csv",
-        )]
+            ),
+    ]
 }
 
 /// The files in the default sandbox's home (two levels down, at most
@@ -286,7 +300,12 @@ pub async fn read_resource(
     let id = SandboxId::parse(id)
         .ok_or_else(|| ResourceError::NotFound(format!("{uri_text}: no sandbox {id}")))?;
     let path = format!("/{path}");
-    let (m, t, i, p) = (Arc::clone(manager), tenant.clone(), id.clone(), path.clone());
+    let (m, t, i, p) = (
+        Arc::clone(manager),
+        tenant.clone(),
+        id.clone(),
+        path.clone(),
+    );
     let (bytes, _) = tokio::task::spawn_blocking(move || read(&m, &t, &i, &p, MAX_READ))
         .await
         .map_err(|e| ResourceError::NotFound(e.to_string()))?

@@ -89,8 +89,16 @@ async fn authenticate(
     };
     match Auth::with_key(&manager, key).await {
         Ok(auth) => {
+            let delete = req.method() == axum::http::Method::DELETE;
             req.extensions_mut().insert(auth);
-            next.run(req).await
+            let mut resp = next.run(req).await;
+            // rmcp accepts a session's end with 202; the SDKs look for
+            // 200 or 204 (the Python one warns "Session termination
+            // failed: 202"). The session is gone either way.
+            if delete && resp.status() == StatusCode::ACCEPTED {
+                *resp.status_mut() = StatusCode::NO_CONTENT;
+            }
+            resp
         }
         Err(AuthRejection::Key(e)) if e.is_rejection() => refused(
             format!("{e}: send Authorization: Bearer <a valid brig key>"),

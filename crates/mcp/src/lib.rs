@@ -190,7 +190,9 @@ impl Call<'_> {
             let _ = self
                 .ctx
                 .peer
-                .notify_progress(ProgressNotificationParam::new(token, progress).with_message(message))
+                .notify_progress(
+                    ProgressNotificationParam::new(token, progress).with_message(message),
+                )
                 .await;
         }
     }
@@ -201,7 +203,7 @@ impl Call<'_> {
         if let Some(s) = named {
             return SandboxId::parse(s).ok_or_else(|| {
                 ToolError::Invalid(format!(
-                    "sandbox_id {s:?} is not a sandbox id (16 hex digits, as create_sandbox and \
+                    "sandbox_id {s:?} is not a sandbox id (12 hex digits, as create_sandbox and \
                      list_sandboxes give them); omit it to use this session's default sandbox"
                 ))
             });

@@ -10,8 +10,8 @@ use rmcp::model::{CallToolResult, ContentBlock};
 use serde_json::json;
 
 use crate::error::ToolError;
-use crate::Structured;
 use crate::tools::{CreateArgs, ExtendArgs, KillSandboxArgs, ListSandboxesArgs, NetworkMode};
+use crate::Structured;
 use crate::{lock, Call};
 
 /// What a sandbox's record says, for the model.
@@ -256,7 +256,10 @@ pub(crate) async fn list(
         .with_structured_content(json!({ "sandboxes": items })))
 }
 
-pub(crate) async fn kill(call: &Call<'_>, args: KillSandboxArgs) -> Result<CallToolResult, ToolError> {
+pub(crate) async fn kill(
+    call: &Call<'_>,
+    args: KillSandboxArgs,
+) -> Result<CallToolResult, ToolError> {
     let id = call.sandbox(Some(&args.sandbox_id)).await?;
     let (m, t, i) = (Arc::clone(call.manager()), call.tenant.clone(), id.clone());
     let record = tokio::task::spawn_blocking(move || m.delete(&t, &i))

@@ -375,7 +375,12 @@ mod tests {
     #[test]
     fn every_tool_has_an_object_schema_with_descriptions() {
         for t in list() {
-            assert_eq!(t.input_schema.get("type"), Some(&"object".into()), "{}", t.name);
+            assert_eq!(
+                t.input_schema.get("type"),
+                Some(&"object".into()),
+                "{}",
+                t.name
+            );
             assert!(t.description.as_deref().is_some_and(|d| d.len() > 40));
             if let Some(serde_json::Value::Object(props)) = t.input_schema.get("properties") {
                 for (name, p) in props {

@@ -150,7 +150,10 @@ impl Relay {
     /// waiting.
     fn fail(&self, message: &serde_json::Value, why: String) {
         eprintln!("brig mcp: {why}");
-        if let Some(id) = message.get("id").filter(|_| message.get("method").is_some()) {
+        if let Some(id) = message
+            .get("id")
+            .filter(|_| message.get("method").is_some())
+        {
             let answer = serde_json::json!({
                 "jsonrpc": "2.0", "id": id,
                 "error": { "code": -32603, "message": why },
@@ -185,7 +188,10 @@ impl Relay {
                 return self.fail(&message, why);
             }
             Err(e) => {
-                return self.fail(&message, format!("cannot reach the daemon at {}: {e}", self.url))
+                return self.fail(
+                    &message,
+                    format!("cannot reach the daemon at {}: {e}", self.url),
+                )
             }
         };
         if let Some(s) = resp.header("mcp-session-id") {
