@@ -22,6 +22,7 @@ import time
 import anyio
 import httpx2
 from mcp import ClientSession
+from mcp.client.client import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
@@ -203,11 +204,28 @@ async def session_checks(s: ClientSession, transport: str):
     return default_id
 
 
+async def modern_checks(client, transport):
+    """The SDK's default client (mode "auto") negotiates the stateless
+    revision; the tools work the same."""
+    async with client as c:
+        check(f"{transport}: the auto client negotiates 2026-07-28",
+              c.protocol_version == "2026-07-28", c.protocol_version)
+        r = await c.call_tool("run_command", {"command": "echo modern"})
+        check(f"{transport}: run_command on the stateless revision",
+              not r.is_error and r.structured_content["stdout"] == "modern\n", text_of(r))
+        r = await c.call_tool("run_code", {"code": "21 * 2"})
+        check(f"{transport}: run_code on the stateless revision", "42" in text_of(r), text_of(r))
+        return r.structured_content["sandbox_id"]
+
+
 async def stdio_main(brig):
     params = StdioServerParameters(command=brig, args=["mcp"], env=dict(os.environ))
     async with stdio_client(params) as (read, write):
         async with ClientSession(read, write) as s:
             await session_checks(s, "stdio")
+    # Through brig mcp's relay too, its sandboxes end with stdin.
+    default = await modern_checks(Client(params), "stdio")
+    print(f"sandbox {default}", flush=True)
 
 
 def http_client(key):
@@ -225,6 +243,9 @@ async def http_main(url, key, other_key):
         r = await c.post(endpoint, json=body, headers={"Authorization": "Bearer nope",
                                                        "Accept": "application/json, text/event-stream"})
         check("a wrong key: 401", r.status_code == 401, r.text)
+    async with http_client(key) as hc:
+        # Stateless: its default sandbox is the key's, until its timeout.
+        await modern_checks(Client(streamable_http_client(endpoint, http_client=hc)), "http")
     async with http_client(key) as hc:
         async with streamable_http_client(endpoint, http_client=hc) as (read, write):
             async with ClientSession(read, write) as s:

@@ -37,6 +37,7 @@ const MAX_BODY: usize = 64 << 20;
 
 /// `/mcp`, to merge into the daemon's router.
 pub fn router(shared: Arc<Shared>) -> Router {
+    let named = Arc::clone(&shared);
     let config = StreamableHttpServerConfig::default()
         .disable_allowed_hosts()
         .with_max_request_body_bytes(MAX_BODY);
@@ -48,10 +49,31 @@ pub fn router(shared: Arc<Shared>) -> Router {
     );
     Router::new()
         .route_service(PATH, service)
+        // Inside the key check: a named session's end.
+        .layer(axum::middleware::from_fn_with_state(named, end_named))
         .layer(axum::middleware::from_fn_with_state(
             Arc::clone(&shared.manager),
             authenticate,
         ))
+}
+
+/// `DELETE /mcp` with [`CLIENT_SESSION`](crate::CLIENT_SESSION): the end of
+/// a stateless client's named session (rmcp knows nothing of it); 204
+/// whether or not it had made anything.
+async fn end_named(State(shared): State<Arc<Shared>>, req: Request, next: Next) -> Response {
+    let name = req
+        .headers()
+        .get(crate::CLIENT_SESSION)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let tenant = req.extensions().get::<Auth>().map(|a| a.0.clone());
+    match (req.method() == axum::http::Method::DELETE, name, tenant) {
+        (true, Some(name), Some(tenant)) if !req.headers().contains_key("mcp-session-id") => {
+            crate::end_named_session(&shared, &tenant, &name);
+            StatusCode::NO_CONTENT.into_response()
+        }
+        _ => next.run(req).await,
+    }
 }
 
 /// Refuse a request without a valid key (401, a JSON body saying what to

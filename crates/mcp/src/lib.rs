@@ -60,6 +60,9 @@ pub struct Shared {
     tenant_defaults: Mutex<HashMap<TenantId, SandboxId>>,
     /// Sandboxes whose code interpreter is up.
     interpreters: Mutex<HashMap<SandboxId, code::Interpreter>>,
+    /// Sessions of stateless clients that name one ([`CLIENT_SESSION`]:
+    /// `brig mcp`'s relay), by tenant and name, until they are deleted.
+    named: Mutex<HashMap<(TenantId, String), Arc<Session>>>,
 }
 
 impl Shared {
@@ -69,6 +72,7 @@ impl Shared {
             default_template: default_template.into(),
             tenant_defaults: Mutex::default(),
             interpreters: Mutex::default(),
+            named: Mutex::default(),
         });
         brig_http::on_end(&manager, &shared, |s: &Shared, ended| match ended {
             brig_http::Ended::One(id) => {
@@ -83,6 +87,12 @@ impl Shared {
         shared
     }
 }
+
+/// The header with which a client of the stateless revision (2026-07-28)
+/// names a session of its own: its default sandbox and the sandboxes it
+/// creates are that session's, and end when it sends `DELETE /mcp` with
+/// the same header (`brig mcp`'s relay does, when stdin closes).
+pub const CLIENT_SESSION: &str = "brig-mcp-session";
 
 /// The template `brig mcp` and `brig serve --mcp` give a default sandbox
 /// when told none: the one `run_code` needs.
@@ -106,6 +116,25 @@ pub struct Session {
     default: tokio::sync::Mutex<Option<SandboxId>>,
     /// Sandboxes ended with the session.
     owned: Mutex<Vec<SandboxId>>,
+}
+
+impl Session {
+    fn new(shared: Arc<Shared>) -> Arc<Session> {
+        Arc::new(Session {
+            shared,
+            tenant: OnceLock::new(),
+            default: tokio::sync::Mutex::new(None),
+            owned: Mutex::default(),
+        })
+    }
+}
+
+/// End a named session of a stateless client (its `DELETE /mcp`): its
+/// sandboxes end as the session is dropped. False if there was none.
+pub fn end_named_session(shared: &Shared, tenant: &TenantId, name: &str) -> bool {
+    lock(&shared.named)
+        .remove(&(tenant.clone(), name.to_string()))
+        .is_some()
 }
 
 impl Drop for Session {
@@ -143,12 +172,7 @@ impl BrigMcp {
     /// HTTP, checked by [`http::router`]'s middleware).
     pub fn new(shared: Arc<Shared>) -> BrigMcp {
         BrigMcp {
-            session: Arc::new(Session {
-                shared,
-                tenant: OnceLock::new(),
-                default: tokio::sync::Mutex::new(None),
-                owned: Mutex::default(),
-            }),
+            session: Session::new(shared),
         }
     }
 
@@ -166,7 +190,7 @@ impl BrigMcp {
 
 /// What a tool call needs besides its arguments.
 pub(crate) struct Call<'a> {
-    pub mcp: &'a BrigMcp,
+    pub session: Arc<Session>,
     pub tenant: TenantId,
     /// Whether this call belongs to a session that ends (stdio, or HTTP
     /// with the handshake); a stateless request's sandboxes are the
@@ -177,11 +201,11 @@ pub(crate) struct Call<'a> {
 
 impl Call<'_> {
     pub fn manager(&self) -> &Arc<SandboxManager> {
-        self.mcp.manager()
+        &self.session.shared.manager
     }
 
     pub fn shared(&self) -> &Arc<Shared> {
-        &self.mcp.session.shared
+        &self.session.shared
     }
 
     /// Report progress, if the client asked for it (a progress token).
@@ -214,12 +238,12 @@ impl Call<'_> {
     /// Keep `id` for the session's end (unless it persists).
     pub fn own(&self, id: &SandboxId) {
         if self.sessioned {
-            lock(&self.mcp.session.owned).push(id.clone());
+            lock(&self.session.owned).push(id.clone());
         }
     }
 
     pub fn disown(&self, id: &SandboxId) {
-        lock(&self.mcp.session.owned).retain(|o| o != id);
+        lock(&self.session.owned).retain(|o| o != id);
     }
 }
 
@@ -250,6 +274,40 @@ impl BrigMcp {
         }
     }
 
+    /// The session a request acts in, and whether it ends (see
+    /// [`Call::sessioned`]): this handler's, or a stateless client's named
+    /// one ([`CLIENT_SESSION`]).
+    fn session_for(
+        &self,
+        ctx: &RequestContext<RoleServer>,
+        tenant: &TenantId,
+    ) -> (Arc<Session>, bool) {
+        let parts = ctx.extensions.get::<axum::http::request::Parts>();
+        let stateless =
+            parts.is_some() && ctx.protocol_version().is_none_or(|v| !v.has_initialize());
+        let named = parts
+            .filter(|_| stateless)
+            .and_then(|p| p.headers.get(CLIENT_SESSION))
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        match named {
+            // A stateless client that names its session (the relay).
+            Some(name) => {
+                let shared = &self.session.shared;
+                let session = lock(&shared.named)
+                    .entry((tenant.clone(), name))
+                    .or_insert_with(|| {
+                        let s = Session::new(Arc::clone(shared));
+                        let _ = s.tenant.set(tenant.clone());
+                        s
+                    })
+                    .clone();
+                (session, true)
+            }
+            None => (Arc::clone(&self.session), !stateless),
+        }
+    }
+
     async fn dispatch(
         &self,
         request: CallToolRequestParams,
@@ -258,12 +316,11 @@ impl BrigMcp {
         let tenant = self.tenant(ctx)?;
         // Stateless HTTP requests (2026-07-28) have no session to end;
         // stdio and handshake sessions do.
-        let stateless = ctx.extensions.get::<axum::http::request::Parts>().is_some()
-            && ctx.protocol_version().is_none_or(|v| !v.has_initialize());
+        let (session, sessioned) = self.session_for(ctx, &tenant);
         let call = Call {
-            mcp: self,
+            session,
             tenant,
-            sessioned: !stateless,
+            sessioned,
             ctx,
         };
         let name = request.name.as_ref();
@@ -346,7 +403,13 @@ impl ServerHandler for BrigMcp {
         context: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, ErrorData> {
         let tenant = self.tenant(&context).map_err(invalid)?;
-        let default = self.session.default.lock().await.clone();
+        let (session, _) = self.session_for(&context, &tenant);
+        let default = match session.default.lock().await.clone() {
+            Some(d) => Some(d),
+            None => lock(&self.session.shared.tenant_defaults)
+                .get(&tenant)
+                .cloned(),
+        };
         Ok(ListResourcesResult::with_all_items(
             files::list_resources(self.manager(), &tenant, default.as_ref()).await,
         ))

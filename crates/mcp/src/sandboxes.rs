@@ -179,7 +179,7 @@ pub(crate) async fn create(call: &Call<'_>, args: CreateArgs) -> Result<CallTool
 
 async fn current_default(call: &Call<'_>) -> Option<SandboxId> {
     if call.sessioned {
-        call.mcp.session.default.lock().await.clone()
+        call.session.default.lock().await.clone()
     } else {
         lock(&call.shared().tenant_defaults)
             .get(&call.tenant)
@@ -189,7 +189,7 @@ async fn current_default(call: &Call<'_>) -> Option<SandboxId> {
 
 async fn set_default(call: &Call<'_>, id: &SandboxId) {
     if call.sessioned {
-        *call.mcp.session.default.lock().await = Some(id.clone());
+        *call.session.default.lock().await = Some(id.clone());
     } else {
         lock(&call.shared().tenant_defaults).insert(call.tenant.clone(), id.clone());
     }
@@ -216,7 +216,7 @@ pub(crate) async fn default_sandbox(call: &Call<'_>) -> Result<SandboxId, ToolEr
         set_default(call, &record.id).await;
         return Ok(record.id);
     }
-    let mut default = call.mcp.session.default.lock().await;
+    let mut default = call.session.default.lock().await;
     if let Some(id) = default
         .as_ref()
         .filter(|id| call.manager().is_running(&call.tenant, id))

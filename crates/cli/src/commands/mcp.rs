@@ -11,8 +11,10 @@
 //!   `$BRIG_HOME/local.key`), and what comes back (JSON, or the events of
 //!   an SSE stream: progress, then the result) is written to stdout. The
 //!   sandboxes are the daemon's, shown by `brig ls` like any other; the
-//!   session (its `Mcp-Session-Id`) is deleted when stdin closes, which
-//!   ends the sandboxes it made.
+//!   session is deleted when stdin closes, which ends the sandboxes it
+//!   made: the handshake's `Mcp-Session-Id`, or, for a client of the
+//!   stateless revision (2026-07-28), the relay's own session name
+//!   (`brig-mcp-session`), which brig-mcp keeps sandboxes under.
 //! - **embedded** (no daemon): the runtime is started in this process for
 //!   the session, on the home (whose lock it takes, as a daemon would), and
 //!   brig-mcp serves stdio directly as the home's first tenant (the local
@@ -85,6 +87,7 @@ fn relay(base: &str) -> anyhow::Result<i32> {
         key,
         agent: ureq::AgentBuilder::new().build(),
         session: Mutex::new(None),
+        name: brig_http::random_token(),
         version: Mutex::new(None),
         out: Mutex::new(std::io::stdout()),
     });
@@ -119,7 +122,12 @@ struct Relay {
     url: String,
     key: String,
     agent: ureq::Agent,
+    /// The handshake's session (`Mcp-Session-Id`), if the client made one.
     session: Mutex<Option<String>>,
+    /// This relay's own session name, for a client of the stateless
+    /// revision ([`brig_mcp::CLIENT_SESSION`]), so that its sandboxes end
+    /// with stdin as a handshake session's do.
+    name: String,
     version: Mutex<Option<String>>,
     out: Mutex<std::io::Stdout>,
 }
@@ -130,7 +138,8 @@ impl Relay {
             .agent
             .request(method, &self.url)
             .set("Authorization", &format!("Bearer {}", self.key))
-            .set("Accept", "application/json, text/event-stream");
+            .set("Accept", "application/json, text/event-stream")
+            .set(brig_mcp::CLIENT_SESSION, &self.name);
         if let Some(s) = &*lock(&self.session) {
             req = req.set("Mcp-Session-Id", s);
         }
@@ -164,10 +173,11 @@ impl Relay {
 
     fn post(&self, line: &str) {
         let message: serde_json::Value = serde_json::from_str(line).unwrap_or_default();
-        let result = self
-            .request("POST")
-            .set("Content-Type", "application/json")
-            .send_string(line);
+        let mut req = self.request("POST").set("Content-Type", "application/json");
+        for (name, value) in standard_headers(&message) {
+            req = req.set(name, &value);
+        }
+        let result = req.send_string(line);
         let resp = match result {
             Ok(r) => r,
             Err(ureq::Error::Status(status, r)) => {
@@ -236,11 +246,53 @@ impl Relay {
         }
     }
 
+    /// End the session: the handshake's (rmcp ends it), or this relay's
+    /// named one (brig-mcp does).
     fn close(&self) {
-        if lock(&self.session).is_some() {
-            let _ = self.request("DELETE").call();
-        }
+        let _ = self.request("DELETE").call();
     }
+}
+
+/// The headers the stateless revision (2026-07-28) asks of an HTTP request
+/// beside its body (what an SDK's HTTP client sets itself): `Mcp-Method`,
+/// `Mcp-Name` (a tool's name, a resource's URI), and the version the
+/// request names in its `_meta`. Earlier revisions ignore them.
+fn standard_headers(message: &serde_json::Value) -> Vec<(&'static str, String)> {
+    let mut out = Vec::new();
+    let Some(method) = message["method"].as_str() else {
+        return out;
+    };
+    let params = &message["params"];
+    if let Some(v) = params["_meta"]["io.modelcontextprotocol/protocolVersion"].as_str() {
+        out.push(("MCP-Protocol-Version", v.to_string()));
+    }
+    out.push(("Mcp-Method", method.to_string()));
+    let name = match method {
+        "tools/call" | "prompts/get" => params["name"].as_str(),
+        "resources/read" | "resources/subscribe" | "resources/unsubscribe" => {
+            params["uri"].as_str()
+        }
+        "tasks/get" | "tasks/update" | "tasks/cancel" => params["taskId"].as_str(),
+        _ => None,
+    };
+    if let Some(name) = name {
+        // A value that is not plain visible ASCII goes as `=?base64?…?=`.
+        let plain = !name.starts_with([' ', '\t'])
+            && !name.ends_with([' ', '\t'])
+            && name.chars().all(|c| (' '..='~').contains(&c))
+            && !(name.starts_with("=?base64?") && name.ends_with("?="));
+        let value = if plain {
+            name.to_string()
+        } else {
+            use base64::Engine;
+            format!(
+                "=?base64?{}?=",
+                base64::engine::general_purpose::STANDARD.encode(name)
+            )
+        };
+        out.push(("Mcp-Name", value));
+    }
+    out
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
