@@ -280,7 +280,7 @@ fn standard_headers(message: &serde_json::Value) -> Vec<(&'static str, String)> 
         let plain = !name.starts_with([' ', '\t'])
             && !name.ends_with([' ', '\t'])
             && name.chars().all(|c| (' '..='~').contains(&c))
-            && !(name.starts_with("=?base64?") && name.ends_with("?="));
+            && (!name.starts_with("=?base64?") || !name.ends_with("?="));
         let value = if plain {
             name.to_string()
         } else {

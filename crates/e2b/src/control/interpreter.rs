@@ -67,7 +67,11 @@ pub fn start_in(
         id: sid.clone(),
         source: Box::new(source),
     };
-    let at = Where { manager, tenant, id };
+    let at = Where {
+        manager,
+        tenant,
+        id,
+    };
     at.run("root", &["mkdir", "-p", "/opt/brig/code-interpreter"])
         .map_err(err)?;
     manager
