@@ -226,3 +226,92 @@ fn brig_mcp_relaying_to_a_daemon_without_mcp_says_to_enable_it() {
     assert!(message.contains("brig serve --mcp"), "{message}");
     support::stop_daemon(&mut daemon);
 }
+
+/// The official MCP Inspector's CLI (`@modelcontextprotocol/inspector`,
+/// pinned in tests/support/install-node-deps.sh): over streamable HTTP and
+/// over stdio (`brig mcp`, relayed to the daemon), it lists the tools with
+/// no schema-portability problem (`--strict`) and calls one.
+#[test]
+fn the_mcp_inspector_lists_and_calls_tools_over_both_transports() {
+    require_root!();
+    let inspector =
+        brig_test_support::test_cache().join("mcp-inspector-node/node_modules/.bin/mcp-inspector");
+    if !inspector.exists() {
+        support::skip(&format!(
+            "{} is missing: run tests/support/install-node-deps.sh",
+            inspector.display()
+        ));
+        return;
+    }
+    let home = tempfile::tempdir().unwrap();
+    let (mut daemon, url, lines) =
+        support::start_daemon(home.path(), &["--mcp", "--mcp-template", "host"]);
+    std::thread::spawn(move || for _ in lines {});
+    let key = std::fs::read_to_string(home.path().join("local.key")).unwrap();
+    let auth = format!("Authorization: Bearer {}", key.trim());
+    let http = |args: &[&str]| {
+        let mut cmd = Command::new(&inspector);
+        cmd.args(["--cli", &format!("{url}/mcp"), "--header", &auth])
+            .args(args);
+        cmd
+    };
+    let stdio = |args: &[&str]| {
+        let mut cmd = Command::new(&inspector);
+        cmd.args(["--cli", BRIG, "mcp", "-e"])
+            .arg(format!("BRIG_HOME={}", home.path().display()))
+            .args(args)
+            .env("BRIG_HOME", home.path());
+        cmd
+    };
+    for (transport, mut list, mut call) in [
+        (
+            "http",
+            http(&["--method", "tools/list", "--strict"]),
+            http(&[
+                "--method",
+                "tools/call",
+                "--tool-name",
+                "run_command",
+                "--tool-arg",
+                "command=echo inspected-$((40+2))",
+            ]),
+        ),
+        (
+            "stdio",
+            stdio(&["--method", "tools/list", "--strict"]),
+            stdio(&[
+                "--method",
+                "tools/call",
+                "--tool-name",
+                "run_command",
+                "--tool-arg",
+                "command=echo inspected-$((40+2))",
+            ]),
+        ),
+    ] {
+        let out = list.output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{transport}: {out:?}");
+        assert!(!stderr.contains("Warning"), "{transport}: {stderr}");
+        let listed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let names: Vec<_> = listed["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|t| t["name"].as_str())
+            .collect();
+        assert!(
+            names.contains(&"run_code") && names.contains(&"run_command"),
+            "{transport}: {names:?}"
+        );
+        let out = call.output().unwrap();
+        assert!(out.status.success(), "{transport}: {out:?}");
+        let result: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(result["isError"], false, "{transport}: {result}");
+        assert_eq!(
+            result["structuredContent"]["stdout"], "inspected-42\n",
+            "{transport}: {result}"
+        );
+    }
+    support::stop_daemon(&mut daemon);
+}

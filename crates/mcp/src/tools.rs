@@ -265,15 +265,53 @@ fn tool<T: JsonSchema + 'static>(name: &'static str, description: &'static str) 
 }
 
 fn schema<T: JsonSchema + 'static>() -> Arc<JsonObject> {
-    let mut generator = schemars::generate::SchemaSettings::draft07().into_generator();
-    let schema = generator.root_schema_for::<T>();
+    let mut settings = schemars::generate::SchemaSettings::draft07();
+    // No `$ref`s: some clients do not follow them.
+    settings.inline_subschemas = true;
+    let schema = settings.into_generator().root_schema_for::<T>();
     match serde_json::to_value(schema) {
         Ok(serde_json::Value::Object(mut o)) => {
             o.remove("$schema");
             o.remove("title");
+            if let Some(serde_json::Value::Object(props)) = o.get_mut("properties") {
+                props.values_mut().for_each(not_nullable);
+            }
             Arc::new(o)
         }
         _ => Arc::new(JsonObject::new()),
+    }
+}
+
+/// An optional argument is one a model leaves out, not one it sets to
+/// null: `"type": ["string", "null"]` (schemars' `Option`) becomes
+/// `"type": "string"`, and `anyOf: [X, null]` becomes X. A single `type`
+/// is what clients that map schemas onto narrower dialects (Gemini's
+/// function declarations) take; `null` is still accepted.
+fn not_nullable(p: &mut serde_json::Value) {
+    use serde_json::Value;
+    let Value::Object(o) = p else { return };
+    if let Some(Value::Array(types)) = o.get("type") {
+        let rest: Vec<Value> = types.iter().filter(|t| *t != "null").cloned().collect();
+        if rest.len() == 1 {
+            o.insert("type".into(), rest[0].clone());
+        }
+    }
+    if let Some(Value::Array(branches)) = o.get("anyOf") {
+        let rest: Vec<Value> = branches
+            .iter()
+            .filter(|b| b.get("type") != Some(&Value::from("null")))
+            .cloned()
+            .collect();
+        if let [Value::Object(only)] = rest.as_slice() {
+            let only = only.clone();
+            o.remove("anyOf");
+            for (k, v) in only {
+                o.entry(k).or_insert(v);
+            }
+        }
+    }
+    if let Some(Value::Array(values)) = o.get_mut("enum") {
+        values.retain(|v| !v.is_null());
     }
 }
 
@@ -390,6 +428,20 @@ mod tests {
                         t.name
                     );
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn optional_arguments_have_one_type() {
+        for t in list() {
+            let props = t.input_schema["properties"].as_object().unwrap();
+            for (name, p) in props {
+                assert!(
+                    p.get("type").is_some_and(|t| t.is_string()),
+                    "{}.{name}: {p}",
+                    t.name
+                );
             }
         }
     }
