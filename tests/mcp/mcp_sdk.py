@@ -163,6 +163,14 @@ async def session_checks(s: ClientSession, transport: str):
             break
         await anyio.sleep(0.2)
     check("cancelling a call kills its command", gone, text_of(r))
+    # ... and interrupts a cell: the kernel is free for the next one.
+    with anyio.move_on_after(3):
+        await s.call_tool("run_code", {"code": "import time\ntime.sleep(600)"})
+    r = None
+    with anyio.move_on_after(30):
+        r = await s.call_tool("run_code", {"code": "'still here'"})
+    check("cancelling run_code interrupts the kernel", r is not None and "still here" in text_of(r),
+          r and text_of(r))
 
     # Schema rejections name the field; errors are results, not failures.
     r = await s.call_tool("run_command", {})

@@ -21,8 +21,8 @@ use std::time::Duration;
 
 use support::{eventually, processes_of, BRIG};
 
-const SUITE_CHECKS_HTTP: usize = 50;
-const SUITE_CHECKS_STDIO: usize = 45;
+const SUITE_CHECKS_HTTP: usize = 51;
+const SUITE_CHECKS_STDIO: usize = 46;
 
 fn python_or_skip() -> Option<PathBuf> {
     let python = brig_test_support::test_cache().join("mcp-venv/bin/python");

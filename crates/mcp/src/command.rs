@@ -26,10 +26,22 @@ const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 /// The user and home commands run as by default: `user` if the template
 /// has one (the code-interpreter template does), else root.
 pub(crate) async fn default_user(call: &Call<'_>, id: &SandboxId) -> (String, String) {
+    let known = crate::lock(&call.shared().users).get(id).cloned();
+    if let Some(known) = known.filter(|_| call.manager().is_running(&call.tenant, id)) {
+        return known;
+    }
     let (m, t, i) = (Arc::clone(call.manager()), call.tenant.clone(), id.clone());
-    tokio::task::spawn_blocking(move || brig_e2b::control::default_user(&m, &t, &i))
-        .await
-        .unwrap_or_else(|_| ("root".into(), "/root".into()))
+    let Ok(found) =
+        tokio::task::spawn_blocking(move || brig_e2b::control::default_user(&m, &t, &i)).await
+    else {
+        return ("root".into(), "/root".into());
+    };
+    // Only a sandbox the tenant may use is remembered (another tenant's
+    // reads as "root": its /etc/passwd could not be read).
+    if call.manager().is_running(&call.tenant, id) {
+        crate::lock(&call.shared().users).insert(id.clone(), found.clone());
+    }
+    found
 }
 
 async fn request(

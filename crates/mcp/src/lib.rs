@@ -60,6 +60,9 @@ pub struct Shared {
     tenant_defaults: Mutex<HashMap<TenantId, SandboxId>>,
     /// Sandboxes whose code interpreter is up.
     interpreters: Mutex<HashMap<SandboxId, code::Interpreter>>,
+    /// Each sandbox's default user and home (read once from its
+    /// /etc/passwd: a template never changes under a sandbox).
+    users: Mutex<HashMap<SandboxId, (String, String)>>,
     /// Sessions of stateless clients that name one ([`CLIENT_SESSION`]:
     /// `brig mcp`'s relay), by tenant and name, until they are deleted.
     named: Mutex<HashMap<(TenantId, String), Arc<Session>>>,
@@ -72,15 +75,18 @@ impl Shared {
             default_template: default_template.into(),
             tenant_defaults: Mutex::default(),
             interpreters: Mutex::default(),
+            users: Mutex::default(),
             named: Mutex::default(),
         });
         brig_http::on_end(&manager, &shared, |s: &Shared, ended| match ended {
             brig_http::Ended::One(id) => {
                 lock(&s.interpreters).remove(id);
+                lock(&s.users).remove(id);
                 lock(&s.tenant_defaults).retain(|_, d| d != id);
             }
             brig_http::Ended::Missed(m) => {
                 lock(&s.interpreters).retain(|id, _| m.is_live(id));
+                lock(&s.users).retain(|id, _| m.is_live(id));
                 lock(&s.tenant_defaults).retain(|_, d| m.is_live(d));
             }
         });

@@ -35,17 +35,6 @@ use super::client::{home_dir, LOCAL_KEY_FILE};
 use crate::exit;
 
 #[derive(Debug, clap::Args)]
-#[command(
-    long_about = "Serve the Model Context Protocol over stdin/stdout, so an MCP client (a \
-desktop assistant, an IDE agent, an agent framework) gets brig's sandboxes as tools: run_code \
-(stateful Python and other Jupyter kernels, plots as images), run_command, files, background \
-processes, sandboxes.\n\n\
-Client configuration: {\"command\": \"brig\", \"args\": [\"mcp\"]}.\n\n\
-With a daemon running for the home (or --url / BRIG_URL), brig mcp relays to its /mcp (start \
-it with `brig serve --mcp`), with BRIG_API_KEY or the local key. Without one, brig mcp starts \
-an embedded runtime for the session (as root); its sandboxes end when stdin closes. Logs go \
-to stderr. See docs/mcp.md."
-)]
 pub struct McpArgs {
     /// The template of the session's default sandbox, in embedded mode (a
     /// daemon's is its `--mcp-template`).

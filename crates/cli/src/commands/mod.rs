@@ -57,6 +57,19 @@ pub enum Command {
     /// Run the daemon: the HTTP API for long-lived sandboxes.
     Serve(serve::ServeArgs),
     /// Serve the Model Context Protocol over stdio (what MCP clients launch).
+    ///
+    /// An MCP client (a desktop assistant, an IDE agent, an agent framework)
+    /// gets brig's sandboxes as tools: run_code (stateful Python and other
+    /// Jupyter kernels, plots as images), run_command, files, background
+    /// processes, sandboxes. Client configuration: {"command": "brig",
+    /// "args": ["mcp"]}.
+    ///
+    /// With a daemon running for the home (or --url / BRIG_URL), brig mcp
+    /// relays to its /mcp (start it with `brig serve --mcp`), presenting
+    /// BRIG_API_KEY or the local key. Without one, it starts an embedded
+    /// runtime for the session (as root); its sandboxes end when stdin
+    /// closes. Sandboxes a session creates end with it unless created with
+    /// persist. Logs go to stderr. See docs/mcp.md.
     Mcp(Box<mcp::McpArgs>),
     /// Create a sandbox on the daemon and print its id.
     Create(create::CreateArgs),
