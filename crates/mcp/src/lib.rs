@@ -65,7 +65,9 @@ pub struct Shared {
     users: Mutex<HashMap<SandboxId, (String, String)>>,
     /// Sessions of stateless clients that name one ([`CLIENT_SESSION`]:
     /// `brig mcp`'s relay), by tenant and name, until they are deleted.
-    named: Mutex<HashMap<(TenantId, String), Arc<Session>>>,
+    /// Each with when it was last used: one idle for [`NAMED_IDLE`] is
+    /// ended (its client went away without saying so).
+    named: Mutex<HashMap<(TenantId, String), NamedSession>>,
 }
 
 impl Shared {
@@ -99,6 +101,13 @@ impl Shared {
 /// creates are that session's, and end when it sends `DELETE /mcp` with
 /// the same header (`brig mcp`'s relay does, when stdin closes).
 pub const CLIENT_SESSION: &str = "brig-mcp-session";
+
+/// How long a named session lives unused (as rmcp keeps a handshake
+/// session): its client was killed before it could end it.
+pub const NAMED_IDLE: Duration = Duration::from_secs(300);
+
+/// A stateless client's named session and when it was last used.
+type NamedSession = (Arc<Session>, std::time::Instant);
 
 /// The template `brig mcp` and `brig serve --mcp` give a default sandbox
 /// when told none: the one `run_code` needs.
@@ -300,14 +309,24 @@ impl BrigMcp {
             // A stateless client that names its session (the relay).
             Some(name) => {
                 let shared = &self.session.shared;
-                let session = lock(&shared.named)
-                    .entry((tenant.clone(), name))
-                    .or_insert_with(|| {
-                        let s = Session::new(Arc::clone(shared));
-                        let _ = s.tenant.set(tenant.clone());
-                        s
-                    })
-                    .clone();
+                let now = std::time::Instant::now();
+                let mut named = lock(&shared.named);
+                // The idle ones end here (dropped after the lock is let go).
+                let idle_keys: Vec<_> = named
+                    .iter()
+                    .filter(|(_, (_, used))| now.duration_since(*used) > NAMED_IDLE)
+                    .map(|(k, _)| k.clone())
+                    .collect();
+                let idle: Vec<_> = idle_keys.iter().filter_map(|k| named.remove(k)).collect();
+                let entry = named.entry((tenant.clone(), name)).or_insert_with(|| {
+                    let s = Session::new(Arc::clone(shared));
+                    let _ = s.tenant.set(tenant.clone());
+                    (s, now)
+                });
+                entry.1 = now;
+                let session = Arc::clone(&entry.0);
+                drop(named);
+                drop(idle);
                 (session, true)
             }
             None => (Arc::clone(&self.session), !stateless),

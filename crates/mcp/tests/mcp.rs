@@ -302,3 +302,83 @@ async fn mcp_over_http_needs_a_key_and_keeps_tenants_apart() {
     let listed = body["result"]["structuredContent"]["sandboxes"].to_string();
     assert!(listed.contains(&id), "{body}");
 }
+
+/// A client of the stateless revision (2026-07-28) that names a session
+/// (`brig-mcp-session`, as `brig mcp`'s relay does) gets a default sandbox
+/// of that session, ended by its `DELETE /mcp`; one that names none keeps
+/// the key's default sandbox until its timeout.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stateless_client_s_named_session_ends_its_sandboxes() {
+    let Some(f) = fixture() else { return };
+    let shared = Shared::new(Arc::clone(&f.manager), "host");
+    let addr = brig_test_support::serve(brig_mcp::http::router(shared)).await;
+    let url = format!("http://{addr}/mcp");
+    let key = f.key.clone();
+    let request = move |method: &'static str, session: Option<&'static str>| {
+        let (url, key) = (url.clone(), key.clone());
+        tokio::task::spawn_blocking(move || {
+            let mut req = ureq::request(method, &url)
+                .set("Authorization", &format!("Bearer {key}"))
+                .set("Accept", "application/json, text/event-stream")
+                .set("Content-Type", "application/json")
+                .set("MCP-Protocol-Version", "2026-07-28");
+            if let Some(s) = session {
+                req = req.set(brig_mcp::CLIENT_SESSION, s);
+            }
+            if method == "DELETE" {
+                return (req.call().unwrap().status(), json!(null));
+            }
+            let body = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+                "name": "run_command", "arguments": {"command": "echo stateless"},
+                "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                          "io.modelcontextprotocol/clientInfo": {"name": "t", "version": "1"},
+                          "io.modelcontextprotocol/clientCapabilities": {}}}});
+            let resp = req
+                .set("Mcp-Method", "tools/call")
+                .set("Mcp-Name", "run_command")
+                .send_string(&body.to_string())
+                .unwrap_or_else(|e| {
+                    let what = e.to_string();
+                    panic!("{what}: {:?}", e.into_response().map(|r| r.into_string()))
+                });
+            let text = resp.into_string().unwrap();
+            let data = text
+                .lines()
+                .filter_map(|l| l.strip_prefix("data:"))
+                .map(str::trim)
+                .rfind(|d| !d.is_empty())
+                .unwrap_or(text.trim())
+                .to_string();
+            (200, serde_json::from_str(&data).unwrap())
+        })
+    };
+    let tenant = f.manager.authenticate(&f.key).unwrap().tenant;
+    let id_of = |v: &serde_json::Value| {
+        let id = v["result"]["structuredContent"]["sandbox_id"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{v}"));
+        brig_core::SandboxId::parse(id).unwrap()
+    };
+    let (_, a) = request("POST", Some("one")).await.unwrap();
+    assert_eq!(
+        a["result"]["structuredContent"]["stdout"], "stateless\n",
+        "{a}"
+    );
+    let (_, again) = request("POST", Some("one")).await.unwrap();
+    assert_eq!(
+        id_of(&a),
+        id_of(&again),
+        "one default sandbox per named session"
+    );
+    let (_, keyed) = request("POST", None).await.unwrap();
+    assert_ne!(id_of(&keyed), id_of(&a));
+
+    let (status, _) = request("DELETE", Some("one")).await.unwrap();
+    assert_eq!(status, 204);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while f.manager.is_running(&tenant, &id_of(&a)) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(!f.manager.is_running(&tenant, &id_of(&a)));
+    assert!(f.manager.is_running(&tenant, &id_of(&keyed)));
+}
