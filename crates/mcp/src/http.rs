@@ -7,7 +7,7 @@
 //! Sessions (protocol revisions with the `initialize` handshake, up to
 //! 2025-11-25) get an `Mcp-Session-Id`; a session's sandboxes end when the
 //! client deletes it (the SDKs do on close) or after it has been idle for
-//! rmcp's session keep-alive. A client of the stateless revision
+//! [`SESSION_IDLE`](crate::SESSION_IDLE). A client of the stateless revision
 //! (2026-07-28) has no session: its default sandbox is one per key, and
 //! its sandboxes live until their timeout.
 //!
@@ -42,9 +42,11 @@ pub fn router(shared: Arc<Shared>) -> Router {
         .disable_allowed_hosts()
         .with_max_request_body_bytes(MAX_BODY);
     let factory_shared = Arc::clone(&shared);
+    let mut sessions = LocalSessionManager::default();
+    sessions.session_config.keep_alive = Some(crate::SESSION_IDLE);
     let service = StreamableHttpService::new(
         move || Ok(BrigMcp::new(Arc::clone(&factory_shared))),
-        Arc::new(LocalSessionManager::default()),
+        Arc::new(sessions),
         config,
     );
     Router::new()
@@ -71,6 +73,12 @@ async fn end_named(State(shared): State<Arc<Shared>>, req: Request, next: Next) 
         (true, Some(name), Some(tenant)) if !req.headers().contains_key("mcp-session-id") => {
             crate::end_named_session(&shared, &tenant, &name);
             StatusCode::NO_CONTENT.into_response()
+        }
+        (false, Some(name), Some(tenant)) => {
+            // Any request of the client (the relay's pings too) keeps its
+            // session.
+            crate::touch_named_session(&shared, &tenant, &name);
+            next.run(req).await
         }
         _ => next.run(req).await,
     }

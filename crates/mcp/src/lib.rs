@@ -60,12 +60,16 @@ pub struct Shared {
     tenant_defaults: Mutex<HashMap<TenantId, SandboxId>>,
     /// Sandboxes whose code interpreter is up.
     interpreters: Mutex<HashMap<SandboxId, code::Interpreter>>,
+    /// Sandboxes made without a timeout, which live while they are used
+    /// ([`IDLE_TIMEOUT`] from their last use), and when each was last
+    /// extended.
+    kept_alive: Mutex<HashMap<SandboxId, std::time::Instant>>,
     /// Each sandbox's default user and home (read once from its
     /// /etc/passwd: a template never changes under a sandbox).
     users: Mutex<HashMap<SandboxId, (String, String)>>,
     /// Sessions of stateless clients that name one ([`CLIENT_SESSION`]:
     /// `brig mcp`'s relay), by tenant and name, until they are deleted.
-    /// Each with when it was last used: one idle for [`NAMED_IDLE`] is
+    /// Each with when it was last used: one idle for [`SESSION_IDLE`] is
     /// ended (its client went away without saying so).
     named: Mutex<HashMap<(TenantId, String), NamedSession>>,
 }
@@ -78,17 +82,20 @@ impl Shared {
             tenant_defaults: Mutex::default(),
             interpreters: Mutex::default(),
             users: Mutex::default(),
+            kept_alive: Mutex::default(),
             named: Mutex::default(),
         });
         brig_http::on_end(&manager, &shared, |s: &Shared, ended| match ended {
             brig_http::Ended::One(id) => {
                 lock(&s.interpreters).remove(id);
                 lock(&s.users).remove(id);
+                lock(&s.kept_alive).remove(id);
                 lock(&s.tenant_defaults).retain(|_, d| d != id);
             }
             brig_http::Ended::Missed(m) => {
                 lock(&s.interpreters).retain(|id, _| m.is_live(id));
                 lock(&s.users).retain(|id, _| m.is_live(id));
+                lock(&s.kept_alive).retain(|id, _| m.is_live(id));
                 lock(&s.tenant_defaults).retain(|_, d| m.is_live(d));
             }
         });
@@ -102,9 +109,16 @@ impl Shared {
 /// the same header (`brig mcp`'s relay does, when stdin closes).
 pub const CLIENT_SESSION: &str = "brig-mcp-session";
 
-/// How long a named session lives unused (as rmcp keeps a handshake
-/// session): its client was killed before it could end it.
-pub const NAMED_IDLE: Duration = Duration::from_secs(300);
+/// How long an HTTP session (a handshake's, or a stateless client's named
+/// one) lives unused: its client went away without ending it. `brig mcp`'s
+/// relay pings while its stdin is open.
+pub const SESSION_IDLE: Duration = Duration::from_secs(30 * 60);
+
+/// How long a sandbox made over MCP without a timeout lives after its last
+/// use by a tool (a session's sandboxes end with it before that).
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60 * 60);
+/// How often such a sandbox's deadline is pushed back while it is used.
+const EXTEND_EVERY: Duration = Duration::from_secs(60);
 
 /// A stateless client's named session and when it was last used.
 type NamedSession = (Arc<Session>, std::time::Instant);
@@ -150,6 +164,13 @@ pub fn end_named_session(shared: &Shared, tenant: &TenantId, name: &str) -> bool
     lock(&shared.named)
         .remove(&(tenant.clone(), name.to_string()))
         .is_some()
+}
+
+/// A request of a named session's client: it is still there.
+pub fn touch_named_session(shared: &Shared, tenant: &TenantId, name: &str) {
+    if let Some((_, used)) = lock(&shared.named).get_mut(&(tenant.clone(), name.to_string())) {
+        *used = std::time::Instant::now();
+    }
 }
 
 impl Drop for Session {
@@ -239,15 +260,48 @@ impl Call<'_> {
     /// The sandbox a call names, or the session's default (created now
     /// if it has none, or if its default has ended).
     pub async fn sandbox(&self, named: Option<&str>) -> Result<SandboxId, ToolError> {
-        if let Some(s) = named {
-            return SandboxId::parse(s).ok_or_else(|| {
+        let id = self.resolve(named).await?;
+        self.used(&id);
+        Ok(id)
+    }
+
+    /// [`Call::sandbox`] without counting as a use (`extend_timeout` sets
+    /// the deadline itself).
+    pub async fn resolve(&self, named: Option<&str>) -> Result<SandboxId, ToolError> {
+        Ok(match named {
+            Some(s) => SandboxId::parse(s).ok_or_else(|| {
                 ToolError::Invalid(format!(
                     "sandbox_id {s:?} is not a sandbox id (12 hex digits, as create_sandbox and \
                      list_sandboxes give them); omit it to use this session's default sandbox"
                 ))
-            });
+            })?,
+            None => sandboxes::default_sandbox(self).await?,
+        })
+    }
+
+    /// A sandbox made without a timeout was used: push its deadline back
+    /// to [`IDLE_TIMEOUT`] from now (at most every [`EXTEND_EVERY`], off
+    /// the call's path).
+    fn used(&self, id: &SandboxId) {
+        let now = std::time::Instant::now();
+        {
+            let mut kept = lock(&self.shared().kept_alive);
+            match kept.get_mut(id) {
+                Some(last) if now.duration_since(*last) >= EXTEND_EVERY => *last = now,
+                _ => return,
+            }
         }
-        sandboxes::default_sandbox(self).await
+        let (m, t, i) = (Arc::clone(self.manager()), self.tenant.clone(), id.clone());
+        tokio::task::spawn_blocking(move || {
+            if let Err(e) = m.extend(&t, &i, IDLE_TIMEOUT) {
+                tracing::debug!("mcp: keeping sandbox {i} alive: {e}");
+            }
+        });
+    }
+
+    /// Keep a sandbox made without a timeout alive while it is used.
+    pub fn keep_alive(&self, id: &SandboxId) {
+        lock(&self.shared().kept_alive).insert(id.clone(), std::time::Instant::now());
     }
 
     /// Keep `id` for the session's end (unless it persists).
@@ -314,7 +368,7 @@ impl BrigMcp {
                 // The idle ones end here (dropped after the lock is let go).
                 let idle_keys: Vec<_> = named
                     .iter()
-                    .filter(|(_, (_, used))| now.duration_since(*used) > NAMED_IDLE)
+                    .filter(|(_, (_, used))| now.duration_since(*used) > SESSION_IDLE)
                     .map(|(k, _)| k.clone())
                     .collect();
                 let idle: Vec<_> = idle_keys.iter().filter_map(|k| named.remove(k)).collect();

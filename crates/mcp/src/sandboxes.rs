@@ -62,12 +62,14 @@ fn config(args: CreateArgs, default_template: &str) -> Result<CreateConfig, Tool
         limits.memory = brig_e2b::control::interpreter::MEMORY;
     }
     let template = TemplateRef::parse(name).map_err(|e| bad("template", &e))?;
+    // None given: it lives while it is used (`Call::used`).
     let timeout = args
         .timeout
         .as_deref()
         .map(parse_duration)
         .transpose()
-        .map_err(|e| bad("timeout", &e))?;
+        .map_err(|e| bad("timeout", &e))?
+        .or(Some(crate::IDLE_TIMEOUT));
     let env = args
         .env
         .iter()
@@ -153,8 +155,12 @@ async fn make(call: &Call<'_>, config: CreateConfig) -> Result<SandboxRecord, To
 
 pub(crate) async fn create(call: &Call<'_>, args: CreateArgs) -> Result<CallToolResult, ToolError> {
     let (persist, make_default) = (args.persist, args.make_default);
+    let idle = args.timeout.is_none();
     let config = config(args, &call.shared().default_template)?;
     let record = make(call, config).await?;
+    if idle {
+        call.keep_alive(&record.id);
+    }
     if !persist {
         call.own(&record.id);
     }
@@ -213,6 +219,7 @@ pub(crate) async fn default_sandbox(call: &Call<'_>) -> Result<SandboxId, ToolEr
             return Ok(id);
         }
         let record = make(call, config(args(), &template)?).await?;
+        call.keep_alive(&record.id);
         set_default(call, &record.id).await;
         return Ok(record.id);
     }
@@ -224,6 +231,7 @@ pub(crate) async fn default_sandbox(call: &Call<'_>) -> Result<SandboxId, ToolEr
         return Ok(id.clone());
     }
     let record = make(call, config(args(), &template)?).await?;
+    call.keep_alive(&record.id);
     call.own(&record.id);
     *default = Some(record.id.clone());
     Ok(record.id)
@@ -260,7 +268,7 @@ pub(crate) async fn kill(
     call: &Call<'_>,
     args: KillSandboxArgs,
 ) -> Result<CallToolResult, ToolError> {
-    let id = call.sandbox(Some(&args.sandbox_id)).await?;
+    let id = call.resolve(Some(&args.sandbox_id)).await?;
     let (m, t, i) = (Arc::clone(call.manager()), call.tenant.clone(), id.clone());
     let record = tokio::task::spawn_blocking(move || m.delete(&t, &i))
         .await
@@ -275,7 +283,9 @@ pub(crate) async fn kill(
 pub(crate) async fn extend(call: &Call<'_>, args: ExtendArgs) -> Result<CallToolResult, ToolError> {
     let timeout = parse_duration(&args.timeout)
         .map_err(|e| ToolError::Invalid(format!("invalid timeout: {e} (for example \"30m\")")))?;
-    let id = call.sandbox(args.sandbox_id.as_deref()).await?;
+    let id = call.resolve(args.sandbox_id.as_deref()).await?;
+    // From now on its deadline is the one asked for, not one kept by use.
+    lock(&call.shared().kept_alive).remove(&id);
     let (m, t, i) = (Arc::clone(call.manager()), call.tenant.clone(), id.clone());
     let record = tokio::task::spawn_blocking(move || m.extend(&t, &i, timeout))
         .await

@@ -35,8 +35,8 @@ pub struct CreateArgs {
     pub pids: Option<u32>,
     /// Size of the writable disk, e.g. `1G`.
     pub disk: Option<String>,
-    /// How long the sandbox lives unless extended, e.g. `30m` or `2h` (default: the
-    /// server's, usually 10m). extend_timeout prolongs it.
+    /// How long the sandbox lives unless extended, e.g. `30m` or `2h`. Default: while it
+    /// is used, until an hour after its last use by a tool. extend_timeout prolongs it.
     pub timeout: Option<String>,
     /// Environment variables every command in the sandbox gets.
     #[serde(default)]

@@ -92,6 +92,14 @@ async fn a_session_gets_a_default_sandbox_and_its_sandboxes_end_with_it() {
     // The same sandbox next time.
     let r = call(&c, "run_command", json!({"command": "true"})).await;
     assert_eq!(r.structured_content.unwrap()["sandbox_id"], default);
+    // Made without a timeout, it lives an hour past its last use.
+    let tenant = f.manager.authenticate(&f.key).unwrap().tenant;
+    let record = f
+        .manager
+        .get(&tenant, &brig_core::SandboxId::parse(&default).unwrap())
+        .unwrap();
+    let left = record.expires_at - record.created_at;
+    assert!(left > 59 * 60 * 1000, "{left} ms");
 
     let r = call(
         &c,
@@ -110,7 +118,6 @@ async fn a_session_gets_a_default_sandbox_and_its_sandboxes_end_with_it() {
         .to_string();
 
     c.cancel().await.unwrap();
-    let tenant = f.manager.authenticate(&f.key).unwrap().tenant;
     let ended = |id: &str| {
         let id = brig_core::SandboxId::parse(id).unwrap();
         !f.manager.is_running(&tenant, &id)

@@ -80,6 +80,18 @@ fn relay(base: &str) -> anyhow::Result<i32> {
         version: Mutex::new(None),
         out: Mutex::new(std::io::stdout()),
     });
+    // While stdin is open the client is there, however long it idles: a
+    // ping a minute keeps the daemon from ending the session (and its
+    // sandboxes) as abandoned.
+    {
+        let r = Arc::clone(&relay);
+        std::thread::spawn(move || {
+            for n in 0u64.. {
+                std::thread::sleep(PING_EVERY);
+                r.ping(n);
+            }
+        });
+    }
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines();
     // The first message (initialize) goes alone, so its session id is
@@ -106,6 +118,9 @@ fn relay(base: &str) -> anyhow::Result<i32> {
     relay.close();
     Ok(0)
 }
+
+/// How often the relay tells the daemon its client is still there.
+const PING_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
 
 struct Relay {
     url: String,
@@ -232,6 +247,20 @@ impl Relay {
         };
         if let Some(version) = v["result"]["protocolVersion"].as_str() {
             *lock(&self.version) = Some(version.to_string());
+        }
+    }
+
+    /// A ping of the relay's own, its answer not passed on.
+    fn ping(&self, n: u64) {
+        let message = serde_json::json!({
+            "jsonrpc": "2.0", "id": format!("brig-relay-ping-{n}"), "method": "ping",
+        });
+        let mut req = self.request("POST").set("Content-Type", "application/json");
+        for (name, value) in standard_headers(&message) {
+            req = req.set(name, &value);
+        }
+        if let Ok(r) = req.send_string(&message.to_string()) {
+            let _ = r.into_string();
         }
     }
 
