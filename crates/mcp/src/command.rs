@@ -53,12 +53,29 @@ async fn request(
     user: Option<String>,
 ) -> ExecRequest {
     let (default_user, home) = default_user(call, id).await;
-    let user = user.unwrap_or(default_user);
+    let mut env = env;
+    // The agent runs processes as root unless told a user; naming root
+    // costs a passwd lookup in the sandbox on every exec (0.2 ms here), so
+    // root by default goes unnamed, with the variables its login would set.
+    let user = match user {
+        Some(u) => Some(u),
+        None if default_user == "root" => {
+            for (k, v) in [
+                ("HOME", home.as_str()),
+                ("USER", "root"),
+                ("LOGNAME", "root"),
+            ] {
+                env.entry(k.to_string()).or_insert_with(|| v.to_string());
+            }
+            None
+        }
+        None => Some(default_user),
+    };
     ExecRequest {
         argv: vec!["sh".into(), "-c".into(), command],
         env,
         cwd: Some(cwd.unwrap_or(home)),
-        user: Some(user),
+        user,
         ..ExecRequest::default()
     }
 }
