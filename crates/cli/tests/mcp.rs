@@ -315,3 +315,54 @@ fn the_mcp_inspector_lists_and_calls_tools_over_both_transports() {
     }
     support::stop_daemon(&mut daemon);
 }
+
+/// A client that stops `brig mcp` with SIGTERM instead of closing stdin
+/// (some do, after a grace period) still ends the embedded runtime's
+/// sandboxes.
+#[test]
+fn sigterm_ends_the_embedded_runtime_s_sandboxes() {
+    use std::io::{BufRead, Write};
+    require_root!();
+    let home = tempfile::tempdir().unwrap();
+    let mut child = brig(home.path())
+        .args(["mcp", "--embedded", "--template", "host"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut send = |v: serde_json::Value| writeln!(stdin, "{v}").unwrap();
+    send(
+        serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {},
+        "clientInfo": {"name": "t", "version": "1"}}}),
+    );
+    send(serde_json::json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    send(
+        serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "run_command", "arguments": {"command": "echo up"}}}),
+    );
+    let id = loop {
+        let mut line = String::new();
+        assert!(stdout.read_line(&mut line).unwrap() > 0, "brig mcp exited");
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        if v["id"] == 2 {
+            assert_eq!(v["result"]["structuredContent"]["stdout"], "up\n", "{v}");
+            break v["result"]["structuredContent"]["sandbox_id"]
+                .as_str()
+                .unwrap()
+                .to_string();
+        }
+    };
+    assert!(!processes_of(&id).is_empty());
+    support::signal(child.id(), libc::SIGTERM);
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    assert!(
+        eventually(Duration::from_secs(10), || processes_of(&id).is_empty()),
+        "sandbox {id} outlived brig mcp's SIGTERM"
+    );
+    drop(stdin);
+}

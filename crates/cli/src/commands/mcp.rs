@@ -346,10 +346,16 @@ fn embedded(template: &str) -> anyhow::Result<i32> {
     config.home = Some(home.clone());
     let started = super::serve::start_runtime(store, config, &[])?;
     let shared = brig_mcp::Shared::new(Arc::clone(&started.manager), template);
-    let served = started
-        .runtime
-        .block_on(brig_mcp::serve_stdio(shared, tenant));
-    // stdin closed: every sandbox of this runtime ends with it.
+    // Until stdin closes, or a SIGTERM/SIGINT (a client that stops its
+    // server by signal): either way the sandboxes end below. (After a
+    // SIGKILL they run on, and the next runtime on this home adopts them.)
+    let served = started.runtime.block_on(async {
+        tokio::select! {
+            served = brig_mcp::serve_stdio(shared, tenant) => served,
+            () = super::serve::shutdown_signal() => Ok(()),
+        }
+    });
+    // Every sandbox of this runtime ends with it.
     started.manager.stop(OnStop::End);
     started
         .runtime

@@ -524,7 +524,7 @@ async fn bind(listen: SocketAddr) -> anyhow::Result<(Listener, SocketAddr)> {
     Ok((listener, addr))
 }
 
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     use tokio::signal::unix::{signal, SignalKind};
     let (Ok(mut int), Ok(mut term)) = (
         signal(SignalKind::interrupt()),
