@@ -317,15 +317,24 @@ fn the_mcp_inspector_lists_and_calls_tools_over_both_transports() {
 }
 
 /// A client that stops `brig mcp` with SIGTERM instead of closing stdin
-/// (some do, after a grace period) still ends the embedded runtime's
-/// sandboxes.
+/// (some do, after a grace period) still ends its session's sandboxes:
+/// the embedded runtime's, and, relayed, the daemon's.
 #[test]
-fn sigterm_ends_the_embedded_runtime_s_sandboxes() {
-    use std::io::{BufRead, Write};
+fn sigterm_ends_the_session_s_sandboxes() {
     require_root!();
     let home = tempfile::tempdir().unwrap();
-    let mut child = brig(home.path())
-        .args(["mcp", "--embedded", "--template", "host"])
+    sigterm_ends_the_sandbox(home.path(), &["mcp", "--embedded", "--template", "host"]);
+    let (mut daemon, _url, lines) =
+        support::start_daemon(home.path(), &["--mcp", "--mcp-template", "host"]);
+    std::thread::spawn(move || for _ in lines {});
+    sigterm_ends_the_sandbox(home.path(), &["mcp", "--relay"]);
+    support::stop_daemon(&mut daemon);
+}
+
+fn sigterm_ends_the_sandbox(home: &Path, args: &[&str]) {
+    use std::io::{BufRead, Write};
+    let mut child = brig(home)
+        .args(args)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::inherit())
@@ -359,10 +368,10 @@ fn sigterm_ends_the_embedded_runtime_s_sandboxes() {
     assert!(!processes_of(&id).is_empty());
     support::signal(child.id(), libc::SIGTERM);
     let status = child.wait().unwrap();
-    assert!(status.success(), "{status:?}");
+    assert!(status.success(), "{args:?}: {status:?}");
     assert!(
-        eventually(Duration::from_secs(10), || processes_of(&id).is_empty()),
-        "sandbox {id} outlived brig mcp's SIGTERM"
+        eventually(Duration::from_secs(20), || processes_of(&id).is_empty()),
+        "{args:?}: sandbox {id} outlived brig mcp's SIGTERM"
     );
     drop(stdin);
 }

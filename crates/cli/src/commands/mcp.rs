@@ -71,6 +71,13 @@ pub fn run(args: McpArgs) -> anyhow::Result<i32> {
 /// Relay stdio to `{base}/mcp`.
 fn relay(base: &str) -> anyhow::Result<i32> {
     let key = super::client::api_key()?;
+    // SIGTERM and SIGINT are taken by a thread of their own (blocked here,
+    // before any thread starts, so every thread inherits the mask): a
+    // client that stops its server by signal ends the session as a closed
+    // stdin does.
+    let signals = termination_signals();
+    // SAFETY: pthread_sigmask with a valid, initialised set, on this thread.
+    unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &signals, std::ptr::null_mut()) };
     let relay = Arc::new(Relay {
         url: format!("{}{}", base.trim_end_matches('/'), brig_mcp::http::PATH),
         key,
@@ -89,6 +96,18 @@ fn relay(base: &str) -> anyhow::Result<i32> {
             for n in 0u64.. {
                 std::thread::sleep(PING_EVERY);
                 r.ping(n);
+            }
+        });
+    }
+    {
+        let r = Arc::clone(&relay);
+        std::thread::spawn(move || {
+            let mut sig: libc::c_int = 0;
+            // SAFETY: sigwait with a valid set (blocked in every thread)
+            // and a valid out pointer.
+            if unsafe { libc::sigwait(&signals, &mut sig) } == 0 {
+                r.close();
+                std::process::exit(0);
             }
         });
     }
@@ -117,6 +136,19 @@ fn relay(base: &str) -> anyhow::Result<i32> {
     // sandboxes it made); calls still running are cut off with it.
     relay.close();
     Ok(0)
+}
+
+/// The set of SIGTERM and SIGINT.
+fn termination_signals() -> libc::sigset_t {
+    // SAFETY: sigset_t is plain data; sigemptyset initialises it before
+    // sigaddset reads it.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        set
+    }
 }
 
 /// How often the relay tells the daemon its client is still there.
