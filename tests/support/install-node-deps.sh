@@ -3,7 +3,9 @@
 # nothing else: the official E2B JS clients, `e2b` and
 # `@e2b/code-interpreter`, which crates/e2b/tests/e2b_js.rs drives
 # against `brig serve --e2b` (tests/e2b/js_sdk.mjs,
-# tests/e2b/js_code_interpreter.mjs).
+# tests/e2b/js_code_interpreter.mjs), and the official MCP Inspector,
+# `@modelcontextprotocol/inspector`, whose CLI mode crates/cli/tests/mcp.rs
+# runs against `brig mcp` and `brig serve --mcp`.
 #
 #   tests/support/install-node-deps.sh
 #
@@ -16,6 +18,10 @@ set -euo pipefail
 # e2b 2.51.0 below (no nested copy).
 E2B_JS_VERSION=2.51.0
 E2B_CI_JS_VERSION=2.8.0
+# Pinned: the MCP Inspector whose CLI lists and calls brig's tools. It asks
+# for Node 22.19 in its package.json; its CLI mode runs on Debian's Node 20
+# (checked with this version), so the engine check is not enforced.
+MCP_INSPECTOR_VERSION=2.12.0
 
 cache=${BRIG_TEST_CACHE:-$HOME/.cache/brig-test}
 dir=$cache/e2b-node
@@ -28,6 +34,26 @@ fi
 version() {
     node -p "require('$dir/node_modules/$1/package.json').version" 2>/dev/null || true
 }
+
+# The MCP Inspector, in a directory of its own.
+inspector=$cache/mcp-inspector-node
+if [ "$(node -p "require('$inspector/node_modules/@modelcontextprotocol/inspector/package.json').version" 2>/dev/null || true)" = "$MCP_INSPECTOR_VERSION" ]; then
+    echo "install-node-deps: @modelcontextprotocol/inspector $MCP_INSPECTOR_VERSION present in $inspector"
+else
+    mkdir -p "$inspector"
+    cat >"$inspector/package.json" <<JSON
+{
+  "name": "brig-mcp-inspector",
+  "private": true,
+  "dependencies": {
+    "@modelcontextprotocol/inspector": "$MCP_INSPECTOR_VERSION"
+  }
+}
+JSON
+    rm -f "$inspector/package-lock.json"
+    echo "install-node-deps: installing @modelcontextprotocol/inspector $MCP_INSPECTOR_VERSION into $inspector"
+    (cd "$inspector" && npm install --silent --no-audit --no-fund)
+fi
 
 if [ "$(version e2b)" = "$E2B_JS_VERSION" ] &&
     [ "$(version @e2b/code-interpreter)" = "$E2B_CI_JS_VERSION" ] &&

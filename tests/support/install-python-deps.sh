@@ -5,7 +5,7 @@
 # and the official E2B clients (e2b-venv: e2b + e2b-code-interpreter, current;
 # e2b-venv-2.48: e2b 2.48, the v1 create path; e2b-venv-2.45: e2b 2.45, a
 # release that refuses any API key but `e2b_` and hex digits) for the E2B
-# tests.
+# tests, and the official MCP Python SDK (mcp-venv: mcp) for the MCP tests.
 #
 #   tests/support/install-python-deps.sh
 #
@@ -28,6 +28,9 @@ E2B_CODE_INTERPRETER_VERSION=2.11.5
 E2B_OLD_VERSION=2.48.0
 # Releases 2.25-2.45 check the key's shape before sending anything.
 E2B_KEY_CHECKING_VERSION=2.45.0
+# Pinned: the MCP tests (tests/mcp/, crates/cli/tests/mcp.rs) drive brig
+# with the official MCP Python SDK client of this version.
+MCP_VERSION=2.3.0
 
 cache=${BRIG_TEST_CACHE:-$HOME/.cache/brig-test}
 venv=$cache/venv
@@ -99,3 +102,6 @@ install_venv e2b-venv-2.48 "e2b==$E2B_OLD_VERSION"
 # A generation that validates the key's shape (E2B_VALIDATE_API_KEY
 # defaults to true there): brig's keys must pass in their E2B spelling.
 install_venv e2b-venv-2.45 "e2b==$E2B_KEY_CHECKING_VERSION"
+# The MCP client (stdio and streamable HTTP), with matplotlib nowhere: the
+# plots are drawn inside the sandbox.
+install_venv mcp-venv "mcp==$MCP_VERSION"

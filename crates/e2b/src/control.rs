@@ -16,7 +16,7 @@
 //! it is built inside a tokio runtime), and at once by any call that finds
 //! it ended.
 
-mod interpreter;
+pub mod interpreter;
 mod network;
 mod secrets;
 mod time;
@@ -363,7 +363,11 @@ fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
 /// template's /etc/passwd has it (E2B's templates do), else `root`. Read
 /// inside the new sandbox, which sees exactly its template's files
 /// whatever kind of template it is.
-fn default_user(manager: &SandboxManager, tenant: &TenantId, id: &SandboxId) -> (String, String) {
+pub fn default_user(
+    manager: &SandboxManager,
+    tenant: &TenantId,
+    id: &SandboxId,
+) -> (String, String) {
     let mut passwd = String::new();
     if let Ok(mut f) = manager.read_file(tenant, id, "/etc/passwd") {
         let _ = std::io::Read::read_to_string(&mut f, &mut passwd);

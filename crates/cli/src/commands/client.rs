@@ -164,6 +164,13 @@ fn sandbox_named(message: &str) -> Option<&str> {
         .filter(|id| !id.is_empty())
 }
 
+/// The daemon's URL if one is named (`--url`, `BRIG_URL`) or runs for the
+/// home; `None` when no daemon is to be found (`brig mcp` then starts an
+/// embedded runtime).
+pub fn daemon_url() -> Option<String> {
+    url_given().or_else(|| local_daemon(&home_dir()))
+}
+
 impl Client {
     /// From the environment, or a clear error saying what to set.
     pub fn from_env() -> anyhow::Result<Client> {

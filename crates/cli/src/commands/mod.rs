@@ -19,6 +19,7 @@ pub mod kill;
 pub mod logs;
 pub mod ls;
 pub mod man;
+pub mod mcp;
 pub mod net;
 pub mod pause;
 pub mod resume;
@@ -55,6 +56,21 @@ pub enum Command {
     Doctor(doctor::DoctorArgs),
     /// Run the daemon: the HTTP API for long-lived sandboxes.
     Serve(serve::ServeArgs),
+    /// Serve the Model Context Protocol over stdio (what MCP clients launch).
+    ///
+    /// An MCP client (a desktop assistant, an IDE agent, an agent framework)
+    /// gets brig's sandboxes as tools: run_code (stateful Python and other
+    /// Jupyter kernels, plots as images), run_command, files, background
+    /// processes, sandboxes. Client configuration: {"command": "brig",
+    /// "args": ["mcp"]}.
+    ///
+    /// With a daemon running for the home (or --url / BRIG_URL), brig mcp
+    /// relays to its /mcp (start it with `brig serve --mcp`), presenting
+    /// BRIG_API_KEY or the local key. Without one, it starts an embedded
+    /// runtime for the session (as root); its sandboxes end when stdin
+    /// closes. Sandboxes a session creates end with it unless created with
+    /// persist. Logs go to stderr. See docs/mcp.md.
+    Mcp(Box<mcp::McpArgs>),
     /// Create a sandbox on the daemon and print its id.
     Create(create::CreateArgs),
     /// Show or change a sandbox's network policy, or list its connections.
@@ -106,6 +122,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Run(args) => run::run(*args),
         Command::Doctor(args) => doctor::run(args),
         Command::Serve(args) => serve::run(args),
+        Command::Mcp(args) => mcp::run(*args),
         Command::Create(args) => create::run(args),
         Command::Net(args) => net::run(args),
         Command::Exec(args) => exec::run(args),

@@ -3,7 +3,8 @@
 //! (printed once and written to `$BRIG_HOME/local.key` for the local CLI),
 //! and serves the front-ends over one runtime (brig-runtime's
 //! `SandboxManager`): the native API (brig-api) and, with `--e2b`, E2B's
-//! control and data planes (brig-e2b), until SIGINT or SIGTERM, then ends
+//! control and data planes (brig-e2b) and, with `--mcp`, the Model Context
+//! Protocol at /mcp (brig-mcp), until SIGINT or SIGTERM, then ends
 //! its sandboxes — or, with `--keep-sandboxes`, leaves them running for the
 //! next daemon on this home to re-adopt (as it does after a crash or a
 //! `kill -9`: sandboxes outlive the daemon, see brig-runtime's manager).
@@ -103,6 +104,14 @@ pub struct ServeArgs {
     /// clients ask for); else none].
     #[arg(long, value_name = "TEMPLATE,...|none", value_delimiter = ',')]
     prepare: Vec<String>,
+    /// Also serve the Model Context Protocol (streamable HTTP) at /mcp on
+    /// --listen, authenticated with a brig key like the API (docs/mcp.md).
+    #[arg(long)]
+    mcp: bool,
+    /// The template of an MCP session's default sandbox (what `run_code`
+    /// and `run_command` use when given no sandbox).
+    #[arg(long, default_value = brig_mcp::DEFAULT_TEMPLATE, value_name = "TEMPLATE")]
+    mcp_template: String,
     /// On SIGTERM or SIGINT, leave the sandboxes running (with their
     /// processes, files and timeouts) for the next `brig serve` on this
     /// home to re-adopt, instead of ending them: for restarts and
@@ -133,6 +142,8 @@ struct ServeConfig {
     dns_upstream: Vec<SocketAddr>,
     /// Named templates to build in the background from the start.
     prepare: Vec<String>,
+    /// The default template of MCP sessions, when --mcp is given.
+    mcp: Option<String>,
 }
 
 impl ServeArgs {
@@ -203,6 +214,7 @@ impl ServeArgs {
             manager,
             metrics_public: self.metrics_public,
             e2b: self.e2b.then_some((self.e2b_api, self.e2b_sandbox)),
+            mcp: self.mcp.then_some(self.mcp_template),
             on_stop: if self.keep_sandboxes {
                 OnStop::Keep
             } else {
@@ -232,6 +244,56 @@ pub fn run(args: ServeArgs) -> anyhow::Result<i32> {
             brig_runtime::e2b_spelling(&key).unwrap_or_default()
         );
     }
+    let Started {
+        manager,
+        runtime,
+        pin,
+    } = start_runtime(store, config.manager, &config.dns_upstream)?;
+    manager.prepare(&config.prepare);
+    for (name, _) in manager.preparing() {
+        eprintln!(
+            "brig: preparing template {name} in the background (a first build takes a few \
+             minutes; progress below). E2B creates of it answer 503 until it is ready"
+        );
+    }
+    let state = AppState::new(Arc::clone(&manager)).with_public_metrics(config.metrics_public);
+    let served = runtime.block_on(serve(
+        config.listen,
+        state,
+        config.e2b,
+        config.mcp,
+        config.on_stop,
+        &claim,
+    ));
+    // Sandboxes end before the runtime goes: their teardown is blocking
+    // work that must finish before brig exits.
+    manager.stop(config.on_stop);
+    runtime.shutdown_timeout(Duration::from_secs(5));
+    if config.on_stop == OnStop::End {
+        // Every sandbox has ended: nothing is linked to the gateway.
+        brig_net::gateway::remove_pin(&pin);
+    }
+    served?;
+    Ok(0)
+}
+
+/// A runtime on a home: the async runtime, the manager over the process
+/// tier, and the network gateway's pin (to remove once every sandbox has
+/// ended). What `brig serve` and `brig mcp`'s embedded runtime share.
+pub(crate) struct Started {
+    pub manager: Arc<SandboxManager>,
+    pub runtime: tokio::runtime::Runtime,
+    pub pin: PathBuf,
+}
+
+/// Start the runtime on an opened store: the process tier, the network
+/// gateway (or none, said in the log), the manager (which re-adopts what
+/// an earlier daemon left).
+pub(crate) fn start_runtime(
+    store: Store,
+    mut manager_config: ManagerConfig,
+    dns_upstream: &[SocketAddr],
+) -> anyhow::Result<Started> {
     // The process tier, run by the agent this binary carries, and tagged
     // with this daemon's database: sandboxes of another home on the same
     // host are none of its business.
@@ -245,12 +307,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<i32> {
         .context("cannot start the async runtime")?;
     // The network gateway (its proxy and resolver run on the runtime), before
     // the manager re-adopts sandboxes attached to it.
-    let mut manager_config = config.manager;
     let pin = gateway_pin(&tier.options().run_dir, &owner);
-    let upstream = if config.dns_upstream.is_empty() {
+    let upstream = if dns_upstream.is_empty() {
         brig_net::dns::upstream_from_resolv_conf()
     } else {
-        config.dns_upstream.clone()
+        dns_upstream.to_vec()
     };
     if let Some(dir) = pin.parent() {
         brig_net::gateway::reap_orphan_pins(dir);
@@ -272,31 +333,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<i32> {
         }
     }
     let manager = SandboxManager::start(store, manager_config, vec![Arc::new(tier)])?;
-    manager.prepare(&config.prepare);
-    for (name, _) in manager.preparing() {
-        eprintln!(
-            "brig: preparing template {name} in the background (a first build takes a few \
-             minutes; progress below). E2B creates of it answer 503 until it is ready"
-        );
-    }
-    let state = AppState::new(Arc::clone(&manager)).with_public_metrics(config.metrics_public);
-    let served = runtime.block_on(serve(
-        config.listen,
-        state,
-        config.e2b,
-        config.on_stop,
-        &claim,
-    ));
-    // Sandboxes end before the runtime goes: their teardown is blocking
-    // work that must finish before brig exits.
-    manager.stop(config.on_stop);
-    runtime.shutdown_timeout(Duration::from_secs(5));
-    if config.on_stop == OnStop::End {
-        // Every sandbox has ended: nothing is linked to the gateway.
-        brig_net::gateway::remove_pin(&pin);
-    }
-    served?;
-    Ok(0)
+    Ok(Started {
+        manager,
+        runtime,
+        pin,
+    })
 }
 
 /// Where this daemon's gateway namespace is pinned: one per home (the
@@ -313,6 +354,7 @@ async fn serve(
     listen: SocketAddr,
     state: AppState,
     e2b: Option<(SocketAddr, SocketAddr)>,
+    mcp: Option<String>,
     on_stop: OnStop,
     claim: &HomeClaim,
 ) -> anyhow::Result<()> {
@@ -358,9 +400,16 @@ async fn serve(
                 .context("the E2B sandbox server failed")
         });
     }
+    let mut api = app(state.clone());
+    if let Some(template) = mcp {
+        eprintln!("brig: mcp on http://{addr}{}", brig_mcp::http::PATH);
+        let shared = brig_mcp::Shared::new(Arc::clone(&state.manager), template);
+        // Before the API's fallback (404 for unknown paths).
+        api = brig_mcp::http::router(shared).merge(api);
+    }
     let stop = stopped.clone();
     servers.spawn(async move {
-        axum::serve(main, harden(app(state), "api"))
+        axum::serve(main, harden(api, "api"))
             .with_graceful_shutdown(stop())
             .await
             .context("the HTTP server failed")
@@ -457,7 +506,7 @@ pub fn lock_holder(file: &std::fs::File) -> Option<libc::pid_t> {
 }
 
 impl HomeClaim {
-    fn take(home: &std::path::Path) -> anyhow::Result<HomeClaim> {
+    pub(crate) fn take(home: &std::path::Path) -> anyhow::Result<HomeClaim> {
         use std::io::{Read, Seek, Write};
         use std::os::fd::AsRawFd;
         let path = home.join(DAEMON_FILE);
@@ -512,7 +561,7 @@ async fn bind(listen: SocketAddr) -> anyhow::Result<(Listener, SocketAddr)> {
     Ok((listener, addr))
 }
 
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     use tokio::signal::unix::{signal, SignalKind};
     let (Ok(mut int), Ok(mut term)) = (
         signal(SignalKind::interrupt()),

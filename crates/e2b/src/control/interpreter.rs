@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 use brig_agent_client::ExecRequest;
 
 use crate::{E2bSandbox, CODE_INTERPRETER_PORT};
-use brig_runtime::{ManagerError, SandboxManager};
+use brig_core::SandboxId;
+use brig_runtime::{ManagerError, SandboxManager, TenantId};
 
 /// The server's source, shipped in the brig binary.
 const SERVER_PY: &str = include_str!("../../resources/code-interpreter/server.py");
@@ -49,22 +50,32 @@ pub enum InterpreterError {
 /// user with the sandbox's environment (the manager adds it to every
 /// process), and wait until its port accepts connections. Blocking.
 pub fn start(manager: &SandboxManager, sb: &E2bSandbox) -> Result<(), InterpreterError> {
-    let home = sb.home.as_str();
-    let id = sb.id.to_string();
+    start_in(manager, &sb.tenant, &sb.id, &sb.default_user, &sb.home)
+}
+
+/// [`start`] for any front-end (brig-mcp's `run_code`): the server in
+/// sandbox `id` of `tenant`, run as `user` in `home`.
+pub fn start_in(
+    manager: &SandboxManager,
+    tenant: &TenantId,
+    id: &SandboxId,
+    user: &str,
+    home: &str,
+) -> Result<(), InterpreterError> {
+    let sid = id.to_string();
     let err = |source| InterpreterError::Start {
-        id: id.clone(),
+        id: sid.clone(),
         source: Box::new(source),
     };
-    let tenant = &sb.tenant;
-    run(
+    let at = Where {
         manager,
-        sb,
-        "root",
-        &["mkdir", "-p", "/opt/brig/code-interpreter"],
-    )
-    .map_err(err)?;
+        tenant,
+        id,
+    };
+    at.run("root", &["mkdir", "-p", "/opt/brig/code-interpreter"])
+        .map_err(err)?;
     manager
-        .write_file(tenant, &sb.id, SERVER_PATH, SERVER_PY.as_bytes())
+        .write_file(tenant, id, SERVER_PATH, SERVER_PY.as_bytes())
         .map_err(err)?;
     let port = CODE_INTERPRETER_PORT.to_string();
     let req = ExecRequest {
@@ -72,14 +83,14 @@ pub fn start(manager: &SandboxManager, sb: &E2bSandbox) -> Result<(), Interprete
             .map(String::from)
             .to_vec(),
         cwd: Some(home.to_string()),
-        user: Some(sb.default_user.clone()),
+        user: Some(user.to_string()),
         // The agent sets uid, gid and HOME for `user`; the names too, or
         // kernels (and `getpass.getuser()` in them) would say root.
         env: BTreeMap::from(
             [
                 ("BRIG_CI_LOG", "WARNING"),
-                ("USER", sb.default_user.as_str()),
-                ("LOGNAME", sb.default_user.as_str()),
+                ("USER", user),
+                ("LOGNAME", user),
                 ("HOME", home),
             ]
             .map(|(k, v)| (k.to_string(), v.to_string())),
@@ -88,18 +99,18 @@ pub fn start(manager: &SandboxManager, sb: &E2bSandbox) -> Result<(), Interprete
         ..ExecRequest::default()
     };
     // Dropping the handle detaches: a background process keeps running.
-    drop(manager.exec(tenant, &sb.id, &req).map_err(err)?);
+    drop(manager.exec(tenant, id, &req).map_err(err)?);
 
     let probe =
         format!("import socket; socket.create_connection(('127.0.0.1', {port}), 0.5).close()");
     let deadline = Instant::now() + READY_WAIT;
     loop {
-        if run(manager, sb, &sb.default_user, &["python3", "-c", &probe]).is_ok() {
+        if at.run(user, &["python3", "-c", &probe]).is_ok() {
             return Ok(());
         }
         if Instant::now() >= deadline {
             return Err(InterpreterError::NotReady {
-                id,
+                id: sid,
                 port: CODE_INTERPRETER_PORT,
                 secs: READY_WAIT.as_secs(),
             });
@@ -108,34 +119,39 @@ pub fn start(manager: &SandboxManager, sb: &E2bSandbox) -> Result<(), Interprete
     }
 }
 
-/// Run a command to its end; an error unless it exits 0.
-fn run(
-    manager: &SandboxManager,
-    sb: &E2bSandbox,
-    user: &str,
-    argv: &[&str],
-) -> Result<(), ManagerError> {
-    let req = ExecRequest {
-        argv: argv.iter().map(|s| s.to_string()).collect(),
-        user: Some(user.to_string()),
-        ..ExecRequest::default()
-    };
-    let process = manager.exec(&sb.tenant, &sb.id, &req)?;
-    let (_, stderr, status) = process
-        .wait_with_output()
-        .map_err(|source| ManagerError::Agent {
-            id: sb.id.clone(),
-            source,
-        })?;
-    if status.success() {
-        Ok(())
-    } else {
-        Err(ManagerError::BadRequest {
-            reason: format!(
-                "{} exited with {status:?}: {}",
-                argv.join(" "),
-                String::from_utf8_lossy(&stderr).trim()
-            ),
-        })
+/// A sandbox to run set-up commands in.
+struct Where<'a> {
+    manager: &'a SandboxManager,
+    tenant: &'a TenantId,
+    id: &'a SandboxId,
+}
+
+impl Where<'_> {
+    /// Run a command to its end; an error unless it exits 0.
+    fn run(&self, user: &str, argv: &[&str]) -> Result<(), ManagerError> {
+        let req = ExecRequest {
+            argv: argv.iter().map(|s| s.to_string()).collect(),
+            user: Some(user.to_string()),
+            ..ExecRequest::default()
+        };
+        let process = self.manager.exec(self.tenant, self.id, &req)?;
+        let (_, stderr, status) =
+            process
+                .wait_with_output()
+                .map_err(|source| ManagerError::Agent {
+                    id: self.id.clone(),
+                    source,
+                })?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(ManagerError::BadRequest {
+                reason: format!(
+                    "{} exited with {status:?}: {}",
+                    argv.join(" "),
+                    String::from_utf8_lossy(&stderr).trim()
+                ),
+            })
+        }
     }
 }

@@ -1,0 +1,298 @@
+//! `create_sandbox`, `list_sandboxes`, `kill_sandbox`, `extend_timeout`,
+//! and the session's default sandbox.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use brig_core::{parse_duration, parse_size, EnvVar, Isolation, Limits, SandboxId, TemplateRef};
+use brig_runtime::{CreateConfig, ListFilter, SandboxRecord, SandboxState};
+use rmcp::model::{CallToolResult, ContentBlock};
+use serde_json::json;
+
+use crate::error::ToolError;
+use crate::tools::{CreateArgs, ExtendArgs, KillSandboxArgs, ListSandboxesArgs, NetworkMode};
+use crate::Structured;
+use crate::{lock, Call};
+
+/// What a sandbox's record says, for the model.
+fn describe(r: &SandboxRecord, default: Option<&SandboxId>) -> serde_json::Value {
+    json!({
+        "sandbox_id": r.id.as_str(),
+        "template": r.template,
+        "state": r.state,
+        "expires_at_ms": r.expires_at,
+        "default": default == Some(&r.id),
+    })
+}
+
+/// The create arguments as the runtime takes them: every field checked,
+/// an error naming the one that is wrong.
+fn config(args: CreateArgs, default_template: &str) -> Result<CreateConfig, ToolError> {
+    let bad = |field: &str, e: &dyn std::fmt::Display| {
+        ToolError::Invalid(format!("invalid {field}: {e}"))
+    };
+    let isolation = match args.isolation.as_deref() {
+        None | Some("process") => Isolation::Process,
+        Some(t @ ("gvisor" | "vm")) => {
+            return Err(ToolError::Invalid(format!(
+                "the {t} isolation tier is not offered by this server yet; use \"process\""
+            )))
+        }
+        Some(other) => {
+            return Err(bad(
+                "isolation",
+                &format!("{other:?}: expected \"process\", \"gvisor\" or \"vm\""),
+            ))
+        }
+    };
+    let mut limits = Limits::default();
+    if let Some(m) = &args.memory {
+        limits.memory = parse_size(m).map_err(|e| bad("memory", &e))?;
+    }
+    if let Some(d) = &args.disk {
+        limits.disk = parse_size(d).map_err(|e| bad("disk", &e))?;
+    }
+    if let Some(p) = args.pids {
+        limits.pids = p;
+    }
+    limits.cpus = args.cpus;
+    let name = args.template.as_deref().unwrap_or(default_template);
+    if brig_e2b::control::interpreter::wanted(name) && args.memory.is_none() {
+        // Its kernels side by side need more than a plain sandbox's default.
+        limits.memory = brig_e2b::control::interpreter::MEMORY;
+    }
+    let template = TemplateRef::parse(name).map_err(|e| bad("template", &e))?;
+    // None given: it lives while it is used (`Call::used`).
+    let timeout = args
+        .timeout
+        .as_deref()
+        .map(parse_duration)
+        .transpose()
+        .map_err(|e| bad("timeout", &e))?
+        .or(Some(crate::IDLE_TIMEOUT));
+    let env = args
+        .env
+        .iter()
+        .map(|(k, v)| EnvVar::parse(&format!("{k}={v}")))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| bad("env", &e))?;
+    let network = network(args.network, &args.allow, &args.deny)?;
+    Ok(CreateConfig {
+        template,
+        limits,
+        env,
+        timeout,
+        isolation,
+        network,
+        attrs: serde_json::Map::from_iter([("mcp".to_string(), json!({"template": name}))]),
+        ..CreateConfig::default()
+    })
+}
+
+fn network(
+    mode: Option<NetworkMode>,
+    allow: &[String],
+    deny: &[String],
+) -> Result<Option<brig_net::Policy>, ToolError> {
+    if mode.is_none() && allow.is_empty() && deny.is_empty() {
+        return Ok(None);
+    }
+    let rules = |field: &str, list: &[String]| {
+        list.iter()
+            .map(|r| {
+                r.parse::<brig_net::policy::Rule>()
+                    .map_err(|e| ToolError::Invalid(format!("invalid {field} rule {r:?}: {e}")))
+            })
+            .collect::<Result<Vec<_>, _>>()
+    };
+    let mut policy = brig_net::Policy {
+        mode: match mode {
+            Some(NetworkMode::None) => brig_net::policy::Mode::None,
+            Some(NetworkMode::Allow) => brig_net::policy::Mode::Allow,
+            Some(NetworkMode::Public) => brig_net::policy::Mode::Public,
+            None if !allow.is_empty() => brig_net::policy::Mode::Allow,
+            None => brig_net::policy::Mode::Public,
+        },
+        ..brig_net::Policy::default()
+    };
+    policy.allow = rules("allow", allow)?;
+    policy.deny = rules("deny", deny)?;
+    Ok(Some(policy))
+}
+
+/// Create a sandbox, telling the client every few seconds that it is
+/// still being made (a first create of a template builds or pulls it).
+async fn make(call: &Call<'_>, config: CreateConfig) -> Result<SandboxRecord, ToolError> {
+    let (m, t) = (Arc::clone(call.manager()), call.tenant.clone());
+    let template = config.template.to_string();
+    let mut task = tokio::task::spawn_blocking(move || m.create(&t, config));
+    let started = tokio::time::Instant::now();
+    call.progress(0.0, format!("creating a sandbox of {template}"))
+        .await;
+    let mut tick = tokio::time::interval(Duration::from_secs(2));
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            done = &mut task => {
+                let record = done
+                    .map_err(|e| ToolError::Failed(format!("the create task failed: {e}")))??;
+                return Ok(record);
+            }
+            _ = tick.tick() => {
+                let secs = started.elapsed().as_secs();
+                call.progress(
+                    secs as f64,
+                    format!(
+                        "still creating a sandbox of {template} ({secs} s; a template's first \
+                         use builds or pulls it)"
+                    ),
+                )
+                .await;
+            }
+        }
+    }
+}
+
+pub(crate) async fn create(call: &Call<'_>, args: CreateArgs) -> Result<CallToolResult, ToolError> {
+    let (persist, make_default) = (args.persist, args.make_default);
+    let idle = args.timeout.is_none();
+    let config = config(args, &call.shared().default_template)?;
+    let record = make(call, config).await?;
+    if idle {
+        call.keep_alive(&record.id);
+    }
+    if !persist {
+        call.own(&record.id);
+    }
+    if make_default {
+        set_default(call, &record.id).await;
+    }
+    let default = current_default(call).await;
+    let v = describe(&record, default.as_ref());
+    Ok(CallToolResult::success(vec![ContentBlock::text(format!(
+        "created sandbox {} ({}){}; pass sandbox_id \"{}\" to the other tools to use it",
+        record.id,
+        record.template,
+        if persist {
+            ", kept after this session until its timeout"
+        } else {
+            ", ended with this session"
+        },
+        record.id
+    ))])
+    .with_structured_content(v))
+}
+
+async fn current_default(call: &Call<'_>) -> Option<SandboxId> {
+    if call.sessioned {
+        call.session.default.lock().await.clone()
+    } else {
+        lock(&call.shared().tenant_defaults)
+            .get(&call.tenant)
+            .cloned()
+    }
+}
+
+async fn set_default(call: &Call<'_>, id: &SandboxId) {
+    if call.sessioned {
+        *call.session.default.lock().await = Some(id.clone());
+    } else {
+        lock(&call.shared().tenant_defaults).insert(call.tenant.clone(), id.clone());
+    }
+}
+
+/// The session's default sandbox, made on first use (and again if the
+/// last one ended).
+pub(crate) async fn default_sandbox(call: &Call<'_>) -> Result<SandboxId, ToolError> {
+    let template = call.shared().default_template.clone();
+    let args = || CreateArgs {
+        template: Some(template.clone()),
+        ..CreateArgs::default()
+    };
+    if !call.sessioned {
+        // One per tenant; a create racing another may make two, and the
+        // later wins: the other lives out its timeout.
+        let known = lock(&call.shared().tenant_defaults)
+            .get(&call.tenant)
+            .cloned();
+        if let Some(id) = known.filter(|id| call.manager().is_running(&call.tenant, id)) {
+            return Ok(id);
+        }
+        let record = make(call, config(args(), &template)?).await?;
+        call.keep_alive(&record.id);
+        set_default(call, &record.id).await;
+        return Ok(record.id);
+    }
+    let mut default = call.session.default.lock().await;
+    if let Some(id) = default
+        .as_ref()
+        .filter(|id| call.manager().is_running(&call.tenant, id))
+    {
+        return Ok(id.clone());
+    }
+    let record = make(call, config(args(), &template)?).await?;
+    call.keep_alive(&record.id);
+    call.own(&record.id);
+    *default = Some(record.id.clone());
+    Ok(record.id)
+}
+
+pub(crate) async fn list(
+    call: &Call<'_>,
+    args: ListSandboxesArgs,
+) -> Result<CallToolResult, ToolError> {
+    let (m, t) = (Arc::clone(call.manager()), call.tenant.clone());
+    let filter = ListFilter {
+        state: (!args.include_ended).then_some(SandboxState::Running),
+        ..ListFilter::default()
+    };
+    let page = tokio::task::spawn_blocking(move || m.list(&t, &filter, None, 1000))
+        .await
+        .map_err(|e| ToolError::Failed(format!("the list task failed: {e}")))??;
+    let default = current_default(call).await;
+    let items: Vec<_> = page
+        .items
+        .iter()
+        .map(|r| describe(r, default.as_ref()))
+        .collect();
+    let text = if items.is_empty() {
+        "no sandboxes (tools create this session's default sandbox on first use)".to_string()
+    } else {
+        serde_json::to_string_pretty(&items).unwrap_or_default()
+    };
+    Ok(CallToolResult::success(vec![ContentBlock::text(text)])
+        .with_structured_content(json!({ "sandboxes": items })))
+}
+
+pub(crate) async fn kill(
+    call: &Call<'_>,
+    args: KillSandboxArgs,
+) -> Result<CallToolResult, ToolError> {
+    let id = call.resolve(Some(&args.sandbox_id)).await?;
+    let (m, t, i) = (Arc::clone(call.manager()), call.tenant.clone(), id.clone());
+    let record = tokio::task::spawn_blocking(move || m.delete(&t, &i))
+        .await
+        .map_err(|e| ToolError::Failed(format!("the delete task failed: {e}")))??;
+    call.disown(&id);
+    Ok(CallToolResult::success(vec![ContentBlock::text(format!(
+        "sandbox {id} ended ({})",
+        record.state
+    ))]))
+}
+
+pub(crate) async fn extend(call: &Call<'_>, args: ExtendArgs) -> Result<CallToolResult, ToolError> {
+    let timeout = parse_duration(&args.timeout)
+        .map_err(|e| ToolError::Invalid(format!("invalid timeout: {e} (for example \"30m\")")))?;
+    let id = call.resolve(args.sandbox_id.as_deref()).await?;
+    // From now on its deadline is the one asked for, not one kept by use.
+    lock(&call.shared().kept_alive).remove(&id);
+    let (m, t, i) = (Arc::clone(call.manager()), call.tenant.clone(), id.clone());
+    let record = tokio::task::spawn_blocking(move || m.extend(&t, &i, timeout))
+        .await
+        .map_err(|e| ToolError::Failed(format!("the extend task failed: {e}")))??;
+    Ok(CallToolResult::success(vec![ContentBlock::text(format!(
+        "sandbox {id} now expires in {} s",
+        timeout.as_secs()
+    ))])
+    .with_structured_content(describe(&record, None)))
+}
