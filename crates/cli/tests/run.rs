@@ -371,6 +371,38 @@ fn the_sandbox_has_its_own_boot_id_and_uptime() {
     }
 }
 
+/// A sandbox limited to fewer CPUs than the host has shows that many
+/// online (`/sys/devices/system/cpu/online`, read-only), so Python's
+/// `os.cpu_count()` (and the pools sized by it) count its limit; without a
+/// limit, the host's.
+#[test]
+fn the_cpu_limit_is_the_cpu_count_libraries_see() {
+    require_root!();
+    let host = std::thread::available_parallelism().unwrap().get();
+    let count = |args: &[&str]| {
+        let mut argv = vec!["run"];
+        argv.extend_from_slice(args);
+        argv.extend_from_slice(&[
+            "--",
+            "sh",
+            "-c",
+            "python3 -c 'import os; print(os.cpu_count())'; \
+             echo 0 > /sys/devices/system/cpu/online 2>/dev/null || echo refused",
+        ]);
+        let out = brig().args(&argv).output().unwrap();
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert_eq!(count(&["--cpus", "1"]), "1\nrefused\n");
+    assert_eq!(count(&["--cpus", "0.5"]), "1\nrefused\n");
+    assert_eq!(count(&[]), format!("{host}\nrefused\n"));
+    if host > 2 {
+        assert_eq!(count(&["--cpus", "1.5"]), "2\nrefused\n");
+    } else {
+        println!("skipped: --cpus 1.5 shows 2 CPUs only on a host with more than 2 ({host} here)");
+    }
+}
+
 #[test]
 fn env_workdir_and_user_apply() {
     require_root!();

@@ -54,6 +54,30 @@ pub const BOOT_ID: &str = "sys/kernel/random/boot_id";
 /// Where a sandbox's boot id is kept, inside it (its /dev tmpfs).
 pub const BOOT_ID_FILE: &str = "/dev/.boot_id";
 
+/// The CPUs the kernel says are online (glibc's `get_nprocs`, hence
+/// Python's `os.cpu_count()` and `multiprocessing.cpu_count()`, read it).
+pub const CPUS_ONLINE: &str = "/sys/devices/system/cpu/online";
+/// Where a sandbox's view of it is kept, inside it (its /dev tmpfs).
+pub const CPUS_ONLINE_FILE: &str = "/dev/.cpus_online";
+
+/// What a sandbox limited to `cpus` cores is shown as its online CPUs
+/// ("0-3\n" for 3.5), or `None` when the limit is not below the host's
+/// count (nothing to hide). Libraries size their thread pools by it: a
+/// sandbox of 1 CPU on a 64-CPU host must not start 64 workers.
+pub fn cpus_online(cpus: Option<f64>) -> Option<String> {
+    let cpus = cpus.filter(|c| c.is_finite() && *c > 0.0)?;
+    let host = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let shown = (cpus.ceil() as usize).clamp(1, host);
+    if shown >= host {
+        return None;
+    }
+    Some(if shown == 1 {
+        "0\n".to_string()
+    } else {
+        format!("0-{}\n", shown - 1)
+    })
+}
+
 /// A boot id as the kernel writes one: a random (version 4) UUID and a
 /// newline.
 pub fn random_boot_id() -> String {
@@ -580,6 +604,22 @@ impl Plan {
         }
         if input.pooled_net {
             next_fd += 1;
+        }
+        // As many CPUs online as its limit allows, for the libraries that
+        // size their pools by it (`os.cpu_count()`); `nproc`, which asks
+        // the scheduler's affinity, still counts the host's.
+        if let Some(online) = cpus_online(spec.limits.cpus) {
+            b.steps.push(Step::Write {
+                target: b.at(CPUS_ONLINE_FILE),
+                data: online.into_bytes(),
+                mode: 0o444,
+            });
+            b.bind_ro(
+                "show the sandbox's CPU limit as its online CPUs",
+                &format!("{root}{CPUS_ONLINE_FILE}"),
+                CPUS_ONLINE,
+                libc::MS_NOSUID | libc::MS_NOEXEC,
+            );
         }
         let mount_fds = next_fd;
         let program_fd = input.program_fd.then(|| {

@@ -531,7 +531,11 @@ impl Instance for ProcessInstance {
             .end_all_but_init()
             .map_err(self.cgroup_err("end the sandbox's processes"))?;
         // Cosmetic (the sandbox's own view): a failure is not the reboot's.
-        let _ = renew_boot_id(controls.init_pid());
+        let _ = write_view(
+            controls.init_pid(),
+            crate::plan::BOOT_ID_FILE,
+            &crate::plan::random_boot_id(),
+        );
         Ok(ended)
     }
 
@@ -555,9 +559,16 @@ impl Instance for ProcessInstance {
     }
 
     fn set_limits(&self, limits: &Limits) -> Result<(), TierError> {
-        self.controls()?
+        let controls = self.controls()?;
+        controls
             .set_limits(limits)
-            .map_err(self.cgroup_err("change the sandbox's limits"))
+            .map_err(self.cgroup_err("change the sandbox's limits"))?;
+        // Its view of its CPUs follows, where it has one (a sandbox made
+        // without a limit below the host's shows the host's and keeps it).
+        if let Some(online) = crate::plan::cpus_online(limits.cpus) {
+            let _ = write_view(controls.init_pid(), crate::plan::CPUS_ONLINE_FILE, &online);
+        }
+        Ok(())
     }
 
     fn kill(&self) {
@@ -628,13 +639,14 @@ fn chain(e: &dyn std::error::Error) -> String {
     s
 }
 
-/// Give the sandbox of `init_pid` a new boot id: rewrite the file its
-/// `/proc/sys/kernel/random/boot_id` is bound from (`plan::BOOT_ID_FILE`).
-/// The path is the sandbox's to change, so it is resolved inside its root
-/// with no symlink followed (openat2 `RESOLVE_IN_ROOT | RESOLVE_NO_SYMLINKS`),
+/// Rewrite one of the files the sandbox of `init_pid` sees in place of the
+/// host's (`plan::BOOT_ID_FILE`, `plan::CPUS_ONLINE_FILE`), which exists
+/// already (a missing one is an error: nothing is created). The path is
+/// the sandbox's to change, so it is resolved inside its root with no
+/// symlink followed (openat2 `RESOLVE_IN_ROOT | RESOLVE_NO_SYMLINKS`),
 /// opened without blocking (a FIFO put there cannot hold the host), and
 /// written only if it is a regular file.
-pub(crate) fn renew_boot_id(init_pid: libc::pid_t) -> std::io::Result<()> {
+pub(crate) fn write_view(init_pid: libc::pid_t, file: &str, contents: &str) -> std::io::Result<()> {
     use std::io::Write;
     use std::os::fd::FromRawFd;
     let root = std::fs::File::open(format!("/proc/{init_pid}/root"))?;
@@ -650,8 +662,8 @@ pub(crate) fn renew_boot_id(init_pid: libc::pid_t) -> std::io::Result<()> {
         mode: 0,
         resolve: libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_SYMLINKS | libc::RESOLVE_NO_MAGICLINKS,
     };
-    let path = std::ffi::CString::new(crate::plan::BOOT_ID_FILE.trim_start_matches('/'))
-        .map_err(std::io::Error::other)?;
+    let path =
+        std::ffi::CString::new(file.trim_start_matches('/')).map_err(std::io::Error::other)?;
     // SAFETY: openat2 with a valid directory fd, C string and open_how of
     // the size passed; the result is checked.
     let fd = unsafe {
@@ -671,5 +683,5 @@ pub(crate) fn renew_boot_id(init_pid: libc::pid_t) -> std::io::Result<()> {
     if !file.metadata()?.is_file() {
         return Err(std::io::Error::other("not a regular file"));
     }
-    file.write_all(crate::plan::random_boot_id().as_bytes())
+    file.write_all(contents.as_bytes())
 }
