@@ -390,7 +390,11 @@ fn the_cpu_limit_is_the_cpu_count_libraries_see() {
              echo 0 > /sys/devices/system/cpu/online 2>/dev/null || echo refused",
         ]);
         let out = brig().args(&argv).output().unwrap();
-        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     assert_eq!(count(&["--cpus", "1"]), "1\nrefused\n");
