@@ -513,7 +513,8 @@ impl SandboxManager {
         let now = Instant::now();
         let timestamp = now_millis();
         let cpu = stats.cpu_ns.unwrap_or(0);
-        let since = match lock(&live.lifecycle).series_last {
+        let prev = lock(&live.lifecycle).series_last;
+        let since = match prev {
             Some((at, before)) => (now.duration_since(at), cpu.saturating_sub(before)),
             // The first sample: since the sandbox started.
             None => {
@@ -527,6 +528,11 @@ impl SandboxManager {
             (pct * 100.0).round() / 100.0
         });
         let mut lc = lock(&live.lifecycle);
+        if lc.series_last != prev {
+            // Another sample went in meanwhile (the sweeper's and a
+            // request's, at once): one is the series' sample.
+            return Some(());
+        }
         lc.series_last = Some((now, cpu));
         if lc.series.len() == SERIES_KEEP {
             lc.series.pop_front();
