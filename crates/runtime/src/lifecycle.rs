@@ -447,37 +447,14 @@ impl SandboxManager {
         let timestamp = now_millis();
         let cpu = stats.cpu_ns.unwrap_or(0);
         let mut lc = lock(&live.lifecycle);
-        let since = match lc.last_sample {
-            Some((at, before)) => Some((now.duration_since(at), cpu.saturating_sub(before))),
-            None => {
-                let wall = timestamp.saturating_sub(record.created_at).max(0) as u64;
-                Some((Duration::from_millis(wall), cpu))
-            }
-        };
+        let since = since(lc.last_sample, now, cpu, timestamp, record.created_at);
         lc.last_sample = Some((now, cpu));
-        let cpu_percent = since
-            .filter(|(wall, _)| !wall.is_zero() && stats.cpu_ns.is_some())
-            .map(|(wall, used)| {
-                let pct = used as f64 / wall.as_nanos() as f64 * 100.0;
-                (pct * 100.0).round() / 100.0
-            });
-        Ok(SandboxMetrics {
-            cpu_usage_ns: cpu,
-            cpu_percent,
-            memory_bytes: stats.memory_bytes,
-            memory_peak_bytes: stats.memory_peak_bytes,
-            memory_limit_bytes: stats.memory_limit_bytes,
-            disk_used_bytes: stats.disk_used_bytes,
-            disk_total_bytes: stats.disk_total_bytes,
-            pids: stats.pids,
-            oom_kills: stats.oom_kills,
-            state: if lc.paused.is_some() {
-                SandboxState::Paused
-            } else {
-                record.state
-            },
-            timestamp,
-        })
+        let state = if lc.paused.is_some() {
+            SandboxState::Paused
+        } else {
+            record.state
+        };
+        Ok(sample(&stats, since, state, timestamp))
     }
 
     /// Add a sample to the series of every running sandbox whose next one
@@ -514,19 +491,12 @@ impl SandboxManager {
         let timestamp = now_millis();
         let cpu = stats.cpu_ns.unwrap_or(0);
         let prev = lock(&live.lifecycle).series_last;
-        let since = match prev {
-            Some((at, before)) => (now.duration_since(at), cpu.saturating_sub(before)),
-            // The first sample: since the sandbox started.
-            None => {
-                let created = self.store().get_sandbox(Scope::Daemon, id).ok()?.created_at;
-                let wall = timestamp.saturating_sub(created).max(0) as u64;
-                (Duration::from_millis(wall), cpu)
-            }
+        // The first sample is over the time since the sandbox started.
+        let created = match prev {
+            Some(_) => 0,
+            None => self.store().get_sandbox(Scope::Daemon, id).ok()?.created_at,
         };
-        let cpu_percent = (!since.0.is_zero() && stats.cpu_ns.is_some()).then(|| {
-            let pct = since.1 as f64 / since.0.as_nanos() as f64 * 100.0;
-            (pct * 100.0).round() / 100.0
-        });
+        let since = since(prev, now, cpu, timestamp, created);
         let mut lc = lock(&live.lifecycle);
         if lc.series_last != prev {
             // Another sample went in meanwhile (the sweeper's and a
@@ -537,19 +507,8 @@ impl SandboxManager {
         if lc.series.len() == SERIES_KEEP {
             lc.series.pop_front();
         }
-        lc.series.push_back(SandboxMetrics {
-            cpu_usage_ns: cpu,
-            cpu_percent,
-            memory_bytes: stats.memory_bytes,
-            memory_peak_bytes: stats.memory_peak_bytes,
-            memory_limit_bytes: stats.memory_limit_bytes,
-            disk_used_bytes: stats.disk_used_bytes,
-            disk_total_bytes: stats.disk_total_bytes,
-            pids: stats.pids,
-            oom_kills: stats.oom_kills,
-            state: SandboxState::Running,
-            timestamp,
-        });
+        lc.series
+            .push_back(sample(&stats, since, SandboxState::Running, timestamp));
         Some(())
     }
 
@@ -590,5 +549,50 @@ impl SandboxManager {
             }
         }
         counts
+    }
+}
+
+/// The wall time and CPU time between the previous sample `prev` (when, CPU
+/// ns) and now; with none, since the sandbox's creation (`created`, ms).
+fn since(
+    prev: Option<(Instant, u64)>,
+    now: Instant,
+    cpu: u64,
+    timestamp: UnixMillis,
+    created: UnixMillis,
+) -> (Duration, u64) {
+    match prev {
+        Some((at, before)) => (now.duration_since(at), cpu.saturating_sub(before)),
+        None => {
+            let wall = timestamp.saturating_sub(created).max(0) as u64;
+            (Duration::from_millis(wall), cpu)
+        }
+    }
+}
+
+/// One sample from the tier's reading and the interval it covers:
+/// `cpu_percent` is the CPU time over the wall time (100 = one core).
+fn sample(
+    stats: &Usage,
+    (wall, used): (Duration, u64),
+    state: SandboxState,
+    timestamp: UnixMillis,
+) -> SandboxMetrics {
+    let cpu_percent = (!wall.is_zero() && stats.cpu_ns.is_some()).then(|| {
+        let pct = used as f64 / wall.as_nanos() as f64 * 100.0;
+        (pct * 100.0).round() / 100.0
+    });
+    SandboxMetrics {
+        cpu_usage_ns: stats.cpu_ns.unwrap_or(0),
+        cpu_percent,
+        memory_bytes: stats.memory_bytes,
+        memory_peak_bytes: stats.memory_peak_bytes,
+        memory_limit_bytes: stats.memory_limit_bytes,
+        disk_used_bytes: stats.disk_used_bytes,
+        disk_total_bytes: stats.disk_total_bytes,
+        pids: stats.pids,
+        oom_kills: stats.oom_kills,
+        state,
+        timestamp,
     }
 }
