@@ -8,7 +8,7 @@ use axum::extract::{Path, Query, RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::Json;
-use brig_core::{parse_duration, parse_size, EnvVar, Limits, TemplateRef};
+use brig_core::{parse_duration, EnvVar, Limits, TemplateRef};
 use serde::{Deserialize, Serialize};
 
 use super::{blocking, sandbox_id, ApiError, AppState, Auth};
@@ -97,17 +97,13 @@ impl CreateSandboxConfig {
                 ))
             }
         }
-        let mut limits = Limits::default();
-        if let Some(m) = &self.memory {
-            limits.memory = parse_size(m).map_err(|e| bad("memory", &e))?;
-        }
-        if let Some(d) = &self.disk {
-            limits.disk = parse_size(d).map_err(|e| bad("disk", &e))?;
-        }
-        if let Some(p) = self.pids {
-            limits.pids = p;
-        }
-        limits.cpus = self.cpus;
+        let limits = Limits::from_request(
+            self.memory.as_deref(),
+            self.disk.as_deref(),
+            self.pids,
+            self.cpus,
+        )
+        .map_err(|(field, e)| bad(field, &e))?;
         let template = match &self.template {
             Some(t) => TemplateRef::parse(t).map_err(|e| ApiError::bad_request(e.to_string()))?,
             None => TemplateRef::Host,
@@ -118,12 +114,7 @@ impl CreateSandboxConfig {
             .map(parse_duration)
             .transpose()
             .map_err(|e| bad("timeout", &e))?;
-        let env = self
-            .env
-            .iter()
-            .map(|(k, v)| EnvVar::parse(&format!("{k}={v}")))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        let env = EnvVar::from_map(&self.env).map_err(|e| ApiError::bad_request(e.to_string()))?;
         let network = self.network.map(|n| n.parse()).transpose()?;
         let publish = self
             .publish

@@ -239,6 +239,30 @@ impl Default for Limits {
 }
 
 impl Limits {
+    /// Limits from a request's fields (sizes as `512M`, `1G`), the defaults
+    /// for what is absent; a size that does not parse is `Err` with the
+    /// field's name and why. Every front-end's create reads them this way.
+    pub fn from_request(
+        memory: Option<&str>,
+        disk: Option<&str>,
+        pids: Option<u32>,
+        cpus: Option<f64>,
+    ) -> Result<Limits, (&'static str, String)> {
+        let size = |field, s: &str| crate::units::parse_size(s).map_err(|e| (field, e.to_string()));
+        let mut limits = Limits::default();
+        if let Some(m) = memory {
+            limits.memory = size("memory", m)?;
+        }
+        if let Some(d) = disk {
+            limits.disk = size("disk", d)?;
+        }
+        if let Some(p) = pids {
+            limits.pids = p;
+        }
+        limits.cpus = cpus;
+        Ok(limits)
+    }
+
     /// The limits' own rule, the same wherever they come from (a spec, a
     /// daemon's defaults).
     pub fn validate(&self) -> Result<(), SpecError> {
@@ -301,6 +325,15 @@ pub struct EnvVar {
 }
 
 impl EnvVar {
+    /// Variables from a request's `{"NAME": "value"}` map.
+    pub fn from_map(
+        vars: &std::collections::BTreeMap<String, String>,
+    ) -> Result<Vec<EnvVar>, SpecError> {
+        vars.iter()
+            .map(|(k, v)| EnvVar::parse(&format!("{k}={v}")))
+            .collect()
+    }
+
     pub fn parse(s: &str) -> Result<Self, SpecError> {
         let err = || SpecError::Env {
             input: s.to_string(),

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use brig_core::{parse_duration, parse_size, EnvVar, Isolation, Limits, SandboxId, TemplateRef};
+use brig_core::{parse_duration, EnvVar, Isolation, Limits, SandboxId, TemplateRef};
 use brig_runtime::{CreateConfig, ListFilter, SandboxRecord, SandboxState};
 use rmcp::model::{CallToolResult, ContentBlock};
 use serde_json::json;
@@ -45,17 +45,13 @@ fn config(args: CreateArgs, default_template: &str) -> Result<CreateConfig, Tool
             ))
         }
     };
-    let mut limits = Limits::default();
-    if let Some(m) = &args.memory {
-        limits.memory = parse_size(m).map_err(|e| bad("memory", &e))?;
-    }
-    if let Some(d) = &args.disk {
-        limits.disk = parse_size(d).map_err(|e| bad("disk", &e))?;
-    }
-    if let Some(p) = args.pids {
-        limits.pids = p;
-    }
-    limits.cpus = args.cpus;
+    let mut limits = Limits::from_request(
+        args.memory.as_deref(),
+        args.disk.as_deref(),
+        args.pids,
+        args.cpus,
+    )
+    .map_err(|(field, e)| bad(field, &e))?;
     let name = args.template.as_deref().unwrap_or(default_template);
     if brig_e2b::control::interpreter::wanted(name) && args.memory.is_none() {
         // Its kernels side by side need more than a plain sandbox's default.
@@ -70,12 +66,7 @@ fn config(args: CreateArgs, default_template: &str) -> Result<CreateConfig, Tool
         .transpose()
         .map_err(|e| bad("timeout", &e))?
         .or(Some(crate::IDLE_TIMEOUT));
-    let env = args
-        .env
-        .iter()
-        .map(|(k, v)| EnvVar::parse(&format!("{k}={v}")))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| bad("env", &e))?;
+    let env = EnvVar::from_map(&args.env).map_err(|e| bad("env", &e))?;
     let network = network(args.network, &args.allow, &args.deny)?;
     Ok(CreateConfig {
         template,
