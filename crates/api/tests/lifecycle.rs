@@ -349,6 +349,43 @@ async fn metrics_series_samples_at_the_interval_and_selects_ranges() {
     assert!(after["items"].as_array().unwrap().len() >= 2, "{after}");
 }
 
+/// A sandbox's /proc/meminfo shows its limit as the machine's memory and
+/// follows what it uses: 96 MiB held by a process shows as used after the
+/// next sample (`free` in the sandbox, as E2B's VM would show it).
+#[tokio::test(flavor = "multi_thread")]
+async fn meminfo_shows_the_limit_and_follows_use() {
+    if !root_or_skip() {
+        return;
+    }
+    let f = fixture(|c| c.metrics_interval = Duration::from_millis(200));
+    let id = create(&f, r#"{"memory": "256M"}"#).await;
+    let free = || async {
+        let out = sh(&f, &id, "free -b | awk '/^Mem:/ {print $2, $3}'").await;
+        let (total, used) = out.trim().split_once(' ').unwrap();
+        (total.parse::<u64>().unwrap(), used.parse::<u64>().unwrap())
+    };
+    let (total, before) = free().await;
+    assert_eq!(total, 256 << 20);
+    start(
+        &f,
+        &id,
+        "python3 -c 'import time; b = bytearray(96 << 20); time.sleep(600)'",
+    )
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, used) = free().await;
+        if used >= before + (90 << 20) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "96 MiB held, /proc/meminfo still says {used} used ({before} before)"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 fn stamps_now() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -387,7 +387,8 @@ fn the_cpu_limit_is_the_cpu_count_libraries_see() {
             "sh",
             "-c",
             "python3 -c 'import os; print(os.cpu_count())'; \
-             echo 0 > /sys/devices/system/cpu/online 2>/dev/null || echo refused",
+             echo 0 > /sys/devices/system/cpu/online 2>/dev/null || echo refused; \
+             grep -c ^processor /proc/cpuinfo",
         ]);
         let out = brig().args(&argv).output().unwrap();
         assert!(
@@ -397,14 +398,68 @@ fn the_cpu_limit_is_the_cpu_count_libraries_see() {
         );
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
-    assert_eq!(count(&["--cpus", "1"]), "1\nrefused\n");
-    assert_eq!(count(&["--cpus", "0.5"]), "1\nrefused\n");
-    assert_eq!(count(&[]), format!("{host}\nrefused\n"));
+    assert_eq!(count(&["--cpus", "1"]), "1\nrefused\n1\n");
+    assert_eq!(count(&["--cpus", "0.5"]), "1\nrefused\n1\n");
+    assert_eq!(count(&[]), format!("{host}\nrefused\n{host}\n"));
     if host > 2 {
-        assert_eq!(count(&["--cpus", "1.5"]), "2\nrefused\n");
+        assert_eq!(count(&["--cpus", "1.5"]), "2\nrefused\n2\n");
     } else {
         println!("skipped: --cpus 1.5 shows 2 CPUs only on a host with more than 2 ({host} here)");
     }
+}
+
+/// A sandbox's memory limit is its machine's memory to `free` and psutil
+/// (/proc/meminfo, read-only); a limit above the host's hides nothing.
+#[test]
+fn the_memory_limit_is_the_memory_free_shows() {
+    require_root!();
+    let script = "free -b | awk '/^Mem:/ {print $2, $4}'; \
+                  grep -c . /proc/meminfo; \
+                  echo x > /proc/meminfo 2>/dev/null || echo refused";
+    let free = |memory: &str| {
+        let out = brig()
+            .args(["run", "--memory", memory, "--", "sh", "-c", script])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let host_lines = std::fs::read_to_string("/proc/meminfo")
+        .unwrap()
+        .lines()
+        .count();
+    let shown = free("256m");
+    let mut lines = shown.lines();
+    let (total, free_now) = lines.next().unwrap().split_once(' ').unwrap();
+    assert_eq!(total, (256u64 << 20).to_string(), "{shown}");
+    assert!(free_now.parse::<u64>().unwrap() <= 256 << 20, "{shown}");
+    assert_eq!(
+        lines.next(),
+        Some(host_lines.to_string().as_str()),
+        "{shown}"
+    );
+    assert_eq!(lines.next(), Some("refused"), "{shown}");
+    // Above the host's memory: the host's figures.
+    let host_total = std::fs::read_to_string("/proc/meminfo").unwrap();
+    let host_kb: u64 = host_total
+        .lines()
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let big = free(&format!("{}m", host_kb / 1024 + 1024));
+    assert_eq!(
+        big.split_once(' ').unwrap().0,
+        (host_kb * 1024).to_string(),
+        "{big}"
+    );
 }
 
 #[test]

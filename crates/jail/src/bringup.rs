@@ -805,6 +805,8 @@ mod tests {
             proc_has: &|_| true,
             locked_flags: &|_| 0,
             argv_area: None,
+            host_meminfo: None,
+            host_cpuinfo: None,
             pooled_net: false,
             program_fd: false,
             stdio_fd: false,

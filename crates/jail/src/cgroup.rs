@@ -732,6 +732,14 @@ impl CgroupControls {
         }
     }
 
+    /// The sandbox's memory by kind (`memory.stat`), for its view of its
+    /// memory ([`crate::views::meminfo`]).
+    pub fn memory_stat(&self) -> Result<crate::views::MemoryStat, CgroupError> {
+        let path = self.dir("memory")?.join("memory.stat");
+        let text = fs::read_to_string(&path).map_err(io_err("read", &path))?;
+        Ok(crate::views::MemoryStat::parse(&text))
+    }
+
     /// Apply new memory, task and CPU limits to the live sandbox
     /// (`limits.disk` and `limits.timeout` are not cgroup limits and are
     /// ignored). Lowering memory below what the sandbox uses makes the

@@ -36,6 +36,7 @@ pub mod sys;
 pub mod template;
 pub mod tier;
 pub mod trace;
+pub mod views;
 
 pub use cgroup::{CgroupControls, CgroupStats, DiskStats};
 pub use error::JailError;

@@ -14,6 +14,9 @@ use std::path::Path;
 use brig_core::{SandboxId, SandboxSpec};
 
 use crate::template::{HostEntry, Identity, Layout};
+use crate::views::{
+    self, cpus_online, random_boot_id, BOOT_ID, BOOT_ID_FILE, CPUS_ONLINE, CPUS_ONLINE_FILE,
+};
 
 /// Capabilities a container's root normally keeps (Docker's default set)
 /// minus CAP_NET_RAW: CHOWN, DAC_OVERRIDE, FOWNER, FSETID, KILL, SETGID,
@@ -48,52 +51,6 @@ pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bi
 /// sandbox's own network namespace's sysctls) belongs to sandbox root, and
 /// nothing in there needs changing from inside.
 pub const READONLY_PROC: &[&str] = &["sys", "sysrq-trigger"];
-
-/// The kernel's boot id, under /proc; each sandbox is shown its own.
-pub const BOOT_ID: &str = "sys/kernel/random/boot_id";
-/// Where a sandbox's boot id is kept, inside it (its /dev tmpfs).
-pub const BOOT_ID_FILE: &str = "/dev/.boot_id";
-
-/// The CPUs the kernel says are online (glibc's `get_nprocs`, hence
-/// Python's `os.cpu_count()` and `multiprocessing.cpu_count()`, read it).
-pub const CPUS_ONLINE: &str = "/sys/devices/system/cpu/online";
-/// Where a sandbox's view of it is kept, inside it (its /dev tmpfs).
-pub const CPUS_ONLINE_FILE: &str = "/dev/.cpus_online";
-
-/// What a sandbox limited to `cpus` cores is shown as its online CPUs
-/// ("0-3\n" for 3.5), or `None` when the limit is not below the host's
-/// count (nothing to hide). Libraries size their thread pools by it: a
-/// sandbox of 1 CPU on a 64-CPU host must not start 64 workers.
-pub fn cpus_online(cpus: Option<f64>) -> Option<String> {
-    let cpus = cpus.filter(|c| c.is_finite() && *c > 0.0)?;
-    let host = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let shown = (cpus.ceil() as usize).clamp(1, host);
-    if shown >= host {
-        return None;
-    }
-    Some(if shown == 1 {
-        "0\n".to_string()
-    } else {
-        format!("0-{}\n", shown - 1)
-    })
-}
-
-/// A boot id as the kernel writes one: a random (version 4) UUID and a
-/// newline.
-pub fn random_boot_id() -> String {
-    let mut b: [u8; 16] = rand::random();
-    b[6] = (b[6] & 0x0f) | 0x40;
-    b[8] = (b[8] & 0x3f) | 0x80;
-    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!(
-        "{}-{}-{}-{}-{}\n",
-        &h[0..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..32]
-    )
-}
 
 /// One mount-namespace operation before `pivot_root`.
 #[derive(Debug)]
@@ -347,6 +304,9 @@ pub struct PlanInput<'a> {
     pub locked_flags: &'a dyn Fn(&Path) -> libc::c_ulong,
     /// The host process's argv area (see [`argv_area`]).
     pub argv_area: Option<(usize, usize)>,
+    /// The host's /proc/meminfo and /proc/cpuinfo, for the sandbox's views.
+    pub host_meminfo: Option<&'a str>,
+    pub host_cpuinfo: Option<&'a str>,
     /// The sandbox joins a pooled network namespace and gets its sysfs as a
     /// detached mount (after the template's, if any).
     pub pooled_net: bool,
@@ -621,6 +581,46 @@ impl Plan {
                 libc::MS_NOSUID | libc::MS_NOEXEC,
             );
         }
+        // Its memory limit as the machine's memory (`free`, psutil), and
+        // as many CPUs in /proc/cpuinfo as are online. The memory view
+        // starts empty and follows the sandbox's use at each usage
+        // reading (`tier`'s `usage`).
+        let meminfo = input
+            .host_meminfo
+            .filter(|_| (input.proc_has)(views::MEMINFO))
+            .and_then(|host| {
+                views::meminfo(host, spec.limits.memory.bytes(), 0, &Default::default())
+            });
+        if let Some(view) = meminfo {
+            b.steps.push(Step::Write {
+                target: b.at(views::MEMINFO_FILE),
+                data: view.into_bytes(),
+                mode: 0o444,
+            });
+            b.bind_ro(
+                "show the sandbox's memory limit as its memory",
+                &format!("{root}{}", views::MEMINFO_FILE),
+                &format!("/proc/{}", views::MEMINFO),
+                libc::MS_NOSUID | libc::MS_NOEXEC,
+            );
+        }
+        let cpuinfo = input
+            .host_cpuinfo
+            .filter(|_| (input.proc_has)(views::CPUINFO))
+            .and_then(|host| views::cpuinfo(host, spec.limits.cpus));
+        if let Some(view) = cpuinfo {
+            b.steps.push(Step::Write {
+                target: b.at(views::CPUINFO_FILE),
+                data: view.into_bytes(),
+                mode: 0o444,
+            });
+            b.bind_ro(
+                "describe only the sandbox's CPUs",
+                &format!("{root}{}", views::CPUINFO_FILE),
+                &format!("/proc/{}", views::CPUINFO),
+                libc::MS_NOSUID | libc::MS_NOEXEC,
+            );
+        }
         let mount_fds = next_fd;
         let program_fd = input.program_fd.then(|| {
             next_fd += 1;
@@ -806,6 +806,8 @@ mod tests {
             proc_has: &|f| f != "sched_debug",
             locked_flags: &|_| 0,
             argv_area: None,
+            host_meminfo: None,
+            host_cpuinfo: None,
             pooled_net: false,
             program_fd: false,
             stdio_fd: false,
@@ -945,6 +947,8 @@ mod tests {
             proc_has: &|f| f == "sys",
             locked_flags: &|_| 0,
             argv_area: None,
+            host_meminfo: None,
+            host_cpuinfo: None,
             pooled_net: false,
             program_fd: false,
             stdio_fd: false,

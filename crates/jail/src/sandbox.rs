@@ -44,6 +44,7 @@ use crate::slot::{self, Slot};
 use crate::sys::Errno;
 use crate::template::{self, HostEntry, Layout};
 use crate::trace::{now_ns, Marks};
+use crate::views;
 use crate::{reconcile, seccomp};
 
 /// Exit status of a sandbox whose set-up failed before the command ran.
@@ -84,6 +85,10 @@ pub struct HostFacts {
     proc_paths: Vec<String>,
     nofile_hard: u64,
     argv_area: Option<(usize, usize)>,
+    /// The host's /proc/meminfo and /proc/cpuinfo, the text a sandbox's
+    /// views of them are made from ([`crate::views`]).
+    meminfo: Option<String>,
+    cpuinfo: Option<String>,
 }
 
 impl HostFacts {
@@ -101,7 +106,7 @@ impl HostFacts {
         };
         let proc_paths = plan::READONLY_PROC
             .iter()
-            .chain(std::iter::once(&plan::BOOT_ID))
+            .chain(&[views::BOOT_ID, views::MEMINFO, views::CPUINFO])
             .filter(|f| Path::new("/proc").join(f).exists())
             .map(|f| f.to_string())
             .collect();
@@ -111,6 +116,8 @@ impl HostFacts {
             proc_paths,
             nofile_hard: nofile_hard(),
             argv_area: plan::argv_area(),
+            meminfo: std::fs::read_to_string("/proc/meminfo").ok(),
+            cpuinfo: std::fs::read_to_string("/proc/cpuinfo").ok(),
         }
     }
 
@@ -280,6 +287,8 @@ impl Sandbox {
             proc_has: &|f| opts.host.proc_paths.iter().any(|p| p == f),
             locked_flags: &|p| opts.host.locked_flags(p),
             argv_area: opts.host.argv_area,
+            host_meminfo: opts.host.meminfo.as_deref(),
+            host_cpuinfo: opts.host.cpuinfo.as_deref(),
             pooled_net: pooled.is_some(),
             program_fd: extras.program.is_some(),
             stdio_fd: extras.stdio.is_some(),

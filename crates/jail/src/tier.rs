@@ -533,8 +533,8 @@ impl Instance for ProcessInstance {
         // Cosmetic (the sandbox's own view): a failure is not the reboot's.
         let _ = write_view(
             controls.init_pid(),
-            crate::plan::BOOT_ID_FILE,
-            &crate::plan::random_boot_id(),
+            crate::views::BOOT_ID_FILE,
+            &crate::views::random_boot_id(),
         );
         Ok(ended)
     }
@@ -546,6 +546,9 @@ impl Instance for ProcessInstance {
             .map_err(self.cgroup_err("read the sandbox's cgroups"))?;
         // Gone with a sandbox that ended meanwhile: report none.
         let disk = controls.disk().ok();
+        // Its view of its memory follows each reading (the sampler's every
+        // few seconds). Cosmetic: a failure is not the reading's.
+        refresh_meminfo(&controls, stats.memory_bytes, stats.memory_limit);
         Ok(Usage {
             cpu_ns: stats.cpu_usage_ns,
             memory_bytes: stats.memory_bytes,
@@ -565,8 +568,17 @@ impl Instance for ProcessInstance {
             .map_err(self.cgroup_err("change the sandbox's limits"))?;
         // Its view of its CPUs follows, where it has one (a sandbox made
         // without a limit below the host's shows the host's and keeps it).
-        if let Some(online) = crate::plan::cpus_online(limits.cpus) {
-            let _ = write_view(controls.init_pid(), crate::plan::CPUS_ONLINE_FILE, &online);
+        if let Some(online) = crate::views::cpus_online(limits.cpus) {
+            let _ = write_view(controls.init_pid(), crate::views::CPUS_ONLINE_FILE, &online);
+            if let Some(view) = std::fs::read_to_string("/proc/cpuinfo")
+                .ok()
+                .and_then(|host| crate::views::cpuinfo(&host, limits.cpus))
+            {
+                let _ = write_view(controls.init_pid(), crate::views::CPUINFO_FILE, &view);
+            }
+        }
+        if let Ok(stats) = controls.stats() {
+            refresh_meminfo(&controls, stats.memory_bytes, stats.memory_limit);
         }
         Ok(())
     }
@@ -639,8 +651,20 @@ fn chain(e: &dyn std::error::Error) -> String {
     s
 }
 
+/// Rewrite the sandbox's /proc/meminfo from its cgroup's figures, where it
+/// has one (made when its limit was below the host's memory).
+fn refresh_meminfo(controls: &CgroupControls, used: u64, limit: u64) {
+    let Ok(host) = std::fs::read_to_string("/proc/meminfo") else {
+        return;
+    };
+    let stat = controls.memory_stat().unwrap_or_default();
+    if let Some(view) = crate::views::meminfo(&host, limit, used, &stat) {
+        let _ = write_view(controls.init_pid(), crate::views::MEMINFO_FILE, &view);
+    }
+}
+
 /// Rewrite one of the files the sandbox of `init_pid` sees in place of the
-/// host's (`plan::BOOT_ID_FILE`, `plan::CPUS_ONLINE_FILE`), which exists
+/// host's (`views::BOOT_ID_FILE` and the rest of [`crate::views`]), which exists
 /// already (a missing one is an error: nothing is created). The path is
 /// the sandbox's to change, so it is resolved inside its root with no
 /// symlink followed (openat2 `RESOLVE_IN_ROOT | RESOLVE_NO_SYMLINKS`),
