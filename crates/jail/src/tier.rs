@@ -653,12 +653,15 @@ fn chain(e: &dyn std::error::Error) -> String {
 
 /// Rewrite the sandbox's /proc/meminfo from its cgroup's figures, where it
 /// has one (made when its limit was below the host's memory).
+/// The host's text is read once: only its layout and the lines brig has no
+/// figure for come from it (every sandbox is sampled every few seconds).
 fn refresh_meminfo(controls: &CgroupControls, used: u64, limit: u64) {
-    let Ok(host) = std::fs::read_to_string("/proc/meminfo") else {
+    static HOST: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    let Some(host) = HOST.get_or_init(|| std::fs::read_to_string("/proc/meminfo").ok()) else {
         return;
     };
     let stat = controls.memory_stat().unwrap_or_default();
-    if let Some(view) = crate::views::meminfo(&host, limit, used, &stat) {
+    if let Some(view) = crate::views::meminfo(host, limit, used, &stat) {
         let _ = write_view(controls.init_pid(), crate::views::MEMINFO_FILE, &view);
     }
 }
