@@ -548,7 +548,7 @@ impl Instance for ProcessInstance {
         let disk = controls.disk().ok();
         // Its view of its memory follows each reading (the sampler's every
         // few seconds). Cosmetic: a failure is not the reading's.
-        refresh_meminfo(&controls, stats.memory_bytes, stats.memory_limit);
+        refresh_meminfo(controls, stats.memory_bytes, stats.memory_limit);
         Ok(Usage {
             cpu_ns: stats.cpu_usage_ns,
             memory_bytes: stats.memory_bytes,
@@ -578,7 +578,7 @@ impl Instance for ProcessInstance {
             }
         }
         if let Ok(stats) = controls.stats() {
-            refresh_meminfo(&controls, stats.memory_bytes, stats.memory_limit);
+            refresh_meminfo(controls, stats.memory_bytes, stats.memory_limit);
         }
         Ok(())
     }
