@@ -145,14 +145,19 @@ fn lookup(state: &E2bState, tenant: &TenantId, id: &str) -> Result<Arc<E2bSandbo
     Ok(sb)
 }
 
-/// A timeout in seconds from a request: positive, or a 400.
+/// A timeout in seconds from a request (E2B's `minimum: 0`), or a 400.
+/// Zero is E2B's too: the sandbox's end is now (its API sets `endAt` to
+/// the moment of the call and its evictor ends the sandbox on its next
+/// round), so brig gives it the shortest lifetime it keeps, 1 ms, and its
+/// sweeper ends it on the next round.
 fn seconds(t: i64) -> Result<Duration, E2bError> {
-    if t <= 0 {
-        return Err(E2bError::bad_request(format!(
-            "invalid timeout {t}: give a positive number of seconds"
-        )));
+    match t {
+        ..0 => Err(E2bError::bad_request(format!(
+            "invalid timeout {t}: give a number of seconds, 0 or more (0 ends the sandbox now)"
+        ))),
+        0 => Ok(Duration::from_millis(1)),
+        t => Ok(Duration::from_secs(t as u64)),
     }
-    Ok(Duration::from_secs(t as u64))
 }
 
 /// envd's access token: 32 random alphanumerics from the OS.

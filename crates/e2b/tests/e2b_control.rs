@@ -232,7 +232,7 @@ fn get_info_timeout_connect_and_metrics() {
         &p.k(
             "POST",
             &format!("/sandboxes/{id}/timeout"),
-            Some(json!({"timeout": 0})),
+            Some(json!({"timeout": -1})),
         ),
         400,
     );
@@ -588,6 +588,47 @@ fn api_key_and_tenant_isolation() {
     let list = p.call("GET", "/v2/sandboxes", other, None);
     assert_eq!((list.status, list.body), (200, json!([])));
     assert_eq!(p.k("GET", &format!("/sandboxes/{id}"), None).status, 200);
+}
+
+/// A timeout of 0 is E2B's "now": a create with it answers 201 and the
+/// sandbox ends on the sweeper's next round; `set_timeout(0)` ends a
+/// running one the same way.
+#[test]
+fn a_zero_timeout_ends_the_sandbox_now() {
+    if !root_or_skip() {
+        return;
+    }
+    let p = planes();
+    let gone = |id: &str| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let status = p.k("GET", &format!("/sandboxes/{id}"), None).status;
+            if status == 404 {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{id} still there after 10 s (status {status})"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    let created = p.k(
+        "POST",
+        "/v2/sandboxes",
+        Some(json!({"templateID": "host", "timeout": 0})),
+    );
+    assert_eq!(created.status, 201, "{}", created.body);
+    gone(created.body["sandboxID"].as_str().unwrap());
+
+    let id = p.create(json!({"timeout": 120}));
+    let t = p.k(
+        "POST",
+        &format!("/sandboxes/{id}/timeout"),
+        Some(json!({"timeout": 0})),
+    );
+    assert_eq!(t.status, 204, "{}", t.body);
+    gone(&id);
 }
 
 #[test]
