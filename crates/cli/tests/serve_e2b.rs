@@ -177,3 +177,79 @@ fn e2b_creates_of_a_template_being_prepared_answer_503_at_once() {
     let _ = holder.kill();
     let _ = holder.wait();
 }
+
+/// A background build that fails (here: `templates/base` is a file, so
+/// nothing can be built there) is remembered: E2B creates of it are
+/// answered at once with the cause and when it is tried again, and only
+/// one build is attempted for all of them (one "not prepared" line in the
+/// daemon's log), instead of one failing build per create.
+#[test]
+fn a_failed_background_build_is_reported_not_retried_per_create() {
+    require_root!();
+    let home = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(home.path().join("templates")).unwrap();
+    std::fs::write(home.path().join("templates/base"), "not a directory").unwrap();
+    let (mut child, _url, mut lines) = support::start_daemon(
+        home.path(),
+        &[
+            "--e2b",
+            "--e2b-api",
+            "127.0.0.1:0",
+            "--e2b-sandbox",
+            "127.0.0.1:0",
+            "--prepare",
+            "base",
+        ],
+    );
+    let api = loop {
+        let line = lines.next().expect("brig serve exited").unwrap();
+        if let Some(a) = line.strip_prefix("brig: e2b api on ") {
+            break a.to_string();
+        }
+    };
+    let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    std::thread::spawn({
+        let log = log.clone();
+        move || {
+            for line in lines.map_while(Result::ok) {
+                log.lock().unwrap().push(line);
+            }
+        }
+    });
+    let key = std::fs::read_to_string(home.path().join("local.key")).unwrap();
+    let key = key.trim().to_string();
+    let create = || match ureq::post(&format!("{api}/v2/sandboxes"))
+        .set("X-API-KEY", &key)
+        .timeout(Duration::from_secs(20))
+        .send_json(serde_json::json!({"templateID": "base"}))
+    {
+        Err(ureq::Error::Status(503, r)) => {
+            let body: serde_json::Value = r.into_json().unwrap();
+            body["message"].as_str().unwrap_or_default().to_string()
+        }
+        other => panic!("expected 503: {other:?}"),
+    };
+    assert!(
+        eventually(Duration::from_secs(20), || create()
+            .contains("template base could not be prepared")),
+        "the failure is never reported: {}",
+        create()
+    );
+    for _ in 0..5 {
+        let message = create();
+        assert!(
+            message.contains("could not be prepared")
+                && message.contains("tried again")
+                && message.contains("brig template build base"),
+            "{message}"
+        );
+    }
+    let attempts = log
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|l| l.contains("template base: not prepared"))
+        .count();
+    assert_eq!(attempts, 1, "{:?}", log.lock().unwrap());
+    support::stop_daemon(&mut child);
+}

@@ -288,6 +288,19 @@ pub enum ManagerError {
          build takes a few minutes, its progress is in the daemon's log): try again shortly"
     )]
     Preparing { name: String, for_secs: u64 },
+    /// A named template whose background build failed lately: said until
+    /// the next attempt rather than starting a build per create.
+    #[error(
+        "template {name} could not be prepared on this daemon ({ago_secs} s ago): {reason}. \
+         It is tried again {retry_in_secs} s from now; the build's output is in the daemon's \
+         log, and an operator can build it by hand with `brig template build {name}`"
+    )]
+    PrepareFailed {
+        name: String,
+        reason: String,
+        ago_secs: u64,
+        retry_in_secs: u64,
+    },
     #[error("template {name} is not available")]
     Template {
         name: String,
@@ -345,6 +358,7 @@ impl ManagerError {
             ManagerError::TemplateNotAllowed { .. } => ErrorKind::Forbidden,
             ManagerError::Template { .. }
             | ManagerError::Preparing { .. }
+            | ManagerError::PrepareFailed { .. }
             | ManagerError::ShuttingDown => ErrorKind::Unavailable,
             ManagerError::Handshake { .. } | ManagerError::Io { .. } => ErrorKind::Internal,
         }
@@ -507,9 +521,9 @@ pub struct SandboxManager {
     exec_timeouts: AtomicU64,
     /// The secrets header injection reads (`secrets.rs`).
     secret_reader: Arc<crate::secrets::SecretReader>,
-    /// Named templates being built in the background, since when
-    /// (`prepare.rs`).
-    pub(crate) preparing: Arc<Mutex<HashMap<String, Instant>>>,
+    /// Named templates being built in the background, and those whose
+    /// build failed lately (`prepare.rs`).
+    pub(crate) preparing: Arc<Mutex<crate::prepare::Preparing>>,
 }
 
 impl std::fmt::Debug for SandboxManager {

@@ -10,7 +10,10 @@
 //! built yet starts its build here if none runs, and fails at once with
 //! [`ManagerError::Preparing`] (503 on E2B's API, which its clients retry)
 //! saying for how long it has been building, rather than holding the
-//! request past the client's timeout.
+//! request past the client's timeout. A build that fails (no network for
+//! mmdebstrap, a full disk) is remembered for [`RETRY_FAILED_AFTER`]:
+//! creates meanwhile fail at once with [`ManagerError::PrepareFailed`],
+//! naming the cause, instead of each starting a build that fails again.
 //!
 //! [`CreateConfig::wait_for_template`]: crate::CreateConfig::wait_for_template
 
@@ -18,11 +21,38 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::thread;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use brig_core::TemplateRef;
 
 use crate::manager::{lock, ManagerError, SandboxManager};
+
+/// How long a failed background build is reported before the next create
+/// that needs the template tries again.
+pub const RETRY_FAILED_AFTER: Duration = Duration::from_secs(60);
+
+/// The daemon's background builds: those running (since when) and those
+/// that failed lately (when, and why).
+#[derive(Debug, Default)]
+pub(crate) struct Preparing {
+    running: HashMap<String, Instant>,
+    failed: HashMap<String, (Instant, String)>,
+}
+
+impl Preparing {
+    /// The failure to report for `name`, if its last build failed less
+    /// than [`RETRY_FAILED_AFTER`] ago.
+    fn failure(&self, name: &str) -> Option<ManagerError> {
+        let (at, reason) = self.failed.get(name)?;
+        let ago = at.elapsed();
+        (ago < RETRY_FAILED_AFTER).then(|| ManagerError::PrepareFailed {
+            name: name.to_string(),
+            reason: reason.clone(),
+            ago_secs: ago.as_secs(),
+            retry_in_secs: (RETRY_FAILED_AFTER - ago).as_secs().max(1),
+        })
+    }
+}
 
 impl SandboxManager {
     /// Build each of `names` that is not built yet, one after the other,
@@ -37,12 +67,14 @@ impl SandboxManager {
             let wanted: Vec<String> = names
                 .iter()
                 .filter(|n| brig_template::recipe(n).is_ok())
-                .filter(|n| !preparing.contains_key(*n))
+                .filter(|n| !preparing.running.contains_key(*n))
+                .filter(|n| preparing.failure(n).is_none())
                 .filter(|n| brig_template::ready(&home, n).is_none())
                 .cloned()
                 .collect();
             for n in &wanted {
-                preparing.insert(n.clone(), Instant::now());
+                preparing.running.insert(n.clone(), Instant::now());
+                preparing.failed.remove(n);
             }
             wanted
         };
@@ -60,7 +92,7 @@ impl SandboxManager {
             tracing::warn!("cannot start preparing templates: {e}");
             let mut preparing = lock(&preparing);
             for n in &wanted {
-                preparing.remove(n);
+                preparing.running.remove(n);
             }
         }
     }
@@ -79,8 +111,11 @@ impl SandboxManager {
             return Ok(());
         }
         self.prepare(std::slice::from_ref(name));
-        let since = lock(&self.preparing).get(name).copied();
-        match since {
+        let preparing = lock(&self.preparing);
+        if let Some(failed) = preparing.failure(name) {
+            return Err(failed);
+        }
+        match preparing.running.get(name) {
             Some(since) => Err(ManagerError::Preparing {
                 name: name.clone(),
                 for_secs: since.elapsed().as_secs(),
@@ -93,6 +128,7 @@ impl SandboxManager {
     /// Templates being built in the background, and for how long (s).
     pub fn preparing(&self) -> Vec<(String, u64)> {
         let mut out: Vec<(String, u64)> = lock(&self.preparing)
+            .running
             .iter()
             .map(|(n, at)| (n.clone(), at.elapsed().as_secs()))
             .collect();
@@ -101,14 +137,9 @@ impl SandboxManager {
     }
 }
 
-/// Build `names` in order, forgetting each once it is done (or failed:
-/// the next create that needs it tries again).
-fn build_all(
-    home: &Path,
-    pull: bool,
-    names: &[String],
-    preparing: &Mutex<HashMap<String, Instant>>,
-) {
+/// Build `names` in order, forgetting each once it is done, remembering
+/// why if it failed.
+fn build_all(home: &Path, pull: bool, names: &[String], preparing: &Mutex<Preparing>) {
     for name in names {
         let started = Instant::now();
         tracing::info!("template {name}: preparing it (a first build takes a few minutes)");
@@ -119,10 +150,14 @@ fn build_all(
             pull,
         )
         .map_err(|e| crate::chain(&e));
+        let mut preparing = lock(preparing);
+        preparing.running.remove(name);
         match built {
             Ok(_) => tracing::info!("template {name}: ready after {:.0?}", started.elapsed()),
-            Err(e) => tracing::warn!("template {name}: not prepared: {e}"),
+            Err(e) => {
+                tracing::warn!("template {name}: not prepared: {e}");
+                preparing.failed.insert(name.clone(), (Instant::now(), e));
+            }
         }
-        lock(preparing).remove(name);
     }
 }
