@@ -977,3 +977,96 @@ fn dockerfiles_build_with_a_cache() {
     let listed = ok(brig(h, &["template", "ls", "--json"]), "ls");
     assert!(!listed.contains("\"bad\""), "{listed}");
 }
+
+/// An E2B create naming an image the store lacks pulls it in the
+/// background and, when the pull is quick, answers 201 once it is in (the
+/// E2B clients never see a pull longer than they wait); an image no
+/// registry has is a 400 naming it, at once rather than after the
+/// clients' retries, and the next create asks the registry again (here:
+/// the image pushed meanwhile is found).
+#[test]
+fn e2b_creates_pull_images_in_the_background() {
+    require_tools!();
+    let registry = Registry::start(None);
+    let layout = tempfile::tempdir().unwrap();
+    write_oci_layout(layout.path(), &[base_layer("e2b"), top_layer()], config());
+    let home = tempfile::tempdir().unwrap();
+    let mut cmd = Command::new(BRIG);
+    cmd.args([
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--e2b",
+        "--e2b-api",
+        "127.0.0.1:0",
+        "--e2b-sandbox",
+        "127.0.0.1:0",
+        "--prepare",
+        "none",
+    ]);
+    let (child, url, mut lines) = support::start_daemon_with(cmd, home.path());
+    let daemon = Daemon {
+        child,
+        url,
+        home: home.path().to_path_buf(),
+    };
+    let api = loop {
+        let line = lines.next().expect("brig serve exited").unwrap();
+        if let Some(a) = line.strip_prefix("brig: e2b api on ") {
+            break a.to_string();
+        }
+    };
+    std::thread::spawn(move || {
+        for l in lines.map_while(Result::ok) {
+            eprintln!("daemon: {l}");
+        }
+    });
+    let key = std::fs::read_to_string(home.path().join("local.key")).unwrap();
+    let create = |template: &str| {
+        ureq::post(&format!("{api}/v2/sandboxes"))
+            .set("X-API-KEY", key.trim())
+            .timeout(Duration::from_secs(60))
+            .send_json(serde_json::json!({"templateID": template}))
+    };
+    let reference = format!("{}/test/e2b:1", registry.addr);
+
+    // Not pushed yet: a 400 naming it, at once.
+    let started = Instant::now();
+    match create(&reference) {
+        Err(ureq::Error::Status(400, r)) => {
+            let body: serde_json::Value = r.into_json().unwrap();
+            assert!(
+                body["message"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .contains("test/e2b"),
+                "{body}"
+            );
+        }
+        other => panic!("expected 400: {other:?}"),
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        started.elapsed()
+    );
+
+    // Pushed: the next create pulls it and starts the sandbox.
+    registry.push(layout.path(), "test/e2b:1", None);
+    std::thread::sleep(Duration::from_secs(3));
+    let created: serde_json::Value = create(&reference)
+        .expect("an E2B create of an image being pulled")
+        .into_json()
+        .unwrap();
+    let id = created["sandboxID"]
+        .as_str()
+        .expect("sandboxID")
+        .to_string();
+    let got = ok(
+        daemon.cli(&["exec", &id, "--", "sh", "-c", "cat /data/file"]),
+        "exec",
+    );
+    assert_eq!(got, "from the top layer\n");
+    let listed = ok(daemon.cli(&["template", "ls"]), "template ls");
+    assert!(listed.contains("test/e2b:1"), "{listed}");
+}

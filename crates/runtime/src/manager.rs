@@ -1080,12 +1080,7 @@ impl SandboxManager {
             .map_err(|source| match source {
                 // Nothing by that name anywhere, or a registry that
                 // refused: the client's to fix.
-                e @ (brig_template::TemplateError::NoSuchTemplate { .. }
-                | brig_template::TemplateError::NotPulled { .. }
-                | brig_template::TemplateError::Image(
-                    brig_image::ImageError::Registry { .. }
-                    | brig_image::ImageError::BadReference { .. },
-                )) => ManagerError::BadRequest {
+                e if crate::prepare::client_fault(&e) => ManagerError::BadRequest {
                     reason: e.to_string(),
                 },
                 source => ManagerError::Template {

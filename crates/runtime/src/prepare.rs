@@ -31,25 +31,60 @@ use crate::manager::{lock, ManagerError, SandboxManager};
 /// that needs the template tries again.
 pub const RETRY_FAILED_AFTER: Duration = Duration::from_secs(60);
 
+/// How long a failure that is the client's to fix (no such image) is
+/// told before the next create tries again.
+const CLIENT_FAULT_KEPT: Duration = Duration::from_secs(2);
+
+/// How long a create that must not wait still waits for a pull it
+/// started, before answering that the image is being prepared.
+pub const PULL_WAIT: Duration = Duration::from_secs(20);
+
 /// The daemon's background builds: those running (since when) and those
 /// that failed lately (when, and why).
 #[derive(Debug, Default)]
 pub(crate) struct Preparing {
     running: HashMap<String, Instant>,
-    failed: HashMap<String, (Instant, String)>,
+    failed: HashMap<String, Failed>,
+}
+
+/// Why a background build or pull failed, and whose fault it was.
+#[derive(Debug)]
+struct Failed {
+    at: Instant,
+    reason: String,
+    /// Nothing by that name anywhere, or a registry that refused: the
+    /// client's to fix (a 400, as a create that waits says it).
+    client: bool,
 }
 
 impl Preparing {
     /// The failure to report for `name`, if its last build failed less
     /// than [`RETRY_FAILED_AFTER`] ago.
     fn failure(&self, name: &str) -> Option<ManagerError> {
-        let (at, reason) = self.failed.get(name)?;
-        let ago = at.elapsed();
-        (ago < RETRY_FAILED_AFTER).then(|| ManagerError::PrepareFailed {
-            name: name.to_string(),
-            reason: reason.clone(),
-            ago_secs: ago.as_secs(),
-            retry_in_secs: (RETRY_FAILED_AFTER - ago).as_secs().max(1),
+        let failed = self.failed.get(name)?;
+        let ago = failed.at.elapsed();
+        // A client's mistake is told to the creates waiting for that
+        // attempt; the next create asks the registries again (the image
+        // may have been pushed meanwhile).
+        let kept = if failed.client {
+            CLIENT_FAULT_KEPT
+        } else {
+            RETRY_FAILED_AFTER
+        };
+        if ago >= kept {
+            return None;
+        }
+        Some(if failed.client {
+            ManagerError::BadRequest {
+                reason: failed.reason.clone(),
+            }
+        } else {
+            ManagerError::PrepareFailed {
+                name: name.to_string(),
+                reason: failed.reason.clone(),
+                ago_secs: ago.as_secs(),
+                retry_in_secs: (RETRY_FAILED_AFTER - ago).as_secs().max(1),
+            }
         })
     }
 }
@@ -66,10 +101,9 @@ impl SandboxManager {
             let mut preparing = lock(&self.preparing);
             let wanted: Vec<String> = names
                 .iter()
-                .filter(|n| brig_template::recipe(n).is_ok())
                 .filter(|n| !preparing.running.contains_key(*n))
                 .filter(|n| preparing.failure(n).is_none())
-                .filter(|n| brig_template::ready(&home, n).is_none())
+                .filter(|n| missing(&home, n, self.config().pull_images))
                 .cloned()
                 .collect();
             for n in &wanted {
@@ -101,16 +135,26 @@ impl SandboxManager {
     /// a named template that is not built yet (its build started now if
     /// none runs).
     pub(crate) fn unless_preparing(&self, template: &TemplateRef) -> Result<(), ManagerError> {
-        let TemplateRef::Named(name) = template else {
+        let (TemplateRef::Named(name) | TemplateRef::Image(name)) = template else {
             return Ok(());
         };
         let Some(home) = &self.config().home else {
             return Ok(());
         };
-        if brig_template::recipe(name).is_err() || brig_template::ready(home, name).is_some() {
+        if !missing(home, name, self.config().pull_images) {
             return Ok(());
         }
         self.prepare(std::slice::from_ref(name));
+        // A pull is often quick (a slim image, a registry nearby): wait
+        // for it a while, inside the clients' 60 s request timeout, before
+        // asking them to come back. A recipe's first build takes minutes:
+        // no wait.
+        if brig_template::recipe(name).is_err() {
+            let deadline = Instant::now() + PULL_WAIT;
+            while Instant::now() < deadline && lock(&self.preparing).running.contains_key(name) {
+                thread::sleep(Duration::from_millis(50));
+            }
+        }
         let preparing = lock(&self.preparing);
         if let Some(failed) = preparing.failure(name) {
             return Err(failed);
@@ -137,27 +181,56 @@ impl SandboxManager {
     }
 }
 
+/// Whether `name` is a template this daemon could make but has not: a
+/// recipe not built yet, or an image its store lacks (when it pulls).
+/// A name that is neither is left to the create, which says so.
+fn missing(home: &Path, name: &str, pull: bool) -> bool {
+    if brig_template::recipe(name).is_ok() {
+        return brig_template::ready(home, name).is_none();
+    }
+    pull && brig_image::ImageStore::open(home)
+        .is_ok_and(|store| matches!(store.get(name), Ok(None)))
+}
+
 /// Build `names` in order, forgetting each once it is done, remembering
 /// why if it failed.
 fn build_all(home: &Path, pull: bool, names: &[String], preparing: &Mutex<Preparing>) {
     for name in names {
         let started = Instant::now();
-        tracing::info!("template {name}: preparing it (a first build takes a few minutes)");
+        tracing::info!("template {name}: preparing it (a first build or pull takes a while)");
         let built = brig_template::resolve(
             home,
             TemplateRef::Named(name.clone()),
             brig_template::Progress::Lines,
             pull,
         )
-        .map_err(|e| crate::chain(&e));
+        .map_err(|e| (crate::chain(&e), client_fault(&e)));
         let mut preparing = lock(preparing);
         preparing.running.remove(name);
         match built {
             Ok(_) => tracing::info!("template {name}: ready after {:.0?}", started.elapsed()),
-            Err(e) => {
-                tracing::warn!("template {name}: not prepared: {e}");
-                preparing.failed.insert(name.clone(), (Instant::now(), e));
+            Err((reason, client)) => {
+                tracing::warn!("template {name}: not prepared: {reason}");
+                let at = Instant::now();
+                preparing
+                    .failed
+                    .insert(name.clone(), Failed { at, reason, client });
             }
         }
     }
+}
+
+/// Whether a template failed for the client's reason (no such name, a
+/// registry that refused or a malformed reference), as the create that
+/// waits classifies it.
+pub(crate) fn client_fault(e: &brig_template::TemplateError) -> bool {
+    matches!(
+        e,
+        brig_template::TemplateError::NoSuchTemplate { .. }
+            | brig_template::TemplateError::NotPulled { .. }
+            | brig_template::TemplateError::Image(
+                brig_image::ImageError::Registry { .. }
+                    | brig_image::ImageError::BadReference { .. },
+            )
+    )
 }
