@@ -1027,6 +1027,7 @@ fn e2b_creates_pull_images_in_the_background() {
             .set("X-API-KEY", key.trim())
             .timeout(Duration::from_secs(60))
             .send_json(serde_json::json!({"templateID": template}))
+            .map_err(Box::new)
     };
     let reference = format!("{}/test/e2b:1", registry.addr);
 
