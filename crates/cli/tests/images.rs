@@ -1033,7 +1033,7 @@ fn e2b_creates_pull_images_in_the_background() {
 
     // Not pushed yet: a 400 naming it, at once.
     let started = Instant::now();
-    match create(&reference) {
+    match create(&reference).map_err(|e| *e) {
         Err(ureq::Error::Status(400, r)) => {
             let body: serde_json::Value = r.into_json().unwrap();
             assert!(
