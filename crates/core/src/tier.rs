@@ -145,6 +145,20 @@ pub struct Usage {
     pub oom_kills: Option<u64>,
 }
 
+/// A sandbox's writable layer (see [`Instance::writable_layer`]): an
+/// overlay upper directory (whiteouts as 0/0 character devices, opaque
+/// directories marked with `user.overlay.opaque`), open for reading.
+#[derive(Debug)]
+pub struct WritableLayer {
+    pub dir: std::os::fd::OwnedFd,
+    /// The host uid and gid its root (uid 0 inside) is stored as: inside
+    /// ids are the host's minus these.
+    pub uid_base: u32,
+    pub gid_base: u32,
+    /// How many ids the sandbox has from each base.
+    pub ids: u32,
+}
+
 /// How a sandbox ended, as far as the tier can tell.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Ended {
@@ -325,6 +339,17 @@ pub trait Instance: Send + Sync + fmt::Debug {
     fn end_all_but_agent(&self) -> Result<usize, TierError>;
 
     fn usage(&self) -> Result<Usage, TierError>;
+    /// Its writable layer as an overlay upper directory the host may read
+    /// (for a filesystem snapshot), with the id mapping its files are
+    /// stored under. Read it only while the sandbox is paused: nothing
+    /// then changes it. Tiers without one say `Unsupported`.
+    fn writable_layer(&self) -> Result<WritableLayer, TierError> {
+        Err(TierError::Unsupported {
+            tier: Isolation::Process,
+            op: "snapshot a sandbox's files",
+            reason: "this tier keeps no writable layer the host can read".into(),
+        })
+    }
     /// Change memory and pids limits (and CPU, where given) of the live
     /// sandbox.
     fn set_limits(&self, limits: &Limits) -> Result<(), TierError>;

@@ -26,13 +26,12 @@
 
 use std::collections::HashMap;
 use std::fs;
-use std::io::{Read, Write};
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use sha2::{Digest as _, Sha256};
 
-use crate::store::media_types;
+use crate::layer::Owners;
 use crate::{ImageConfig, ImageError, ImageRecord, ImageStore};
 
 /// One instruction, with its line.
@@ -621,33 +620,11 @@ impl Builder<'_> {
     /// directories as overlayfs writes them) or staged COPY files (owned
     /// by `chown`). Kept as an uncompressed tar blob and unpacked.
     fn layer_from_dir(&self, dir: &Path, chown: Option<(u32, u32)>) -> Result<String, ImageError> {
-        let mut tmp = tempfile::NamedTempFile::new_in(self.store.root())
-            .map_err(io_err("make a layer file", self.store.root()))?;
-        {
-            let mut tar = tar::Builder::new(&mut tmp);
-            tar.follow_symlinks(false);
-            add_tree(&mut tar, dir, Path::new(""), chown).map_err(io_err("write a layer", dir))?;
-            tar.finish().map_err(io_err("write a layer", dir))?;
-        }
-        tmp.flush().map_err(io_err("write a layer", dir))?;
-        let mut file = tmp.reopen().map_err(io_err("read a layer", tmp.path()))?;
-        let mut h = Sha256::new();
-        let mut buf = vec![0u8; 1 << 16];
-        loop {
-            let n = file
-                .read(&mut buf)
-                .map_err(io_err("read a layer", tmp.path()))?;
-            if n == 0 {
-                break;
-            }
-            h.update(&buf[..n]);
-        }
-        let digest = format!("sha256:{}", hex::encode(h.finalize()));
-        let file = tmp.reopen().map_err(io_err("read a layer", tmp.path()))?;
-        self.store.write_blob(&digest, file)?;
-        self.store
-            .unpack_layer(&digest, media_types::LAYER_TAR, &digest)?;
-        Ok(digest)
+        let owners = match chown {
+            Some((uid, gid)) => Owners::All(uid, gid),
+            None => Owners::AsStored,
+        };
+        self.store.add_layer_from_dir(dir, owners)
     }
 
     fn register(
@@ -657,56 +634,8 @@ impl Builder<'_> {
         layers: Vec<String>,
         config: ImageConfig,
     ) -> Result<ImageRecord, ImageError> {
-        let (os, arch) = crate::host_platform();
-        let config_json = serde_json::json!({
-            "architecture": arch,
-            "os": os,
-            "config": {
-                "Env": config.env,
-                "WorkingDir": config.working_dir.clone().unwrap_or_default(),
-                "User": config.user.clone().unwrap_or_default(),
-                "Entrypoint": (!config.entrypoint.is_empty()).then(|| config.entrypoint.clone()),
-                "Cmd": (!config.cmd.is_empty()).then(|| config.cmd.clone()),
-            },
-            "rootfs": {"type": "layers", "diff_ids": layers},
-        })
-        .to_string();
-        let config_digest = format!(
-            "sha256:{}",
-            hex::encode(Sha256::digest(config_json.as_bytes()))
-        );
         self.store
-            .write_blob(&config_digest, config_json.as_bytes())?;
-        let size_of = |d: &str| fs::metadata(self.store.blob_path(d)).map_or(0, |m| m.len());
-        let manifest = serde_json::json!({
-            "schemaVersion": 2,
-            "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "config": {
-                "mediaType": "application/vnd.oci.image.config.v1+json",
-                "digest": config_digest,
-                "size": config_json.len(),
-            },
-            "layers": layers.iter().map(|d| serde_json::json!({
-                "mediaType": media_types::LAYER_TAR, "digest": d, "size": size_of(d),
-            })).collect::<Vec<_>>(),
-        })
-        .to_string();
-        let digest = format!(
-            "sha256:{}",
-            hex::encode(Sha256::digest(manifest.as_bytes()))
-        );
-        self.store.write_blob(&digest, manifest.as_bytes())?;
-        let record = ImageRecord {
-            name: name.to_string(),
-            source: source.to_string(),
-            digest,
-            size: layers.iter().map(|d| size_of(d)).sum(),
-            config,
-            layers,
-            created_at: crate::now_millis(),
-        };
-        self.store.register(&record)?;
-        Ok(record)
+            .register_local(name, source, layers, config, None)
     }
 }
 
@@ -813,96 +742,6 @@ fn tree_hash(root: &Path) -> std::io::Result<String> {
     }
     walk(&mut h, root, Path::new(""))?;
     Ok(hex::encode(h.finalize()))
-}
-
-/// The entries of `dir` (at `rel` in the layer) into `tar`: overlayfs's
-/// 0/0 whiteouts as `.wh.NAME`, opaque directories with `.wh..wh..opq`,
-/// hard links once; with `chown`, every entry owned so.
-fn add_tree<W: Write>(
-    tar: &mut tar::Builder<W>,
-    dir: &Path,
-    rel: &Path,
-    chown: Option<(u32, u32)>,
-) -> std::io::Result<()> {
-    let mut names: Vec<_> = fs::read_dir(dir.join(rel))?
-        .filter_map(Result::ok)
-        .map(|e| e.file_name())
-        .collect();
-    names.sort();
-    let mut links: HashMap<(u64, u64), PathBuf> = HashMap::new();
-    for name in names {
-        let path = rel.join(&name);
-        let full = dir.join(&path);
-        let meta = full.symlink_metadata()?;
-        let ft = meta.file_type();
-        let mut header = tar::Header::new_gnu();
-        header.set_metadata(&meta);
-        if let Some((u, g)) = chown {
-            header.set_uid(u.into());
-            header.set_gid(g.into());
-        }
-        header.set_mtime(meta.mtime().max(0) as u64);
-        if ft.is_char_device() && meta.rdev() == 0 {
-            // Deleted in this layer.
-            let wh = rel.join(format!(
-                "{}{}",
-                crate::WHITEOUT_PREFIX,
-                name.to_string_lossy()
-            ));
-            tar.append_data(&mut marker(), wh, std::io::empty())?;
-        } else if ft.is_dir() {
-            header.set_entry_type(tar::EntryType::Directory);
-            header.set_size(0);
-            tar.append_data(&mut header, &path, std::io::empty())?;
-            let opaque = xattr_is_y(&full, crate::OPAQUE_XATTR);
-            if opaque {
-                tar.append_data(
-                    &mut marker(),
-                    path.join(crate::OPAQUE_MARKER),
-                    std::io::empty(),
-                )?;
-            }
-            add_tree(tar, dir, &path, chown)?;
-        } else if ft.is_symlink() {
-            header.set_entry_type(tar::EntryType::Symlink);
-            header.set_size(0);
-            tar.append_link(&mut header, &path, fs::read_link(&full)?)?;
-        } else if ft.is_file() {
-            let key = (meta.dev(), meta.ino());
-            if meta.nlink() > 1 {
-                if let Some(first) = links.get(&key) {
-                    header.set_entry_type(tar::EntryType::Link);
-                    header.set_size(0);
-                    tar.append_link(&mut header, &path, first)?;
-                    continue;
-                }
-                links.insert(key, path.clone());
-            }
-            header.set_entry_type(tar::EntryType::Regular);
-            tar.append_data(&mut header, &path, fs::File::open(&full)?)?;
-        } else if ft.is_fifo() || ft.is_char_device() || ft.is_block_device() {
-            header.set_size(0);
-            tar.append_data(&mut header, &path, std::io::empty())?;
-        }
-    }
-    Ok(())
-}
-
-/// An empty regular file's header, root's: a whiteout or opaque marker.
-fn marker() -> tar::Header {
-    let mut h = tar::Header::new_gnu();
-    h.set_entry_type(tar::EntryType::Regular);
-    h.set_size(0);
-    h.set_mode(0o644);
-    h.set_uid(0);
-    h.set_gid(0);
-    h.set_mtime(0);
-    h
-}
-
-fn xattr_is_y(path: &Path, name: &str) -> bool {
-    let mut buf = [0u8; 4];
-    rustix::fs::lgetxattr(path, name, &mut buf).is_ok_and(|n| &buf[..n] == b"y")
 }
 
 #[cfg(test)]

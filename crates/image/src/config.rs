@@ -41,6 +41,11 @@ pub struct ImageRecord {
     /// The diff ids (digests of the uncompressed layer tars), bottom
     /// first, as the image config lists them.
     pub layers: Vec<String>,
+    /// A directory below all its layers, for an image made on this host
+    /// over a named template's build (a snapshot of a sandbox of `base`):
+    /// that build, kept while the image is (`brig template prune` leaves
+    /// builds an image names). `None` for every pulled or imported image.
+    pub base: Option<std::path::PathBuf>,
     /// Bytes of its layer blobs as stored (compressed, as a registry
     /// reports them).
     pub size: u64,

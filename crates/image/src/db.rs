@@ -40,6 +40,9 @@ const MIGRATIONS: &[&str] = &[
         created_at   INTEGER NOT NULL
     ) STRICT;
     ",
+    // 2: a directory below an image's layers (images made over a named
+    // template's build).
+    "ALTER TABLE images ADD COLUMN base TEXT;",
 ];
 
 const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
@@ -91,12 +94,12 @@ pub(crate) fn upsert(conn: &Connection, image: &ImageRecord) -> Result<(), Image
     let layers = serde_json::to_string(&image.layers).expect("strings serialize");
     let size = i64::try_from(image.size).unwrap_or(i64::MAX);
     conn.execute(
-        "INSERT INTO images (name, source, digest, config_json, layers_json, size, created_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+        "INSERT INTO images (name, source, digest, config_json, layers_json, size, created_at, base)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
          ON CONFLICT (name) DO UPDATE SET
              source = excluded.source, digest = excluded.digest,
              config_json = excluded.config_json, layers_json = excluded.layers_json,
-             size = excluded.size, created_at = excluded.created_at",
+             size = excluded.size, created_at = excluded.created_at, base = excluded.base",
         params![
             image.name,
             image.source,
@@ -104,14 +107,15 @@ pub(crate) fn upsert(conn: &Connection, image: &ImageRecord) -> Result<(), Image
             config,
             layers,
             size,
-            image.created_at
+            image.created_at,
+            image.base.as_ref().map(|b| b.to_string_lossy().into_owned()),
         ],
     )
     .map_err(ImageError::query("register the image"))?;
     Ok(())
 }
 
-const COLUMNS: &str = "name, source, digest, config_json, layers_json, size, created_at";
+const COLUMNS: &str = "name, source, digest, config_json, layers_json, size, created_at, base";
 
 pub(crate) fn get(conn: &Connection, name: &str) -> Result<Option<ImageRecord>, ImageError> {
     let row = conn
@@ -154,6 +158,7 @@ struct Row {
     layers_json: String,
     size: i64,
     created_at: i64,
+    base: Option<String>,
 }
 
 impl Row {
@@ -166,6 +171,7 @@ impl Row {
             layers_json: r.get(4)?,
             size: r.get(5)?,
             created_at: r.get(6)?,
+            base: r.get(7)?,
         })
     }
 
@@ -185,6 +191,7 @@ impl Row {
             digest: self.digest,
             config,
             layers,
+            base: self.base.map(std::path::PathBuf::from),
             created_at: self.created_at,
         })
     }

@@ -165,6 +165,7 @@ fn import_oci(store: &ImageStore, src: &Source, name: &str) -> Result<ImageRecor
         size = size.saturating_add(layer.size());
     }
     Ok(ImageRecord {
+        base: None,
         name: name.to_string(),
         source: format!("{}:{}", src.transport(), src.path.display()),
         digest: chosen.desc.digest().to_string(),
@@ -418,6 +419,7 @@ fn import_docker(store: &ImageStore, src: &Source, name: &str) -> Result<ImageRe
     let manifest_digest = digest::of_bytes(&manifest_bytes);
     store.write_blob(&manifest_digest, &manifest_bytes[..])?;
     Ok(ImageRecord {
+        base: None,
         name: name.to_string(),
         source: format!("docker-archive:{}", src.path.display()),
         digest: manifest_digest,

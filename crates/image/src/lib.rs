@@ -48,6 +48,7 @@ mod db;
 pub mod digest;
 mod error;
 mod import;
+pub mod layer;
 pub mod pull;
 mod store;
 #[cfg(feature = "testing")]

@@ -255,6 +255,7 @@ async fn pull_async(
     results.into_iter().collect::<Result<Vec<()>, _>>()?;
 
     let record = ImageRecord {
+        base: None,
         name: name.to_string(),
         source: image.whole(),
         digest,

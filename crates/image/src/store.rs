@@ -388,6 +388,14 @@ impl ImageStore {
                 digest: image.digest.clone(),
             });
         }
+        if let Some(base) = &image.base {
+            if !base.is_dir() {
+                return Err(ImageError::LayerMissing {
+                    name: image.name.clone(),
+                    diff_id: base.display().to_string(),
+                });
+            }
+        }
         for diff_id in &image.layers {
             digest::check(diff_id)?;
             if !self.layer_dir(diff_id).is_dir() {
@@ -433,6 +441,7 @@ impl ImageStore {
             .rev()
             .filter(|d| seen.insert(d.as_str()))
             .map(|d| self.layer_dir(d))
+            .chain(image.base.clone())
             .collect()
     }
 
@@ -678,6 +687,7 @@ mod tests {
         let store = ImageStore::open(home.path()).unwrap();
         let (a, b) = (digest::of_bytes(b"a"), digest::of_bytes(b"b"));
         let image = ImageRecord {
+            base: None,
             name: "x".into(),
             source: "test".into(),
             digest: digest::of_bytes(b"m"),

@@ -42,6 +42,7 @@ fn image(store: &ImageStore, name: &str, layers: &[Vec<Entry>]) -> ImageRecord {
     let digest = of_bytes(&manifest);
     store.write_blob(&digest, &manifest[..]).unwrap();
     ImageRecord {
+        base: None,
         name: name.to_string(),
         source: format!("test:{name}"),
         digest,

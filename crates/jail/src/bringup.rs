@@ -249,7 +249,14 @@ pub fn run_init(plan: &Plan, sys: &dyn Syscalls, ch: Channels) -> Result<i32, Fa
     let received = |i: Option<usize>| i.filter(|i| *i < n.1).map(|i| fds[i]);
     let program = received(plan.exec.program_fd);
     let stdio = received(plan.exec.stdio_fd);
-    let inherit = plan.exec.inherit_fds.map(received);
+    // The command keeps the host's locks and the writable layer held in
+    // 3b (an EBADF there if the hold failed is harmless).
+    let [slot, alive] = plan.exec.inherit_fds.map(received);
+    let inherit = [
+        slot,
+        alive,
+        plan.keep_layer.then_some(crate::plan::LAYER_FD),
+    ];
 
     // 4. The machine's identity: hostname = sandbox id (in our own uts
     //    namespace), and a working loopback in our own network namespace,
@@ -396,7 +403,7 @@ struct WorkloadArgs<'a> {
     stdin: bool,
     tty: Option<RawFd>,
     stdio: Option<RawFd>,
-    inherit: [Option<RawFd>; 2],
+    inherit: [Option<RawFd>; 3],
     program: Option<RawFd>,
     error: RawFd,
     sys: &'a dyn Syscalls,
@@ -442,6 +449,12 @@ pub fn prepare_root(plan: &Plan, sys: &dyn Syscalls, fds: &[RawFd]) -> Result<()
         Some(&plan.staging_opts),
     )
     .map_err(Failure::at(Stage::ScratchFs))?;
+    // Held for the host of a sandbox that outlives it: after pivot_root
+    // no path leads to the writable layer, and a snapshot reads it. Best
+    // effort: a sandbox without it only cannot be snapshotted.
+    if plan.keep_layer {
+        let _ = sys.hold_dir(&plan.staging, crate::plan::LAYER_FD);
+    }
 
     // 3c. The plan's steps: the template, /proc, /dev, /tmp, /sys.
     for (i, step) in plan.steps.iter().enumerate() {
@@ -533,6 +546,7 @@ pub fn exec_workload(
         // SAFETY: fcntl on a descriptor the host sent us.
         unsafe { libc::fcntl(fd, libc::F_SETFD, 0) };
     }
+
 
     match (drop_privileges(exec, sys), program) {
         (Err(f), _) => f,
@@ -695,7 +709,7 @@ pub struct Stdio {
     pub socket: Option<RawFd>,
     /// Descriptors the command keeps as they are (the sandbox's own locks,
     /// when it outlives its host).
-    pub inherit: [Option<RawFd>; 2],
+    pub inherit: [Option<RawFd>; 3],
 }
 
 fn setup_stdio(stdin: bool, stdio: Stdio) -> SysResult {

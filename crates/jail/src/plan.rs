@@ -149,6 +149,11 @@ impl ExecPlan {
     }
 }
 
+/// The descriptor number a daemon's sandbox's pid 1 holds its scratch
+/// tmpfs at (see [`Plan::keep_layer`]): high enough that nothing the host
+/// sends lands there first.
+pub const LAYER_FD: i32 = 100;
+
 /// Everything the sandbox's init needs.
 #[derive(Debug)]
 pub struct Plan {
@@ -182,6 +187,12 @@ pub struct Plan {
     /// (`PR_SET_PDEATHSIG`): `brig run`'s sandboxes do; those of a daemon,
     /// which outlive it, do not (see [`crate::Extras::detach`]).
     pub die_with_host: bool,
+    /// Keep the scratch tmpfs (the overlay's upper and work directories)
+    /// open in the command as descriptor [`LAYER_FD`], so the host can
+    /// reach the writable layer of a sandbox that outlives it (a
+    /// snapshot: see `tier::writable_layer`). For a daemon's sandboxes
+    /// on an overlay.
+    pub keep_layer: bool,
     /// Stack for the command's process between clone and execve.
     pub workload_stack: Stack,
     pub exec: ExecPlan,
@@ -654,6 +665,7 @@ impl Plan {
             trace: false,
             as_init: false,
             die_with_host: true,
+            keep_layer: false,
             workload_stack: Stack::new(256 * 1024),
             exec,
         }

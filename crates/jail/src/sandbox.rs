@@ -297,6 +297,12 @@ impl Sandbox {
         plan.trace = trace.on;
         plan.as_init = extras.as_init;
         plan.die_with_host = !extras.detach;
+        // A daemon's sandbox on an overlay keeps its writable layer
+        // reachable for snapshots (its pid 1 holds it: plan::LAYER_FD).
+        plan.keep_layer = extras.detach
+            && extras.as_init
+            && spec.upper_dir.is_none()
+            && matches!(layout, crate::template::Layout::Overlay { .. });
         if extras.detach {
             // The two locks go last, after the program and stdio socket.
             let first = plan.mount_fds

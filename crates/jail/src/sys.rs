@@ -163,6 +163,12 @@ pub trait Syscalls {
     fn set_ids(&self, uid: u32, gid: u32, groups: &[libc::gid_t]) -> SysResult;
     fn set_no_new_privs(&self) -> SysResult;
     fn install_seccomp(&self, program: &[libc::sock_filter]) -> SysResult;
+    /// Hold the directory `path` open (`O_PATH`, close-on-exec) as
+    /// descriptor `at` exactly; `EBUSY` if `at` is taken.
+    fn hold_dir(&self, path: &CStr, at: RawFd) -> SysResult {
+        let _ = (path, at);
+        Err(Errno(libc::ENOSYS))
+    }
 }
 
 /// The real thing.
@@ -246,6 +252,26 @@ impl Syscalls for Linux {
     fn symlink(&self, target: &CStr, link: &CStr) -> SysResult {
         // SAFETY: both are valid C strings.
         unsafe { raw(libc::SYS_symlinkat, &[ptr(target), CWD, ptr(link)]) }.map(drop)
+    }
+
+    fn hold_dir(&self, path: &CStr, at: RawFd) -> SysResult {
+        let flags = libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC;
+        // SAFETY: path is a valid C string; the result is checked.
+        let fd = unsafe { raw(libc::SYS_openat, &[CWD, ptr(path), flags as usize, 0]) }?;
+        // SAFETY: fcntl on the descriptor just opened.
+        let moved =
+            unsafe { raw(libc::SYS_fcntl, &[fd, libc::F_DUPFD_CLOEXEC as usize, at as usize]) };
+        // SAFETY: fd was just opened by us; its copy (if any) stays.
+        let _ = unsafe { raw(libc::SYS_close, &[fd]) };
+        match moved {
+            Ok(got) if got == at as usize => Ok(()),
+            Ok(got) => {
+                // SAFETY: the copy just made, at the wrong number.
+                let _ = unsafe { raw(libc::SYS_close, &[got]) };
+                Err(Errno(libc::EBUSY))
+            }
+            Err(e) => Err(e),
+        }
     }
 
     fn touch(&self, path: &CStr) -> SysResult {

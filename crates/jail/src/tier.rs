@@ -561,6 +561,13 @@ impl Instance for ProcessInstance {
         })
     }
 
+    fn writable_layer(&self) -> Result<brig_core::WritableLayer, TierError> {
+        let controls = self.controls()?;
+        writable_layer(controls.init_pid()).map_err(|e| {
+            TierError::failed(&self.id, "reach the sandbox's writable layer", e)
+        })
+    }
+
     fn set_limits(&self, limits: &Limits) -> Result<(), TierError> {
         let controls = self.controls()?;
         controls
@@ -649,6 +656,85 @@ fn chain(e: &dyn std::error::Error) -> String {
         src = cause.source();
     }
     s
+}
+
+/// The writable layer of the sandbox whose pid 1 is `init_pid`: its pid 1
+/// holds the scratch tmpfs open as [`crate::plan::LAYER_FD`] (the plan's
+/// `keep_layer`); the host takes a copy of that descriptor (pidfd_getfd,
+/// which needs ptrace rights over it: the host's root has them), checks
+/// it is a tmpfs, and opens `upper` under it without following links.
+/// Ids from the sandbox's uid and gid maps.
+fn writable_layer(init_pid: libc::pid_t) -> std::io::Result<brig_core::WritableLayer> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let err = std::io::Error::last_os_error;
+    let unsupported = |why: &str| {
+        std::io::Error::new(
+            std::io::ErrorKind::Unsupported,
+            format!(
+                "{why}: it was started by a brig without snapshots, or not on an overlay \
+                 (the host template has no layer of its own)"
+            ),
+        )
+    };
+    // SAFETY: pidfd_open with a pid and no flags; the result is checked.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, init_pid, 0) };
+    if pidfd < 0 {
+        return Err(err());
+    }
+    // SAFETY: a descriptor pidfd_open just returned, owned here alone.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd as i32) };
+    // SAFETY: pidfd_getfd on the pidfd above; the result is checked.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_getfd,
+            pidfd.as_raw_fd(),
+            crate::plan::LAYER_FD,
+            0,
+        )
+    };
+    if fd < 0 {
+        return Err(unsupported("the sandbox holds no writable layer"));
+    }
+    // SAFETY: a descriptor pidfd_getfd just returned, owned here alone.
+    let tmpfs = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    // SAFETY: fstatfs into a zeroed struct; the result is checked.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstatfs(tmpfs.as_raw_fd(), &mut st) } != 0 {
+        return Err(err());
+    }
+    if st.f_type != libc::TMPFS_MAGIC {
+        return Err(unsupported("the sandbox's descriptor is not its scratch tmpfs"));
+    }
+    // SAFETY: openat relative to the tmpfs's descriptor with a constant
+    // name; the result is checked.
+    let upper = unsafe {
+        libc::openat(
+            tmpfs.as_raw_fd(),
+            c"upper".as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    };
+    if upper < 0 {
+        return Err(unsupported("the sandbox's scratch tmpfs has no overlay upper"));
+    }
+    // SAFETY: a descriptor openat just returned, owned here alone.
+    let dir = unsafe { OwnedFd::from_raw_fd(upper) };
+    let map = |file: &str| -> std::io::Result<(u32, u32)> {
+        let text = std::fs::read_to_string(format!("/proc/{init_pid}/{file}"))?;
+        let mut f = text.split_whitespace().map(str::parse::<u32>);
+        match (f.next(), f.next(), f.next()) {
+            (Some(Ok(0)), Some(Ok(base)), Some(Ok(count))) => Ok((base, count)),
+            _ => Err(std::io::Error::other(format!("unexpected {file}: {text:?}"))),
+        }
+    };
+    let (uid_base, uids) = map("uid_map")?;
+    let (gid_base, gids) = map("gid_map")?;
+    Ok(brig_core::WritableLayer {
+        dir,
+        uid_base,
+        gid_base,
+        ids: uids.min(gids),
+    })
 }
 
 /// Rewrite the sandbox's /proc/meminfo from its cgroup's figures, where it

@@ -280,6 +280,17 @@ pub fn prune(home: &Path) -> u64 {
     let Ok(templates) = fs::read_dir(templates_dir(home)) else {
         return 0;
     };
+    // Builds an image stands on (a snapshot of a sandbox of a named
+    // template) stay while the image does.
+    let based: Vec<PathBuf> = brig_image::ImageStore::open(home)
+        .and_then(|store| store.list())
+        .map(|images| {
+            images
+                .into_iter()
+                .filter_map(|i| i.base.and_then(|b| fs::canonicalize(b).ok()))
+                .collect()
+        })
+        .unwrap_or_default();
     let mut freed = 0;
     for t in templates.flatten() {
         let dir = t.path();
@@ -304,7 +315,12 @@ pub fn prune(home: &Path) -> u64 {
             let path = e.path();
             // Compared resolved: `home` or its templates dir may be reached
             // through a symlink.
-            if !old || !path.is_dir() || fs::canonicalize(&path).ok() == current {
+            let resolved = fs::canonicalize(&path).ok();
+            if !old
+                || !path.is_dir()
+                || resolved == current
+                || resolved.as_ref().is_some_and(|r| based.contains(r))
+            {
                 continue;
             }
             let Ok(d) = File::open(&path) else { continue };
