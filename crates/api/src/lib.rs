@@ -40,6 +40,7 @@ pub mod processes;
 pub mod pty;
 pub mod sandboxes;
 pub mod secrets;
+pub mod snapshots;
 pub mod templates;
 pub mod tenants;
 
@@ -121,6 +122,13 @@ pub fn app(state: AppState) -> Router {
         )
         .route("/v1/sandboxes/{id}/timeout", post(sandboxes::extend))
         .route("/v1/sandboxes/{id}/pause", post(sandboxes::pause))
+        .route("/v1/sandboxes/{id}/snapshots", post(snapshots::create))
+        .route("/v1/sandboxes/{id}/fork", post(snapshots::fork))
+        .route("/v1/snapshots", get(snapshots::list))
+        .route(
+            "/v1/snapshots/{snapshot}",
+            get(snapshots::get).delete(snapshots::delete),
+        )
         .route("/v1/sandboxes/{id}/resume", post(sandboxes::resume))
         .route("/v1/sandboxes/{id}/metrics", get(sandboxes::metrics))
         .route(

@@ -378,7 +378,9 @@ pub struct PauseConfig {
 }
 
 /// An optional JSON body: absent or blank is the default.
-fn optional_body<T: Default + for<'de> Deserialize<'de>>(body: &[u8]) -> Result<T, ApiError> {
+pub(crate) fn optional_body<T: Default + for<'de> Deserialize<'de>>(
+    body: &[u8],
+) -> Result<T, ApiError> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(T::default());
     }

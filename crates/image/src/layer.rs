@@ -413,9 +413,15 @@ mod tests {
         let conf = find("etc/conf").expect("etc/conf");
         assert_eq!((conf.1, conf.2, conf.3), (tar::EntryType::Regular, 0, 0));
         let conf2 = find("etc/conf2").expect("etc/conf2");
-        assert_eq!((conf2.1, conf2.4.as_str()), (tar::EntryType::Link, "etc/conf"));
+        assert_eq!(
+            (conf2.1, conf2.4.as_str()),
+            (tar::EntryType::Link, "etc/conf")
+        );
         let escape = find("escape").expect("escape");
-        assert_eq!((escape.1, escape.4.as_str()), (tar::EntryType::Symlink, "/etc"));
+        assert_eq!(
+            (escape.1, escape.4.as_str()),
+            (tar::EntryType::Symlink, "/etc")
+        );
         assert!(
             !got.iter().any(|e| e.0.starts_with("escape/")),
             "a symlink was followed: {got:?}"
@@ -441,7 +447,10 @@ mod tests {
             &mut out,
         )
         .unwrap();
-        let conf = entries(&out).into_iter().find(|e| e.0 == "etc/conf").unwrap();
+        let conf = entries(&out)
+            .into_iter()
+            .find(|e| e.0 == "etc/conf")
+            .unwrap();
         assert_eq!((conf.2, conf.3), (65534, 65534));
     }
 }

@@ -55,6 +55,11 @@ mod store;
 pub mod testing;
 mod unpack;
 
+/// The names of the images that are sandboxes' snapshots start so (the
+/// daemon's `snapshots.rs`): their layers are leased by the sandboxes
+/// running on them, not for a process's life.
+pub const SNAPSHOT_PREFIX: &str = "snapshots/";
+
 pub use config::{host_platform, now_millis, parse_config, ImageConfig, ImageRecord, ParsedConfig};
 pub use error::ImageError;
 pub use import::import;

@@ -547,7 +547,6 @@ pub fn exec_workload(
         unsafe { libc::fcntl(fd, libc::F_SETFD, 0) };
     }
 
-
     match (drop_privileges(exec, sys), program) {
         (Err(f), _) => f,
         (Ok(()), Some(fd)) => exec_program_fd(exec, fd),

@@ -259,8 +259,12 @@ impl Syscalls for Linux {
         // SAFETY: path is a valid C string; the result is checked.
         let fd = unsafe { raw(libc::SYS_openat, &[CWD, ptr(path), flags as usize, 0]) }?;
         // SAFETY: fcntl on the descriptor just opened.
-        let moved =
-            unsafe { raw(libc::SYS_fcntl, &[fd, libc::F_DUPFD_CLOEXEC as usize, at as usize]) };
+        let moved = unsafe {
+            raw(
+                libc::SYS_fcntl,
+                &[fd, libc::F_DUPFD_CLOEXEC as usize, at as usize],
+            )
+        };
         // SAFETY: fd was just opened by us; its copy (if any) stays.
         let _ = unsafe { raw(libc::SYS_close, &[fd]) };
         match moved {

@@ -563,9 +563,8 @@ impl Instance for ProcessInstance {
 
     fn writable_layer(&self) -> Result<brig_core::WritableLayer, TierError> {
         let controls = self.controls()?;
-        writable_layer(controls.init_pid()).map_err(|e| {
-            TierError::failed(&self.id, "reach the sandbox's writable layer", e)
-        })
+        writable_layer(controls.init_pid())
+            .map_err(|e| TierError::failed(&self.id, "reach the sandbox's writable layer", e))
     }
 
     fn set_limits(&self, limits: &Limits) -> Result<(), TierError> {
@@ -697,13 +696,16 @@ fn writable_layer(init_pid: libc::pid_t) -> std::io::Result<brig_core::WritableL
     }
     // SAFETY: a descriptor pidfd_getfd just returned, owned here alone.
     let tmpfs = unsafe { OwnedFd::from_raw_fd(fd as i32) };
-    // SAFETY: fstatfs into a zeroed struct; the result is checked.
+    // SAFETY: a plain C struct, all zeroes valid.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: fstatfs on a descriptor we own into that struct; checked.
     if unsafe { libc::fstatfs(tmpfs.as_raw_fd(), &mut st) } != 0 {
         return Err(err());
     }
     if st.f_type != libc::TMPFS_MAGIC {
-        return Err(unsupported("the sandbox's descriptor is not its scratch tmpfs"));
+        return Err(unsupported(
+            "the sandbox's descriptor is not its scratch tmpfs",
+        ));
     }
     // SAFETY: openat relative to the tmpfs's descriptor with a constant
     // name; the result is checked.
@@ -715,7 +717,9 @@ fn writable_layer(init_pid: libc::pid_t) -> std::io::Result<brig_core::WritableL
         )
     };
     if upper < 0 {
-        return Err(unsupported("the sandbox's scratch tmpfs has no overlay upper"));
+        return Err(unsupported(
+            "the sandbox's scratch tmpfs has no overlay upper",
+        ));
     }
     // SAFETY: a descriptor openat just returned, owned here alone.
     let dir = unsafe { OwnedFd::from_raw_fd(upper) };
@@ -724,7 +728,9 @@ fn writable_layer(init_pid: libc::pid_t) -> std::io::Result<brig_core::WritableL
         let mut f = text.split_whitespace().map(str::parse::<u32>);
         match (f.next(), f.next(), f.next()) {
             (Some(Ok(0)), Some(Ok(base)), Some(Ok(count))) => Ok((base, count)),
-            _ => Err(std::io::Error::other(format!("unexpected {file}: {text:?}"))),
+            _ => Err(std::io::Error::other(format!(
+                "unexpected {file}: {text:?}"
+            ))),
         }
     };
     let (uid_base, uids) = map("uid_map")?;

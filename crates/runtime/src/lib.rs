@@ -38,6 +38,7 @@ pub mod pool;
 mod prepare;
 pub mod sandboxes;
 pub mod secrets;
+pub mod snapshots;
 pub mod store;
 pub mod tenants;
 
@@ -53,5 +54,6 @@ pub use sandboxes::{
     Scope,
 };
 pub use secrets::{SecretError, SecretInfo};
+pub use snapshots::SnapshotInfo;
 pub use store::{Store, StoreError, UnixMillis, DB_FILE, SCHEMA_VERSION};
 pub use tenants::{Tenant, TenantError, TenantId, DEFAULT_TENANT};

@@ -135,6 +135,34 @@ impl Live {
         lock(&self.lifecycle).paused.is_some()
     }
 
+    /// Run `f` with the sandbox frozen: frozen now unless it is paused,
+    /// thawed after unless it was; no pause, resume or timeout can change
+    /// that meanwhile (its lifecycle is held). Returns `f`'s result and how
+    /// long the sandbox was held frozen for it.
+    pub(crate) fn frozen_for<T>(
+        &self,
+        id: &SandboxId,
+        f: impl FnOnce() -> T,
+    ) -> Result<(T, Duration), ManagerError> {
+        let lc = lock(&self.lifecycle);
+        let running = lc.paused.is_none();
+        let started = Instant::now();
+        if running {
+            self.instance
+                .pause()
+                .map_err(tier_err(id, "freeze the sandbox"))?;
+        }
+        let out = f();
+        let held = started.elapsed();
+        if running {
+            if let Err(e) = self.instance.resume() {
+                tracing::error!("sandbox {id}: cannot thaw it after a snapshot: {e}");
+            }
+        }
+        drop(lc);
+        Ok((out, held))
+    }
+
     /// How it is paused; `None` if it is not.
     pub(crate) fn pause_mode(&self) -> Option<PauseMode> {
         let lc = lock(&self.lifecycle);

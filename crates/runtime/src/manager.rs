@@ -301,6 +301,16 @@ pub enum ManagerError {
         ago_secs: u64,
         retry_in_secs: u64,
     },
+    #[error("no snapshot {snapshot} (of yours): snapshots are named by their id or name")]
+    SnapshotNotFound { snapshot: String },
+    #[error("sandbox {id} is being snapshotted already: try again when that is done")]
+    Snapshotting { id: SandboxId },
+    #[error("cannot {op}")]
+    Image {
+        op: &'static str,
+        #[source]
+        source: brig_image::ImageError,
+    },
     #[error("template {name} is not available")]
     Template {
         name: String,
@@ -355,6 +365,9 @@ impl ManagerError {
                 TierErrorKind::Command(_) | TierErrorKind::Failed => ErrorKind::Internal,
             },
             ManagerError::NoTier { .. } => ErrorKind::Unsupported,
+            ManagerError::SnapshotNotFound { .. } => ErrorKind::NotFound,
+            ManagerError::Snapshotting { .. } => ErrorKind::Conflict,
+            ManagerError::Image { .. } => ErrorKind::Internal,
             ManagerError::TemplateNotAllowed { .. } => ErrorKind::Forbidden,
             ManagerError::Template { .. }
             | ManagerError::Preparing { .. }
@@ -385,7 +398,7 @@ pub(crate) struct Live {
     ending: Mutex<Ending>,
     /// Create-time environment variables, given to every process it
     /// starts (under the request's own).
-    env: BTreeMap<String, String>,
+    pub(crate) env: BTreeMap<String, String>,
     /// Paused or not, and the last metrics sample (see `lifecycle.rs`).
     pub(crate) lifecycle: Mutex<crate::lifecycle::Lifecycle>,
     /// Started by an earlier daemon and re-adopted by this one.
@@ -393,6 +406,8 @@ pub(crate) struct Live {
     /// Its link to the gateway: every sandbox of a daemon with a gateway
     /// has one, whatever its policy (`none` is a policy, so it can change).
     net: Option<Arc<NetLink>>,
+    /// The layers of the snapshot it runs on, held until it ends.
+    _layers: Option<brig_image::LayerLease>,
 }
 
 /// A sandbox's place at the gateway, given up when its last holder drops
@@ -524,6 +539,8 @@ pub struct SandboxManager {
     /// Named templates being built in the background, and those whose
     /// build failed lately (`prepare.rs`).
     pub(crate) preparing: Arc<Mutex<crate::prepare::Preparing>>,
+    /// Sandboxes being snapshotted now (`snapshots.rs`).
+    pub(crate) snapshotting: Mutex<std::collections::HashSet<SandboxId>>,
 }
 
 impl std::fmt::Debug for SandboxManager {
@@ -581,6 +598,7 @@ impl SandboxManager {
             ends: Arc::default(),
             exec_timeouts: Default::default(),
             preparing: Arc::default(),
+            snapshotting: Mutex::default(),
         });
         manager.readopt()?;
 
@@ -733,6 +751,7 @@ impl SandboxManager {
             }
         };
         let spec: Option<SandboxSpec> = serde_json::from_value(record.spec.clone()).ok();
+        let layers = spec.as_ref().and_then(|s| self.snapshot_lease(&s.template));
         let env = spec
             .map(|s| s.env.into_iter().map(|e| (e.key, e.value)).collect())
             .unwrap_or_default();
@@ -753,6 +772,7 @@ impl SandboxManager {
             lifecycle: Mutex::new(crate::lifecycle::Lifecycle::restored(&record)),
             adopted: true,
             net,
+            _layers: layers,
         });
         lock(&self.live).insert(id, live);
         Ok(true)
@@ -929,6 +949,9 @@ impl SandboxManager {
         if let Some(name) = &req.name {
             crate::sandboxes::check_name(name)?;
         }
+        // One of the tenant's snapshots, by id or name: its image.
+        let mut req = req;
+        req.template = self.snapshot_template(tenant, req.template)?;
         if !req.wait_for_template {
             self.unless_preparing(&req.template)?;
         }
@@ -1264,6 +1287,7 @@ impl SandboxManager {
             lifecycle: Mutex::default(),
             adopted: false,
             net,
+            _layers: self.snapshot_lease(&spec.template),
         });
         lock(&self.live).insert(id.clone(), live);
         self.events.publish(&id, tenant, EventKind::Created);
@@ -1743,6 +1767,7 @@ impl SandboxManager {
     /// One pass of the sweeper: end expired sandboxes and those whose agent
     /// is gone.
     fn sweep(&self) {
+        self.collect_fork_snapshots();
         let expired = match self.store().expired_sandboxes() {
             Ok(v) => v,
             Err(e) => {

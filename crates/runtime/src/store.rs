@@ -134,6 +134,23 @@ const MIGRATIONS: &[&str] = &[
         UNIQUE (tenant_id, name)
     ) STRICT;
     ",
+    // 8: snapshots (snapshots.rs): a sandbox's files as an image of the
+    // image store (`image`), per tenant, optionally named; `hidden` ones
+    // were made for a fork and go when no sandbox runs on them.
+    "
+    CREATE TABLE snapshots (
+        id          TEXT PRIMARY KEY,
+        tenant_id   TEXT NOT NULL REFERENCES tenants(id),
+        name        TEXT,
+        sandbox_id  TEXT NOT NULL,
+        template    TEXT NOT NULL,
+        image       TEXT NOT NULL,
+        size        INTEGER NOT NULL,
+        hidden      INTEGER NOT NULL DEFAULT 0,
+        created_at  INTEGER NOT NULL
+    ) STRICT;
+    CREATE UNIQUE INDEX snapshots_name ON snapshots(tenant_id, name) WHERE name IS NOT NULL;
+    ",
 ];
 
 /// The schema version this code writes and understands.

@@ -84,7 +84,13 @@ pub fn resolve(
             }
         })?,
     };
-    let lowers = leased(&store, &image)?;
+    // A snapshot's layers are held by each sandbox on it (the daemon's),
+    // so that deleting the snapshot frees them when the last one ends.
+    let lowers = if name.starts_with(brig_image::SNAPSHOT_PREFIX) {
+        store.lowers(&image)
+    } else {
+        leased(&store, &image)?
+    };
     Ok(Resolved {
         template: TemplateRef::Layers {
             image: name,

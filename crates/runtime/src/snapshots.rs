@@ -1,0 +1,587 @@
+//! Snapshots and forks: a sandbox's files kept as an image, and sandboxes
+//! started from it.
+//!
+//! A snapshot is the sandbox's writable layer (the tier's
+//! [`Instance::writable_layer`]: on the process tier, the overlay's upper
+//! directory its pid 1 holds open) captured with the sandbox frozen for
+//! the capture only, as one more layer over the layers it runs on, and
+//! registered in the image store as `snapshots/<id>` — over the image's
+//! layers, or over the named template's build it runs on (the image's
+//! `base`, which `brig template prune` then keeps). Its record here says
+//! whose it is: a tenant names its snapshots by id or by its own name, and
+//! no other tenant can use them. A create naming one (`template`) starts
+//! from it like from any image; its processes and memory are not kept
+//! (the process tier has none to keep: a filesystem snapshot).
+//!
+//! A fork is a hidden snapshot and N creates from it with the parent's
+//! settings; the snapshot is removed once no sandbox runs on it.
+//!
+//! [`Instance::writable_layer`]: brig_core::Instance::writable_layer
+
+use std::os::fd::AsFd;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use brig_core::{SandboxId, SandboxSpec, TemplateRef};
+use brig_image::layer::Owners;
+use brig_image::{ImageConfig, ImageStore};
+use rusqlite::OptionalExtension;
+
+use crate::manager::{lock, CreateConfig, ManagerError, SandboxManager};
+use crate::sandboxes::SandboxRecord;
+use crate::store::{Store, StoreError, UnixMillis};
+use crate::TenantId;
+
+/// The image store's names for snapshots start so; no create may name
+/// one directly (a tenant names its own by id or name).
+pub const IMAGE_PREFIX: &str = brig_image::SNAPSHOT_PREFIX;
+
+/// How long a fork's snapshot is kept even with no sandbox on it (its
+/// creates may still be starting).
+const FORK_GRACE: Duration = Duration::from_secs(600);
+
+/// The most forks one request makes (E2B's limit).
+pub const MAX_FORKS: u32 = 100;
+
+/// What is known of a snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct SnapshotInfo {
+    /// `snap-` and 20 lowercase letters and digits.
+    pub id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The sandbox it was taken of.
+    pub sandbox_id: SandboxId,
+    /// The template that sandbox was created from.
+    pub template: String,
+    /// Bytes of its own layer (what the sandbox had written).
+    pub size_bytes: u64,
+    pub created_at: UnixMillis,
+    /// How long the sandbox was frozen for the capture (this daemon's
+    /// snapshots only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub frozen_ms: Option<u64>,
+    #[serde(skip)]
+    pub(crate) image: String,
+}
+
+/// A snapshot name: 1 to 128 of `a-z 0-9 _ - . : /`, kept lower-cased
+/// (E2B's alias[:tag] rule, with its namespace).
+pub fn check_name(name: &str) -> Result<String, ManagerError> {
+    let lower = name.trim().to_ascii_lowercase();
+    let ok = !lower.is_empty()
+        && lower.len() <= 128
+        && !lower.starts_with("snap-")
+        && lower
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_-.:/".contains(&b));
+    if ok {
+        Ok(lower)
+    } else {
+        Err(ManagerError::BadRequest {
+            reason: format!(
+                "invalid snapshot name {name:?}: use 1 to 128 letters, digits, '_', '-', '.', ':' \
+                 or '/' (not starting with snap-)"
+            ),
+        })
+    }
+}
+
+impl SandboxManager {
+    /// Snapshot the files of `tenant`'s sandbox `id` (running or paused),
+    /// as `name` if given (a snapshot of that name is replaced).
+    pub fn snapshot(
+        &self,
+        tenant: &TenantId,
+        id: &SandboxId,
+        name: Option<&str>,
+    ) -> Result<SnapshotInfo, ManagerError> {
+        let name = name.map(check_name).transpose()?;
+        self.capture(tenant, id, name, false)
+    }
+
+    fn capture(
+        &self,
+        tenant: &TenantId,
+        id: &SandboxId,
+        name: Option<String>,
+        hidden: bool,
+    ) -> Result<SnapshotInfo, ManagerError> {
+        let live = self.owned_live(tenant, id)?;
+        let record = self.get(tenant, id)?;
+        let store = self.image_store()?;
+        let spec: SandboxSpec =
+            serde_json::from_value(record.spec.clone()).map_err(|e| ManagerError::BadRequest {
+                reason: format!("sandbox {id} has no spec this daemon can read: {e}"),
+            })?;
+        let (mut layers, base, config): (Vec<String>, Option<PathBuf>, ImageConfig) =
+            match &spec.template {
+                TemplateRef::Layers { image, .. } => {
+                    let parent = store.get(image).map_err(image_err(id))?.ok_or_else(|| {
+                        ManagerError::BadRequest {
+                            reason: format!(
+                                "sandbox {id} runs on image {image}, which is no longer in the \
+                                 store: it cannot be snapshotted"
+                            ),
+                        }
+                    })?;
+                    (parent.layers, parent.base, parent.config)
+                }
+                TemplateRef::Dir(dir) => (Vec::new(), Some(dir.clone()), ImageConfig::default()),
+                other => {
+                    return Err(ManagerError::BadRequest {
+                        reason: format!(
+                            "sandbox {id} runs on the {other} template, which shares the host's \
+                             files: it has no files of its own to snapshot (create it from a \
+                             named template or an image)"
+                        ),
+                    })
+                }
+            };
+        let _busy = Busy::take(self, id)?;
+        let layer = live
+            .instance
+            .writable_layer()
+            .map_err(|source| ManagerError::Tier {
+                id: id.clone(),
+                op: "reach its writable layer",
+                source,
+            })?;
+        let owners = Owners::Shifted {
+            uid_base: layer.uid_base,
+            gid_base: layer.gid_base,
+            count: layer.ids,
+        };
+        let (tar, frozen) =
+            live.frozen_for(id, || store.layer_tar_from_fd(layer.dir.as_fd(), owners))?;
+        drop(layer);
+        let diff_id = store
+            .add_layer_tar(tar.map_err(image_err(id))?)
+            .map_err(image_err(id))?;
+        let size = std::fs::metadata(store.blob_path(&diff_id)).map_or(0, |m| m.len());
+        layers.push(diff_id);
+
+        let snap = new_id();
+        let image = format!("{IMAGE_PREFIX}{snap}");
+        store
+            .register_local(
+                &image,
+                &format!("snapshot of sandbox {id}"),
+                layers,
+                config,
+                base,
+            )
+            .map_err(image_err(id))?;
+        let info = SnapshotInfo {
+            id: snap,
+            name,
+            sandbox_id: id.clone(),
+            template: record.template.clone(),
+            size_bytes: size,
+            created_at: self.store().now(),
+            frozen_ms: Some(frozen.as_millis() as u64),
+            image,
+        };
+        let replaced = self.store().insert_snapshot(tenant, &info, hidden);
+        match replaced {
+            Ok(old) => {
+                if let Some(old) = old {
+                    self.forget_image(&store, &old);
+                }
+                tracing::info!(
+                    "sandbox {id}: snapshot {} ({} bytes, frozen {} ms)",
+                    info.id,
+                    info.size_bytes,
+                    frozen.as_millis()
+                );
+                Ok(info)
+            }
+            Err(e) => {
+                self.forget_image(&store, &info.image);
+                Err(e.into())
+            }
+        }
+    }
+
+    /// `tenant`'s snapshots, newest first: of one sandbox, and/or of one
+    /// name, if asked.
+    pub fn snapshots(
+        &self,
+        tenant: &TenantId,
+        sandbox: Option<&SandboxId>,
+        name: Option<&str>,
+    ) -> Result<Vec<SnapshotInfo>, ManagerError> {
+        let name = name.map(|n| n.trim().to_ascii_lowercase());
+        Ok(self
+            .store()
+            .list_snapshots(Some(tenant), false)?
+            .into_iter()
+            .filter(|s| sandbox.is_none_or(|id| &s.sandbox_id == id))
+            .filter(|s| {
+                name.as_deref()
+                    .is_none_or(|n| s.name.as_deref() == Some(n) || s.id == n)
+            })
+            .collect())
+    }
+
+    /// `tenant`'s snapshot called `key` (its id or name).
+    pub fn snapshot_info(
+        &self,
+        tenant: &TenantId,
+        key: &str,
+    ) -> Result<SnapshotInfo, ManagerError> {
+        self.store()
+            .find_snapshot(tenant, key)?
+            .ok_or_else(|| ManagerError::SnapshotNotFound {
+                snapshot: key.to_string(),
+            })
+    }
+
+    /// Remove `tenant`'s snapshot `key` (its id or name). Sandboxes running
+    /// on it run on (their layers are held until they end); its layers
+    /// go with the store's next prune, done here.
+    pub fn delete_snapshot(
+        &self,
+        tenant: &TenantId,
+        key: &str,
+    ) -> Result<SnapshotInfo, ManagerError> {
+        let info = self.snapshot_info(tenant, key)?;
+        self.store().delete_snapshot(&info.id)?;
+        let store = self.image_store()?;
+        self.forget_image(&store, &info.image);
+        Ok(info)
+    }
+
+    /// Fork `tenant`'s sandbox `id` `count` times: a snapshot of it, then
+    /// a create per fork from `config` (given the snapshot as its
+    /// template). The parent runs on. One result per fork.
+    pub fn fork(
+        &self,
+        tenant: &TenantId,
+        id: &SandboxId,
+        count: u32,
+        config: impl Fn(TemplateRef) -> CreateConfig,
+    ) -> Result<Vec<Result<SandboxRecord, ManagerError>>, ManagerError> {
+        if !(1..=MAX_FORKS).contains(&count) {
+            return Err(ManagerError::BadRequest {
+                reason: format!("count {count}: fork makes 1 to {MAX_FORKS} sandboxes at a time"),
+            });
+        }
+        let snap = self.capture(tenant, id, None, true)?;
+        let forks = (0..count)
+            .map(|_| self.create(tenant, config(TemplateRef::Image(snap.image.clone()))))
+            .collect();
+        Ok(forks)
+    }
+
+    /// What a fork of `tenant`'s sandbox `id` is created with unless a
+    /// front-end says otherwise: the parent's limits, create-time
+    /// environment, labels, tier and network policy; `timeout`.
+    pub fn fork_config(
+        &self,
+        tenant: &TenantId,
+        id: &SandboxId,
+        timeout: Option<Duration>,
+    ) -> Result<impl Fn(TemplateRef) -> CreateConfig + use<>, ManagerError> {
+        let live = self.owned_live(tenant, id)?;
+        let record = self.get(tenant, id)?;
+        let spec: Option<SandboxSpec> = serde_json::from_value(record.spec.clone()).ok();
+        let limits = spec.as_ref().map(|s| s.limits.clone()).unwrap_or_default();
+        let allow_setuid = spec.as_ref().is_some_and(|s| s.allow_setuid);
+        let env = brig_core::EnvVar::from_map(&live.env).map_err(|e| ManagerError::BadRequest {
+            reason: e.to_string(),
+        })?;
+        let network = record
+            .attrs
+            .get("network")
+            .and_then(|v| serde_json::from_value::<brig_net::Policy>(v.clone()).ok());
+        let isolation = record.isolation.parse().unwrap_or_default();
+        let labels = record.labels.clone();
+        Ok(move |template| CreateConfig {
+            template,
+            limits: brig_core::Limits {
+                timeout: None,
+                ..limits.clone()
+            },
+            env: env.clone(),
+            labels: labels.clone(),
+            timeout,
+            allow_setuid,
+            isolation,
+            network: network.clone(),
+            ..CreateConfig::default()
+        })
+    }
+
+    /// A create's template, if it names one of `tenant`'s snapshots (by
+    /// id or name): the snapshot's image. A name of the image store's
+    /// snapshots that is not the tenant's is refused.
+    pub(crate) fn snapshot_template(
+        &self,
+        tenant: &TenantId,
+        template: TemplateRef,
+    ) -> Result<TemplateRef, ManagerError> {
+        let (TemplateRef::Named(key) | TemplateRef::Image(key)) = &template else {
+            return Ok(template);
+        };
+        if let Some(snap) = self.store().find_snapshot(tenant, key)? {
+            return Ok(TemplateRef::Image(snap.image));
+        }
+        if let Some(id) = key.strip_prefix(IMAGE_PREFIX) {
+            if let Some(snap) = self.store().find_snapshot(tenant, id)? {
+                return Ok(TemplateRef::Image(snap.image));
+            }
+            return Err(ManagerError::SnapshotNotFound {
+                snapshot: key.clone(),
+            });
+        }
+        Ok(template)
+    }
+
+    /// Remove the snapshots made for forks that no live sandbox runs on
+    /// any more (the sweeper's, every pass).
+    pub fn collect_fork_snapshots(&self) {
+        let hidden = match self.store().list_snapshots(None, true) {
+            Ok(all) => all,
+            Err(e) => {
+                tracing::warn!("cannot list fork snapshots: {e}");
+                return;
+            }
+        };
+        if hidden.is_empty() {
+            return;
+        }
+        let Ok(store) = self.image_store() else {
+            return;
+        };
+        let now = self.store().now();
+        for snap in hidden {
+            // A fork's creates may still be starting on it.
+            if now - snap.created_at < FORK_GRACE.as_millis() as i64 {
+                continue;
+            }
+            let used = self
+                .store()
+                .live_on_template(&snap.image)
+                .map(|l| !l.is_empty())
+                .unwrap_or(true);
+            if !used && self.store().delete_snapshot(&snap.id).is_ok() {
+                self.forget_image(&store, &snap.image);
+            }
+        }
+    }
+
+    /// The lease a sandbox on `template` holds on a snapshot's layers
+    /// (other images are leased for the daemon's life when resolved).
+    pub(crate) fn snapshot_lease(&self, template: &TemplateRef) -> Option<brig_image::LayerLease> {
+        let TemplateRef::Layers { image, .. } = template else {
+            return None;
+        };
+        if !image.starts_with(IMAGE_PREFIX) {
+            return None;
+        }
+        let store = self.image_store().ok()?;
+        let record = store.get(image).ok()??;
+        match store.lease(&record) {
+            Ok(lease) => Some(lease),
+            Err(e) => {
+                tracing::warn!("cannot hold the layers of {image}: {e}");
+                None
+            }
+        }
+    }
+
+    fn image_store(&self) -> Result<ImageStore, ManagerError> {
+        let home = self
+            .config()
+            .home
+            .as_ref()
+            .ok_or_else(|| ManagerError::BadRequest {
+                reason: "snapshots need an image store: this daemon has no home".into(),
+            })?;
+        ImageStore::open(home).map_err(|source| ManagerError::Image {
+            op: "open the image store",
+            source,
+        })
+    }
+
+    /// Drop `image` from the store's index and prune what nothing uses.
+    fn forget_image(&self, store: &ImageStore, image: &str) {
+        if let Err(e) = store.remove(image) {
+            tracing::warn!("cannot remove snapshot image {image}: {e}");
+        }
+        if let Err(e) = store.prune() {
+            tracing::warn!("cannot prune the image store: {e}");
+        }
+    }
+}
+
+fn image_err(id: &SandboxId) -> impl FnOnce(brig_image::ImageError) -> ManagerError + '_ {
+    move |source| {
+        ManagerError::Image {
+            op: "store the snapshot",
+            source,
+        }
+        .with_sandbox(id)
+    }
+}
+
+impl ManagerError {
+    fn with_sandbox(self, id: &SandboxId) -> ManagerError {
+        tracing::warn!("sandbox {id}: snapshot failed: {self}");
+        self
+    }
+}
+
+/// `snap-` and 20 random lowercase letters and digits.
+fn new_id() -> String {
+    use rand::Rng;
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+    let mut rng = rand::rngs::OsRng;
+    let tail: String = (0..20)
+        .map(|_| ALPHABET[rng.gen_range(0..ALPHABET.len())] as char)
+        .collect();
+    format!("snap-{tail}")
+}
+
+/// One capture at a time per sandbox: a second is a conflict.
+struct Busy<'a> {
+    manager: &'a SandboxManager,
+    id: SandboxId,
+}
+
+impl<'a> Busy<'a> {
+    fn take(manager: &'a SandboxManager, id: &SandboxId) -> Result<Busy<'a>, ManagerError> {
+        if !lock(&manager.snapshotting).insert(id.clone()) {
+            return Err(ManagerError::Snapshotting { id: id.clone() });
+        }
+        Ok(Busy {
+            manager,
+            id: id.clone(),
+        })
+    }
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        lock(&self.manager.snapshotting).remove(&self.id);
+    }
+}
+
+impl Store {
+    /// Keep `info` as `tenant`'s; the image of a snapshot it replaces (one
+    /// of the same name) is returned for removal.
+    fn insert_snapshot(
+        &self,
+        tenant: &TenantId,
+        info: &SnapshotInfo,
+        hidden: bool,
+    ) -> Result<Option<String>, StoreError> {
+        self.immediate("keep a snapshot", |s| {
+            let old: Option<(String, String)> = match &info.name {
+                Some(name) => s
+                    .conn
+                    .query_row(
+                        "SELECT id, image FROM snapshots WHERE tenant_id = ?1 AND name = ?2",
+                        (tenant.as_str(), name),
+                        |r| Ok((r.get(0)?, r.get(1)?)),
+                    )
+                    .optional()
+                    .map_err(StoreError::query("find a snapshot"))?,
+                None => None,
+            };
+            if let Some((old_id, _)) = &old {
+                s.conn
+                    .execute("DELETE FROM snapshots WHERE id = ?1", [old_id])
+                    .map_err(StoreError::query("replace a snapshot"))?;
+            }
+            s.conn
+                .execute(
+                    "INSERT INTO snapshots (id, tenant_id, name, sandbox_id, template, image, size,
+                                            hidden, created_at)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                    (
+                        &info.id,
+                        tenant.as_str(),
+                        &info.name,
+                        info.sandbox_id.as_str(),
+                        &info.template,
+                        &info.image,
+                        info.size_bytes as i64,
+                        hidden as i64,
+                        info.created_at,
+                    ),
+                )
+                .map_err(StoreError::query("keep a snapshot"))?;
+            Ok(old.map(|(_, image)| image))
+        })
+    }
+
+    /// Snapshots, newest first: of `tenant` (or everyone's), the hidden
+    /// (fork) ones or the others.
+    fn list_snapshots(
+        &self,
+        tenant: Option<&TenantId>,
+        hidden: bool,
+    ) -> Result<Vec<SnapshotInfo>, StoreError> {
+        let mut stmt = self
+            .conn
+            .prepare(
+                "SELECT id, name, sandbox_id, template, image, size, created_at FROM snapshots
+                 WHERE (?1 IS NULL OR tenant_id = ?1) AND hidden = ?2
+                 ORDER BY created_at DESC, id",
+            )
+            .map_err(StoreError::query("list snapshots"))?;
+        let rows = stmt
+            .query_map((tenant.map(|t| t.as_str()), hidden as i64), row)
+            .map_err(StoreError::query("list snapshots"))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(StoreError::query("list snapshots"))?;
+        Ok(rows)
+    }
+
+    /// `tenant`'s snapshot whose id or name is `key`.
+    fn find_snapshot(
+        &self,
+        tenant: &TenantId,
+        key: &str,
+    ) -> Result<Option<SnapshotInfo>, StoreError> {
+        let key = key.trim().to_ascii_lowercase();
+        self.conn
+            .query_row(
+                "SELECT id, name, sandbox_id, template, image, size, created_at FROM snapshots
+                 WHERE tenant_id = ?1 AND (id = ?2 OR name = ?2)",
+                (tenant.as_str(), &key),
+                row,
+            )
+            .optional()
+            .map_err(StoreError::query("find a snapshot"))
+    }
+
+    fn delete_snapshot(&self, id: &str) -> Result<(), StoreError> {
+        self.conn
+            .execute("DELETE FROM snapshots WHERE id = ?1", [id])
+            .map_err(StoreError::query("remove a snapshot"))?;
+        Ok(())
+    }
+}
+
+fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SnapshotInfo> {
+    let sandbox: String = r.get(2)?;
+    Ok(SnapshotInfo {
+        id: r.get(0)?,
+        name: r.get(1)?,
+        sandbox_id: SandboxId::parse(&sandbox).ok_or_else(|| {
+            rusqlite::Error::FromSqlConversionFailure(
+                2,
+                rusqlite::types::Type::Text,
+                format!("sandbox id {sandbox:?}").into(),
+            )
+        })?,
+        template: r.get(3)?,
+        image: r.get(4)?,
+        size_bytes: r.get::<_, i64>(5)?.max(0) as u64,
+        created_at: r.get(6)?,
+        frozen_ms: None,
+    })
+}
