@@ -19,6 +19,7 @@
 pub mod interpreter;
 mod network;
 mod secrets;
+mod snapshots;
 mod time;
 mod wire;
 
@@ -63,6 +64,10 @@ pub fn router(state: E2bState) -> Router {
         .route("/sandboxes/{id}/timeout", post(set_timeout))
         .route("/sandboxes/{id}/pause", post(pause))
         .route("/sandboxes/{id}/metrics", get(metrics))
+        .route("/sandboxes/{id}/snapshots", post(snapshots::create))
+        .route("/sandboxes/{id}/fork", post(snapshots::fork))
+        .route("/snapshots", get(snapshots::list))
+        .route("/templates/{id}", axum::routing::delete(snapshots::delete))
         .route(
             "/sandboxes/{id}/network",
             axum::routing::put(network::update),
@@ -240,81 +245,128 @@ async fn create(
     // All of it on one blocking task, which runs to its end even if the
     // client goes away meanwhile: the sandbox is then registered (and
     // listed, killable, ended by its timeout) rather than unreachable.
-    let manager = Arc::clone(&state.manager);
-    let registry = Arc::clone(&state.sandboxes);
-    let users = Arc::clone(&state.users);
+    let wanted = Wanted {
+        template_id,
+        lifecycle,
+        timeout,
+        env,
+        metadata,
+        allow_internet_access: req.allow_internet_access,
+        // As E2B shows it: never the proxy's password.
+        network: req.network.map(|mut n| {
+            n.egress_proxy = n.egress_proxy.map(network::without_password);
+            n
+        }),
+        traffic_token,
+    };
+    let state2 = state.clone();
     let sb = tokio::task::spawn_blocking(move || -> Result<Arc<E2bSandbox>, E2bError> {
-        let record = manager.create(&tenant, config)?;
-        if lifecycle.on_timeout.is_some() {
-            manager.pause_on_timeout(&tenant, &record.id, lifecycle.on_timeout, timeout)?;
-        }
-        // A named template's versioned build (`…/rootfs-N`, what the spec
-        // names) never changes.
-        let build = record
-            .spec
-            .get("template")
-            .filter(|t| {
-                brig_template::recipe(&template_id).is_ok()
-                    && t["path"].as_str().is_some_and(|p| {
-                        std::path::Path::new(p)
-                            .file_name()
-                            .is_some_and(|n| n.to_string_lossy().starts_with("rootfs-"))
-                    })
-            })
-            .cloned();
-        let cached = build.as_ref().and_then(|b| lock(&users).get(b).cloned());
-        let (default_user, home) = match cached {
-            Some(known) => known,
-            None => {
-                let found = default_user(&manager, &tenant, &record.id);
-                if let Some(b) = build {
-                    lock(&users).insert(b, found.clone());
-                }
-                found
-            }
-        };
-        let sb = registry.insert(E2bSandbox {
-            id: record.id,
-            tenant,
-            template: template_id,
-            access_token: access_token(),
-            default_user,
-            home,
-            lifecycle,
-            env,
-            metadata,
-            allow_internet_access: req.allow_internet_access,
-            // As E2B shows it: never the proxy's password.
-            network: req.network.map(|mut n| {
-                n.egress_proxy = n.egress_proxy.map(network::without_password);
-                n
-            }),
-            traffic_token,
-        });
-        // Kept on its record: a restarted daemon knows it again.
-        crate::keep(&manager, &sb);
-        // Ended before it was registered: its end was published before
-        // (or while) it went in, so the registry's follower may have missed
-        // it; not live is the same as gone.
-        if !manager.is_live(&sb.id) {
-            registry.remove(sb.id.as_str());
-        }
-        if interpreter::wanted(&sb.template) {
-            if let Err(e) = interpreter::start(&manager, &sb) {
-                tracing::warn!("{e}");
-                registry.remove(sb.id.as_str());
-                let _ = manager.delete(&sb.tenant, &sb.id);
-                return Err(E2bError::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    error_chain(&e),
-                ));
-            }
-        }
-        Ok(sb)
+        let record = state2.manager.create(&tenant, config)?;
+        register(&state2, tenant, record, wanted)
     })
     .await
     .map_err(E2bError::from)??;
     Ok((StatusCode::CREATED, Json(wire::Sandbox::new(&sb))).into_response())
+}
+
+/// What an E2B create asked for beyond the sandbox itself: what the
+/// planes keep about it (a fork's are its parent's).
+#[derive(Debug, Clone)]
+pub(crate) struct Wanted {
+    pub template_id: String,
+    pub lifecycle: E2bLifecycle,
+    pub timeout: Duration,
+    pub env: BTreeMap<String, String>,
+    pub metadata: BTreeMap<String, String>,
+    pub allow_internet_access: Option<bool>,
+    pub network: Option<wire::NetworkConfig>,
+    pub traffic_token: Option<String>,
+}
+
+/// Make a sandbox the manager just created an E2B sandbox: its pause on
+/// timeout, default user, access token, record of what E2B knows of it,
+/// and the code interpreter's server where its template wants one.
+pub(crate) fn register(
+    state: &E2bState,
+    tenant: TenantId,
+    record: brig_runtime::SandboxRecord,
+    wanted: Wanted,
+) -> Result<Arc<E2bSandbox>, E2bError> {
+    let manager = &state.manager;
+    let registry = &state.sandboxes;
+    let users = &state.users;
+    let Wanted {
+        template_id,
+        lifecycle,
+        timeout,
+        env,
+        metadata,
+        allow_internet_access,
+        network,
+        traffic_token,
+    } = wanted;
+    if lifecycle.on_timeout.is_some() {
+        manager.pause_on_timeout(&tenant, &record.id, lifecycle.on_timeout, timeout)?;
+    }
+    // A named template's versioned build (`…/rootfs-N`, what the spec
+    // names) never changes.
+    let build = record
+        .spec
+        .get("template")
+        .filter(|t| {
+            brig_template::recipe(&template_id).is_ok()
+                && t["path"].as_str().is_some_and(|p| {
+                    std::path::Path::new(p)
+                        .file_name()
+                        .is_some_and(|n| n.to_string_lossy().starts_with("rootfs-"))
+                })
+        })
+        .cloned();
+    let cached = build.as_ref().and_then(|b| lock(users).get(b).cloned());
+    let (default_user, home) = match cached {
+        Some(known) => known,
+        None => {
+            let found = default_user(manager, &tenant, &record.id);
+            if let Some(b) = build {
+                lock(users).insert(b, found.clone());
+            }
+            found
+        }
+    };
+    let sb = registry.insert(E2bSandbox {
+        id: record.id,
+        tenant,
+        template: template_id,
+        access_token: access_token(),
+        default_user,
+        home,
+        lifecycle,
+        env,
+        metadata,
+        allow_internet_access,
+        network,
+        traffic_token,
+    });
+    // Kept on its record: a restarted daemon knows it again.
+    crate::keep(manager, &sb);
+    // Ended before it was registered: its end was published before
+    // (or while) it went in, so the registry's follower may have missed
+    // it; not live is the same as gone.
+    if !manager.is_live(&sb.id) {
+        registry.remove(sb.id.as_str());
+    }
+    if interpreter::wanted(&sb.template) {
+        if let Err(e) = interpreter::start(manager, &sb) {
+            tracing::warn!("{e}");
+            registry.remove(sb.id.as_str());
+            let _ = manager.delete(&sb.tenant, &sb.id);
+            return Err(E2bError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                error_chain(&e),
+            ));
+        }
+    }
+    Ok(sb)
 }
 
 /// What create's `autoPause`, `autoPauseMemory` and `autoResume` ask for,

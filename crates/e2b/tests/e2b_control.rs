@@ -1244,3 +1244,38 @@ fn host_routing_as_get_host_builds_it() {
     let plain = get("127.0.0.1");
     assert!(plain.starts_with("HTTP/1.1 400"), "{plain}");
 }
+
+/// tests/e2b/snapshots_sdk.py through the official Python client:
+/// create_snapshot, list_snapshots, a create from a snapshot, fork and
+/// delete_snapshot, on the `base` template of the shared test home.
+#[test]
+fn python_sdk_snapshots_and_fork() {
+    if !root_or_skip() {
+        return;
+    }
+    let Some(python) = support::venv_or_skip("e2b-venv") else {
+        return;
+    };
+    if let Err(e) = brig_template::ensure(&template_home(), "base", brig_template::Progress::Lines)
+    {
+        support::skip(&format!("cannot build the base template: {e}"));
+        return;
+    }
+    let p = planes_with(|c| c.home = Some(template_home()));
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/e2b/snapshots_sdk.py");
+    let out = Command::new(&python)
+        .arg(&script)
+        .env("E2B_API_KEY", &p.f.key)
+        .env("E2B_API_URL", format!("http://{}", p.api))
+        .env("E2B_SANDBOX_URL", format!("http://{}", p.data))
+        .env("E2B_TEMPLATE", "base")
+        .env_remove("E2B_DEBUG")
+        .env_remove("E2B_DOMAIN")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("19 passed, 0 failed"), "{stdout}");
+    assert!(p.state.sandboxes.is_empty(), "{stdout}");
+}
