@@ -6,9 +6,14 @@ use super::client::{env_pairs, pairs, Client};
 
 #[derive(Debug, clap::Args)]
 pub struct CreateArgs {
-    /// Root filesystem: `host` or `dir:PATH`.
+    /// Root filesystem: `host`, `dir:PATH`, a named template, an image,
+    /// or one of your snapshots.
     #[arg(long, value_name = "NAME|dir:PATH")]
     template: Option<String>,
+    /// Start from one of your snapshots (its id or name): its files over
+    /// its template.
+    #[arg(long, value_name = "SNAPSHOT", conflicts_with = "template")]
+    from_snapshot: Option<String>,
     /// How long the sandbox lives (default 5m), e.g. 30s, 10m, 1h.
     #[arg(long, value_name = "DURATION")]
     timeout: Option<String>,
@@ -103,8 +108,17 @@ impl CreateArgs {
 
 pub fn run(args: CreateArgs) -> anyhow::Result<i32> {
     let as_json = args.json;
-    let body = args.into_body()?;
     let client = Client::from_env()?;
+    // A snapshot by id or name, checked to be one (a template of that
+    // name is not what was asked for).
+    let snapshot = match &args.from_snapshot {
+        Some(s) => Some(client.json("GET", &format!("/v1/snapshots/{s}"), None)?["id"].clone()),
+        None => None,
+    };
+    let mut body = args.into_body()?;
+    if let Some(id) = snapshot {
+        body["template"] = id;
+    }
     let sandbox = client.json("POST", "/v1/sandboxes", Some(&body))?;
     for p in published(&sandbox) {
         eprintln!("brig: {p} of the sandbox");

@@ -12,6 +12,7 @@ pub mod create;
 pub mod doctor;
 pub mod exec;
 pub mod extend;
+pub mod fork;
 pub mod forward;
 pub mod inspect;
 pub mod keys;
@@ -26,6 +27,7 @@ pub mod resume;
 pub mod rm;
 pub mod run;
 pub mod secrets;
+pub mod snapshot;
 pub mod serve;
 pub mod stats;
 pub mod template;
@@ -98,6 +100,11 @@ pub enum Command {
     Tenants(tenants::TenantsArgs),
     /// Set, list and remove secrets (write-only: no command shows a value).
     Secrets(secrets::SecretsArgs),
+    /// Snapshot a sandbox's files, list and remove snapshots (start from
+    /// one with `brig create --from-snapshot`).
+    Snapshot(snapshot::SnapshotArgs),
+    /// New sandboxes from a sandbox's files as they are now; it runs on.
+    Fork(fork::ForkArgs),
     /// Give a live sandbox more time, counted from now.
     Extend(extend::ExtendArgs),
     /// Forget ended sandboxes (`-f`: end live ones first).
@@ -136,6 +143,8 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Keys(args) => keys::run(args),
         Command::Tenants(args) => tenants::run(args),
         Command::Secrets(args) => secrets::run(args),
+        Command::Snapshot(args) => snapshot::run(args),
+        Command::Fork(args) => fork::run(args),
         Command::Extend(args) => extend::run(args),
         Command::Rm(args) => rm::run(args),
         Command::Stats(args) => stats::run(args),

@@ -1,0 +1,81 @@
+//! `brig snapshot create|ls|rm`, `brig create --from-snapshot` and
+//! `brig fork` through the real binary against a real daemon, as a user
+//! runs them: what a snapshot keeps, names and ids, forks that are their
+//! own, and clear errors for what is not a snapshot.
+
+mod support;
+
+use std::process::Output;
+
+use support::{brig, start_daemon, stop_daemon, stderr, stdout};
+
+#[test]
+fn snapshots_and_forks_from_the_cli() {
+    require_root!();
+    let rootfs = require_rootfs!();
+    let home = tempfile::tempdir().unwrap();
+    let (mut daemon, url, log) = start_daemon(home.path(), &[]);
+    std::thread::spawn(move || for _ in log {});
+    let cli = |args: &[&str]| -> Output {
+        brig()
+            .args(args)
+            .env("BRIG_HOME", home.path())
+            .env("BRIG_URL", &url)
+            .output()
+            .unwrap()
+    };
+    let ok = |args: &[&str]| -> String {
+        let out = cli(args);
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+        stdout(&out)
+    };
+    let template = format!("dir:{}", rootfs.display());
+    let parent = ok(&["create", "--name", "dev", "--template", &template]);
+    let parent = parent.trim();
+    ok(&["exec", "dev", "--", "sh", "-c", "echo kept > /root/work"]);
+
+    let snap = ok(&["snapshot", "create", "dev", "--name", "ready"]);
+    let snap = snap.trim();
+    assert!(snap.starts_with("snap-"), "{snap}");
+    let listed = ok(&["snapshot", "ls"]);
+    assert!(
+        listed.contains(snap) && listed.contains("ready") && listed.contains(parent),
+        "{listed}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(&["snapshot", "ls", "--json", "--sandbox", "dev"])).unwrap();
+    assert_eq!(json[0]["id"], snap, "{json}");
+
+    for from in ["ready", snap] {
+        let child = ok(&["create", "--from-snapshot", from]);
+        assert_eq!(
+            ok(&["exec", child.trim(), "--", "cat", "/root/work"]),
+            "kept\n"
+        );
+    }
+
+    ok(&["exec", "dev", "--", "sh", "-c", "echo later > /root/work"]);
+    let forks = ok(&["fork", "dev", "-n", "2"]);
+    let forks: Vec<&str> = forks.lines().collect();
+    assert_eq!(forks.len(), 2, "{forks:?}");
+    for f in &forks {
+        assert_eq!(ok(&["exec", f, "--", "cat", "/root/work"]), "later\n");
+    }
+    ok(&["exec", forks[0], "--", "sh", "-c", "echo fork0 > /root/work"]);
+    assert_eq!(ok(&["exec", forks[1], "--", "cat", "/root/work"]), "later\n");
+    assert_eq!(ok(&["exec", "dev", "--", "cat", "/root/work"]), "later\n");
+
+    ok(&["snapshot", "rm", "ready"]);
+    let gone = cli(&["create", "--from-snapshot", "ready"]);
+    assert!(!gone.status.success());
+    assert!(stderr(&gone).contains("no snapshot ready"), "{}", stderr(&gone));
+    let host = ok(&["create"]);
+    let refused = cli(&["snapshot", "create", host.trim()]);
+    assert!(!refused.status.success());
+    assert!(
+        stderr(&refused).contains("no files of its own"),
+        "{}",
+        stderr(&refused)
+    );
+    stop_daemon(&mut daemon);
+}
