@@ -138,7 +138,14 @@ pub async fn list(
                 })
             })
             .collect();
-        items.extend(ImageStore::open(&home)?.list()?.iter().map(image_view));
+        // Snapshots are their tenants' own (`/v1/snapshots`).
+        items.extend(
+            ImageStore::open(&home)?
+                .list()?
+                .iter()
+                .filter(|i| !i.name.starts_with(brig_image::SNAPSHOT_PREFIX))
+                .map(image_view),
+        );
         Ok(items)
     })
     .await?;
@@ -152,7 +159,13 @@ pub async fn get(
     Path(name): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let store = store(&state)?;
-    let image = blocking(move || store.get(&name)?.ok_or(ImageError::NotFound { name })).await?;
+    let image = blocking(move || {
+        store
+            .get(&name)?
+            .filter(|i| !i.name.starts_with(brig_image::SNAPSHOT_PREFIX))
+            .ok_or(ImageError::NotFound { name })
+    })
+    .await?;
     Ok(Json(image_view(&image)))
 }
 
@@ -163,6 +176,11 @@ pub async fn remove(
     Path(name): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     admin_only(&caller, "removing an image")?;
+    if name.starts_with(brig_image::SNAPSHOT_PREFIX) {
+        return Err(ApiError::not_found(format!(
+            "no image {name}: a snapshot is removed with DELETE /v1/snapshots/{{id}}"
+        )));
+    }
     let store = store(&state)?;
     let manager = Arc::clone(&state.manager);
     let removed = blocking(move || -> Result<_, ApiError> {

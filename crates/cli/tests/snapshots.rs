@@ -7,7 +7,7 @@ mod support;
 
 use std::process::Output;
 
-use support::{brig, start_daemon, stop_daemon, stderr, stdout};
+use support::{brig, start_daemon, stderr, stdout, stop_daemon};
 
 #[test]
 fn snapshots_and_forks_from_the_cli() {
@@ -61,14 +61,28 @@ fn snapshots_and_forks_from_the_cli() {
     for f in &forks {
         assert_eq!(ok(&["exec", f, "--", "cat", "/root/work"]), "later\n");
     }
-    ok(&["exec", forks[0], "--", "sh", "-c", "echo fork0 > /root/work"]);
-    assert_eq!(ok(&["exec", forks[1], "--", "cat", "/root/work"]), "later\n");
+    ok(&[
+        "exec",
+        forks[0],
+        "--",
+        "sh",
+        "-c",
+        "echo fork0 > /root/work",
+    ]);
+    assert_eq!(
+        ok(&["exec", forks[1], "--", "cat", "/root/work"]),
+        "later\n"
+    );
     assert_eq!(ok(&["exec", "dev", "--", "cat", "/root/work"]), "later\n");
 
     ok(&["snapshot", "rm", "ready"]);
     let gone = cli(&["create", "--from-snapshot", "ready"]);
     assert!(!gone.status.success());
-    assert!(stderr(&gone).contains("no snapshot ready"), "{}", stderr(&gone));
+    assert!(
+        stderr(&gone).contains("no snapshot ready"),
+        "{}",
+        stderr(&gone)
+    );
     let host = ok(&["create"]);
     let refused = cli(&["snapshot", "create", host.trim()]);
     assert!(!refused.status.success());

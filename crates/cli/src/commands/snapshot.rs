@@ -48,7 +48,11 @@ pub fn run(args: SnapshotArgs) -> anyhow::Result<i32> {
                 Some(n) => serde_json::json!({ "name": n }),
                 None => serde_json::json!({}),
             };
-            let snap = client.json("POST", &format!("/v1/sandboxes/{id}/snapshots"), Some(&body))?;
+            let snap = client.json(
+                "POST",
+                &format!("/v1/sandboxes/{id}/snapshots"),
+                Some(&body),
+            )?;
             println!("{}", snap["id"].as_str().unwrap_or_default());
         }
         SnapshotCommand::Ls { sandbox, json } => {
@@ -82,7 +86,10 @@ pub fn run(args: SnapshotArgs) -> anyhow::Result<i32> {
         }
         SnapshotCommand::Rm { snapshots } => {
             for s in snapshots {
-                client.send(client.request("DELETE", &format!("/v1/snapshots/{s}")), None)?;
+                client.send(
+                    client.request("DELETE", &format!("/v1/snapshots/{s}")),
+                    None,
+                )?;
             }
         }
     }

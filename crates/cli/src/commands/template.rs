@@ -208,6 +208,11 @@ pub fn run(args: TemplateArgs) -> anyhow::Result<i32> {
             }
         }
         TemplateCommand::Rm { name } => {
+            if let Some(id) = name.strip_prefix(brig_image::SNAPSHOT_PREFIX) {
+                anyhow::bail!(
+                    "{name} is a sandbox's snapshot: remove it with brig snapshot rm {id}"
+                );
+            }
             let store = ImageStore::open(&home)?;
             if store.get(&name)?.is_none() {
                 anyhow::bail!("no image named {name:?} (`brig template ls` lists them)");
@@ -236,9 +241,13 @@ pub fn run(args: TemplateArgs) -> anyhow::Result<i32> {
             );
         }
         TemplateCommand::Ls { json } => {
-            let images = ImageStore::open(&home)
+            // Snapshots are their tenants' own: `brig snapshot ls`.
+            let images: Vec<_> = ImageStore::open(&home)
                 .and_then(|s| s.list())
-                .unwrap_or_default();
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|i| !i.name.starts_with(brig_image::SNAPSHOT_PREFIX))
+                .collect();
             let list = brig_template::list(&home);
             if json {
                 let items: Vec<_> = list
