@@ -108,7 +108,8 @@ fn all_killed(p: &Planes, made: usize, log: &str) {
 /// many, list depth, exists, info, makeDir, rename, remove, users), watchDir,
 /// signed upload/download URLs, and the lifecycle (getInfo, setTimeout,
 /// getMetrics, connect, list paging and filters, pause/betaPause and resume
-/// through connect, expiry, kill).
+/// through connect, expiry, kill), snapshots (createSnapshot,
+/// listSnapshots, create from one, fork, deleteSnapshot).
 #[test]
 fn js_sdk_current_generation() {
     if !root_or_skip() {
@@ -126,7 +127,7 @@ fn js_sdk_current_generation() {
     let log = format!("{stdout}\n{stderr}");
     assert!(out.status.success(), "{log}");
     assert!(stdout.contains(&format!("e2b {E2B_JS} (js)")), "{log}");
-    assert!(stdout.lines().any(|l| l == "102 passed, 0 failed"), "{log}");
+    assert!(stdout.lines().any(|l| l == "108 passed, 0 failed"), "{log}");
     // The current generation's create and connect paths; pause and resume
     // went through the control plane.
     let seen = p.seen.lock().unwrap().clone();
@@ -145,7 +146,7 @@ fn js_sdk_current_generation() {
         !seen.iter().any(|l| l == "POST /sandboxes"),
         "the old create path: {seen:?}"
     );
-    all_killed(&p, 4, &log);
+    all_killed(&p, 8, &log);
 }
 
 /// `@e2b/code-interpreter` 2.8.0 runs tests/e2b/js_code_interpreter.mjs on
