@@ -9,6 +9,7 @@ use std::fs;
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use rustix::fs as rfs;
@@ -112,7 +113,8 @@ impl ImageStore {
         Ok(tmp)
     }
 
-    /// The second half: the tar's digest, its blob and its unpacked layer.
+    /// The second half: the tar's digest, the tar itself made the blob
+    /// (synced, then renamed: no copy) and its unpacked layer.
     pub fn add_layer_tar(&self, tmp: tempfile::NamedTempFile) -> Result<String, ImageError> {
         let mut file = tmp
             .reopen()
@@ -129,10 +131,17 @@ impl ImageStore {
             h.update(&buf[..n]);
         }
         let digest = format!("sha256:{}", hex::encode(h.finalize()));
-        let file = tmp
-            .reopen()
-            .map_err(ImageError::io("read a layer", tmp.path()))?;
-        self.write_blob(&digest, file)?;
+        let path = self.blob_path(&digest);
+        if !path.exists() {
+            tmp.as_file()
+                .sync_all()
+                .map_err(ImageError::io("sync", tmp.path()))?;
+            let _lock = self.write_lease()?;
+            fs::set_permissions(tmp.path(), fs::Permissions::from_mode(0o644))
+                .map_err(ImageError::io("set the mode of", tmp.path()))?;
+            tmp.persist(&path)
+                .map_err(|e| ImageError::io("rename a blob into", &path)(e.error))?;
+        }
         self.unpack_layer(&digest, media_types::LAYER_TAR, &digest)?;
         Ok(digest)
     }
