@@ -130,9 +130,9 @@ impl Runsc {
     /// Create and start the sandbox of `bundle` as `id`, detached: runsc
     /// returns once its init (brig-agent) runs. The sandbox is started in
     /// its own session and belongs to no brig process, so it outlives the
-    /// daemon. `network`: `none` (loopback only) or `sandbox` (the
-    /// namespace the bundle names). The init's stdout and stderr go to
-    /// `log`.
+    /// daemon. `network`: `none` (gVisor's loopback only) or `host` (the
+    /// host kernel's network stack in the namespace the bundle names). The
+    /// init's stdout and stderr go to `log`.
     pub fn run_detached(
         &self,
         id: &str,

@@ -230,7 +230,13 @@ impl GvisorTier {
             .append(true)
             .open(&log_path)
             .map_err(io("open its log"))?;
-        let network = if netns.is_some() { "sandbox" } else { "none" };
+        // With a namespace of its own (brig-net's, linked to the gateway
+        // where its policy is enforced): gVisor's host networking *inside
+        // that namespace* (runsc joins it for the sandbox process). runsc's
+        // own network stack (`sandbox`) is what a newer runsc would use;
+        // the 2022 builds refuse it on kernels whose every namespace has
+        // net.core.rmem_default, which they take for the host's namespace.
+        let network = if netns.is_some() { "host" } else { "none" };
         if let Err(e) = self
             .runsc
             .run_detached(id.as_str(), &bundle_dir, network, log)
