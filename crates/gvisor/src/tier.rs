@@ -65,7 +65,7 @@ pub struct GvisorConfig {
     /// Names the launching daemon (its database), as for the process tier.
     pub owner: String,
     /// A platform to insist on (`BRIG_GVISOR_PLATFORM`), else the best this
-    /// runsc has ([`runsc::choose_platform`]).
+    /// runsc has ([`brig_host::probe::runsc_platform`]).
     pub platform: Option<String>,
 }
 
@@ -106,14 +106,16 @@ impl GvisorTier {
         if unsafe { libc::geteuid() } != 0 {
             return Err(unavailable("runsc needs root"));
         }
-        let built = runsc::platforms(&config.runsc).map_err(|e| {
-            unavailable(format!(
-                "cannot run {}: {e} (install it: apt-get install runsc)",
+        let built = brig_host::probe::runsc_platforms(&config.runsc);
+        if built.is_empty() {
+            return Err(unavailable(format!(
+                "{} does not run (install it: apt-get install runsc)",
                 config.runsc.display()
-            ))
-        })?;
-        let platform =
-            runsc::choose_platform(&built, config.platform.as_deref()).map_err(unavailable)?;
+            )));
+        }
+        let platform = brig_host::probe::runsc_platform(&built, config.platform.as_deref())
+            .map(|p| Platform::parse(p).expect("brig-host names known platforms"))
+            .map_err(unavailable)?;
         let hierarchy = Hierarchy::detect().map_err(|e| unavailable(e.to_string()))?;
         let dir = config.run_dir.join("gvisor");
         let root = dir.join("runsc");
