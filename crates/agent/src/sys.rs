@@ -191,6 +191,28 @@ pub fn openpty(rows: u16, cols: u16) -> io::Result<(OwnedFd, OwnedFd)> {
     Ok(pair)
 }
 
+/// Whether a PTY master reports the slave side's close (EIO on read), as
+/// Linux's does. gVisor's (2022 builds) never does: its reads say EAGAIN
+/// for ever. Tried once, on a PTY of its own.
+pub fn pty_reports_hangup() -> bool {
+    static HANGUP: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HANGUP.get_or_init(|| {
+        let Ok((master, slave)) = openpty(24, 80) else {
+            return true;
+        };
+        drop(slave);
+        let mut master = std::fs::File::from(master);
+        if set_nonblocking(&master).is_err() {
+            return true;
+        }
+        let mut buf = [0u8; 16];
+        !matches!(
+            std::io::Read::read(&mut master, &mut buf),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock
+        )
+    })
+}
+
 pub fn set_winsize(fd: &impl AsRawFd, rows: u16, cols: u16) -> io::Result<()> {
     let ws = libc::winsize {
         ws_row: rows,
