@@ -266,4 +266,3 @@ impl Runsc {
             .unwrap_or_default()
     }
 }
-

@@ -2071,7 +2071,10 @@ mod tests {
             Ok("systrap")
         );
         // Debian 12's runsc (2022-12): no systrap.
-        assert_eq!(runsc_platform(&built(&["kvm", "ptrace"]), None), Ok("ptrace"));
+        assert_eq!(
+            runsc_platform(&built(&["kvm", "ptrace"]), None),
+            Ok("ptrace")
+        );
         assert_eq!(
             runsc_platform(&built(&["kvm", "ptrace"]), Some("kvm")),
             Ok("kvm")

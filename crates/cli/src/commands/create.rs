@@ -65,7 +65,8 @@ pub struct CreateArgs {
 
 /// `--isolation`, checked before anything is sent.
 pub(crate) fn parse_isolation(s: &str) -> Result<brig_core::Isolation, String> {
-    s.parse().map_err(|e: brig_core::UnknownIsolation| e.to_string())
+    s.parse()
+        .map_err(|e: brig_core::UnknownIsolation| e.to_string())
 }
 
 impl CreateArgs {

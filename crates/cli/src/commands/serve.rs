@@ -338,7 +338,10 @@ pub(crate) fn start_runtime(
     // like the process tier's, so it is made before the manager adopts.
     match gvisor_tier(&tier.options().run_dir, &store_path, &owner) {
         Ok(g) => {
-            tracing::info!("gvisor tier: runsc on the {} platform", g.platform().as_str());
+            tracing::info!(
+                "gvisor tier: runsc on the {} platform",
+                g.platform().as_str()
+            );
             tiers.push(Arc::new(g));
         }
         Err(e) => tracing::info!("no gvisor tier: {e}"),
