@@ -26,11 +26,26 @@ struct Daemon {
     url: String,
     home: std::path::PathBuf,
     key: String,
+    /// E2B's control plane and data plane, with `--e2b`.
+    e2b: Option<(String, String)>,
 }
 
 impl Daemon {
     fn start(home: &Path) -> Daemon {
-        let (child, url, lines) = support::start_daemon(home, &[]);
+        Self::start_with(home, &[])
+    }
+
+    fn start_with(home: &Path, extra: &[&str]) -> Daemon {
+        let (child, url, mut lines) = support::start_daemon(home, extra);
+        let e2b = extra.contains(&"--e2b").then(|| {
+            let mut addr = |prefix: &str| loop {
+                let line = lines.next().expect("brig serve exited").unwrap();
+                if let Some(a) = line.strip_prefix(prefix) {
+                    break a.to_string();
+                }
+            };
+            (addr("brig: e2b api on "), addr("brig: e2b sandboxes on "))
+        });
         std::thread::spawn(move || for _ in lines {});
         let key = std::fs::read_to_string(home.join("local.key"))
             .unwrap()
@@ -41,6 +56,7 @@ impl Daemon {
             url,
             home: home.to_path_buf(),
             key,
+            e2b,
         }
     }
 
@@ -461,5 +477,61 @@ fn nothing_is_left_after_a_daemon_crash() {
     drop(daemon);
     for id in &ids {
         assert_nothing_left(id);
+    }
+}
+
+/// The official E2B Python SDK creates a gvisor sandbox with the metadata
+/// key `brig.isolation` and runs commands and files in it
+/// (tests/e2b/gvisor_sdk.py).
+#[test]
+fn e2b_clients_pick_gvisor_with_a_metadata_key() {
+    let Some(_template) = ready() else { return };
+    let python = brig_test_support::test_cache().join("e2b-venv/bin/python");
+    if !python.exists() {
+        support::skip(&format!(
+            "{} is missing: tests/support/install-python-deps.sh makes it",
+            python.display()
+        ));
+        return;
+    }
+    let home = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start_with(
+        home.path(),
+        &[
+            "--e2b",
+            "--e2b-api",
+            "127.0.0.1:0",
+            "--e2b-sandbox",
+            "127.0.0.1:0",
+            "--prepare",
+            "none",
+        ],
+    );
+    let (api, data) = daemon.e2b.clone().unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/e2b/gvisor_sdk.py");
+    let out = Command::new(python)
+        .arg(&script)
+        .env("E2B_API_KEY", &daemon.key)
+        .env("E2B_API_URL", &api)
+        .env("E2B_SANDBOX_URL", &data)
+        .env("E2B_TEMPLATE", "host")
+        .env_remove("E2B_DEBUG")
+        .env_remove("E2B_DOMAIN")
+        .output()
+        .unwrap();
+    let stdout = text(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("13 passed, 0 failed"),
+        "gvisor_sdk.py:\n{stdout}\n{}",
+        text(&out.stderr)
+    );
+    // Killed through E2B: nothing of it stays.
+    let id = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("sandbox "))
+        .expect("the script names its sandbox");
+    let ids = [id.to_string()];
+    for id in ids {
+        assert_nothing_left(&id);
     }
 }
