@@ -132,13 +132,15 @@ impl Runsc {
     /// its own session and belongs to no brig process, so it outlives the
     /// daemon. `network`: `none` (gVisor's loopback only) or `host` (the
     /// host kernel's network stack in the namespace the bundle names). The
-    /// init's stdout and stderr go to `log`.
+    /// init's stdout and stderr go to `log`; the sandbox process's pid to
+    /// `pid_file` (saving a `runsc state`, a few tens of milliseconds).
     pub fn run_detached(
         &self,
         id: &str,
         bundle: &Path,
         network: &str,
         log: File,
+        pid_file: &Path,
     ) -> Result<(), RunscError> {
         let err = log.try_clone().map_err(|source| RunscError::Spawn {
             binary: self.binary.clone(),
@@ -152,6 +154,7 @@ impl Runsc {
             .arg("run")
             .arg("--detach")
             .arg(format!("--bundle={}", bundle.display()))
+            .arg(format!("--pid-file={}", pid_file.display()))
             .arg(id)
             .stdout(log)
             .stderr(err)

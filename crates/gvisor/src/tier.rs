@@ -239,9 +239,10 @@ impl GvisorTier {
         // the 2022 builds refuse it on kernels whose every namespace has
         // net.core.rmem_default, which they take for the host's namespace.
         let network = if netns.is_some() { "host" } else { "none" };
+        let pid_file = dir.join("pid");
         if let Err(e) = self
             .runsc
-            .run_detached(id.as_str(), &bundle_dir, network, log)
+            .run_detached(id.as_str(), &bundle_dir, network, log, &pid_file)
         {
             // runsc's stderr went to the log: its last lines say why.
             return Err(TierError::failed(
@@ -250,19 +251,15 @@ impl GvisorTier {
                 format!("{e}: {}", log_tail(dir)),
             ));
         }
-        let state = self
-            .runsc
-            .state(id.as_str())
-            .map_err(|e| TierError::failed(id, "read its state", e))?
-            .ok_or_else(|| TierError::failed(id, "read its state", "runsc does not know it"))?;
-        let pid = libc::pid_t::try_from(state.pid)
+        let pid = fs::read_to_string(&pid_file)
             .ok()
+            .and_then(|p| p.trim().parse::<libc::pid_t>().ok())
             .filter(|p| *p > 0)
             .ok_or_else(|| {
                 TierError::failed(
                     id,
                     "start its agent",
-                    format!("the sandbox is {}: {}", state.status, log_tail(dir)),
+                    format!("runsc wrote no sandbox pid: {}", log_tail(dir)),
                 )
             })?;
         let start = start_time(pid).unwrap_or(0);
