@@ -123,7 +123,7 @@ impl Groups {
             write(&p, &memory)?;
         }
         if let Some(p) = self.file("pids", "pids.max", "pids.max") {
-            write(&p, &limits.pids.to_string())?;
+            write(&p, &crate::bundle::host_pids(limits.pids).to_string())?;
         }
         if let Some(cpus) = limits.cpus {
             let quota = (cpus * cfs_period_us as f64).round() as u64;
