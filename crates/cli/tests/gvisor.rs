@@ -535,3 +535,69 @@ fn e2b_clients_pick_gvisor_with_a_metadata_key() {
         assert_nothing_left(&id);
     }
 }
+
+/// `brig run --isolation gvisor`: one command under gVisor's kernel on
+/// brig's stdio, with its status, as on the process tier; nothing left
+/// after it.
+#[test]
+fn brig_run_runs_one_command_under_gvisor() {
+    let Some(template) = ready() else { return };
+    let run = |args: &[&str], input: &[u8]| -> Output {
+        let mut child = Command::new(BRIG)
+            .arg("run")
+            .args(["--isolation", "gvisor", "--network", "none"])
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let _ = child.stdin.take().unwrap().write_all(input);
+        child.wait_with_output().unwrap()
+    };
+    let before = std::fs::read_dir("/run/brig/gvisor").map_or(0, |d| d.count());
+
+    let out = run(
+        &[
+            "--template",
+            &template,
+            "--",
+            "sh",
+            "-c",
+            "cat /proc/version; echo err >&2; exit 3",
+        ],
+        b"",
+    );
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    let host = std::fs::read_to_string("/proc/version").unwrap();
+    assert!(
+        !text(&out.stdout).contains(host.trim()),
+        "{}",
+        text(&out.stdout)
+    );
+    assert_eq!(text(&out.stderr), "err\n");
+
+    // stdin with -i, megabytes of it; the user.
+    let big = vec![b'x'; 3 << 20];
+    let out = run(&["-i", "--", "wc", "-c"], &big);
+    assert_eq!(
+        text(&out.stdout).trim(),
+        (3 << 20).to_string(),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = run(&["-u", "nobody", "--", "id", "-u"], b"");
+    assert_eq!(text(&out.stdout), "65534\n", "{}", text(&out.stderr));
+
+    // The command's faults and limits, as on the process tier.
+    let out = run(&["--", "no-such-command"], b"");
+    assert_eq!(out.status.code(), Some(127), "{}", text(&out.stderr));
+    let out = run(&["--timeout", "1s", "--", "sleep", "30"], b"");
+    assert_eq!(out.status.code(), Some(124), "{}", text(&out.stderr));
+    let out = run(&["-t", "--", "true"], b"");
+    assert_ne!(out.status.code(), Some(0));
+
+    let after = std::fs::read_dir("/run/brig/gvisor").map_or(0, |d| d.count());
+    assert_eq!(after, before, "a one-shot sandbox's directory is left");
+    assert!(host_mounts_matching("/run/brig/gvisor/").is_empty());
+}

@@ -59,6 +59,28 @@ pub fn host_pids(pids: u32) -> u64 {
     20 * u64::from(pids) + 256
 }
 
+/// A sandbox's first process.
+#[derive(Debug, Clone)]
+pub enum Init<'a> {
+    /// brig-agent, listening (a daemon's sandbox).
+    Agent {
+        /// The host directory shown at [`AGENT_DIR`] (the agent's socket).
+        dir: &'a Path,
+        /// The agent's binary on the host (on a file system that allows
+        /// exec).
+        bin: &'a Path,
+    },
+    /// One command on the caller's stdio (`brig run`).
+    Command {
+        args: &'a [String],
+        /// `KEY=VALUE`, PATH included.
+        env: Vec<String>,
+        cwd: &'a str,
+        uid: u32,
+        gid: u32,
+    },
+}
+
 /// Everything a sandbox's `config.json` says.
 #[derive(Debug, Clone)]
 pub struct BundleSpec<'a> {
@@ -68,10 +90,8 @@ pub struct BundleSpec<'a> {
     /// Host directories shown read-only at the same path (the `host`
     /// template).
     pub binds: &'a [PathBuf],
-    /// The host directory shown at [`AGENT_DIR`] (the agent's socket).
-    pub agent_dir: &'a Path,
-    /// The agent's binary on the host (on a filesystem that allows exec).
-    pub agent_bin: &'a Path,
+    /// What the sandbox's first process is.
+    pub init: Init<'a>,
     pub limits: &'a Limits,
     pub allow_setuid: bool,
     /// A network namespace to run in (`/proc/PID/fd/N`), or none (the
@@ -99,14 +119,39 @@ pub fn config(b: &BundleSpec<'_>) -> Value {
         mounts.push(json!({"destination": dir, "type": "bind", "source": dir,
                            "options": ["rbind", "ro", "nosuid", "nodev"]}));
     }
-    mounts.push(
-        json!({"destination": AGENT_DIR, "type": "bind", "source": b.agent_dir,
-                       "options": ["rbind", "rw", "nosuid", "nodev"]}),
-    );
-    mounts.push(
-        json!({"destination": AGENT_BIN_INSIDE, "type": "bind", "source": b.agent_bin,
-                       "options": ["rbind", "ro", "nodev"]}),
-    );
+    let (args, env, cwd, uid, gid) = match &b.init {
+        Init::Agent { dir, bin } => {
+            mounts.push(
+                json!({"destination": AGENT_DIR, "type": "bind", "source": dir,
+                               "options": ["rbind", "rw", "nosuid", "nodev"]}),
+            );
+            mounts.push(
+                json!({"destination": AGENT_BIN_INSIDE, "type": "bind", "source": bin,
+                               "options": ["rbind", "ro", "nodev"]}),
+            );
+            (
+                vec![
+                    AGENT_BIN_INSIDE.to_string(),
+                    "--listen-at".into(),
+                    AGENT_SOCKET_INSIDE.into(),
+                ],
+                vec![format!("PATH={PATH}"), "HOME=/root".into()],
+                "/",
+                0,
+                0,
+            )
+        }
+        Init::Command {
+            args,
+            env,
+            cwd,
+            uid,
+            gid,
+        } => (args.to_vec(), env.clone(), *cwd, *uid, *gid),
+    };
+    // Root keeps a container root's capabilities; another user none (as
+    // the process tier's commands).
+    let caps: Vec<&str> = if uid == 0 { caps } else { Vec::new() };
 
     let mut namespaces = vec![
         json!({"type": "pid"}),
@@ -135,10 +180,10 @@ pub fn config(b: &BundleSpec<'_>) -> Value {
         "hostname": b.id.as_str(),
         "process": {
             "terminal": false,
-            "user": {"uid": 0, "gid": 0},
-            "args": [AGENT_BIN_INSIDE, "--listen-at", AGENT_SOCKET_INSIDE],
-            "env": [format!("PATH={PATH}"), "HOME=/root"],
-            "cwd": "/",
+            "user": {"uid": uid, "gid": gid},
+            "args": args,
+            "env": env,
+            "cwd": cwd,
             "capabilities": {
                 "bounding": caps, "effective": caps, "permitted": caps,
             },
@@ -169,8 +214,10 @@ mod tests {
             id,
             root: Path::new("/run/brig/gvisor/x/rootfs"),
             binds: &[],
-            agent_dir: Path::new("/run/brig/gvisor/x/agent"),
-            agent_bin: Path::new("/var/lib/brig/gvisor/brig-agent"),
+            init: Init::Agent {
+                dir: Path::new("/run/brig/gvisor/x/agent"),
+                bin: Path::new("/var/lib/brig/gvisor/brig-agent"),
+            },
             limits,
             allow_setuid: false,
             netns,

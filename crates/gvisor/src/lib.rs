@@ -32,11 +32,14 @@
 //! later daemon finds it by that name on disk ([`brig_core::Tier::adopt`]:
 //! the recorded pid and start time, and runsc's state agree).
 //!
-//! What is not here yet: `brig run` (one-shot commands), checkpoint,
-//! restore and fork.
+//! `brig run --isolation gvisor` crosses the same boundary
+//! ([`brig_core::Tier::run`], `oneshot.rs`): `runsc run` of the command on
+//! the caller's stdio. What is not here yet: a terminal for it (`-t`),
+//! checkpoint, restore and fork.
 
 pub mod bundle;
 pub mod cgroup;
+mod oneshot;
 pub mod rootfs;
 pub mod runsc;
 pub mod tier;

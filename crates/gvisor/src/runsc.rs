@@ -90,7 +90,15 @@ pub struct Runsc {
 
 impl Runsc {
     fn command(&self) -> Command {
+        self.command_logging(None)
+    }
+
+    /// With runsc's own messages to `log` instead of its stderr.
+    fn command_logging(&self, log: Option<&Path>) -> Command {
         let mut cmd = Command::new(&self.binary);
+        if let Some(log) = log {
+            cmd.arg(format!("--log={}", log.display()));
+        }
         cmd.arg(format!("--root={}", self.root.display()))
             .arg(format!("--platform={}", self.platform.as_str()))
             // The agent binds its socket in a directory shared with the
@@ -172,6 +180,28 @@ impl Runsc {
             });
         }
         Ok(())
+    }
+
+    /// `runsc run` of `bundle` in the foreground, as the caller spawns it
+    /// (its stdio the command's; runsc's own messages to `log`): it
+    /// returns the command's exit status (128+N for a signal) once the
+    /// sandbox has ended.
+    pub fn run_foreground(
+        &self,
+        id: &str,
+        bundle: &Path,
+        network: &str,
+        pid_file: &Path,
+        log: &Path,
+    ) -> Command {
+        let mut cmd = self.command_logging(Some(log));
+        cmd.stdin(Stdio::inherit())
+            .arg(format!("--network={network}"))
+            .arg("run")
+            .arg(format!("--bundle={}", bundle.display()))
+            .arg(format!("--pid-file={}", pid_file.display()))
+            .arg(id);
+        cmd
     }
 
     /// The sandbox's state, `None` if runsc does not know it.

@@ -41,13 +41,13 @@ use crate::rootfs;
 use crate::runsc::{self, Platform, Runsc};
 
 /// The default period of a CPU quota (CFS), in microseconds.
-const CFS_PERIOD_US: u64 = 100_000;
+pub(crate) const CFS_PERIOD_US: u64 = 100_000;
 /// How long a launch waits for the agent's socket to answer.
 const AGENT_READY: Duration = Duration::from_secs(30);
-const STATE_FILE: &str = "state";
+pub(crate) const STATE_FILE: &str = "state";
 const AGENT_DIR: &str = "agent";
 const AGENT_SOCKET: &str = "agent.sock";
-const LOG_FILE: &str = "log";
+pub(crate) const LOG_FILE: &str = "log";
 
 /// How a [`GvisorTier`] is made.
 #[derive(Debug, Clone)]
@@ -72,12 +72,13 @@ pub struct GvisorConfig {
 /// The gvisor tier: sandboxes under gVisor's `runsc`.
 #[derive(Debug)]
 pub struct GvisorTier {
-    runsc: Runsc,
-    dir: PathBuf,
-    /// The agent's copy every sandbox binds.
-    agent: PathBuf,
-    owner: String,
-    hierarchy: Hierarchy,
+    pub(crate) runsc: Runsc,
+    pub(crate) dir: PathBuf,
+    /// The agent's copy every sandbox binds; `None` for a tier that runs
+    /// one-shot commands only ([`GvisorTier::for_commands`]).
+    agent: Option<PathBuf>,
+    pub(crate) owner: String,
+    pub(crate) hierarchy: Hierarchy,
 }
 
 /// Where to find runsc: `$BRIG_RUNSC`, else `runsc` on PATH.
@@ -91,7 +92,7 @@ pub fn find_runsc() -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-fn unavailable(reason: impl Into<String>) -> TierError {
+pub(crate) fn unavailable(reason: impl Into<String>) -> TierError {
     TierError::Unavailable {
         tier: Isolation::Gvisor,
         reason: reason.into(),
@@ -133,12 +134,63 @@ impl GvisorTier {
                 platform,
             },
             dir,
-            agent,
+            agent: Some(agent),
             owner: config.owner,
             hierarchy,
         };
         tier.discard_orphans();
         Ok(tier)
+    }
+
+    /// A tier for one-shot commands only (`brig run --isolation gvisor`):
+    /// no agent. Its sandboxes are owned by this process (`/proc/<pid>`):
+    /// one its caller's death left running is discarded by the next tier
+    /// made on this host.
+    pub fn for_commands(runsc_bin: PathBuf, run_dir: PathBuf) -> Result<GvisorTier, TierError> {
+        // SAFETY: geteuid takes no arguments and cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err(unavailable("runsc needs root"));
+        }
+        let built = brig_host::probe::runsc_platforms(&runsc_bin);
+        if built.is_empty() {
+            return Err(unavailable(format!(
+                "{} does not run (install it: apt-get install runsc)",
+                runsc_bin.display()
+            )));
+        }
+        let wanted = std::env::var("BRIG_GVISOR_PLATFORM").ok();
+        let platform = brig_host::probe::runsc_platform(&built, wanted.as_deref())
+            .map(|p| Platform::parse(p).expect("brig-host names known platforms"))
+            .map_err(unavailable)?;
+        let hierarchy = Hierarchy::detect().map_err(|e| unavailable(e.to_string()))?;
+        let dir = run_dir.join("gvisor");
+        let root = dir.join("runsc");
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&root)
+            .map_err(|e| unavailable(format!("cannot create {}: {e}", root.display())))?;
+        let tier = GvisorTier {
+            runsc: Runsc {
+                binary: runsc_bin,
+                root,
+                platform,
+            },
+            dir,
+            agent: None,
+            owner: format!("/proc/{}", std::process::id()),
+            hierarchy,
+        };
+        tier.discard_orphans();
+        Ok(tier)
+    }
+
+    fn agent(&self) -> Result<&Path, TierError> {
+        self.agent.as_deref().ok_or_else(|| TierError::Unsupported {
+            tier: Isolation::Gvisor,
+            op: "launch a daemon's sandbox",
+            reason: "this tier was made for one-shot commands (GvisorTier::for_commands)".into(),
+        })
     }
 
     /// The platform sandboxes run on.
@@ -213,8 +265,10 @@ impl GvisorTier {
             id,
             root: &root.path,
             binds: &root.binds,
-            agent_dir: &dir.join(AGENT_DIR),
-            agent_bin: &self.agent,
+            init: bundle::Init::Agent {
+                dir: &dir.join(AGENT_DIR),
+                bin: self.agent()?,
+            },
             limits: &launch.limits,
             allow_setuid: launch.allow_setuid,
             netns: netns.as_deref(),
@@ -312,7 +366,7 @@ fn install_agent(agent: &Path, dir: &Path) -> std::io::Result<PathBuf> {
 
 /// The last lines of a sandbox's log (runsc's and the agent's own
 /// messages), as one line.
-fn log_tail(dir: &Path) -> String {
+pub(crate) fn log_tail(dir: &Path) -> String {
     let said = fs::read_to_string(dir.join(LOG_FILE)).unwrap_or_default();
     let mut tail: Vec<&str> = said.lines().rev().take(5).collect();
     tail.reverse();
@@ -321,13 +375,13 @@ fn log_tail(dir: &Path) -> String {
 
 /// What `state` says.
 #[derive(Debug)]
-struct Recorded {
+pub(crate) struct Recorded {
     owner: String,
     pid: libc::pid_t,
     start: u64,
 }
 
-fn read_state(dir: &Path) -> Option<Recorded> {
+pub(crate) fn read_state(dir: &Path) -> Option<Recorded> {
     let text = fs::read_to_string(dir.join(STATE_FILE)).ok()?;
     let (owner, rest) = text.split_once('\n')?;
     let mut it = rest.split_whitespace().map(str::parse::<u64>);
@@ -340,13 +394,13 @@ fn read_state(dir: &Path) -> Option<Recorded> {
 
 /// The start time of `pid` (field 22 of /proc/PID/stat), to tell it from
 /// a later process given the same pid.
-fn start_time(pid: libc::pid_t) -> Option<u64> {
+pub(crate) fn start_time(pid: libc::pid_t) -> Option<u64> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let rest = &stat[stat.rfind(')')? + 1..];
     rest.split_whitespace().nth(19)?.parse().ok()
 }
 
-fn pidfd_open(pid: libc::pid_t) -> std::io::Result<OwnedFd> {
+pub(crate) fn pidfd_open(pid: libc::pid_t) -> std::io::Result<OwnedFd> {
     // SAFETY: pidfd_open with a pid and no flags; the result is checked.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
     if fd < 0 {
@@ -357,7 +411,7 @@ fn pidfd_open(pid: libc::pid_t) -> std::io::Result<OwnedFd> {
 }
 
 /// Wait up to `timeout` for the process behind `pidfd` to end.
-fn pidfd_wait(pidfd: &OwnedFd, timeout: Option<Duration>) -> bool {
+pub(crate) fn pidfd_wait(pidfd: &OwnedFd, timeout: Option<Duration>) -> bool {
     let deadline = timeout.map(|t| Instant::now() + t);
     loop {
         let ms = match deadline {
@@ -386,7 +440,7 @@ fn pidfd_wait(pidfd: &OwnedFd, timeout: Option<Duration>) -> bool {
     }
 }
 
-fn kill_pidfd(pidfd: &OwnedFd) {
+pub(crate) fn kill_pidfd(pidfd: &OwnedFd) {
     // SAFETY: pidfd_send_signal on a pidfd we hold, no siginfo.
     unsafe {
         libc::syscall(
@@ -455,6 +509,16 @@ impl Tier for GvisorTier {
         teardown(&self.runsc, &Groups::new(&self.hierarchy, id), id, &dir)
     }
 
+    /// `runsc run` of the command, on this process's stdio; see
+    /// `oneshot.rs`.
+    fn run(
+        &self,
+        spec: &brig_core::SandboxSpec,
+        network: &NetworkAttachment,
+    ) -> Result<Box<dyn brig_core::OneShot>, TierError> {
+        crate::oneshot::run(self, spec, network)
+    }
+
     fn running(&self) -> Vec<SandboxId> {
         let Ok(entries) = fs::read_dir(&self.dir) else {
             return Vec::new();
@@ -470,7 +534,12 @@ impl Tier for GvisorTier {
 /// Remove everything of a sandbox whose processes are dead or dying:
 /// runsc's state and cgroups (`runsc delete --force` kills the gofer too),
 /// whatever is left in the groups, the mounts, the directory.
-fn teardown(runsc: &Runsc, groups: &Groups, id: &SandboxId, dir: &Path) -> Result<(), TierError> {
+pub(crate) fn teardown(
+    runsc: &Runsc,
+    groups: &Groups,
+    id: &SandboxId,
+    dir: &Path,
+) -> Result<(), TierError> {
     let deleted = runsc.delete(id.as_str());
     groups.remove();
     let unmounted = rootfs::unmount(dir);
