@@ -555,7 +555,6 @@ fn brig_run_runs_one_command_under_gvisor() {
         let _ = child.stdin.take().unwrap().write_all(input);
         child.wait_with_output().unwrap()
     };
-    let before = std::fs::read_dir("/run/brig/gvisor").map_or(0, |d| d.count());
 
     let out = run(
         &[
@@ -597,7 +596,52 @@ fn brig_run_runs_one_command_under_gvisor() {
     let out = run(&["-t", "--", "true"], b"");
     assert_ne!(out.status.code(), Some(0));
 
-    let after = std::fs::read_dir("/run/brig/gvisor").map_or(0, |d| d.count());
-    assert_eq!(after, before, "a one-shot sandbox's directory is left");
-    assert!(host_mounts_matching("/run/brig/gvisor/").is_empty());
+    // No one-shot sandbox outlived its `brig run` (their owner is the
+    // run's /proc/<pid>; other tests' sandboxes may be there, alive).
+    let orphans: Vec<String> = std::fs::read_dir("/run/brig/gvisor")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path().join("state")).ok())
+        .filter_map(|s| s.lines().next().map(String::from))
+        .filter(|o| o.starts_with("/proc/") && !Path::new(o).exists())
+        .collect();
+    assert!(orphans.is_empty(), "one-shot sandboxes left: {orphans:?}");
+
+    // A `brig run` killed with -9 leaves its sandbox (this runsc cannot
+    // tie it to its caller); the next gvisor `brig run` discards it.
+    let mut killed = Command::new(BRIG)
+        .args([
+            "run",
+            "--isolation",
+            "gvisor",
+            "--network",
+            "none",
+            "--",
+            "sleep",
+            "300",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    // Its sandbox: the one whose recorded owner is the killed `brig run`
+    // (other tests' sandboxes may be there too).
+    let owner = format!("/proc/{}\n", killed.id());
+    let left: Vec<String> = std::fs::read_dir("/run/brig/gvisor")
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            std::fs::read_to_string(e.path().join("state")).is_ok_and(|s| s.starts_with(&owner))
+        })
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left.len(), 1, "the killed run's sandbox: {left:?}");
+    let _ = killed.kill();
+    let _ = killed.wait();
+    let out = run(&["--", "true"], b"");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    for id in &left {
+        assert_nothing_left(id);
+    }
 }
