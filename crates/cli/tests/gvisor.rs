@@ -645,3 +645,77 @@ fn brig_run_runs_one_command_under_gvisor() {
         assert_nothing_left(id);
     }
 }
+
+/// A gvisor sandbox's network is its namespace of brig-net's, as a
+/// process-tier sandbox's: the policy is enforced at the gateway (a
+/// connection out of a `--network none` sandbox is refused and logged),
+/// and the port proxy reaches a server on its loopback.
+#[test]
+fn the_network_policy_and_the_port_proxy_apply_on_gvisor() {
+    let Some(_template) = ready() else { return };
+    let home = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start(home.path());
+    let id = ok(
+        daemon.brig(&["create", "--isolation", "gvisor", "--network", "none"]),
+        "create",
+    )
+    .trim()
+    .to_string();
+    let probe = "import socket\n\
+                 s = socket.create_connection(('1.1.1.1', 80), timeout=5)\n\
+                 s.sendall(b'GET / HTTP/1.0\\r\\n\\r\\n')\n\
+                 print('got', len(s.recv(100)))";
+    let out = daemon.brig(&["exec", &id, "--", "python3", "-c", probe]);
+    assert!(
+        !text(&out.stdout).contains("got") || text(&out.stdout).contains("got 0"),
+        "egress with networking off: {}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let (status, log) = daemon.call(
+        "GET",
+        &format!("/v1/sandboxes/{id}/network/connections"),
+        None,
+    );
+    assert_eq!(status, 200, "{log}");
+    let refused = log["connections"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|c| c["destination"] == "1.1.1.1:80" && c["allowed"] == false);
+    assert!(refused, "the gateway logged the refusal: {log}");
+
+    // A server on the sandbox's loopback, through the port proxy.
+    ok(
+        daemon.brig(&[
+            "exec",
+            &id,
+            "-d",
+            "--",
+            "python3",
+            "-m",
+            "http.server",
+            "8000",
+            "--bind",
+            "127.0.0.1",
+            "--directory",
+            "/etc",
+        ]),
+        "server",
+    );
+    let url = format!("{}/v1/sandboxes/{id}/ports/8000/os-release", daemon.url);
+    let got = eventually(Duration::from_secs(15), || {
+        ureq::get(&url)
+            .set("Authorization", &format!("Bearer {}", daemon.key))
+            .call()
+            .ok()
+            .and_then(|r| r.into_string().ok())
+            .is_some_and(|b| b.contains("ID="))
+    });
+    assert!(
+        got,
+        "the port proxy reached the server in the gvisor sandbox"
+    );
+    ok(daemon.brig(&["rm", "-f", &id]), "rm");
+    assert_nothing_left(&id);
+}
