@@ -719,3 +719,59 @@ fn the_network_policy_and_the_port_proxy_apply_on_gvisor() {
     ok(daemon.brig(&["rm", "-f", &id]), "rm");
     assert_nothing_left(&id);
 }
+
+/// A daemon killed with -9 in the middle of gvisor creates (after a
+/// different delay each round) leaves nothing half-made: the next daemon
+/// discards what a `creating` record names, adopts what was answered, and
+/// its SIGTERM ends it all without a trace.
+#[test]
+fn a_daemon_killed_mid_create_leaves_nothing_half_made() {
+    let Some(_template) = ready() else { return };
+    for delay_ms in [40u64, 90, 140, 200] {
+        let home = tempfile::tempdir().unwrap();
+        let daemon = Daemon::start(home.path());
+        let (url, key) = (daemon.url.clone(), daemon.key.clone());
+        let creates: Vec<_> = (0..2)
+            .map(|_| {
+                let (url, key) = (url.clone(), key.clone());
+                std::thread::spawn(move || {
+                    let _ = ureq::post(&format!("{url}/v1/sandboxes"))
+                        .set("Authorization", &format!("Bearer {key}"))
+                        .send_json(json!({"isolation": "gvisor"}));
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        daemon.kill9();
+        for c in creates {
+            let _ = c.join();
+        }
+        // What the killed daemon left, by its sandboxes' directories.
+        let owner = format!("{}\n", home.path().join("brig.db").display());
+        let ids: Vec<String> = std::fs::read_dir("/run/brig/gvisor")
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| {
+                        std::fs::read_to_string(e.path().join("state"))
+                            .is_ok_and(|s| s.starts_with(&owner))
+                    })
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let daemon = Daemon::start(home.path());
+        let (_, list) = daemon.call("GET", "/v1/sandboxes", None);
+        // Adopted (answered before the kill) or dead (cut short): none is
+        // left `creating`.
+        for sb in list["items"].as_array().unwrap() {
+            assert!(
+                sb["state"] == "running" || sb["state"] == "dead",
+                "after {delay_ms} ms: {sb}"
+            );
+        }
+        drop(daemon);
+        for id in &ids {
+            assert_nothing_left(id.trim_start_matches('.'));
+        }
+    }
+}

@@ -506,6 +506,11 @@ impl Tier for GvisorTier {
                 }
             }
         }
+        // A create a daemon's death cut short may have left a runsc still
+        // making the sandbox (`run --detach` outlives its caller): every
+        // runsc process naming its directory goes first, or it would
+        // finish the sandbox after this teardown.
+        kill_processes_naming(&dir);
         teardown(&self.runsc, &Groups::new(&self.hierarchy, id), id, &dir)
     }
 
@@ -528,6 +533,38 @@ impl Tier for GvisorTier {
             .filter(|e| read_state(&e.path()).is_some_and(|s| s.owner == self.owner))
             .filter_map(|e| e.file_name().to_str().and_then(SandboxId::parse))
             .collect()
+    }
+}
+
+/// SIGKILL every process whose command line names `dir` (runsc, its gofer
+/// and sandbox carry `--bundle=<dir>/bundle`), and wait (up to 5 s) for
+/// them to be gone. A scan of /proc: for discards, which are rare.
+fn kill_processes_naming(dir: &Path) {
+    let needle = dir.as_os_str().as_encoded_bytes().to_vec();
+    let naming = || -> Vec<libc::pid_t> {
+        let Ok(entries) = fs::read_dir("/proc") else {
+            return Vec::new();
+        };
+        entries
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<libc::pid_t>().ok())
+            .filter(|pid| {
+                fs::read(format!("/proc/{pid}/cmdline"))
+                    .is_ok_and(|c| c.windows(needle.len()).any(|w| w == needle.as_slice()))
+            })
+            .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let pids = naming();
+        if pids.is_empty() || Instant::now() > deadline {
+            return;
+        }
+        for pid in pids {
+            // SAFETY: kill takes integers only.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 
