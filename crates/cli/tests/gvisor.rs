@@ -775,3 +775,67 @@ fn a_daemon_killed_mid_create_leaves_nothing_half_made() {
         }
     }
 }
+
+/// An E2B sandbox on gvisor through a `kill -9` of the daemon, with the
+/// official Python client (tests/e2b/live_restore_sdk.py, as
+/// live_restore.rs runs it on the process tier): a background command and
+/// a PTY keep running while no daemon runs, and re-attach and stream after.
+#[test]
+fn an_e2b_gvisor_sandbox_survives_a_daemon_restart() {
+    let Some(_template) = ready() else { return };
+    let python = brig_test_support::test_cache().join("e2b-venv/bin/python");
+    if !python.exists() {
+        support::skip(&format!(
+            "{} is missing: tests/support/install-python-deps.sh makes it",
+            python.display()
+        ));
+        return;
+    }
+    let home = tempfile::tempdir().unwrap();
+    let e2b = [
+        "--e2b",
+        "--e2b-api",
+        "127.0.0.1:0",
+        "--e2b-sandbox",
+        "127.0.0.1:0",
+        "--prepare",
+        "none",
+    ];
+    let state = home.path().join("sdk-state.json");
+    let sdk = |daemon: &Daemon, phase: &str| {
+        let (api, data) = daemon.e2b.clone().unwrap();
+        let script =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/e2b/live_restore_sdk.py");
+        let out = Command::new(&python)
+            .arg(script)
+            .arg(phase)
+            .arg(&state)
+            .env("E2B_API_KEY", &daemon.key)
+            .env("E2B_API_URL", api)
+            .env("E2B_SANDBOX_URL", data)
+            .env("E2B_TEMPLATE", "host")
+            .env("E2B_ISOLATION", "gvisor")
+            .env_remove("E2B_DEBUG")
+            .env_remove("E2B_DOMAIN")
+            .output()
+            .unwrap();
+        let stdout = text(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains(" passed, 0 failed"),
+            "live_restore_sdk.py {phase}:\n{stdout}\n{}",
+            text(&out.stderr)
+        );
+    };
+    let daemon = Daemon::start_with(home.path(), &e2b);
+    sdk(&daemon, "before");
+    let id: Value = serde_json::from_slice(&std::fs::read(&state).unwrap()).unwrap();
+    let id = id["id"].as_str().unwrap().to_string();
+    let (_, sb) = daemon.call("GET", &format!("/v1/sandboxes/{id}"), None);
+    assert_eq!(sb["isolation"], "gvisor", "{sb}");
+    daemon.kill9();
+    std::thread::sleep(Duration::from_secs(1));
+    let daemon = Daemon::start_with(home.path(), &e2b);
+    sdk(&daemon, "after");
+    drop(daemon);
+    assert_nothing_left(&id);
+}
