@@ -113,7 +113,7 @@ fn process_line(report: &HostReport) -> String {
 
 fn gvisor_line(report: &HostReport) -> String {
     if report.tiers.gvisor {
-        return format!("available ({})", report.tiers.gvisor_detail);
+        return format!("available — {}", report.tiers.gvisor_detail);
     }
     match report.feature("runsc").filter(|f| f.status != Status::Ok) {
         Some(runsc) => format!(
