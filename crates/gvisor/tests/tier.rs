@@ -171,6 +171,15 @@ fn a_gvisor_sandbox_runs_the_agent_under_gvisors_kernel_and_leaves_nothing() {
             "{usage:?}"
         );
 
+        // Live limits: the sandbox's groups change at once.
+        inst.set_limits(&Limits {
+            memory: ByteSize::mib(256),
+            pids: 128,
+            ..Limits::default()
+        })
+        .expect("set limits");
+        assert_eq!(inst.usage().unwrap().memory_limit_bytes, 256 << 20);
+
         // Pause stops it; resume goes on.
         inst.pause().expect("pause");
         assert!(inst.is_paused().unwrap());
