@@ -2013,7 +2013,7 @@ fn tiers(features: &[Feature], kvm: &Kvm, runsc_platforms: Option<&[String]>) ->
             format!(
                 "runsc on the {p} platform{}",
                 if p == "ptrace" {
-": system calls intercepted with ptrace, slow; a runsc from 2023 on has \
+                    ": system calls intercepted with ptrace, slow; a runsc from 2023 on has \
                      systrap"
                 } else {
                     ""
