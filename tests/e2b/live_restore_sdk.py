@@ -12,7 +12,9 @@ PTY, and checks that both go on streaming: the counter kept counting while
 no daemon ran (no gap in the file it also writes), the PTY still answers
 input. Then it kills the sandbox.
 
-E2B_API_KEY, E2B_API_URL and E2B_SANDBOX_URL point at the daemon. Prints
+E2B_API_KEY, E2B_API_URL and E2B_SANDBOX_URL point at the daemon;
+E2B_ISOLATION (optional) picks brig's tier (crates/cli/tests/gvisor.rs runs
+it on gvisor). Prints
 one line per check and `N passed, 0 failed` at the end.
 """
 
@@ -30,7 +32,10 @@ phase, state_file = sys.argv[1], sys.argv[2]
 COUNTER = "i=0; while :; do echo $i >> /tmp/counter; echo tick-$i; i=$((i+1)); sleep 0.05; done"
 
 if phase == "before":
-    sbx = Sandbox.create(os.environ.get("E2B_TEMPLATE", "base"), timeout=300)
+    # E2B_ISOLATION: brig's tier, through its metadata key (docs/e2b.md).
+    isolation = os.environ.get("E2B_ISOLATION")
+    metadata = {"brig.isolation": isolation} if isolation else None
+    sbx = Sandbox.create(os.environ.get("E2B_TEMPLATE", "base"), timeout=300, metadata=metadata)
     cmd = sbx.commands.run(COUNTER, background=True, timeout=0)
     pty = sbx.pty.create(PtySize(rows=24, cols=80), timeout=0)
     sbx.pty.send_stdin(pty.pid, b"echo pty-be''fore\n")

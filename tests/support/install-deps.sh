@@ -22,6 +22,8 @@ packages=(
     python3-venv    # the venv schemathesis runs in (tests/support/install-python-deps.sh)
     docker-registry # a real OCI registry on loopback for the image pull tests (crates/cli/tests/images.rs)
     apache2-utils   # htpasswd: the registry's basic-auth users in those tests
+    runsc           # gVisor: the gvisor tier (crates/gvisor) and its peer in bench/gvisor.py
+    sqlite3         # crates/cli/tests/gvisor.rs edits a crashed daemon's store
     # The code interpreter (crates/e2b/resources/code-interpreter), tested on
     # the host by crates/e2b/tests/code_interpreter.rs: its kernels and what
     # they need (bash_kernel itself comes from PyPI, into the test cache).

@@ -34,14 +34,16 @@ fn main() -> ExitCode {
         [] => Mode::Fd3,
         [flag] if flag == "--stdio" => Mode::Stdio,
         [flag] if flag == "--listen" => Mode::Listen,
+        [flag, path] if flag == "--listen-at" => Mode::ListenAt(path.into()),
         [flag] if flag == "--version" => {
             println!("brig-agent {}", env!("CARGO_PKG_VERSION"));
             return ExitCode::SUCCESS;
         }
         _ => {
             eprintln!(
-                "usage: brig-agent [--stdio | --listen]  (default: the connection is fd 3; \
-                 --listen: fd 0 is a listening socket)"
+                "usage: brig-agent [--stdio | --listen | --listen-at PATH]  (default: the \
+                 connection is fd 3; --listen: fd 0 is a listening socket; --listen-at: bind \
+                 a unix socket at PATH)"
             );
             return ExitCode::from(1);
         }
@@ -52,12 +54,13 @@ fn main() -> ExitCode {
     // sandbox. A listening agent outlives its hosts: a daemon restarting
     // reconnects to it.
     // SAFETY: getpid takes no arguments.
-    if mode != Mode::Listen && unsafe { libc::getpid() } == 1 {
+    if !mode.listens() && unsafe { libc::getpid() } == 1 {
         // SAFETY: prctl with integer arguments only.
         unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
     }
     let session = match mode {
         Mode::Listen => listen(),
+        Mode::ListenAt(ref path) => listen_at(path),
         Mode::Stdio | Mode::Fd3 => connected(mode == Mode::Stdio),
     };
     let mut session = match session {
@@ -82,7 +85,7 @@ fn main() -> ExitCode {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum Mode {
     /// The connection is fd 3.
     Fd3,
@@ -90,6 +93,19 @@ enum Mode {
     Stdio,
     /// fd 0 is a listening unix socket; hosts connect to it.
     Listen,
+    /// Bind a unix socket at this path and serve hosts connecting to it:
+    /// the gvisor tier, whose sandboxes cannot be handed a listening
+    /// socket (runsc imports donated descriptors as connected files), but
+    /// whose agent can bind one in a directory the host shares with it
+    /// (`runsc --host-uds=create`), which the host then dials.
+    ListenAt(std::path::PathBuf),
+}
+
+impl Mode {
+    /// A listening agent outlives its hosts.
+    fn listens(&self) -> bool {
+        matches!(self, Mode::Listen | Mode::ListenAt(_))
+    }
 }
 
 /// A session on the one connection the launcher handed over.
@@ -105,6 +121,27 @@ fn connected(stdio: bool) -> Result<Session, String> {
     })?;
     Session::new(File::from(input), File::from(output))
         .map_err(|e| format!("cannot set up the event loop: {e}"))
+}
+
+/// A session that serves hosts connecting to a socket it binds at `path`
+/// (a stale one an earlier agent left is replaced). Only the sandbox's
+/// root may connect: the socket is made 0600.
+fn listen_at(path: &std::path::Path) -> Result<Session, String> {
+    let _ = std::fs::remove_file(path);
+    // Made 0600 by the umask at its creation (gVisor refuses a chmod of a
+    // socket it bound on the host), the umask restored for what the agent
+    // starts.
+    // SAFETY: umask takes an integer and cannot fail.
+    let old = unsafe { libc::umask(0o177) };
+    let bound = UnixListener::bind(path);
+    // SAFETY: as above.
+    unsafe { libc::umask(old) };
+    let listener = bound.map_err(|e| format!("cannot bind a socket at {}: {e}", path.display()))?;
+    // stdout and stderr stay the launcher's (the sandbox's log: the agent
+    // writes there only why it ends); whatever else it left open stays out
+    // of the agent's children.
+    sys::cloexec_above_stderr().map_err(|e| format!("cannot set up descriptors: {e}"))?;
+    Session::listen(listener).map_err(|e| format!("cannot set up the event loop: {e}"))
 }
 
 /// A session that serves hosts connecting to the socket on fd 0.

@@ -281,6 +281,27 @@ impl Proc {
         }
     }
 
+    /// Once the process has exited: where a PTY master never reports that
+    /// the slave side closed (gVisor's: [`sys::pty_reports_hangup`]), its
+    /// output ends with the process, so what is buffered now is read and
+    /// the master let go. (Linux's says so itself, after whatever the
+    /// process left running has written too.)
+    pub fn end_pty_without_hangup(&mut self, log: &mut Logs) {
+        if !self.pty || self.status.is_none() || sys::pty_reports_hangup() {
+            return;
+        }
+        while self.stdout.is_some() {
+            let before = self.queued as u64 + self.dropped;
+            if !self.read_pipe(Pipe::Stdout, log) {
+                break;
+            }
+            if self.queued as u64 + self.dropped == before {
+                // Nothing more to read: it would block.
+                self.stdout = None;
+            }
+        }
+    }
+
     /// The next output chunk, at most `max` bytes of it.
     pub fn take_output(&mut self, max: usize) -> Option<(u8, Vec<u8>)> {
         let (channel, front) = self.queue.front_mut()?;

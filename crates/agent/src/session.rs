@@ -436,6 +436,7 @@ impl Session {
         for (pid, status) in sys::reap_children() {
             if let Some(p) = self.procs.get_mut(&pid) {
                 p.status = Some(status);
+                p.end_pty_without_hangup(&mut self.logs);
                 if p.attached.is_none() {
                     if p.background {
                         self.exited_unattached.push_back(pid);

@@ -41,6 +41,12 @@ pub fn detach_inherited() -> io::Result<()> {
         // SAFETY: dup2 between descriptors we own.
         check(unsafe { libc::dup2(null.as_raw_fd(), fd) })?;
     }
+    cloexec_above_stderr()
+}
+
+/// Mark every descriptor above stderr close-on-exec, so what the launcher
+/// left open stays out of the agent's children.
+pub fn cloexec_above_stderr() -> io::Result<()> {
     // SAFETY: close_range with constant arguments; marks, closes nothing.
     let r = unsafe {
         libc::syscall(
@@ -50,8 +56,23 @@ pub fn detach_inherited() -> io::Result<()> {
             libc::CLOSE_RANGE_CLOEXEC,
         )
     };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
+    if r == 0 {
+        return Ok(());
+    }
+    let err = io::Error::last_os_error();
+    // gVisor (2022 builds) has close_range without CLOSE_RANGE_CLOEXEC:
+    // mark each open descriptor instead.
+    if !matches!(err.raw_os_error(), Some(libc::EINVAL) | Some(libc::ENOSYS)) {
+        return Err(err);
+    }
+    let fds: Vec<RawFd> = std::fs::read_dir("/proc/self/fd")?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .filter(|fd| *fd > 2)
+        .collect();
+    for fd in fds {
+        // The directory's own descriptor is closed by now: EBADF is fine.
+        let _ = set_cloexec(fd);
     }
     Ok(())
 }
@@ -168,6 +189,28 @@ pub fn openpty(rows: u16, cols: u16) -> io::Result<(OwnedFd, OwnedFd)> {
     set_cloexec(pair.0.as_raw_fd())?;
     set_cloexec(pair.1.as_raw_fd())?;
     Ok(pair)
+}
+
+/// Whether a PTY master reports the slave side's close (EIO on read), as
+/// Linux's does. gVisor's (2022 builds) never does: its reads say EAGAIN
+/// for ever. Tried once, on a PTY of its own.
+pub fn pty_reports_hangup() -> bool {
+    static HANGUP: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HANGUP.get_or_init(|| {
+        let Ok((master, slave)) = openpty(24, 80) else {
+            return true;
+        };
+        drop(slave);
+        let mut master = std::fs::File::from(master);
+        if set_nonblocking(&master).is_err() {
+            return true;
+        }
+        let mut buf = [0u8; 16];
+        !matches!(
+            std::io::Read::read(&mut master, &mut buf),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock
+        )
+    })
 }
 
 pub fn set_winsize(fd: &impl AsRawFd, rows: u16, cols: u16) -> io::Result<()> {

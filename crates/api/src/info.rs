@@ -27,6 +27,9 @@ pub async fn info(State(state): State<AppState>, _auth: Auth) -> Result<Json<Val
     Ok(Json(json!({
         "version": env!("CARGO_PKG_VERSION"),
         "tiers": tiers,
+        // What this daemon runs (a tier the host has but the daemon could
+        // not start says why in its log).
+        "offered": state.manager.tiers(),
         "limits": {
             "default_timeout_secs": config.default_timeout.as_secs(),
             "max_timeout_secs": config.max_timeout.as_secs(),

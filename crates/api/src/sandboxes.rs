@@ -8,7 +8,7 @@ use axum::extract::{Path, Query, RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::Json;
-use brig_core::{parse_duration, EnvVar, Limits, TemplateRef};
+use brig_core::{parse_duration, EnvVar, Isolation, Limits, TemplateRef};
 use serde::{Deserialize, Serialize};
 
 use super::{blocking, sandbox_id, ApiError, AppState, Auth};
@@ -76,27 +76,10 @@ impl CreateSandboxConfig {
         let bad = |field: &str, e: &dyn std::fmt::Display| {
             ApiError::bad_request(format!("invalid {field}: {e}"))
         };
-        match self.isolation.as_deref() {
-            None | Some("process") => {}
-            Some(tier @ ("gvisor" | "vm")) => {
-                // A 4xx: the request asks for what this host cannot give,
-                // the server is not failing.
-                return Err(ApiError::new(
-                    axum::http::StatusCode::BAD_REQUEST,
-                    "unsupported",
-                    format!(
-                        "the {tier} isolation tier is not available from this daemon yet; \
-                         use \"process\" (GET /v1/info lists the tiers this host could offer)"
-                    ),
-                ));
-            }
-            Some(other) => {
-                return Err(bad(
-                    "isolation",
-                    &format!("{other:?}: expected \"process\", \"gvisor\" or \"vm\""),
-                ))
-            }
-        }
+        let isolation = match self.isolation.as_deref() {
+            None => Isolation::Process,
+            Some(t) => t.parse::<Isolation>().map_err(|e| bad("isolation", &e))?,
+        };
         let limits = Limits::from_request(
             self.memory.as_deref(),
             self.disk.as_deref(),
@@ -130,6 +113,7 @@ impl CreateSandboxConfig {
             timeout,
             network,
             secrets: self.secrets,
+            isolation,
             ..CreateConfig::default()
         };
         let ports = PortsAsked {
@@ -221,6 +205,19 @@ pub async fn create(
     body: Result<Json<CreateSandboxConfig>, JsonRejection>,
 ) -> Result<(StatusCode, Json<SandboxView>), ApiError> {
     let (mut config, ports) = body?.0.parse()?;
+    if !state.manager.tiers().contains(&config.isolation) {
+        // A 4xx: the request asks for what this host cannot give, the
+        // server is not failing.
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "unsupported",
+            format!(
+                "the {} isolation tier is not offered by this daemon; GET /v1/info says which \
+                 tiers this host has and how to get a missing one",
+                config.isolation
+            ),
+        ));
+    }
     // Host ports are bound first: a taken one fails the create with
     // nothing made.
     let bound = brig_http::publish::bind(&ports.publish)?;

@@ -188,6 +188,18 @@ fn fake_tool(dir: &Path, name: &str, version: &str) {
 fn helper_programs_are_found_on_path_and_asked_for_their_version() {
     let dir = tempfile::tempdir().expect("tempdir");
     fake_tool(dir.path(), "runsc", "runsc version release-20221219.0");
+    // `runsc help platforms` lists what it was built with (Debian 12's:
+    // no systrap).
+    {
+        let path = dir.path().join("runsc");
+        std::fs::write(
+            &path,
+            "#!/bin/sh
+if [ \"$1\" = help ]; then printf 'kvm\\nptrace\\n'; \
+             else echo 'runsc version release-20221219.0'; fi\n",
+        )
+        .expect("write fake runsc");
+    }
     fake_tool(
         dir.path(),
         "qemu-system-x86_64",
@@ -214,8 +226,15 @@ fn helper_programs_are_found_on_path_and_asked_for_their_version() {
     // With QEMU present the vm tier exists, at whatever acceleration.
     assert_eq!(report["tiers"]["vm"]["available"], true);
     assert_ne!(report["tiers"]["vm"]["accel"], "none");
-    // runsc needs root, and so does the gvisor tier.
+    // runsc needs root, and so does the gvisor tier; it runs on the best
+    // platform this runsc has.
     assert_eq!(report["tiers"]["gvisor"], is_root());
+    let detail = report["tiers"]["gvisor_detail"].as_str().unwrap();
+    if is_root() {
+        assert!(detail.contains("the ptrace platform"), "{detail}");
+    } else {
+        assert!(detail.contains("needs root"), "{detail}");
+    }
 }
 
 #[test]

@@ -344,11 +344,11 @@ pub trait Instance: Send + Sync + fmt::Debug {
     /// stored under. Read it only while the sandbox is paused: nothing
     /// then changes it. Tiers without one say `Unsupported`.
     fn writable_layer(&self) -> Result<WritableLayer, TierError> {
-        Err(TierError::Unsupported {
-            tier: Isolation::Process,
-            op: "snapshot a sandbox's files",
-            reason: "this tier keeps no writable layer the host can read".into(),
-        })
+        Err(TierError::Invalid(
+            "this sandbox's tier keeps no writable layer the host can read, so its files \
+             cannot be snapshotted (process-tier sandboxes can)"
+                .into(),
+        ))
     }
     /// Change memory and pids limits (and CPU, where given) of the live
     /// sandbox.

@@ -33,7 +33,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use brig_core::{EnvVar, Limits, SandboxId, TemplateRef};
+use brig_core::{EnvVar, Isolation, Limits, SandboxId, TemplateRef};
 
 pub use interpreter::InterpreterError;
 pub use time::{parse_rfc3339, rfc3339};
@@ -43,7 +43,13 @@ pub use wire::{E2bError, NetworkConfig};
 use super::{on_end, E2bLifecycle, E2bSandbox, E2bState, Ended, Registry};
 use brig_http::{blocking, Auth, AuthRejection};
 use brig_runtime::{CreateConfig, ManagerError, SandboxManager};
+
 use brig_runtime::{PauseMode, Resumed, SandboxRecord, SandboxState, TenantId};
+
+/// The metadata key an E2B client sets to pick brig's isolation tier
+/// (`process`, the default, or `gvisor`): `Sandbox.create(metadata=
+/// {"brig.isolation": "gvisor"})`.
+pub const ISOLATION_KEY: &str = "brig.isolation";
 
 /// A sandbox's time to live when create names none (E2B's default).
 pub const DEFAULT_TIMEOUT_SECS: i64 = 300;
@@ -192,6 +198,20 @@ async fn create(
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| E2bError::bad_request(format!("envVars: {e}")))?;
     let metadata = req.metadata.unwrap_or_default();
+    // E2B has no isolation setting: brig reads one from the metadata (kept
+    // there, so the client sees what it asked for).
+    let isolation = match metadata.get(ISOLATION_KEY) {
+        None => Isolation::Process,
+        Some(t) => t
+            .parse::<Isolation>()
+            .map_err(|e| E2bError::bad_request(format!("metadata {ISOLATION_KEY:?}: {e}")))?,
+    };
+    if !state.manager.tiers().contains(&isolation) {
+        return Err(E2bError::bad_request(format!(
+            "metadata {ISOLATION_KEY:?}: the {isolation} isolation tier is not offered by this \
+             brig server (its operator can run `brig doctor` to see why)"
+        )));
+    }
     // The network: E2B's settings as a brig policy (`None`: unrestricted,
     // the daemon's default), what brig cannot do refused.
     let given = req.network.clone().unwrap_or_default();
@@ -239,6 +259,7 @@ async fn create(
         // Nothing restricted: E2B's open internet where there is a network
         // (a daemon without one still creates, with loopback only).
         network: policy.or_else(|| state.manager.config().gateway.is_some().then(network::open)),
+        isolation,
         ..CreateConfig::default()
     };
 

@@ -130,6 +130,9 @@ impl HostReport {
 pub struct Tiers {
     pub process: bool,
     pub gvisor: bool,
+    /// How the gvisor tier runs (runsc's version and platform) or why it
+    /// cannot, and how to get it.
+    pub gvisor_detail: String,
     pub vm: VmTier,
 }
 
@@ -203,7 +206,8 @@ pub fn probe() -> HostReport {
 
     features.extend(density_features(&DensityFacts::read()));
 
-    let tiers = tiers(&features, &kvm);
+    let runsc_platforms = runsc.path.as_deref().map(runsc_platforms);
+    let tiers = tiers(&features, &kvm, runsc_platforms.as_deref());
     HostReport { features, tiers }
 }
 
@@ -1935,15 +1939,88 @@ fn helper_feature(name: &'static str, tool: &Tool, purpose: &str, install: &str)
 // ---------------------------------------------------------------------------
 // Tiers.
 
-fn tiers(features: &[Feature], kvm: &Kvm) -> Tiers {
+/// The platforms `runsc` was built with (`runsc help platforms`: `ptrace`,
+/// `kvm`, and `systrap` in builds from 2023 on).
+pub fn runsc_platforms(runsc: &Path) -> Vec<String> {
+    std::process::Command::new(runsc)
+        .args(["help", "platforms"])
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .map(|l| l.trim().to_string())
+                .filter(|l| !l.is_empty())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The platform brig's gvisor tier runs runsc on, given the platforms
+/// runsc was built with: `wanted` if given (`BRIG_GVISOR_PLATFORM`) and
+/// built in; else systrap where this runsc has it (gVisor's default since
+/// 2023: seccomp traps, fast), else ptrace (works everywhere, slowest).
+/// KVM is never picked unasked: it hangs on nested hypervisors that still
+/// offer /dev/kvm (this repository's CI machines: measured-limits §5).
+pub fn runsc_platform(built: &[String], wanted: Option<&str>) -> Result<&'static str, String> {
+    const KNOWN: [&str; 3] = ["systrap", "ptrace", "kvm"];
+    let has = |p: &str| built.iter().any(|b| b == p);
+    if let Some(w) = wanted {
+        let Some(known) = KNOWN.into_iter().find(|k| *k == w) else {
+            return Err(format!(
+                "unknown gVisor platform {w:?}: expected systrap, ptrace or kvm"
+            ));
+        };
+        if !has(w) {
+            return Err(format!(
+                "this runsc has no {w} platform (it has: {})",
+                built.join(", ")
+            ));
+        }
+        return Ok(known);
+    }
+    ["systrap", "ptrace"]
+        .into_iter()
+        .find(|p| has(p))
+        .ok_or_else(|| {
+            format!(
+                "this runsc offers neither systrap nor ptrace (it has: {})",
+                built.join(", ")
+            )
+        })
+}
+
+fn tiers(features: &[Feature], kvm: &Kvm, runsc_platforms: Option<&[String]>) -> Tiers {
     let ok = |name: &str| {
         features
             .iter()
             .any(|f| f.name == name && f.status == Status::Ok)
     };
     let process = !features.iter().any(Feature::blocks_process_tier);
-    // runsc itself needs root to set up its sandbox.
-    let gvisor = ok("runsc") && ok("root");
+    // runsc itself needs root to set up its sandbox, and a platform.
+    let wanted = std::env::var("BRIG_GVISOR_PLATFORM").ok();
+    let platform = runsc_platforms.map(|b| runsc_platform(b, wanted.as_deref()));
+    let (gvisor, gvisor_detail) = match (ok("runsc"), ok("root"), platform) {
+        (false, _, _) | (_, _, None) => (
+            false,
+            "runsc is not installed or does not run (apt-get install runsc)".to_owned(),
+        ),
+        (true, false, _) => (false, "runsc needs root: run brig as root".to_owned()),
+        (true, true, Some(Err(why))) => (false, why),
+        (true, true, Some(Ok(p))) => (
+            true,
+            format!(
+                "runsc on the {p} platform{}",
+                if p == "ptrace" {
+                    ": system calls intercepted with ptrace, slow; a runsc from 2023 on has \
+                     systrap"
+                } else {
+                    ""
+                }
+            ),
+        ),
+    };
     let vm = if !ok("qemu") {
         VmTier {
             available: false,
@@ -1976,6 +2053,7 @@ fn tiers(features: &[Feature], kvm: &Kvm) -> Tiers {
     Tiers {
         process,
         gvisor,
+        gvisor_detail,
         vm,
     }
 }
@@ -1984,6 +2062,29 @@ fn tiers(features: &[Feature], kvm: &Kvm) -> Tiers {
 mod tests {
     use super::*;
     use crate::cgroup::samples::*;
+
+    #[test]
+    fn the_runsc_platform_is_systrap_then_ptrace_never_kvm_unasked() {
+        let built = |l: &[&str]| l.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            runsc_platform(&built(&["kvm", "ptrace", "systrap"]), None),
+            Ok("systrap")
+        );
+        // Debian 12's runsc (2022-12): no systrap.
+        assert_eq!(
+            runsc_platform(&built(&["kvm", "ptrace"]), None),
+            Ok("ptrace")
+        );
+        assert_eq!(
+            runsc_platform(&built(&["kvm", "ptrace"]), Some("kvm")),
+            Ok("kvm")
+        );
+        let err = runsc_platform(&built(&["kvm", "ptrace"]), Some("systrap")).unwrap_err();
+        assert!(err.contains("no systrap platform"), "{err}");
+        let err = runsc_platform(&built(&["ptrace"]), Some("fast")).unwrap_err();
+        assert!(err.contains("unknown gVisor platform"), "{err}");
+        assert!(runsc_platform(&built(&["kvm"]), None).is_err());
+    }
 
     #[test]
     fn density_limits_are_judged_against_the_target() {

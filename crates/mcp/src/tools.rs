@@ -24,8 +24,9 @@ pub struct CreateArgs {
     /// the host's system, starts instantly), or an OCI image reference such as
     /// `python:3.12-slim` (pulled on first use). Default: the server's default template.
     pub template: Option<String>,
-    /// Isolation tier: `process` (namespaces, seccomp, cgroups; the default). Other tiers
-    /// (`gvisor`, `vm`) are refused by servers that do not offer them.
+    /// Isolation tier: `process` (namespaces, seccomp, cgroups; the default), `gvisor` (the
+    /// same under gVisor's application kernel, where the server has runsc; slower to start).
+    /// `vm` is refused by servers that do not offer it.
     pub isolation: Option<String>,
     /// Memory limit, e.g. `512M` or `2G`.
     pub memory: Option<String>,

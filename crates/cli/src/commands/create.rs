@@ -14,6 +14,10 @@ pub struct CreateArgs {
     /// its template.
     #[arg(long, value_name = "SNAPSHOT", conflicts_with = "template")]
     from_snapshot: Option<String>,
+    /// Isolation tier: process (the default) or gvisor (gVisor's
+    /// application kernel, where the daemon has runsc: `brig doctor`).
+    #[arg(long, value_name = "TIER", value_parser = parse_isolation)]
+    isolation: Option<brig_core::Isolation>,
     /// How long the sandbox lives (default 5m), e.g. 30s, 10m, 1h.
     #[arg(long, value_name = "DURATION")]
     timeout: Option<String>,
@@ -64,6 +68,12 @@ pub struct CreateArgs {
     json: bool,
 }
 
+/// `--isolation`, checked before anything is sent.
+pub(crate) fn parse_isolation(s: &str) -> Result<brig_core::Isolation, String> {
+    s.parse()
+        .map_err(|e: brig_core::UnknownIsolation| e.to_string())
+}
+
 impl CreateArgs {
     /// Stage two: the request body.
     fn into_body(self) -> anyhow::Result<Value> {
@@ -74,6 +84,7 @@ impl CreateArgs {
         let fields = [
             ("name", self.name.map(Value::from)),
             ("template", self.template.map(Value::from)),
+            ("isolation", self.isolation.map(|i| Value::from(i.as_str()))),
             ("timeout", self.timeout.map(Value::from)),
             ("memory", self.memory.map(Value::from)),
             ("cpus", self.cpus.map(Value::from)),

@@ -113,18 +113,15 @@ fn process_line(report: &HostReport) -> String {
 
 fn gvisor_line(report: &HostReport) -> String {
     if report.tiers.gvisor {
-        return "available (runsc)".to_owned();
+        return format!("available — {}", report.tiers.gvisor_detail);
     }
     match report.feature("runsc").filter(|f| f.status != Status::Ok) {
         Some(runsc) => format!(
             "not available — install runsc: {}",
             runsc.fix.as_deref().unwrap_or(&runsc.detail)
         ),
-        // runsc is fine; it is brig's privileges that are not.
-        None => format!(
-            "not available — {}",
-            because(report.feature("root"), "runsc needs root")
-        ),
+        // runsc is fine; brig's privileges or runsc's platforms are not.
+        None => format!("not available — {}", report.tiers.gvisor_detail),
     }
 }
 

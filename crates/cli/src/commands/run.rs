@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use brig_core::{
-    parse_duration, parse_size, EnvVar, NetworkAttachment, OneShot, SandboxSpec, TemplateRef, Tier,
-    TierError, TierErrorKind, UserSpec,
+    parse_duration, parse_size, EnvVar, Isolation, NetworkAttachment, OneShot, SandboxSpec,
+    TemplateRef, Tier, TierError, TierErrorKind, UserSpec,
 };
 use brig_host::probe;
 use brig_jail::ProcessTier;
@@ -35,6 +35,10 @@ pub struct RunArgs {
     /// `dir:PATH` (any unpacked root filesystem).
     #[arg(long, default_value = "host", value_name = "NAME|IMAGE|dir:PATH")]
     template: String,
+    /// Isolation tier: process (the default) or gvisor (gVisor's
+    /// application kernel; needs runsc: `brig doctor`).
+    #[arg(long, default_value = "process", value_name = "TIER", value_parser = super::create::parse_isolation)]
+    isolation: brig_core::Isolation,
     /// Run this instead of the image's entrypoint (`--entrypoint ''`: none;
     /// the command is then the whole argv).
     #[arg(long, value_name = "CMD")]
@@ -100,7 +104,7 @@ pub struct RunArgs {
 
 impl RunArgs {
     /// Stage two: every flag parsed and checked, or one clear error.
-    fn into_spec(self) -> anyhow::Result<(SandboxSpec, RunNetwork)> {
+    fn into_spec(self) -> anyhow::Result<(SandboxSpec, RunNetwork, brig_core::Isolation)> {
         let policy = self.network.policy()?;
         let secrets = run_secrets(&self.secret, &policy)?;
         let network = RunNetwork {
@@ -167,7 +171,7 @@ impl RunArgs {
         spec.stdin = self.interactive || self.tty;
         spec.tty = self.tty;
         spec.validate()?;
-        Ok((spec, network))
+        Ok((spec, network, self.isolation))
     }
 }
 
@@ -259,12 +263,32 @@ impl RunNetwork {
 }
 
 pub fn run(args: RunArgs) -> anyhow::Result<i32> {
-    let (mut spec, network) = args.into_spec()?;
+    let (mut spec, network, isolation) = args.into_spec()?;
     if spec.tty {
         tty::require_terminal_input()?;
     }
     exit::require_root()?;
-    let tier = ProcessTier::for_commands().map_err(explain)?;
+    let tier: Box<dyn Tier> = match isolation {
+        Isolation::Process => Box::new(ProcessTier::for_commands().map_err(explain)?),
+        Isolation::Gvisor => {
+            let runsc = brig_gvisor::find_runsc().ok_or_else(|| {
+                anyhow::anyhow!(
+                    "the gvisor tier needs runsc, which is not installed: apt-get install runsc \
+                     (brig doctor says what this host offers)"
+                )
+            })?;
+            // brig's runtime directory, as the process tier prepares it.
+            let run_dir = ProcessTier::for_commands()
+                .map_err(explain)?
+                .options()
+                .run_dir
+                .clone();
+            Box::new(brig_gvisor::GvisorTier::for_commands(runsc, run_dir)?)
+        }
+        Isolation::Vm => anyhow::bail!(
+            "the vm isolation tier is not available yet: use --isolation process or gvisor"
+        ),
+    };
 
     // Signals to brig become a sandbox teardown. They are blocked before
     // the spawn so none is lost in between, and read from a signalfd; the
@@ -410,7 +434,7 @@ mod tests {
     fn parse(args: &[&str]) -> anyhow::Result<SandboxSpec> {
         let cli = crate::commands::Cli::try_parse_from(args)?;
         match cli.command {
-            crate::commands::Command::Run(r) => (*r).into_spec().map(|(spec, _)| spec),
+            crate::commands::Command::Run(r) => (*r).into_spec().map(|(spec, _, _)| spec),
             _ => unreachable!(),
         }
     }
@@ -418,7 +442,7 @@ mod tests {
     fn network(args: &[&str]) -> anyhow::Result<RunNetwork> {
         let cli = crate::commands::Cli::try_parse_from(args)?;
         match cli.command {
-            crate::commands::Command::Run(r) => (*r).into_spec().map(|(_, net)| net),
+            crate::commands::Command::Run(r) => (*r).into_spec().map(|(_, net, _)| net),
             _ => unreachable!(),
         }
     }

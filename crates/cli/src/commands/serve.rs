@@ -332,11 +332,56 @@ pub(crate) fn start_runtime(
             manager_config.network_unavailable = Some(e.to_string());
         }
     }
-    let manager = SandboxManager::start(store, manager_config, vec![Arc::new(tier)])?;
+    let mut tiers: Vec<Arc<dyn brig_core::Tier>> = Vec::new();
+    // The gvisor tier where this host has runsc (said in the log if not;
+    // `brig doctor` says how to get it). Its sandboxes are found again
+    // like the process tier's, so it is made before the manager adopts.
+    match gvisor_tier(&tier.options().run_dir, &store_path, &owner) {
+        Ok(g) => {
+            tracing::info!(
+                "gvisor tier: runsc on the {} platform",
+                g.platform().as_str()
+            );
+            tiers.push(Arc::new(g));
+        }
+        Err(e) => tracing::info!("no gvisor tier: {e}"),
+    }
+    tiers.insert(0, Arc::new(tier));
+    let manager = SandboxManager::start(store, manager_config, tiers)?;
     Ok(Started {
         manager,
         runtime,
         pin,
+    })
+}
+
+/// The gvisor tier, if this host offers it: runsc on PATH (or
+/// `BRIG_RUNSC`), on the platform `BRIG_GVISOR_PLATFORM` names or the best
+/// it has; the agent copied into the home (runsc runs binaries from
+/// exec-able file systems only).
+fn gvisor_tier(
+    run_dir: &std::path::Path,
+    store_path: &std::path::Path,
+    owner: &str,
+) -> Result<brig_gvisor::GvisorTier, brig_core::TierError> {
+    let runsc = brig_gvisor::find_runsc().ok_or_else(|| brig_core::TierError::Unavailable {
+        tier: brig_core::Isolation::Gvisor,
+        reason: "runsc is not installed (apt-get install runsc)".into(),
+    })?;
+    let agent = crate::agent::path().map_err(|e| brig_core::TierError::Unavailable {
+        tier: brig_core::Isolation::Gvisor,
+        reason: format!("{e:#}"),
+    })?;
+    brig_gvisor::GvisorTier::new(brig_gvisor::GvisorConfig {
+        runsc,
+        run_dir: run_dir.to_path_buf(),
+        state_dir: store_path
+            .parent()
+            .unwrap_or(std::path::Path::new("/"))
+            .to_path_buf(),
+        agent,
+        owner: owner.to_string(),
+        platform: std::env::var("BRIG_GVISOR_PLATFORM").ok(),
     })
 }
 

@@ -45,6 +45,19 @@ macro_rules! require_rootfs {
     };
 }
 
+/// Whether this host can run sandboxes of `isolation` (`process`, or
+/// `gvisor` where runsc is installed); otherwise a printed skip (a failure
+/// under `BRIG_TEST_STRICT=1`: CI machines have every tier).
+pub fn tier_or_skip(isolation: &str) -> bool {
+    match isolation {
+        "gvisor" if brig_gvisor::find_runsc().is_none() => {
+            skip("runsc is not installed (apt-get install runsc): no gvisor tier to test");
+            false
+        }
+        _ => true,
+    }
+}
+
 pub fn euid() -> u32 {
     // SAFETY: geteuid cannot fail and touches no memory.
     unsafe { libc::geteuid() }

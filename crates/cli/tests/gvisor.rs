@@ -1,0 +1,841 @@
+//! The gvisor tier through the real binary: a daemon (`brig serve`)
+//! offers it where runsc is installed, and it is driven through the CLI and
+//! the native API as any sandbox is: create, exec, files, limits, usage;
+//! the sandbox runs under gVisor's kernel, not the host's; it survives a
+//! `kill -9` of the daemon and is adopted by the next; and once it ends
+//! (deleted, or ended by a daemon's SIGTERM after a crash) nothing of it is
+//! left on the host: no runsc process, runsc state, mount, cgroup or
+//! directory.
+//!
+//! The exec and pause suites of `serve.rs` run on this tier too (their
+//! `_on_gvisor` variants). Needs root and runsc: skips with a printed
+//! reason otherwise (fails under BRIG_TEST_STRICT=1).
+
+mod support;
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use support::{eventually, host_mounts_matching, BRIG};
+
+struct Daemon {
+    child: Child,
+    url: String,
+    home: std::path::PathBuf,
+    key: String,
+    /// E2B's control plane and data plane, with `--e2b`.
+    e2b: Option<(String, String)>,
+}
+
+impl Daemon {
+    fn start(home: &Path) -> Daemon {
+        Self::start_with(home, &[])
+    }
+
+    fn start_with(home: &Path, extra: &[&str]) -> Daemon {
+        let (child, url, mut lines) = support::start_daemon(home, extra);
+        let e2b = extra.contains(&"--e2b").then(|| {
+            let mut addr = |prefix: &str| loop {
+                let line = lines.next().expect("brig serve exited").unwrap();
+                if let Some(a) = line.strip_prefix(prefix) {
+                    break a.to_string();
+                }
+            };
+            (addr("brig: e2b api on "), addr("brig: e2b sandboxes on "))
+        });
+        std::thread::spawn(move || for _ in lines {});
+        let key = std::fs::read_to_string(home.join("local.key"))
+            .unwrap()
+            .trim()
+            .to_string();
+        Daemon {
+            child,
+            url,
+            home: home.to_path_buf(),
+            key,
+            e2b,
+        }
+    }
+
+    fn brig(&self, args: &[&str]) -> Output {
+        self.brig_with_input(args, b"")
+    }
+
+    fn brig_with_input(&self, args: &[&str], input: &[u8]) -> Output {
+        let mut child = Command::new(BRIG)
+            .args(args)
+            .env("BRIG_URL", &self.url)
+            .env("BRIG_HOME", &self.home)
+            .env_remove("BRIG_API_KEY")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let _ = child.stdin.take().unwrap().write_all(input);
+        child.wait_with_output().unwrap()
+    }
+
+    fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        let req = ureq::request(method, &format!("{}{path}", self.url))
+            .set("Authorization", &format!("Bearer {}", self.key));
+        let resp = match body {
+            Some(b) => req.send_json(b),
+            None => req.call(),
+        };
+        match resp {
+            Ok(r) => (r.status(), r.into_json().unwrap_or(Value::Null)),
+            Err(ureq::Error::Status(code, r)) => (code, r.into_json().unwrap_or(Value::Null)),
+            Err(e) => panic!("{method} {path}: {e}"),
+        }
+    }
+
+    fn kill9(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        support::stop_daemon(&mut self.child);
+    }
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn ok(out: Output, what: &str) -> String {
+    assert!(
+        out.status.success(),
+        "{what}: {}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    text(&out.stdout)
+}
+
+/// Root, runsc and the test rootfs, or a printed skip.
+fn ready() -> Option<String> {
+    if support::euid() != 0 {
+        support::skip("the gvisor tier needs root");
+        return None;
+    }
+    if !support::tier_or_skip("gvisor") {
+        return None;
+    }
+    let Some(rootfs) = support::rootfs() else {
+        support::skip(
+            "BRIG_TEST_ROOTFS is not set; scripts/test builds a Debian rootfs and sets it",
+        );
+        return None;
+    };
+    Some(format!("dir:{}", rootfs.display()))
+}
+
+/// The host pid of a gvisor sandbox's sandbox process (gVisor's kernel),
+/// from the runsc processes that name it.
+fn runsc_pids(id: &str) -> Vec<u32> {
+    let ps = Command::new("ps")
+        .args(["-eo", "pid=,args="])
+        .output()
+        .unwrap();
+    text(&ps.stdout)
+        .lines()
+        .filter(|l| l.contains("runsc") && l.contains(id))
+        .filter_map(|l| l.split_whitespace().next()?.parse().ok())
+        .collect()
+}
+
+/// Nothing of sandbox `id` on the host.
+fn assert_nothing_left(id: &str) {
+    let gone = eventually(Duration::from_secs(10), || runsc_pids(id).is_empty());
+    assert!(gone, "runsc processes of {id} left: {:?}", runsc_pids(id));
+    assert!(
+        host_mounts_matching(id).is_empty(),
+        "mounts left: {:?}",
+        host_mounts_matching(id)
+    );
+    assert!(
+        !Path::new("/run/brig/gvisor").join(id).exists(),
+        "directory left"
+    );
+    let state: Vec<String> = std::fs::read_dir("/run/brig/gvisor/runsc")
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(
+        !state.iter().any(|n| n.contains(id)),
+        "runsc state left: {state:?}"
+    );
+    for c in ["memory", "pids", "cpu", "cpuacct", "freezer", "cpuset", ""] {
+        let d = Path::new("/sys/fs/cgroup")
+            .join(c)
+            .join("brig-gvisor")
+            .join(id);
+        assert!(!d.exists(), "cgroup left: {}", d.display());
+    }
+}
+
+#[test]
+fn a_gvisor_sandbox_through_the_cli_and_the_api() {
+    let Some(template) = ready() else { return };
+    let home = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start(home.path());
+
+    // The daemon says it offers the tier, and how it runs it.
+    let (status, info) = daemon.call("GET", "/v1/info", None);
+    assert_eq!(status, 200, "{info}");
+    assert!(
+        info["offered"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("gvisor")),
+        "{info}"
+    );
+    assert_eq!(info["tiers"]["gvisor"], true, "{info}");
+    assert!(
+        info["tiers"]["gvisor_detail"]
+            .as_str()
+            .unwrap()
+            .contains("platform"),
+        "{info}"
+    );
+
+    let id = ok(
+        daemon.brig(&[
+            "create",
+            "--isolation",
+            "gvisor",
+            "--template",
+            &template,
+            "--memory",
+            "384M",
+        ]),
+        "create",
+    )
+    .trim()
+    .to_string();
+    let (_, sb) = daemon.call("GET", &format!("/v1/sandboxes/{id}"), None);
+    assert_eq!(sb["isolation"], "gvisor", "{sb}");
+
+    // It runs under gVisor's kernel: another kernel version, gVisor's boot
+    // messages, the agent as pid 1.
+    let host = std::fs::read_to_string("/proc/version").unwrap();
+    let out = ok(
+        daemon.brig(&[
+            "exec",
+            &id,
+            "--",
+            "sh",
+            "-c",
+            "cat /proc/version; dmesg | head -2",
+        ]),
+        "exec",
+    );
+    assert!(
+        !out.contains(host.trim()),
+        "the host's kernel answered: {out}"
+    );
+    assert!(out.contains("gVisor"), "{out}");
+    let out = ok(
+        daemon.brig(&["exec", &id, "--", "cat", "/proc/1/cmdline"]),
+        "pid 1",
+    );
+    assert!(out.contains("brig-agent"), "{out}");
+
+    // Exit codes, both streams, stdin.
+    let out = daemon.brig_with_input(
+        &[
+            "exec",
+            "-i",
+            &id,
+            "--",
+            "sh",
+            "-c",
+            "read x; echo out:$x; echo err >&2; exit 7",
+        ],
+        b"in\n",
+    );
+    assert_eq!(out.status.code(), Some(7), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "out:in\n");
+    assert_eq!(text(&out.stderr), "err\n");
+
+    // Files both ways, through the CLI and the API.
+    let local = home.path().join("blob");
+    let blob: Vec<u8> = (0..=255u8).cycle().take(300_000).collect();
+    std::fs::write(&local, &blob).unwrap();
+    ok(
+        daemon.brig(&["cp", local.to_str().unwrap(), &format!("{id}:/root/blob")]),
+        "cp in",
+    );
+    let out = ok(
+        daemon.brig(&["exec", &id, "--", "sh", "-c", "wc -c < /root/blob"]),
+        "size",
+    );
+    assert_eq!(out.trim(), "300000");
+    let back = home.path().join("back");
+    ok(
+        daemon.brig(&["cp", &format!("{id}:/root/blob"), back.to_str().unwrap()]),
+        "cp out",
+    );
+    assert!(
+        std::fs::read(&back).unwrap() == blob,
+        "the file came back changed"
+    );
+    let (status, list) = daemon.call(
+        "GET",
+        &format!("/v1/sandboxes/{id}/files/list?path=/root"),
+        None,
+    );
+    assert_eq!(status, 200, "{list}");
+    assert!(list.to_string().contains("blob"), "{list}");
+
+    // Limits and usage: the memory limit is the sandbox's (its kernel's
+    // too), usage is read from its cgroups.
+    let out = ok(
+        daemon.brig(&["exec", &id, "--", "sh", "-c", "grep MemTotal /proc/meminfo"]),
+        "meminfo",
+    );
+    let kib: u64 = out.split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert!(kib <= 384 * 1024, "MemTotal {kib} kB over the limit");
+    let (status, m) = daemon.call("GET", &format!("/v1/sandboxes/{id}/metrics"), None);
+    assert_eq!(status, 200, "{m}");
+    assert!(m["memory_bytes"].as_u64().unwrap() > 0, "{m}");
+    assert_eq!(m["memory_limit_bytes"], 384u64 << 20, "{m}");
+
+    // A background process, and a daemon killed with -9: the sandbox runs
+    // on, the next daemon adopts it, the process kept going meanwhile.
+    let out = ok(
+        daemon.brig(&[
+            "exec",
+            &id,
+            "-d",
+            "--",
+            "sh",
+            "-c",
+            "while :; do echo t >> /root/ticks; sleep 0.1; done",
+        ]),
+        "background",
+    );
+    let bg: i32 = out.trim().parse().unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let sandbox_pids = runsc_pids(&id);
+    assert!(!sandbox_pids.is_empty());
+    daemon.kill9();
+    std::thread::sleep(Duration::from_millis(700));
+    assert_eq!(
+        runsc_pids(&id),
+        sandbox_pids,
+        "the sandbox outlives its daemon"
+    );
+
+    let daemon = Daemon::start(home.path());
+    let count = |d: &Daemon| -> u32 {
+        ok(
+            d.brig(&["exec", &id, "--", "sh", "-c", "wc -l < /root/ticks"]),
+            "ticks",
+        )
+        .trim()
+        .parse()
+        .unwrap()
+    };
+    let first = count(&daemon);
+    assert!(first >= 8, "ticked while no daemon ran: {first}");
+    std::thread::sleep(Duration::from_millis(400));
+    assert!(count(&daemon) > first, "still ticking");
+    let (_, procs) = daemon.call("GET", &format!("/v1/sandboxes/{id}/processes"), None);
+    assert!(procs.to_string().contains(&format!("{bg}")), "{procs}");
+
+    // Deleted: nothing of it stays.
+    ok(daemon.brig(&["rm", "-f", &id]), "rm");
+    assert_nothing_left(&id);
+}
+
+#[test]
+fn the_native_api_creates_gvisor_sandboxes_and_refuses_unknown_tiers() {
+    let Some(template) = ready() else { return };
+    let home = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start(home.path());
+
+    let (status, err) = daemon.call(
+        "POST",
+        "/v1/sandboxes",
+        Some(json!({"isolation": "firecracker"})),
+    );
+    assert_eq!(status, 400, "{err}");
+    assert!(
+        err["message"]
+            .as_str()
+            .unwrap()
+            .contains("process, gvisor, vm"),
+        "{err}"
+    );
+    let (status, err) = daemon.call("POST", "/v1/sandboxes", Some(json!({"isolation": "vm"})));
+    assert_eq!(status, 400, "{err}");
+    assert_eq!(err["code"], "unsupported", "{err}");
+
+    let (status, sb) = daemon.call(
+        "POST",
+        "/v1/sandboxes",
+        Some(json!({"isolation": "gvisor", "template": template, "disk": "64M"})),
+    );
+    assert_eq!(status, 201, "{sb}");
+    assert_eq!(sb["isolation"], "gvisor");
+    let id = sb["id"].as_str().unwrap().to_string();
+    // Its writable layer is bounded by the disk limit.
+    let out = daemon.brig(&[
+        "exec",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "dd if=/dev/zero of=/root/big bs=1M count=100 2>&1; echo rc=$?",
+    ]);
+    let said = text(&out.stdout);
+    assert!(
+        said.contains("No space left") && !said.contains("rc=0"),
+        "{said}"
+    );
+
+    // The host template works too (the host's /usr, /etc… read-only).
+    let (status, host_sb) = daemon.call(
+        "POST",
+        "/v1/sandboxes",
+        Some(json!({"isolation": "gvisor", "template": "host"})),
+    );
+    assert_eq!(status, 201, "{host_sb}");
+    let host_id = host_sb["id"].as_str().unwrap().to_string();
+    let out = ok(
+        daemon.brig(&[
+            "exec",
+            &host_id,
+            "--",
+            "sh",
+            "-c",
+            "touch /usr/x 2>&1; echo hi > /tmp/y && cat /tmp/y",
+        ]),
+        "host template",
+    );
+    assert!(out.contains("Read-only file system"), "{out}");
+    assert!(out.contains("hi"), "{out}");
+
+    let (status, _) = daemon.call("DELETE", &format!("/v1/sandboxes/{id}"), None);
+    assert!(status < 300, "delete: {status}");
+    assert_nothing_left(&id);
+    // The other one is ended by the daemon's SIGTERM.
+    drop(daemon);
+    assert_nothing_left(&host_id);
+}
+
+/// A daemon killed with -9, then a new one that ends everything (SIGTERM):
+/// the gvisor sandboxes the first left are adopted and then torn down
+/// without a trace; a sandbox no record names (the daemon died between the
+/// launch and the record) is discarded at the start.
+#[test]
+fn nothing_is_left_after_a_daemon_crash() {
+    let Some(template) = ready() else { return };
+    let home = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start(home.path());
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        let id = ok(
+            daemon.brig(&["create", "--isolation", "gvisor", "--template", &template]),
+            "create",
+        );
+        ids.push(id.trim().to_string());
+    }
+    daemon.kill9();
+    // Forget one record, as if the daemon had died before writing it: the
+    // sandbox is then a stray to discard.
+    let db = home.path().join("brig.db");
+    let out = Command::new("sqlite3")
+        .arg(&db)
+        .arg(format!("DELETE FROM sandboxes WHERE id = '{}'", ids[1]))
+        .output();
+    let forgot = out.is_ok_and(|o| o.status.success());
+    if !forgot {
+        support::skip("sqlite3 is not installed (apt-get install sqlite3): no stray to discard");
+    }
+    let daemon = Daemon::start(home.path());
+    if forgot {
+        assert_nothing_left(&ids[1]);
+    }
+    let out = ok(
+        daemon.brig(&["exec", &ids[0], "--", "echo", "adopted"]),
+        "exec",
+    );
+    assert_eq!(out, "adopted\n");
+    drop(daemon);
+    for id in &ids {
+        assert_nothing_left(id);
+    }
+}
+
+/// The official E2B Python SDK creates a gvisor sandbox with the metadata
+/// key `brig.isolation` and runs commands and files in it
+/// (tests/e2b/gvisor_sdk.py).
+#[test]
+fn e2b_clients_pick_gvisor_with_a_metadata_key() {
+    let Some(_template) = ready() else { return };
+    let python = brig_test_support::test_cache().join("e2b-venv/bin/python");
+    if !python.exists() {
+        support::skip(&format!(
+            "{} is missing: tests/support/install-python-deps.sh makes it",
+            python.display()
+        ));
+        return;
+    }
+    let home = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start_with(
+        home.path(),
+        &[
+            "--e2b",
+            "--e2b-api",
+            "127.0.0.1:0",
+            "--e2b-sandbox",
+            "127.0.0.1:0",
+            "--prepare",
+            "none",
+        ],
+    );
+    let (api, data) = daemon.e2b.clone().unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/e2b/gvisor_sdk.py");
+    let out = Command::new(python)
+        .arg(&script)
+        .env("E2B_API_KEY", &daemon.key)
+        .env("E2B_API_URL", &api)
+        .env("E2B_SANDBOX_URL", &data)
+        .env("E2B_TEMPLATE", "host")
+        .env_remove("E2B_DEBUG")
+        .env_remove("E2B_DOMAIN")
+        .output()
+        .unwrap();
+    let stdout = text(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("13 passed, 0 failed"),
+        "gvisor_sdk.py:\n{stdout}\n{}",
+        text(&out.stderr)
+    );
+    // Killed through E2B: nothing of it stays.
+    let id = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("sandbox "))
+        .expect("the script names its sandbox");
+    let ids = [id.to_string()];
+    for id in ids {
+        assert_nothing_left(&id);
+    }
+}
+
+/// `brig run --isolation gvisor`: one command under gVisor's kernel on
+/// brig's stdio, with its status, as on the process tier; nothing left
+/// after it.
+#[test]
+fn brig_run_runs_one_command_under_gvisor() {
+    let Some(template) = ready() else { return };
+    let run = |args: &[&str], input: &[u8]| -> Output {
+        let mut child = Command::new(BRIG)
+            .arg("run")
+            .args(["--isolation", "gvisor", "--network", "none"])
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let _ = child.stdin.take().unwrap().write_all(input);
+        child.wait_with_output().unwrap()
+    };
+
+    let out = run(
+        &[
+            "--template",
+            &template,
+            "--",
+            "sh",
+            "-c",
+            "cat /proc/version; echo err >&2; exit 3",
+        ],
+        b"",
+    );
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    let host = std::fs::read_to_string("/proc/version").unwrap();
+    assert!(
+        !text(&out.stdout).contains(host.trim()),
+        "{}",
+        text(&out.stdout)
+    );
+    assert_eq!(text(&out.stderr), "err\n");
+
+    // stdin with -i, megabytes of it; the user.
+    let big = vec![b'x'; 3 << 20];
+    let out = run(&["-i", "--", "wc", "-c"], &big);
+    assert_eq!(
+        text(&out.stdout).trim(),
+        (3 << 20).to_string(),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = run(&["-u", "nobody", "--", "id", "-u"], b"");
+    assert_eq!(text(&out.stdout), "65534\n", "{}", text(&out.stderr));
+
+    // The command's faults and limits, as on the process tier.
+    let out = run(&["--", "no-such-command"], b"");
+    assert_eq!(out.status.code(), Some(127), "{}", text(&out.stderr));
+    let out = run(&["--timeout", "1s", "--", "sleep", "30"], b"");
+    assert_eq!(out.status.code(), Some(124), "{}", text(&out.stderr));
+    let out = run(&["-t", "--", "true"], b"");
+    assert_ne!(out.status.code(), Some(0));
+
+    // No one-shot sandbox outlived its `brig run` (their owner is the
+    // run's /proc/<pid>; other tests' sandboxes may be there, alive).
+    let orphans: Vec<String> = std::fs::read_dir("/run/brig/gvisor")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path().join("state")).ok())
+        .filter_map(|s| s.lines().next().map(String::from))
+        .filter(|o| o.starts_with("/proc/") && !Path::new(o).exists())
+        .collect();
+    assert!(orphans.is_empty(), "one-shot sandboxes left: {orphans:?}");
+
+    // A `brig run` killed with -9 leaves its sandbox (this runsc cannot
+    // tie it to its caller); the next gvisor `brig run` discards it.
+    let mut killed = Command::new(BRIG)
+        .args([
+            "run",
+            "--isolation",
+            "gvisor",
+            "--network",
+            "none",
+            "--",
+            "sleep",
+            "300",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    // Its sandbox: the one whose recorded owner is the killed `brig run`
+    // (other tests' sandboxes may be there too).
+    let owner = format!("/proc/{}\n", killed.id());
+    let left: Vec<String> = std::fs::read_dir("/run/brig/gvisor")
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            std::fs::read_to_string(e.path().join("state")).is_ok_and(|s| s.starts_with(&owner))
+        })
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(left.len(), 1, "the killed run's sandbox: {left:?}");
+    let _ = killed.kill();
+    let _ = killed.wait();
+    let out = run(&["--", "true"], b"");
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    for id in &left {
+        assert_nothing_left(id);
+    }
+}
+
+/// A gvisor sandbox's network is its namespace of brig-net's, as a
+/// process-tier sandbox's: the policy is enforced at the gateway (a
+/// connection out of a `--network none` sandbox is refused and logged),
+/// and the port proxy reaches a server on its loopback.
+#[test]
+fn the_network_policy_and_the_port_proxy_apply_on_gvisor() {
+    let Some(_template) = ready() else { return };
+    let home = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start(home.path());
+    let id = ok(
+        daemon.brig(&["create", "--isolation", "gvisor", "--network", "none"]),
+        "create",
+    )
+    .trim()
+    .to_string();
+    let probe = "import socket\n\
+                 s = socket.create_connection(('1.1.1.1', 80), timeout=5)\n\
+                 s.sendall(b'GET / HTTP/1.0\\r\\n\\r\\n')\n\
+                 print('got', len(s.recv(100)))";
+    let out = daemon.brig(&["exec", &id, "--", "python3", "-c", probe]);
+    assert!(
+        !text(&out.stdout).contains("got") || text(&out.stdout).contains("got 0"),
+        "egress with networking off: {}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    let (status, log) = daemon.call(
+        "GET",
+        &format!("/v1/sandboxes/{id}/network/connections"),
+        None,
+    );
+    assert_eq!(status, 200, "{log}");
+    let refused = log["connections"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|c| c["destination"] == "1.1.1.1:80" && c["allowed"] == false);
+    assert!(refused, "the gateway logged the refusal: {log}");
+
+    // A server on the sandbox's loopback, through the port proxy.
+    ok(
+        daemon.brig(&[
+            "exec",
+            &id,
+            "-d",
+            "--",
+            "python3",
+            "-m",
+            "http.server",
+            "8000",
+            "--bind",
+            "127.0.0.1",
+            "--directory",
+            "/etc",
+        ]),
+        "server",
+    );
+    let url = format!("{}/v1/sandboxes/{id}/ports/8000/os-release", daemon.url);
+    let got = eventually(Duration::from_secs(15), || {
+        ureq::get(&url)
+            .set("Authorization", &format!("Bearer {}", daemon.key))
+            .call()
+            .ok()
+            .and_then(|r| r.into_string().ok())
+            .is_some_and(|b| b.contains("ID="))
+    });
+    assert!(
+        got,
+        "the port proxy reached the server in the gvisor sandbox"
+    );
+    ok(daemon.brig(&["rm", "-f", &id]), "rm");
+    assert_nothing_left(&id);
+}
+
+/// A daemon killed with -9 in the middle of gvisor creates (after a
+/// different delay each round) leaves nothing half-made: the next daemon
+/// discards what a `creating` record names, adopts what was answered, and
+/// its SIGTERM ends it all without a trace.
+#[test]
+fn a_daemon_killed_mid_create_leaves_nothing_half_made() {
+    let Some(_template) = ready() else { return };
+    for delay_ms in [40u64, 90, 140, 200] {
+        let home = tempfile::tempdir().unwrap();
+        let daemon = Daemon::start(home.path());
+        let (url, key) = (daemon.url.clone(), daemon.key.clone());
+        let creates: Vec<_> = (0..2)
+            .map(|_| {
+                let (url, key) = (url.clone(), key.clone());
+                std::thread::spawn(move || {
+                    let _ = ureq::post(&format!("{url}/v1/sandboxes"))
+                        .set("Authorization", &format!("Bearer {key}"))
+                        .send_json(json!({"isolation": "gvisor"}));
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        daemon.kill9();
+        for c in creates {
+            let _ = c.join();
+        }
+        // What the killed daemon left, by its sandboxes' directories.
+        let owner = format!("{}\n", home.path().join("brig.db").display());
+        let ids: Vec<String> = std::fs::read_dir("/run/brig/gvisor")
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| {
+                        std::fs::read_to_string(e.path().join("state"))
+                            .is_ok_and(|s| s.starts_with(&owner))
+                    })
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let daemon = Daemon::start(home.path());
+        let (_, list) = daemon.call("GET", "/v1/sandboxes", None);
+        // Adopted (answered before the kill) or dead (cut short): none is
+        // left `creating`.
+        for sb in list["items"].as_array().unwrap() {
+            assert!(
+                sb["state"] == "running" || sb["state"] == "dead",
+                "after {delay_ms} ms: {sb}"
+            );
+        }
+        drop(daemon);
+        for id in &ids {
+            assert_nothing_left(id.trim_start_matches('.'));
+        }
+    }
+}
+
+/// An E2B sandbox on gvisor through a `kill -9` of the daemon, with the
+/// official Python client (tests/e2b/live_restore_sdk.py, as
+/// live_restore.rs runs it on the process tier): a background command and
+/// a PTY keep running while no daemon runs, and re-attach and stream after.
+#[test]
+fn an_e2b_gvisor_sandbox_survives_a_daemon_restart() {
+    let Some(_template) = ready() else { return };
+    let python = brig_test_support::test_cache().join("e2b-venv/bin/python");
+    if !python.exists() {
+        support::skip(&format!(
+            "{} is missing: tests/support/install-python-deps.sh makes it",
+            python.display()
+        ));
+        return;
+    }
+    let home = tempfile::tempdir().unwrap();
+    let e2b = [
+        "--e2b",
+        "--e2b-api",
+        "127.0.0.1:0",
+        "--e2b-sandbox",
+        "127.0.0.1:0",
+        "--prepare",
+        "none",
+    ];
+    let state = home.path().join("sdk-state.json");
+    let sdk = |daemon: &Daemon, phase: &str| {
+        let (api, data) = daemon.e2b.clone().unwrap();
+        let script =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/e2b/live_restore_sdk.py");
+        let out = Command::new(&python)
+            .arg(script)
+            .arg(phase)
+            .arg(&state)
+            .env("E2B_API_KEY", &daemon.key)
+            .env("E2B_API_URL", api)
+            .env("E2B_SANDBOX_URL", data)
+            .env("E2B_TEMPLATE", "host")
+            .env("E2B_ISOLATION", "gvisor")
+            .env_remove("E2B_DEBUG")
+            .env_remove("E2B_DOMAIN")
+            .output()
+            .unwrap();
+        let stdout = text(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains(" passed, 0 failed"),
+            "live_restore_sdk.py {phase}:\n{stdout}\n{}",
+            text(&out.stderr)
+        );
+    };
+    let daemon = Daemon::start_with(home.path(), &e2b);
+    sdk(&daemon, "before");
+    let id: Value = serde_json::from_slice(&std::fs::read(&state).unwrap()).unwrap();
+    let id = id["id"].as_str().unwrap().to_string();
+    let (_, sb) = daemon.call("GET", &format!("/v1/sandboxes/{id}"), None);
+    assert_eq!(sb["isolation"], "gvisor", "{sb}");
+    daemon.kill9();
+    std::thread::sleep(Duration::from_secs(1));
+    let daemon = Daemon::start_with(home.path(), &e2b);
+    sdk(&daemon, "after");
+    drop(daemon);
+    assert_nothing_left(&id);
+}

@@ -1,0 +1,230 @@
+//! A sandbox's root on the host: the template read-only under a writable
+//! layer bounded by `--disk`, as the process tier gives its sandboxes.
+//!
+//! ```text
+//! <dir>/upper    a tmpfs of the disk limit's size: upper/ and work/
+//! <dir>/rootfs   an overlay: lower = the template (its layers, top first),
+//!                upper and work in the tmpfs; runsc's gofer serves it
+//! ```
+//!
+//! For the `host` template the root is a directory in the tmpfs and the
+//! host's /usr, /etc, /bin… are bound read-only by runsc (the bundle's
+//! mounts); its symlinks (`/bin -> usr/bin` on merged-/usr hosts) are
+//! recreated in the root.
+//!
+//! Both mounts are made in the host's mount namespace (runsc's gofer
+//! opens the root by path), so they outlive a daemon crash; the next
+//! daemon's `discard` unmounts them ([`unmount`]).
+
+use std::ffi::CString;
+use std::fs;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use brig_core::TemplateRef;
+
+/// Host paths the `host` template shows (the process tier's list).
+pub const HOST_PATHS: &[&str] = &[
+    "/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
+];
+
+/// A mount step that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RootfsError {
+    #[error("cannot {op} at {path}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error(
+        "the gvisor tier cannot run template {0}: resolve it to a directory or an image first"
+    )]
+    Unresolved(String),
+}
+
+fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> RootfsError + 'a {
+    move |source| RootfsError::Io {
+        op,
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// What [`prepare`] made: the root for the bundle, and host directories
+/// runsc binds read-only (the `host` template's).
+#[derive(Debug)]
+pub struct Root {
+    pub path: PathBuf,
+    pub binds: Vec<PathBuf>,
+}
+
+/// The tmpfs and overlay of a sandbox in `dir`. On error what was mounted
+/// is unmounted again.
+pub fn prepare(dir: &Path, template: &TemplateRef, disk: u64) -> Result<Root, RootfsError> {
+    let upper = dir.join("upper");
+    let root = dir.join("rootfs");
+    fs::create_dir_all(&upper).map_err(io_err("create", &upper))?;
+    fs::create_dir_all(&root).map_err(io_err("create", &root))?;
+    // Whole pages; at least one MiB, so a tiny limit still holds the
+    // overlay's work directory.
+    let size = disk.max(1 << 20);
+    mount(
+        "tmpfs",
+        &upper,
+        "tmpfs",
+        libc::MS_NOSUID | libc::MS_NODEV,
+        &format!("size={size},mode=0755"),
+    )
+    .map_err(io_err("mount the writable layer's tmpfs", &upper))?;
+    let made = match template {
+        TemplateRef::Host => host_root(&upper),
+        TemplateRef::Dir(path) => overlay(&upper, &root, std::slice::from_ref(path)),
+        TemplateRef::Layers { lowers, .. } => overlay(&upper, &root, lowers),
+        other => Err(RootfsError::Unresolved(other.to_string())),
+    };
+    if made.is_err() {
+        let _ = unmount(dir);
+    }
+    made
+}
+
+fn overlay(upper: &Path, root: &Path, lowers: &[PathBuf]) -> Result<Root, RootfsError> {
+    let (u, w) = (upper.join("upper"), upper.join("work"));
+    for d in [&u, &w] {
+        fs::create_dir_all(d).map_err(io_err("create", d))?;
+    }
+    let lowerdir = lowers
+        .iter()
+        .map(|l| l.display().to_string())
+        .collect::<Vec<_>>()
+        .join(":");
+    // userxattr: brig-image marks opaque directories with
+    // user.overlay.opaque (the process tier's overlays, in a user
+    // namespace, can only read those).
+    let opts = format!(
+        "lowerdir={lowerdir},upperdir={},workdir={},userxattr",
+        u.display(),
+        w.display()
+    );
+    mount(
+        "overlay",
+        root,
+        "overlay",
+        libc::MS_NOSUID | libc::MS_NODEV,
+        &opts,
+    )
+    .map_err(io_err("mount the sandbox's overlay", root))?;
+    Ok(Root {
+        path: root.to_path_buf(),
+        binds: Vec::new(),
+    })
+}
+
+fn host_root(upper: &Path) -> Result<Root, RootfsError> {
+    let root = upper.join("root");
+    fs::create_dir_all(&root).map_err(io_err("create", &root))?;
+    let mut binds = Vec::new();
+    for p in HOST_PATHS {
+        let host = Path::new(p);
+        let Ok(meta) = fs::symlink_metadata(host) else {
+            continue;
+        };
+        let inside = root.join(p.trim_start_matches('/'));
+        if meta.file_type().is_symlink() {
+            let target = fs::read_link(host).map_err(io_err("read the link", host))?;
+            std::os::unix::fs::symlink(&target, &inside)
+                .map_err(io_err("recreate the link", &inside))?;
+        } else if meta.is_dir() {
+            binds.push(host.to_path_buf());
+        }
+    }
+    for d in ["tmp", "root", "run", "home", "var/tmp"] {
+        let d = root.join(d);
+        fs::create_dir_all(&d).map_err(io_err("create", &d))?;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    for d in ["tmp", "var/tmp"] {
+        let d = root.join(d);
+        fs::set_permissions(&d, fs::Permissions::from_mode(0o1777))
+            .map_err(io_err("make world-writable", &d))?;
+    }
+    Ok(Root { path: root, binds })
+}
+
+/// Unmount the overlay and the tmpfs of the sandbox in `dir` (lazily: a
+/// gofer that has not exited yet keeps them busy). What is not mounted is
+/// skipped.
+pub fn unmount(dir: &Path) -> io::Result<()> {
+    let mut first = None;
+    for p in [dir.join("rootfs"), dir.join("upper")] {
+        if let Err(e) = umount(&p) {
+            if !matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::ENOENT)) {
+                first.get_or_insert(e);
+            }
+        }
+    }
+    first.map_or(Ok(()), Err)
+}
+
+fn cstr(p: &Path) -> io::Result<CString> {
+    CString::new(p.as_os_str().as_bytes()).map_err(io::Error::other)
+}
+
+fn mount(
+    source: &str,
+    target: &Path,
+    fstype: &str,
+    flags: libc::c_ulong,
+    data: &str,
+) -> io::Result<()> {
+    let (source, target, fstype, data) = (
+        CString::new(source).map_err(io::Error::other)?,
+        cstr(target)?,
+        CString::new(fstype).map_err(io::Error::other)?,
+        CString::new(data).map_err(io::Error::other)?,
+    );
+    // SAFETY: valid C strings that outlive the call; the result is checked.
+    let r = unsafe {
+        libc::mount(
+            source.as_ptr(),
+            target.as_ptr(),
+            fstype.as_ptr(),
+            flags,
+            data.as_ptr().cast(),
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn umount(target: &Path) -> io::Result<()> {
+    let target = cstr(target)?;
+    // SAFETY: a valid C string; the result is checked.
+    let r = unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH | libc::UMOUNT_NOFOLLOW) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unresolved_template_is_refused_and_nothing_stays_mounted() {
+        if !brig_test_support::root_or_skip() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let err = prepare(dir.path(), &TemplateRef::Named("base".into()), 1 << 20).unwrap_err();
+        assert!(matches!(err, RootfsError::Unresolved(_)), "{err}");
+        let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap();
+        assert!(!mounts.contains(dir.path().to_str().unwrap()), "{mounts}");
+    }
+}
