@@ -93,3 +93,73 @@ fn snapshots_and_forks_from_the_cli() {
     );
     stop_daemon(&mut daemon);
 }
+
+/// A sandbox made from a snapshot holds the snapshot's layers across a
+/// `kill -9` of the daemon: the next daemon re-adopts it and holds them
+/// again, so removing the snapshot and pruning leaves the sandbox's files
+/// in place; once it ends, the layers go.
+#[test]
+fn a_sandbox_on_a_snapshot_keeps_its_layers_through_a_daemon_restart() {
+    require_root!();
+    let rootfs = require_rootfs!();
+    let home = tempfile::tempdir().unwrap();
+    let start = || {
+        let (daemon, url, log) = start_daemon(home.path(), &[]);
+        std::thread::spawn(move || for _ in log {});
+        (daemon, url)
+    };
+    let (mut first, url) = start();
+    let cli = |url: &str, args: &[&str]| -> String {
+        let out = brig()
+            .args(args)
+            .env("BRIG_HOME", home.path())
+            .env("BRIG_URL", url)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+        stdout(&out)
+    };
+    let template = format!("dir:{}", rootfs.display());
+    let parent = cli(&url, &["create", "--template", &template]);
+    cli(
+        &url,
+        &[
+            "exec",
+            parent.trim(),
+            "--",
+            "sh",
+            "-c",
+            "echo kept > /root/work",
+        ],
+    );
+    let snap = cli(&url, &["snapshot", "create", parent.trim()]);
+    let child = cli(&url, &["create", "--from-snapshot", snap.trim()]);
+    let child = child.trim().to_string();
+    support::signal(first.id(), libc::SIGKILL);
+    let _ = first.wait();
+
+    let (mut second, url) = start();
+    let layers = || {
+        std::fs::read_dir(home.path().join("images/layers"))
+            .unwrap()
+            .count()
+    };
+    cli(&url, &["snapshot", "rm", snap.trim()]);
+    cli(&url, &["template", "prune"]);
+    assert_eq!(
+        cli(&url, &["exec", &child, "--", "cat", "/root/work"]),
+        "kept\n",
+        "the adopted sandbox lost its snapshot's files"
+    );
+    let with_child = layers();
+    assert!(with_child >= 1, "{with_child}");
+    cli(&url, &["kill", &child]);
+    assert!(
+        support::eventually(std::time::Duration::from_secs(20), || {
+            cli(&url, &["template", "prune"]);
+            layers() < with_child
+        }),
+        "the snapshot's layer stayed after its last sandbox ended"
+    );
+    stop_daemon(&mut second);
+}
