@@ -13,6 +13,17 @@ use clap::Parser;
 
 fn main() {
     let cli = commands::Cli::parse();
+    // A client command whose output is cut short (`brig ls | head`) ends
+    // quietly, as other tools do, instead of panicking on EPIPE. The
+    // long-lived ones keep Rust's default (SIGPIPE ignored, EPIPE handled).
+    if !matches!(
+        cli.command,
+        commands::Command::Serve(_) | commands::Command::Mcp(_) | commands::Command::Run(_)
+    ) {
+        // SAFETY: restoring a signal's default disposition, before any
+        // thread is started.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+    }
     let code = match commands::dispatch(cli) {
         Ok(code) => code,
         Err(err) => exit::report(&err),

@@ -127,3 +127,27 @@ fn brig_man_writes_a_page_per_subcommand() {
     let page = String::from_utf8(out.stdout).unwrap();
     assert!(page.starts_with(".ie") && page.contains("BRIG_HOME") && page.contains("brig\\-logs"));
 }
+
+/// A client command whose reader goes away (`brig completion bash | head`)
+/// ends by SIGPIPE, quietly, as other tools do: no panic on stderr.
+#[test]
+fn output_cut_short_ends_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_brig"))
+        .args(["completion", "bash"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Its script is larger than a pipe holds: it blocks, then gets EPIPE.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGPIPE),
+        "{:?}: {stderr}",
+        out.status
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
