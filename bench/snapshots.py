@@ -41,17 +41,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import spawn  # noqa: E402  (build_brig, log)
+from images import free_port  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 log = spawn.log
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 class Daemon:

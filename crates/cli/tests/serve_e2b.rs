@@ -110,22 +110,7 @@ fn e2b_creates_of_a_template_being_prepared_answer_503_at_once() {
         }),
         "the build lock is not held"
     );
-    let (mut child, url, mut lines) = support::start_daemon(
-        home.path(),
-        &[
-            "--e2b",
-            "--e2b-api",
-            "127.0.0.1:0",
-            "--e2b-sandbox",
-            "127.0.0.1:0",
-        ],
-    );
-    let api = loop {
-        let line = lines.next().expect("brig serve exited").unwrap();
-        if let Some(a) = line.strip_prefix("brig: e2b api on ") {
-            break a.to_string();
-        }
-    };
+    let (mut child, url, api, _, lines) = start_e2b(home.path(), &[]);
     std::thread::spawn(move || for _ in lines {});
     let key = std::fs::read_to_string(home.path().join("local.key")).unwrap();
     let key = key.trim();
@@ -189,25 +174,10 @@ fn a_failed_background_build_is_reported_not_retried_per_create() {
     let home = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(home.path().join("templates")).unwrap();
     std::fs::write(home.path().join("templates/base"), "not a directory").unwrap();
-    let (mut child, _url, mut lines) = support::start_daemon(
-        home.path(),
-        &[
-            "--e2b",
-            "--e2b-api",
-            "127.0.0.1:0",
-            "--e2b-sandbox",
-            "127.0.0.1:0",
-            "--prepare",
-            "base",
-        ],
-    );
-    let api = loop {
-        let line = lines.next().expect("brig serve exited").unwrap();
-        if let Some(a) = line.strip_prefix("brig: e2b api on ") {
-            break a.to_string();
-        }
-    };
-    let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let (mut child, _url, api, before, lines) = start_e2b(home.path(), &["--prepare", "base"]);
+    // Everything it logs, from the start (the build may fail before the
+    // address is printed).
+    let log = std::sync::Arc::new(std::sync::Mutex::new(before));
     std::thread::spawn({
         let log = log.clone();
         move || {
@@ -252,4 +222,37 @@ fn a_failed_background_build_is_reported_not_retried_per_create() {
         .count();
     assert_eq!(attempts, 1, "{:?}", log.lock().unwrap());
     support::stop_daemon(&mut child);
+}
+
+/// `brig serve --e2b` on loopback ports (and `extra`): the daemon, its
+/// native URL, its E2B API's URL, the log lines before that address, and
+/// the rest of its log.
+fn start_e2b(
+    home: &std::path::Path,
+    extra: &[&str],
+) -> (
+    std::process::Child,
+    String,
+    String,
+    Vec<String>,
+    support::DaemonLog,
+) {
+    let mut args = vec![
+        "--e2b",
+        "--e2b-api",
+        "127.0.0.1:0",
+        "--e2b-sandbox",
+        "127.0.0.1:0",
+    ];
+    args.extend_from_slice(extra);
+    let (child, url, mut lines) = support::start_daemon(home, &args);
+    let mut before = Vec::new();
+    let api = loop {
+        let line = lines.next().expect("brig serve exited").unwrap();
+        if let Some(a) = line.strip_prefix("brig: e2b api on ") {
+            break a.to_string();
+        }
+        before.push(line);
+    };
+    (child, url, api, before, lines)
 }

@@ -812,16 +812,7 @@ fn python_sdk_secrets() {
         return;
     };
     let p = planes();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/e2b/secrets_sdk.py");
-    let out = Command::new(&python)
-        .arg(&script)
-        .env("E2B_API_KEY", &p.f.key)
-        .env("E2B_API_URL", format!("http://{}", p.api))
-        .env("E2B_SANDBOX_URL", format!("http://{}", p.data))
-        .env_remove("E2B_DEBUG")
-        .env_remove("E2B_DOMAIN")
-        .output()
-        .unwrap();
+    let out = p.run_sdk_script(&python, "secrets_sdk.py", None);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success() && stdout.contains(&format!("{SECRETS_SDK_CHECKS} passed, 0 failed")),
@@ -926,17 +917,7 @@ fn code_interpreter_v1_is_ready_when_create_answers() {
     assert_eq!(p.k("DELETE", &format!("/sandboxes/{id}"), None).status, 204);
 
     // The official client, end to end.
-    let script =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/e2b/code_interpreter_sdk.py");
-    let out = Command::new(&python)
-        .arg(&script)
-        .env("E2B_API_KEY", &p.f.key)
-        .env("E2B_API_URL", format!("http://{}", p.api))
-        .env("E2B_SANDBOX_URL", format!("http://{}", p.data))
-        .env_remove("E2B_DEBUG")
-        .env_remove("E2B_DOMAIN")
-        .output()
-        .unwrap();
+    let out = p.run_sdk_script(&python, "code_interpreter_sdk.py", None);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stdout}\n{stderr}");
@@ -1131,17 +1112,7 @@ fn python_sdk_lifecycle() {
         return;
     };
     let p = planes_with(|c| c.sweep_interval = Duration::from_millis(100));
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/e2b/lifecycle_sdk.py");
-    let out = Command::new(&python)
-        .arg(&script)
-        .env("E2B_API_KEY", &p.f.key)
-        .env("E2B_API_URL", format!("http://{}", p.api))
-        .env("E2B_SANDBOX_URL", format!("http://{}", p.data))
-        .env("E2B_TEMPLATE", "host")
-        .env_remove("E2B_DEBUG")
-        .env_remove("E2B_DOMAIN")
-        .output()
-        .unwrap();
+    let out = p.run_sdk_script(&python, "lifecycle_sdk.py", Some("host"));
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stdout}\n{stderr}");
@@ -1262,17 +1233,7 @@ fn python_sdk_snapshots_and_fork() {
         return;
     }
     let p = planes_with(|c| c.home = Some(template_home()));
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/e2b/snapshots_sdk.py");
-    let out = Command::new(&python)
-        .arg(&script)
-        .env("E2B_API_KEY", &p.f.key)
-        .env("E2B_API_URL", format!("http://{}", p.api))
-        .env("E2B_SANDBOX_URL", format!("http://{}", p.data))
-        .env("E2B_TEMPLATE", "base")
-        .env_remove("E2B_DEBUG")
-        .env_remove("E2B_DOMAIN")
-        .output()
-        .unwrap();
+    let out = p.run_sdk_script(&python, "snapshots_sdk.py", Some("base"));
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stdout}\n{stderr}");

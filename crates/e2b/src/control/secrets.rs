@@ -138,15 +138,7 @@ pub async fn list(
             .map_err(|e| E2bError::bad_request(format!("invalid query: {e}")))?
     {
         match k.as_str() {
-            "limit" => {
-                limit = v
-                    .parse()
-                    .ok()
-                    .filter(|l| (1..=100).contains(l))
-                    .ok_or_else(|| {
-                        E2bError::bad_request(format!("invalid limit {v:?}: from 1 to 100"))
-                    })?;
-            }
+            "limit" => limit = wire::page_limit(&v)?,
             "nextToken" => after = Some(v),
             _ => {}
         }

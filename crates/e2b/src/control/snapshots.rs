@@ -108,15 +108,7 @@ pub(super) async fn list(
             .map_err(|e| E2bError::bad_request(format!("invalid query: {e}")))?
     {
         match k.as_str() {
-            "limit" => {
-                limit = v
-                    .parse()
-                    .ok()
-                    .filter(|l| (1..=100).contains(l))
-                    .ok_or_else(|| {
-                        E2bError::bad_request(format!("invalid limit {v:?}: from 1 to 100"))
-                    })?;
-            }
+            "limit" => limit = wire::page_limit(&v)?,
             "sandboxID" => sandbox = Some(v),
             "name" => name = Some(v),
             "nextToken" => after = Some(v),

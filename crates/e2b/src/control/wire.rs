@@ -122,6 +122,14 @@ impl<E: Into<E2bError>> From<BlockingError<E>> for E2bError {
     }
 }
 
+/// A list's `limit` (E2B's pages: 1 to 100), or a 400 saying so.
+pub fn page_limit(v: &str) -> Result<usize, E2bError> {
+    v.parse()
+        .ok()
+        .filter(|l| (1..=100).contains(l))
+        .ok_or_else(|| E2bError::bad_request(format!("invalid limit {v:?}: from 1 to 100")))
+}
+
 /// Parse a JSON body leniently: an empty body is the default, unknown
 /// fields are ignored (each client generation sends some of its own:
 /// `secure`, `allow_internet_access`, `autoResume`, ...).

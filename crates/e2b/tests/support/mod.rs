@@ -31,6 +31,33 @@ pub struct Planes {
     _rt: tokio::runtime::Runtime,
 }
 
+impl Planes {
+    /// `python SCRIPT` (from tests/e2b) pointed at these planes with the
+    /// official client's environment (E2B_API_KEY, E2B_API_URL,
+    /// E2B_SANDBOX_URL, E2B_TEMPLATE when given); its output.
+    pub fn run_sdk_script(
+        &self,
+        python: &std::path::Path,
+        script: &str,
+        template: Option<&str>,
+    ) -> std::process::Output {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/e2b")
+            .join(script);
+        let mut cmd = std::process::Command::new(python);
+        cmd.arg(&path)
+            .env("E2B_API_KEY", &self.f.key)
+            .env("E2B_API_URL", format!("http://{}", self.api))
+            .env("E2B_SANDBOX_URL", format!("http://{}", self.data))
+            .env_remove("E2B_DEBUG")
+            .env_remove("E2B_DOMAIN");
+        if let Some(t) = template {
+            cmd.env("E2B_TEMPLATE", t);
+        }
+        cmd.output().unwrap()
+    }
+}
+
 pub fn planes() -> Planes {
     planes_with(|_| {})
 }
