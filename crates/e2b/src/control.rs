@@ -19,6 +19,7 @@
 pub mod interpreter;
 mod network;
 mod secrets;
+pub mod templates;
 mod time;
 mod wire;
 
@@ -74,6 +75,19 @@ pub fn router(state: E2bState) -> Router {
                 .post(secrets::update)
                 .delete(secrets::delete),
         )
+        .route("/v3/templates", post(templates::request))
+        .route(
+            "/templates/{id}/files/{hash}",
+            get(templates::upload_link)
+                .put(templates::upload)
+                .layer(axum::extract::DefaultBodyLimit::disable()),
+        )
+        .route("/v2/templates/{id}/builds/{build}", post(templates::start))
+        .route(
+            "/templates/{id}/builds/{build}/status",
+            get(templates::status),
+        )
+        .route("/templates/aliases/{alias}", get(templates::alias))
         .fallback(|| async {
             E2bError::new(
                 StatusCode::NOT_FOUND,
@@ -268,6 +282,13 @@ async fn create(
                 found
             }
         };
+        // A template built through E2B: its user and working directory are
+        // the defaults, its start command runs (below).
+        let startup = templates::startup(&manager, &template_id);
+        let default_user = startup
+            .as_ref()
+            .and_then(|s| s.user.clone())
+            .unwrap_or(default_user);
         let sb = registry.insert(E2bSandbox {
             id: record.id,
             tenant,
@@ -275,6 +296,7 @@ async fn create(
             access_token: access_token(),
             default_user,
             home,
+            workdir: startup.as_ref().and_then(|s| s.workdir.clone()),
             lifecycle,
             env,
             metadata,
@@ -293,6 +315,23 @@ async fn create(
         // it; not live is the same as gone.
         if !manager.is_live(&sb.id) {
             registry.remove(sb.id.as_str());
+        }
+        if let Some(startup) = &startup {
+            let cwd = sb.workdir.clone().unwrap_or_else(|| sb.home.clone());
+            let started = templates::run_startup(
+                &manager,
+                &sb.tenant,
+                &sb.id,
+                &sb.default_user,
+                &cwd,
+                &sb.env,
+                startup,
+            );
+            if let Err(why) = started {
+                registry.remove(sb.id.as_str());
+                let _ = manager.delete(&sb.tenant, &sb.id);
+                return Err(E2bError::new(StatusCode::INTERNAL_SERVER_ERROR, why));
+            }
         }
         if interpreter::wanted(&sb.template) {
             if let Err(e) = interpreter::start(&manager, &sb) {

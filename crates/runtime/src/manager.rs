@@ -1109,6 +1109,49 @@ impl SandboxManager {
         Ok((TemplateRef::Dir(real), None))
     }
 
+    /// Run `spec` (an image build's RUN step: its `upper_dir` keeps what
+    /// it changes) to its end in a one-shot sandbox of the process tier,
+    /// with the daemon's network under brig's default policy (the
+    /// internet; never the host, private ranges or metadata). Its output,
+    /// stdout and stderr together as a terminal shows them, goes to
+    /// `output` as it comes; stdin is empty. The sandbox is not a client's:
+    /// it is in no list, counts against no tenant, and dies with the
+    /// daemon (its init is tied to the daemon's thread).
+    pub fn run_to_end(
+        &self,
+        mut spec: SandboxSpec,
+        output: &mut dyn FnMut(&[u8]),
+    ) -> Result<brig_core::Ended, ManagerError> {
+        use std::io::Read;
+        let tier = Arc::clone(self.tier(Isolation::Process)?);
+        let id = SandboxId::from_random(rand::random());
+        let (network, link) = self.link(&id, brig_net::Policy::default())?;
+        // A terminal, so output arrives as one ordered stream a person
+        // would read; stdin is the terminal too: closed below, after the
+        // command's own `</dev/null` the caller may add.
+        spec.tty = true;
+        spec.stdin = false;
+        let mut run = tier.run(&spec, &network).map_err(ManagerError::Spawn)?;
+        if let Some(pty) = run.take_pty() {
+            let mut pty = std::fs::File::from(pty);
+            let mut buf = [0u8; 8192];
+            // EIO once the last process holding the terminal is gone.
+            while let Ok(n) = pty.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                output(&buf[..n]);
+            }
+        }
+        let ended = run.wait().map_err(|source| ManagerError::Tier {
+            id: id.clone(),
+            op: "wait for a build step",
+            source,
+        })?;
+        drop(link);
+        Ok(ended)
+    }
+
     /// Sandbox `id`'s network namespace, linked to the gateway under
     /// `policy`; loopback only when this daemon has no gateway.
     fn link(
