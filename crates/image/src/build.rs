@@ -492,6 +492,52 @@ impl Builder<'_> {
                                 .trim_end_matches('/')
                         )
                     };
+                    // Made if the image lacks it (as docker does), owned by
+                    // the USER so far: a layer of its own, cached.
+                    let missing = !layers.is_empty()
+                        && !self.lowers(&layers).iter().any(|l| {
+                            l.join(d.trim_start_matches('/'))
+                                .symlink_metadata()
+                                .is_ok_and(|m| m.is_dir())
+                        });
+                    if missing {
+                        let owner = match config.user.as_deref() {
+                            Some(u) => {
+                                owner_ids(&self.lowers(&layers), u).map_err(|e| bad(line, e))?
+                            }
+                            None => (0, 0),
+                        };
+                        let key = sha(&[
+                            chain.as_bytes(),
+                            b"WORKDIR",
+                            d.as_bytes(),
+                            format!("{owner:?}").as_bytes(),
+                        ]);
+                        let diff_id = match self.cached(&key).filter(|_| !forced) {
+                            Some(id) => {
+                                (self.say)("  (cached)");
+                                id
+                            }
+                            None => {
+                                let staged = tempfile::Builder::new()
+                                    .prefix(".workdir-")
+                                    .tempdir_in(self.store.root())
+                                    .map_err(io_err("make a build directory", self.store.root()))?;
+                                let dir = staged.path().join(d.trim_start_matches('/'));
+                                fs::create_dir_all(&dir).map_err(io_err("create", &dir))?;
+                                let id = layer_from_dir(
+                                    self.store,
+                                    staged.path(),
+                                    Some(owner),
+                                    &self.lowers(&layers),
+                                )?;
+                                self.remember(&key, &id);
+                                id
+                            }
+                        };
+                        chain = sha(&[key.as_bytes(), diff_id.as_bytes()]);
+                        layers.push(diff_id);
+                    }
                     config.working_dir = Some(d);
                 }
                 Instruction::User(u) => config.user = Some(substitute(u, &vars)),
@@ -546,7 +592,7 @@ impl Builder<'_> {
                                 user,
                             })
                             .map_err(|e| bad(line, format!("RUN failed: {e}")))?;
-                            let d = self.layer_from_dir(&keep.path().join("upper"), None)?;
+                            let d = self.layer_from_dir(&keep.path().join("upper"), None, &[])?;
                             self.remember(&key, &d);
                             d
                         }
@@ -587,8 +633,11 @@ impl Builder<'_> {
                             d
                         }
                         None => {
-                            let d =
-                                self.layer_from_dir(staged.path(), Some(chown.unwrap_or((0, 0))))?;
+                            let d = self.layer_from_dir(
+                                staged.path(),
+                                Some(chown.unwrap_or((0, 0))),
+                                &self.lowers(&layers),
+                            )?;
                             self.remember(&key, &d);
                             d
                         }
@@ -705,8 +754,13 @@ impl Builder<'_> {
         Ok(staged)
     }
 
-    fn layer_from_dir(&self, dir: &Path, chown: Option<(u32, u32)>) -> Result<String, ImageError> {
-        layer_from_dir(self.store, dir, chown)
+    fn layer_from_dir(
+        &self,
+        dir: &Path,
+        chown: Option<(u32, u32)>,
+        existing: &[PathBuf],
+    ) -> Result<String, ImageError> {
+        layer_from_dir(self.store, dir, chown, existing)
     }
 
     fn register(
@@ -730,24 +784,29 @@ pub fn image_from_dir(
     source: &str,
     config: ImageConfig,
 ) -> Result<ImageRecord, ImageError> {
-    let layer = layer_from_dir(store, dir, None)?;
+    let layer = layer_from_dir(store, dir, None, &[])?;
     register(store, name, source, vec![layer], config)
 }
 
 /// A layer from a directory: an overlay upper (whiteouts and opaque
 /// directories as overlayfs writes them) or staged COPY files (owned
-/// by `chown`). Kept as an uncompressed tar blob and unpacked.
+/// by `chown`). A directory the image below already has (`existing`,
+/// its layers top first) keeps that one's owner and mode, as with docker:
+/// a COPY into `/home/user/` must not hand `/home/user` to root. Kept as
+/// an uncompressed tar blob and unpacked.
 fn layer_from_dir(
     store: &ImageStore,
     dir: &Path,
     chown: Option<(u32, u32)>,
+    existing: &[PathBuf],
 ) -> Result<String, ImageError> {
     let mut tmp = tempfile::NamedTempFile::new_in(store.root())
         .map_err(io_err("make a layer file", store.root()))?;
     {
         let mut tar = tar::Builder::new(&mut tmp);
         tar.follow_symlinks(false);
-        add_tree(&mut tar, dir, Path::new(""), chown).map_err(io_err("write a layer", dir))?;
+        add_tree(&mut tar, dir, Path::new(""), chown, existing)
+            .map_err(io_err("write a layer", dir))?;
         tar.finish().map_err(io_err("write a layer", dir))?;
     }
     tmp.flush().map_err(io_err("write a layer", dir))?;
@@ -999,6 +1058,7 @@ fn add_tree<W: Write>(
     dir: &Path,
     rel: &Path,
     chown: Option<(u32, u32)>,
+    existing: &[PathBuf],
 ) -> std::io::Result<()> {
     let mut names: Vec<_> = fs::read_dir(dir.join(rel))?
         .filter_map(Result::ok)
@@ -1029,6 +1089,15 @@ fn add_tree<W: Write>(
         } else if ft.is_dir() {
             header.set_entry_type(tar::EntryType::Directory);
             header.set_size(0);
+            let below = existing
+                .iter()
+                .find_map(|l| l.join(&path).symlink_metadata().ok())
+                .filter(|m| m.is_dir());
+            if let Some(m) = below {
+                header.set_mode(m.mode() & 0o7777);
+                header.set_uid(m.uid().into());
+                header.set_gid(m.gid().into());
+            }
             tar.append_data(&mut header, &path, std::io::empty())?;
             let opaque = xattr_is_y(&full, crate::OPAQUE_XATTR);
             if opaque {
@@ -1038,7 +1107,7 @@ fn add_tree<W: Write>(
                     std::io::empty(),
                 )?;
             }
-            add_tree(tar, dir, &path, chown)?;
+            add_tree(tar, dir, &path, chown, existing)?;
         } else if ft.is_symlink() {
             header.set_entry_type(tar::EntryType::Symlink);
             header.set_size(0);

@@ -722,16 +722,16 @@ fn run(
         ),
     );
     let outcome = build_image(manager, home, build, &base, &steps)
-        .and_then(|image| register(home, build, &image, &meta));
+        .and_then(|image| register(home, build, &image, &meta).map(|()| image.digest));
     let mut st = lock(&build.state);
     match outcome {
-        Ok(()) => {
+        Ok(digest) => {
             let secs = started.elapsed().as_secs_f64();
             let entry = LogEntry {
                 timestamp: rfc3339(now_millis()),
                 level: "info",
                 message: format!(
-                    "Build finished in {secs:.1} s: template {} is ready",
+                    "Build finished in {secs:.1} s: template {} is ready (image {digest})",
                     build.template
                 ),
                 step: Some("finalize".into()),
