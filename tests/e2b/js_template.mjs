@@ -6,7 +6,7 @@
 // with E2B_TEMPLATE_PREFIX naming this run's templates. Prints "ok NAME"
 // per check and "N passed, M failed".
 import { Sandbox, Template, waitForFile } from 'e2b'
-import { mkdtempSync, mkdirSync, writeFileSync } from 'node:fs'
+import { mkdtempSync, mkdirSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { check, finish, rejection, section, show } from './sdk_checks.mjs'
@@ -17,6 +17,7 @@ const ctx = mkdtempSync(join(tmpdir(), 'brig-e2b-js-ctx-'))
 writeFileSync(join(ctx, 'note.txt'), 'from js\n')
 mkdirSync(join(ctx, 'lib', 'deep'), { recursive: true })
 writeFileSync(join(ctx, 'lib', 'deep', 'x.txt'), 'deep\n')
+process.on('exit', () => rmSync(ctx, { recursive: true, force: true }))
 const nonce = `${Date.now()}-${process.pid}`
 
 const template = () =>

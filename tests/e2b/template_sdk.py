@@ -12,7 +12,9 @@ E2B_TEMPLATE_PREFIX makes the names unique to the run (the templates land
 in the shared test home, where the next run finds them and the cache).
 """
 
+import atexit
 import os
+import shutil
 import tempfile
 import time
 
@@ -45,6 +47,7 @@ def context():
 
 
 CTX = context()
+atexit.register(shutil.rmtree, CTX, True)
 
 
 def full_template(nonce):

@@ -1,6 +1,7 @@
 //! E2B's template builder (`Template.build` and friends) through the
 //! official Python client against both E2B planes served in process
-//! (support/mod.rs) on the shared test home, where `base` is built: a
+//! (support/mod.rs) on the build home (support's `build_home`: an image
+//! store of its own, the shared test home's named templates): a
 //! template from the base image with every kind of step, a cached rebuild,
 //! a background build polled with its logs, a Dockerfile, an image pulled
 //! from Debian's `docker-registry` on loopback, and the errors
@@ -8,8 +9,8 @@
 //! docker-registry and skopeo; skips otherwise (fails under
 //! BRIG_TEST_STRICT=1).
 //!
-//! The templates it builds are removed from the shared home at the end
-//! (their layers stay, as the build cache of the next run).
+//! The templates it builds are removed at the end (their layers stay, as
+//! the build cache of the next run).
 
 mod support;
 
@@ -20,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use brig_image::testing::{write_oci_layout, Entry};
 use brig_image::{ImageConfig, ImageStore};
-use support::{planes_with, root_or_skip, skip, template_home};
+use support::{build_home, planes_with, root_or_skip, skip, template_home};
 
 /// Debian's docker-registry on a free loopback port, gone on drop.
 struct Registry {
@@ -144,7 +145,7 @@ struct Cleanup {
 
 impl Drop for Cleanup {
     fn drop(&mut self) {
-        let home = template_home();
+        let home = build_home();
         if let Some(f) = &self.files {
             let _ = std::fs::remove_dir_all(f);
         }
@@ -203,11 +204,11 @@ fn python_sdk_template_builds() {
         files: None,
     };
     let p = planes_with(|c| {
-        c.home = Some(template_home());
+        c.home = Some(build_home());
         c.pull_images = true;
     });
     let tenant = p.f.manager.authenticate(&p.f.key).unwrap().tenant;
-    cleanup.files = Some(template_home().join("e2b/files").join(tenant.as_str()));
+    cleanup.files = Some(build_home().join("e2b/files").join(tenant.as_str()));
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/e2b/template_sdk.py");
     let out = Command::new(&python)
         .arg(&script)
@@ -243,7 +244,7 @@ fn python_sdk_template_builds() {
     assert!(p.state.sandboxes.is_empty(), "{stdout}");
     // The built template is an image of the store, as `brig template ls`
     // shows it.
-    let store = ImageStore::open(&template_home()).unwrap();
+    let store = ImageStore::open(&build_home()).unwrap();
     let full = store
         .get(&format!("{prefix}-full"))
         .unwrap()

@@ -68,14 +68,17 @@ const MAX_UPLOAD: u64 = 8 << 30;
 const LOG_PAGE: usize = 100;
 /// How long a create waits for a template's ready command to succeed.
 pub const READY_WAIT: Duration = Duration::from_secs(45);
+/// How long a finished build's status and logs, and an unused upload
+/// link, are kept.
+const KEEP: Duration = Duration::from_secs(3600);
 
 /// The template builds of this daemon (in memory: a build in progress
 /// when the daemon stops is lost, and nothing of it was registered).
 #[derive(Debug, Default)]
 pub struct Builds {
     builds: Mutex<HashMap<String, Arc<Build>>>,
-    /// Upload tokens: token → (tenant, files hash).
-    uploads: Mutex<HashMap<String, (TenantId, String)>>,
+    /// Upload tokens: token → (tenant, files hash, when given).
+    uploads: Mutex<HashMap<String, (TenantId, String, Instant)>>,
     /// Held by the build that runs: one at a time on the daemon.
     running: Mutex<()>,
 }
@@ -98,6 +101,8 @@ struct BuildState {
     reason: Option<Reason>,
     /// Its steps were sent (a second `POST .../builds/{id}` is refused).
     started: bool,
+    /// When it ended (kept [`KEEP`] after, then forgotten).
+    ended: Option<Instant>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -164,12 +169,19 @@ fn files_dir(home: &Path, tenant: &TenantId, hash: &str) -> PathBuf {
 }
 
 /// What an E2B template named `name` (a name or `name:tag`) keeps, if it
-/// is one.
+/// is one whose image is still in the store (`brig template rm` removes
+/// only the image: what it left beside it goes here).
 pub fn meta(home: &Path, name: &str) -> Option<TemplateMeta> {
     if check_name(name).is_err() {
         return None;
     }
-    let text = std::fs::read(meta_path(home, name)).ok()?;
+    let path = meta_path(home, name);
+    let text = std::fs::read(&path).ok()?;
+    let image = ImageStore::open(home).ok()?.get(name).ok()?;
+    if image.is_none() {
+        let _ = std::fs::remove_file(&path);
+        return None;
+    }
     serde_json::from_slice(&text).ok()
 }
 
@@ -309,9 +321,14 @@ pub async fn request(
             logs: Vec::new(),
             reason: None,
             started: false,
+            ended: None,
         }),
     });
-    lock(&state.builds.builds).insert(build.id.clone(), Arc::clone(&build));
+    let mut builds = lock(&state.builds.builds);
+    // Finished builds are kept an hour for their status, then forgotten.
+    builds.retain(|_, b| lock(&b.state).ended.is_none_or(|t| t.elapsed() < KEEP));
+    builds.insert(build.id.clone(), Arc::clone(&build));
+    drop(builds);
     Ok((
         StatusCode::ACCEPTED,
         Json(json!({
@@ -367,7 +384,10 @@ pub async fn upload_link(
     let home = home(&state)?;
     let present = files_dir(&home, &tenant, &hash).is_dir();
     let token = brig_http::random_token();
-    lock(&state.builds.uploads).insert(token.clone(), (tenant, hash.clone()));
+    let mut uploads = lock(&state.builds.uploads);
+    uploads.retain(|_, (_, _, at)| at.elapsed() < KEEP);
+    uploads.insert(token.clone(), (tenant, hash.clone(), Instant::now()));
+    drop(uploads);
     // On the listener the client reached: the Host it used.
     let host = headers
         .get("host")
@@ -394,7 +414,7 @@ pub async fn upload(
         .and_then(|q| serde_urlencoded::from_str::<HashMap<String, String>>(q).ok())
         .and_then(|q| q.get("token").cloned())
         .unwrap_or_default();
-    let (tenant, want) = lock(&state.builds.uploads).remove(&token).ok_or_else(|| {
+    let (tenant, want, _) = lock(&state.builds.uploads).remove(&token).ok_or_else(|| {
         E2bError::new(
             StatusCode::FORBIDDEN,
             "this upload link is not valid (used already, or never given): ask for a new one",
@@ -724,6 +744,7 @@ fn run(
     let outcome = build_image(manager, home, build, &base, &steps)
         .and_then(|image| register(home, build, &image, &meta).map(|()| image.digest));
     let mut st = lock(&build.state);
+    st.ended = Some(Instant::now());
     match outcome {
         Ok(digest) => {
             let secs = started.elapsed().as_secs_f64();
