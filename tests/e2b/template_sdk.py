@@ -145,7 +145,11 @@ check("rebuild: uploads are skipped (the files are present)", any("Skipping uplo
 print(f"timing: first build {first:.2f} s, cached rebuild {second:.2f} s", flush=True)
 
 # In the background, polled with the logs' offset.
-bg = Template().from_template(ALIAS).run_cmd("echo background-step && echo bg > /home/user/bg.txt")
+# Its step leaves a process behind, holding the step's terminal: the step
+# still ends when its command does.
+bg = Template().from_template(ALIAS).run_cmd(
+    "echo background-step && echo bg > /home/user/bg.txt && (sleep 600 &)"
+)
 binfo = Template.build_in_background(bg, f"{PREFIX}-bg", skip_cache=True)
 offset, seen, status = 0, [], None
 deadline = time.monotonic() + 120

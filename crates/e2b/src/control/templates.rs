@@ -68,6 +68,10 @@ const MAX_UPLOAD: u64 = 8 << 30;
 const LOG_PAGE: usize = 100;
 /// How long a create waits for a template's ready command to succeed.
 pub const READY_WAIT: Duration = Duration::from_secs(45);
+/// How long one RUN step may take before it is killed (and the build
+/// fails): builds run one at a time, so a step that never ends must not
+/// hold the others forever.
+const STEP_LIMIT: Duration = Duration::from_secs(30 * 60);
 /// How long the request that starts a build waits for it to end (a
 /// cached rebuild takes milliseconds).
 const QUICK_BUILD: Duration = Duration::from_millis(250);
@@ -856,16 +860,21 @@ fn build_image(
                 tail.remove(0);
             }
         };
-        let ended = manager
-            .run_to_end(spec, &mut |bytes| lines.push(bytes, &mut emit))
+        let run = manager
+            .run_to_end(spec, STEP_LIMIT, &mut |bytes| lines.push(bytes, &mut emit))
             .map_err(|e| super::error_chain(&e))?;
         lines.finish(&mut emit);
+        let ended = run.ended;
         let last = if tail.is_empty() {
             String::from(" (it printed nothing)")
         } else {
             format!("; its last output:\n{}", tail.join("\n"))
         };
         match ended.code {
+            _ if run.timed_out => Err(format!(
+                "it ran longer than {} minutes and was killed{last}",
+                STEP_LIMIT.as_secs() / 60
+            )),
             Some(0) => Ok(()),
             _ if ended.oom => Err(format!("it ran out of memory (2 GiB){last}")),
             Some(code) => Err(format!("the command exited with {code}{last}")),
