@@ -209,6 +209,14 @@ if REGISTRY_IMAGE:
         check("registry: the image's env", sh(sbx, "echo $GREETING") == "hello from the image\n")
     finally:
         sbx.kill()
+    missing = REGISTRY_IMAGE.split("/")[0] + "/e2b/no-such-image:1"
+    e = raises(
+        "unknown image: BuildException",
+        BuildException,
+        lambda: Template.build(Template().from_image(missing).run_cmd("true"), f"{PREFIX}-noimage"),
+    )
+    check("unknown image: says it cannot be pulled", "cannot pull" in str(e) and "no-such-image" in str(e), str(e))
+    check("unknown image: nothing registered", not Template.exists(f"{PREFIX}-noimage"))
 
 # A failing step: its output and exit code, nothing registered.
 failing = (
