@@ -25,6 +25,9 @@ from sdk_checks import check, raises, summary
 
 PREFIX = os.environ.get("E2B_TEMPLATE_PREFIX", "brigtest")
 REGISTRY_IMAGE = os.environ.get("E2B_REGISTRY_IMAGE")
+AUTH_IMAGE = os.environ.get("E2B_AUTH_REGISTRY_IMAGE")
+AUTH_USER, _, AUTH_PASS = os.environ.get("E2B_AUTH_REGISTRY_CREDS", "").partition(":")
+OTHER_KEY = os.environ.get("E2B_OTHER_KEY")
 # What this run writes into its first build, so that build cannot be
 # served from an earlier run's cache.
 NONCE = str(time.time_ns())
@@ -217,6 +220,52 @@ if REGISTRY_IMAGE:
     )
     check("unknown image: says it cannot be pulled", "cannot pull" in str(e) and "no-such-image" in str(e), str(e))
     check("unknown image: nothing registered", not Template.exists(f"{PREFIX}-noimage"))
+
+# From a registry that wants credentials.
+if AUTH_IMAGE:
+    e = raises(
+        "private registry: a wrong password fails the build",
+        BuildException,
+        lambda: Template.build(
+            Template().from_image(AUTH_IMAGE, username=AUTH_USER, password="wrong").run_cmd("true"),
+            f"{PREFIX}-private-bad",
+        ),
+    )
+    check("private registry: says it cannot pull", "cannot pull" in str(e), str(e))
+    Template.build(
+        Template()
+        .from_image(AUTH_IMAGE, username=AUTH_USER, password=AUTH_PASS)
+        .run_cmd("echo authed > /data/authed.txt"),
+        f"{PREFIX}-private",
+    )
+    sbx = Sandbox.create(template=f"{PREFIX}-private")
+    try:
+        check(
+            "private registry: built from the image",
+            sh(sbx, "cat /data/authed.txt /data/file") == "authed\nfrom the top layer\n",
+        )
+    finally:
+        sbx.kill()
+    e = raises(
+        "private registry: no credentials, no image",
+        BuildException,
+        lambda: Template.build(Template().from_image(AUTH_IMAGE).run_cmd("true"), f"{PREFIX}-private-none"),
+    )
+
+# Another team's key: the template exists for it, but is not its own.
+if OTHER_KEY:
+    check("other team: exists says so", Template.exists(ALIAS, api_key=OTHER_KEY))
+    e = raises(
+        "other team: cannot build over it",
+        BuildException,
+        lambda: Template.build(Template().from_base_image(), ALIAS, api_key=OTHER_KEY),
+    )
+    check("other team: says whose it is", "another team" in str(e), str(e))
+    raises(
+        "other team: cannot start a sandbox of it",
+        Exception,
+        lambda: Sandbox.create(template=ALIAS, api_key=OTHER_KEY),
+    )
 
 # A failing step: its output and exit code, nothing registered.
 failing = (

@@ -188,6 +188,15 @@ async fn create(
         .ok_or_else(|| E2bError::bad_request("templateID is required (e.g. \"base\")"))?;
     let template = TemplateRef::parse(&template_id)
         .map_err(|e| E2bError::bad_request(format!("templateID {template_id:?}: {e}")))?;
+    // A template built through E2B is its team's.
+    if let Some(home) = &state.manager.config().home {
+        if templates::meta(home, &template_id).is_some_and(|m| m.tenant.as_ref() != Some(&tenant)) {
+            return Err(E2bError::new(
+                StatusCode::FORBIDDEN,
+                format!("template {template_id} belongs to another team"),
+            ));
+        }
+    }
     let timeout = seconds(req.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS))?;
     let env: BTreeMap<String, String> = req.env_vars.unwrap_or_default();
     let env_vars = env

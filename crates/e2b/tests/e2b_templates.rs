@@ -31,7 +31,8 @@ struct Registry {
 }
 
 impl Registry {
-    fn start() -> Registry {
+    /// `htpasswd`: a file of users (basic auth) or none.
+    fn start(htpasswd: Option<&Path>) -> Registry {
         let storage = tempfile::tempdir().unwrap();
         let port = TcpListener::bind("127.0.0.1:0")
             .unwrap()
@@ -39,11 +40,19 @@ impl Registry {
             .unwrap()
             .port();
         let addr = format!("127.0.0.1:{port}");
+        let auth = htpasswd
+            .map(|p| {
+                format!(
+                    "auth:\n  htpasswd:\n    realm: brig-test\n    path: {}\n",
+                    p.display()
+                )
+            })
+            .unwrap_or_default();
         let config = storage.path().join("config.yml");
         std::fs::write(
             &config,
             format!(
-                "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: {addr}\n",
+                "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: {addr}\n{auth}",
                 storage.path().join("data").display()
             ),
         )
@@ -78,8 +87,9 @@ impl Drop for Registry {
 }
 
 /// A two-layer busybox image (the second layer deletes and adds files),
-/// pushed as `e2b/busy:1`; its reference.
-fn push_image(registry: &Registry) -> String {
+/// pushed as `e2b/busy:1` (with `creds`, `USER:PASS`, if given); its
+/// reference.
+fn push_image(registry: &Registry, creds: Option<&str>) -> String {
     let busybox = std::fs::read("/bin/busybox").unwrap();
     let mut base = vec![
         Entry::dir("bin"),
@@ -125,8 +135,12 @@ fn push_image(registry: &Registry) -> String {
     let layout = tempfile::tempdir().unwrap();
     write_oci_layout(layout.path(), &[base, top], config);
     let reference = format!("{}/e2b/busy:1", registry.addr);
-    let out = Command::new("skopeo")
-        .args(["copy", "--dest-tls-verify=false"])
+    let mut cmd = Command::new("skopeo");
+    cmd.args(["copy", "--dest-tls-verify=false"]);
+    if let Some(c) = creds {
+        cmd.args(["--dest-creds", c]);
+    }
+    let out = cmd
         .arg(format!("oci:{}", layout.path().display()))
         .arg(format!("docker://{reference}"))
         .output()
@@ -179,7 +193,7 @@ fn python_sdk_template_builds() {
     let Some(python) = support::venv_or_skip("e2b-venv") else {
         return;
     };
-    for t in ["docker-registry", "skopeo"] {
+    for t in ["docker-registry", "skopeo", "htpasswd"] {
         if !tool(t) {
             skip(&format!(
                 "{t} is not installed (tests/support/install-deps.sh installs it)"
@@ -196,8 +210,18 @@ fn python_sdk_template_builds() {
         skip(&format!("cannot build the base template: {e}"));
         return;
     }
-    let registry = Registry::start();
-    let reference = push_image(&registry);
+    let registry = Registry::start(None);
+    let reference = push_image(&registry, None);
+    // A registry that wants a user and a password.
+    let users = tempfile::tempdir().unwrap();
+    let htpasswd = users.path().join("htpasswd");
+    let made = Command::new("htpasswd")
+        .args(["-Bbc", htpasswd.to_str().unwrap(), "brig", "s3cret"])
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "htpasswd: {made:?}");
+    let private = Registry::start(Some(&htpasswd));
+    let private_ref = push_image(&private, Some("brig:s3cret"));
     let prefix = format!("brigtest{}", std::process::id());
     let mut cleanup = Cleanup {
         prefix: prefix.clone(),
@@ -217,6 +241,9 @@ fn python_sdk_template_builds() {
         .env("E2B_SANDBOX_URL", format!("http://{}", p.data))
         .env("E2B_TEMPLATE_PREFIX", &prefix)
         .env("E2B_REGISTRY_IMAGE", &reference)
+        .env("E2B_AUTH_REGISTRY_IMAGE", &private_ref)
+        .env("E2B_AUTH_REGISTRY_CREDS", "brig:s3cret")
+        .env("E2B_OTHER_KEY", &p.f.other_key)
         .env_remove("E2B_DEBUG")
         .env_remove("E2B_DOMAIN")
         .output()
@@ -224,7 +251,7 @@ fn python_sdk_template_builds() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stdout}\n{stderr}");
-    assert!(stdout.contains("46 passed, 0 failed"), "{stdout}\n{stderr}");
+    assert!(stdout.contains("54 passed, 0 failed"), "{stdout}\n{stderr}");
     // Every route of the builder was used.
     let seen = p.seen.lock().unwrap().clone();
     for route in [
@@ -255,4 +282,15 @@ fn python_sdk_template_builds() {
     // Nothing of the failed builds.
     assert!(store.get(&format!("{prefix}-failing")).unwrap().is_none());
     assert!(store.get(&format!("{prefix}-orphan")).unwrap().is_none());
+    // The image pulled with credentials is not left under its reference
+    // (or any other name) for keys without them.
+    assert!(store.get(&private_ref).unwrap().is_none());
+    assert!(
+        !store
+            .list()
+            .unwrap()
+            .iter()
+            .any(|i| i.name.starts_with("e2b-build-base/")),
+        "a credentialed pull's image was left behind"
+    );
 }

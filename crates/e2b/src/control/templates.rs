@@ -758,6 +758,9 @@ fn run(
     );
     let outcome = build_image(manager, home, build, &base, &steps)
         .and_then(|image| register(home, build, &image, &meta).map(|()| image.digest));
+    if let Ok(store) = ImageStore::open(home) {
+        let _ = store.remove(&private_pull_name(&build.id));
+    }
     let mut st = lock(&build.state);
     st.ended = Some(Instant::now());
     match outcome {
@@ -994,10 +997,20 @@ fn resolve_base(
                 ..Default::default()
             };
             let store = Arc::new(store);
-            brig_image::pull::pull(&store, reference, None, &opts, Arc::new(|_| {}))
+            // Pulled with someone's credentials: under a name of this
+            // build only, gone when it ends (the template keeps the
+            // layers), so no other tenant can start from the image by its
+            // reference without them.
+            let name = credentials.is_some().then(|| private_pull_name(&build.id));
+            brig_image::pull::pull(&store, reference, name.as_deref(), &opts, Arc::new(|_| {}))
                 .map_err(|e| format!("{e}: check the image's name, and for a private registry from_image(..., username=, password=)"))
         }
     }
+}
+
+/// The name an image pulled with credentials has during build `id`.
+fn private_pull_name(id: &str) -> String {
+    format!("e2b-build-base/{id}")
 }
 
 /// Register the built image under the build's other names and keep what
