@@ -655,12 +655,8 @@ pub async fn start(
             ))
         }
     };
-    let mut steps = steps(&home, &tenant, &start)?;
-    if start.force && steps.is_empty() {
-        // Nothing to rebuild: the base alone.
-    } else if start.force {
-        steps[0].force = true;
-    }
+    // `force` (skip_cache for the whole template) is the first step's.
+    let steps = steps(&home, &tenant, &start)?;
     {
         let mut st = lock(&build.state);
         if st.started {
@@ -1024,7 +1020,6 @@ fn register(
     let fin = |e: String| (Some("finalize".to_string()), e);
     let store = ImageStore::open(home).map_err(|e| fin(e.to_string()))?;
     let dir = e2b_dir(home).join("templates");
-    let mut done: Vec<&str> = Vec::new();
     let outcome = (|| -> Result<(), String> {
         std::fs::create_dir_all(&dir)
             .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
@@ -1035,7 +1030,6 @@ fn register(
                 other.name = name.clone();
                 store.register(&other).map_err(|e| e.to_string())?;
             }
-            done.push(name);
             let path = meta_path(home, name);
             let tmp = path.with_extension("json.tmp");
             std::fs::write(&tmp, &text)
