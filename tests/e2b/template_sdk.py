@@ -84,7 +84,9 @@ def sh(sbx, cmd, **kw):
 ALIAS = f"{PREFIX}-full"
 logs = []
 t0 = time.monotonic()
-info = Template.build(full_template(NONCE), ALIAS, skip_cache=True, on_build_logs=logs.append)
+info = Template.build(
+    full_template(NONCE), ALIAS, skip_cache=True, cpu_count=1, memory_mb=1024, on_build_logs=logs.append
+)
 first = time.monotonic() - t0
 messages = [str(e.message) for e in logs]
 check("build: returns the template's ids", info.template_id == ALIAS and info.build_id, info)
@@ -119,6 +121,12 @@ try:
     check("create: the template's user is the default", sh(sbx, "id -un") == "user\n")
     check("create: the template's workdir is the default cwd", sh(sbx, "pwd") == "/home/user/work\n")
     check("create: the start command ran before create answered", sh(sbx, "cat /tmp/started") == "started\n")
+    got = sbx.get_info()
+    check(
+        "create: the template's cpu_count and memory_mb",
+        (got.cpu_count, got.memory_mb) == (1, 1024),
+        (got.cpu_count, got.memory_mb),
+    )
     check(
         "create: the start command runs on",
         "sleep 1000" in sh(sbx, "ps -eo args"),
@@ -129,7 +137,7 @@ finally:
 # The same template again: every step from the cache, the same image.
 logs2 = []
 t0 = time.monotonic()
-Template.build(full_template(NONCE), ALIAS, on_build_logs=logs2.append)
+Template.build(full_template(NONCE), ALIAS, cpu_count=1, memory_mb=1024, on_build_logs=logs2.append)
 second = time.monotonic() - t0
 m2 = [str(e.message) for e in logs2]
 cached = sum(1 for m in m2 if m.strip() == "(cached)")
@@ -146,6 +154,18 @@ check(
 )
 check("rebuild: uploads are skipped (the files are present)", any("Skipping upload" in m for m in m2), m2)
 print(f"timing: first build {first:.2f} s, cached rebuild {second:.2f} s", flush=True)
+
+# force_upload sends the files again although brig has them; the build is
+# still all cached (the same files).
+logs3 = []
+Template.build(
+    Template(file_context_path=CTX).from_template(ALIAS).copy("hello.txt", "/tmp/again.txt", force_upload=True),
+    f"{PREFIX}-forced",
+    on_build_logs=logs3.append,
+)
+m3 = [str(e.message) for e in logs3]
+check("force_upload: uploaded again", any("Uploaded 'hello.txt'" in m for m in m3), m3)
+
 
 # In the background, polled with the logs' offset.
 # Its step leaves a process behind, holding the step's terminal: the step

@@ -188,14 +188,22 @@ async fn create(
         .ok_or_else(|| E2bError::bad_request("templateID is required (e.g. \"base\")"))?;
     let template = TemplateRef::parse(&template_id)
         .map_err(|e| E2bError::bad_request(format!("templateID {template_id:?}: {e}")))?;
-    // A template built through E2B is its team's.
-    if let Some(home) = &state.manager.config().home {
-        if templates::meta(home, &template_id).is_some_and(|m| m.tenant.as_ref() != Some(&tenant)) {
-            return Err(E2bError::new(
-                StatusCode::FORBIDDEN,
-                format!("template {template_id} belongs to another team"),
-            ));
-        }
+    // A template built through E2B is its team's, and says how big its
+    // sandboxes are.
+    let built = state
+        .manager
+        .config()
+        .home
+        .as_ref()
+        .and_then(|home| templates::meta(home, &template_id));
+    if built
+        .as_ref()
+        .is_some_and(|m| m.tenant.as_ref() != Some(&tenant))
+    {
+        return Err(E2bError::new(
+            StatusCode::FORBIDDEN,
+            format!("template {template_id} belongs to another team"),
+        ));
     }
     let timeout = seconds(req.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS))?;
     let env: BTreeMap<String, String> = req.env_vars.unwrap_or_default();
@@ -239,11 +247,14 @@ async fn create(
         // to work (they can only become the sandbox's own root).
         allow_setuid: true,
         limits: Limits {
-            memory: if interpreter::wanted(&template_id) {
+            memory: if let Some(mb) = built.as_ref().and_then(|m| m.memory_mb) {
+                brig_core::ByteSize::mib(mb)
+            } else if interpreter::wanted(&template_id) {
                 interpreter::MEMORY
             } else {
                 Limits::default().memory
             },
+            cpus: built.as_ref().and_then(|m| m.cpu_count).map(f64::from),
             ..Limits::default()
         },
         // E2B's clients give up after 60 s: a template still to be built

@@ -68,6 +68,9 @@ const MAX_UPLOAD: u64 = 8 << 30;
 const LOG_PAGE: usize = 100;
 /// How long a create waits for a template's ready command to succeed.
 pub const READY_WAIT: Duration = Duration::from_secs(45);
+/// The most `cpuCount` and `memoryMB` may ask for.
+const MAX_CPUS: i64 = 64;
+const MAX_MEMORY_MB: i64 = 64 << 10;
 /// How long one RUN step may take before it is killed (and the build
 /// fails): builds run one at a time, so a step that never ends must not
 /// hold the others forever.
@@ -98,6 +101,9 @@ struct Build {
     tenant: TenantId,
     /// What the image is registered as: the name, `name:tag` per tag.
     names: Vec<String>,
+    /// `cpuCount` and `memoryMB`: the build steps' and the sandboxes'.
+    cpu_count: Option<u32>,
+    memory_mb: Option<u64>,
     state: Mutex<BuildState>,
 }
 
@@ -159,6 +165,12 @@ pub struct TemplateMeta {
     pub build_id: String,
     pub start_cmd: Option<String>,
     pub ready_cmd: Option<String>,
+    /// The template's `cpuCount` and `memoryMB`: what its sandboxes get
+    /// unless the create says otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_count: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_mb: Option<u64>,
 }
 
 /// Where the E2B side of `home` keeps its files.
@@ -293,10 +305,14 @@ pub async fn request(
             E2bError::bad_request("name is required (Template.build(template, \"my-template\"))")
         })?;
     check_name(&given).map_err(E2bError::bad_request)?;
-    if req.cpu_count.is_some_and(|c| c < 1) || req.memory_mb.is_some_and(|m| m < 128) {
-        return Err(E2bError::bad_request(
-            "cpuCount must be at least 1 and memoryMB at least 128",
-        ));
+    if req.cpu_count.is_some_and(|c| !(1..=MAX_CPUS).contains(&c))
+        || req
+            .memory_mb
+            .is_some_and(|m| !(128..=MAX_MEMORY_MB).contains(&m))
+    {
+        return Err(E2bError::bad_request(format!(
+            "cpuCount is 1 to {MAX_CPUS} and memoryMB 128 to {MAX_MEMORY_MB}"
+        )));
     }
     let (template, first_tag) = match given.split_once(':') {
         Some((n, t)) => (n.to_string(), Some(t.to_string())),
@@ -323,6 +339,8 @@ pub async fn request(
         template: template.clone(),
         tenant,
         names: names.clone(),
+        cpu_count: req.cpu_count.map(|c| c as u32),
+        memory_mb: req.memory_mb.map(|m| m as u64),
         state: Mutex::new(BuildState {
             status: "waiting",
             logs: Vec::new(),
@@ -672,6 +690,8 @@ pub async fn start(
         build_id: build.id.clone(),
         start_cmd: start.start_cmd.clone().filter(|c| !c.is_empty()),
         ready_cmd: start.ready_cmd.clone().filter(|c| !c.is_empty()),
+        cpu_count: build.cpu_count,
+        memory_mb: build.memory_mb,
     };
     let manager = Arc::clone(&state.manager);
     let builds = Arc::clone(&state.builds);
@@ -845,7 +865,8 @@ fn build_image(
             .map(UserSpec::parse)
             .transpose()
             .map_err(|e| e.to_string())?;
-        spec.limits.memory = ByteSize::mib(2048);
+        spec.limits.memory = ByteSize::mib(build.memory_mb.unwrap_or(2048));
+        spec.limits.cpus = build.cpu_count.map(f64::from);
         spec.limits.pids = 1024;
         spec.limits.disk = ByteSize::mib(4096);
         spec.allow_setuid = true;
@@ -875,7 +896,10 @@ fn build_image(
                 STEP_LIMIT.as_secs() / 60
             )),
             Some(0) => Ok(()),
-            _ if ended.oom => Err(format!("it ran out of memory (2 GiB){last}")),
+            _ if ended.oom => Err(format!(
+                "it ran out of memory ({} MiB; give the build more with memory_mb=){last}",
+                build.memory_mb.unwrap_or(2048)
+            )),
             Some(code) => Err(format!("the command exited with {code}{last}")),
             None => Err(format!("the command's exit status is unknown{last}")),
         }
