@@ -100,6 +100,9 @@ impl E2bState {
             }
             Err(e) => tracing::warn!("cannot list the sandboxes to re-adopt: {e}"),
         }
+        if let Some(home) = &manager.config().home {
+            control::templates::reconcile(home);
+        }
         E2bState {
             manager,
             sandboxes,

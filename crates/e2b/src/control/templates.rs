@@ -204,6 +204,42 @@ pub fn meta(home: &Path, name: &str) -> Option<TemplateMeta> {
     serde_json::from_slice(&text).ok()
 }
 
+/// Remove what uploads that died with an earlier daemon left under
+/// `$BRIG_HOME/e2b/files/` (temporary files and half-unpacked
+/// directories), once they are a day old: younger ones may be another
+/// live process's uploads in progress (daemons sharing a home).
+pub fn reconcile(home: &Path) {
+    const STALE: Duration = Duration::from_secs(24 * 3600);
+    let Ok(tenants) = std::fs::read_dir(e2b_dir(home).join("files")) else {
+        return;
+    };
+    for tenant in tenants.flatten() {
+        let Ok(entries) = std::fs::read_dir(tenant.path()) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            let leftover = name.starts_with(".upload-") || name.starts_with(".tmp");
+            let old = e
+                .metadata()
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| t.elapsed().unwrap_or_default() > STALE);
+            if leftover && old {
+                let p = e.path();
+                let gone = if p.is_dir() {
+                    std::fs::remove_dir_all(&p)
+                } else {
+                    std::fs::remove_file(&p)
+                };
+                if let Err(err) = gone {
+                    tracing::warn!("cannot remove the upload leftover {}: {err}", p.display());
+                }
+            }
+        }
+    }
+}
+
 /// E2B's template names: lowercase letters, digits, `-` and `_` (and `.`),
 /// at most 128; optionally `:TAG`.
 fn check_name(name: &str) -> Result<(), String> {
@@ -1281,6 +1317,35 @@ mod tests {
         for bad in ["", "Upper", "-x", "a/b", "a:", "a:b:c", "sp ace", "../x"] {
             assert!(check_name(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn reconcile_removes_only_old_upload_leftovers() {
+        let home = tempfile::tempdir().unwrap();
+        let tenant: TenantId = serde_json::from_str("\"0123456789ab\"").unwrap();
+        let dir = e2b_dir(home.path()).join("files").join(tenant.as_str());
+        let old = std::time::SystemTime::now() - Duration::from_secs(2 * 24 * 3600);
+        let make = |name: &str, is_dir: bool, aged: bool| {
+            let p = dir.join(name);
+            if is_dir {
+                std::fs::create_dir_all(p.join("inside")).unwrap();
+            } else {
+                std::fs::create_dir_all(&dir).unwrap();
+                std::fs::write(&p, "x").unwrap();
+            }
+            if aged {
+                std::fs::File::open(&p).unwrap().set_modified(old).unwrap();
+            }
+            p
+        };
+        let stale_dir = make(".upload-abc", true, true);
+        let stale_file = make(".tmpXYZ", false, true);
+        let fresh = make(".upload-new", true, false);
+        let files = make(&"a".repeat(64), true, true);
+        reconcile(home.path());
+        assert!(!stale_dir.exists() && !stale_file.exists());
+        assert!(fresh.exists(), "an upload in progress stays");
+        assert!(files.exists(), "uploaded files stay");
     }
 
     #[test]
