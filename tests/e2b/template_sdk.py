@@ -18,7 +18,7 @@ import shutil
 import tempfile
 import time
 
-from e2b import Sandbox, Template, wait_for_file
+from e2b import Sandbox, Template, wait_for_file, wait_for_port
 from e2b.exceptions import BuildException
 
 from sdk_checks import check, raises, summary
@@ -195,6 +195,22 @@ try:
     check(
         "background: the step ran as the base template's user",
         sh(sbx, "stat -c %U /home/user/bg.txt") == "user\n",
+    )
+finally:
+    sbx.kill()
+
+# A server as the start command, waited for with wait_for_port (ss).
+server = (
+    Template()
+    .from_template(ALIAS)
+    .set_start_cmd("cd /tmp && python3 -m http.server 8123", wait_for_port(8123))
+)
+Template.build(server, f"{PREFIX}-server")
+sbx = Sandbox.create(template=f"{PREFIX}-server")
+try:
+    check(
+        "wait_for_port: the server answers when create returns",
+        sh(sbx, "curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8123/") == "200",
     )
 finally:
     sbx.kill()
