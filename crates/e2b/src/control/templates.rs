@@ -488,6 +488,7 @@ pub async fn upload(
         ));
     }
     let home = home(&state)?;
+    private_dir(&e2b_dir(&home)).map_err(|e| E2bError::internal(&e))?;
     let parent = e2b_dir(&home).join("files").join(tenant.as_str());
     std::fs::create_dir_all(&parent).map_err(|e| E2bError::internal(&e))?;
     let file = tempfile::NamedTempFile::new_in(&parent).map_err(|e| E2bError::internal(&e))?;
@@ -515,10 +516,22 @@ pub async fn upload(
     Ok(StatusCode::OK.into_response())
 }
 
+/// `dir`, made if missing, for root only: what clients upload lands
+/// under it, and no other user of the host may reach it.
+fn private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+}
+
 /// Unpack the tar at `archive` (gzip or not) into `target`, by way of a
 /// directory beside it: only files, directories, symlinks and hard links,
 /// never outside (the tar crate's `unpack_in` checks each path), owned by
-/// root, modes kept.
+/// root, modes kept but for setuid and setgid bits: a client's file never
+/// becomes a setuid-root program on the host (nor, copied, in a layer).
 fn unpack_upload(archive: &Path, parent: &Path, target: &Path) -> Result<(), E2bError> {
     let bad = |e: std::io::Error| {
         E2bError::bad_request(format!(
@@ -547,6 +560,7 @@ fn unpack_upload(archive: &Path, parent: &Path, target: &Path) -> Result<(), E2b
         use tar::EntryType as T;
         match entry.header().entry_type() {
             T::Regular | T::Directory | T::Symlink | T::Link | T::Continuous => {
+                entry.set_mask(0o6000);
                 entry.unpack_in(tmp.path()).map_err(bad)?;
             }
             _ => {}
@@ -1346,6 +1360,65 @@ mod tests {
         assert!(!stale_dir.exists() && !stale_file.exists());
         assert!(fresh.exists(), "an upload in progress stays");
         assert!(files.exists(), "uploaded files stay");
+    }
+
+    #[test]
+    fn uploads_unpack_without_setuid_devices_or_escapes() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let tar_of = |entries: &[(&str, tar::EntryType, u32, &str)]| {
+            let mut b = tar::Builder::new(Vec::new());
+            for (path, kind, mode, link) in entries {
+                let mut h = tar::Header::new_gnu();
+                h.set_entry_type(*kind);
+                h.set_mode(*mode);
+                h.set_size(if *kind == tar::EntryType::Regular {
+                    2
+                } else {
+                    0
+                });
+                if !link.is_empty() {
+                    h.set_link_name(link).unwrap();
+                }
+                // Paths set raw: the builder refuses `..` itself.
+                let name = h.as_old_mut().name.as_mut();
+                name[..path.len()].copy_from_slice(path.as_bytes());
+                h.set_cksum();
+                let data: &[u8] = if *kind == tar::EntryType::Regular {
+                    b"x\n"
+                } else {
+                    b""
+                };
+                b.append(&h, data).unwrap();
+            }
+            let path = dir.path().join("up.tar");
+            std::fs::write(&path, b.into_inner().unwrap()).unwrap();
+            path
+        };
+        let archive = tar_of(&[
+            ("bin/", tar::EntryType::Directory, 0o755, ""),
+            ("bin/suid", tar::EntryType::Regular, 0o4755, ""),
+            ("dev", tar::EntryType::Char, 0o666, ""),
+            ("link", tar::EntryType::Symlink, 0o777, "/etc/passwd"),
+        ]);
+        let target = dir.path().join("files");
+        unpack_upload(&archive, dir.path(), &target).unwrap();
+        let m = std::fs::metadata(target.join("bin/suid")).unwrap();
+        assert_eq!(m.permissions().mode() & 0o7777, 0o755, "setuid stripped");
+        assert!(
+            target.join("dev").symlink_metadata().is_err(),
+            "no device nodes"
+        );
+        assert_eq!(
+            std::fs::read_link(target.join("link")).unwrap(),
+            Path::new("/etc/passwd")
+        );
+        // A path out of the directory is refused, and nothing is left.
+        let evil = tar_of(&[("../evil", tar::EntryType::Regular, 0o644, "")]);
+        let target2 = dir.path().join("files2");
+        let e = unpack_upload(&evil, dir.path(), &target2);
+        assert!(e.is_err() || !dir.path().join("evil").exists());
+        assert!(!dir.path().join("evil").exists());
     }
 
     #[test]
