@@ -153,6 +153,9 @@ fn push_image(registry: &Registry, creds: Option<&str>) -> String {
 /// ends.
 struct Cleanup {
     prefix: String,
+    /// Images the builds pulled, by name (the registry's port is this
+    /// run's).
+    pulled: Vec<String>,
     /// The files this run's tenant uploaded.
     files: Option<std::path::PathBuf>,
 }
@@ -166,6 +169,9 @@ impl Drop for Cleanup {
         let Ok(store) = ImageStore::open(&home) else {
             return;
         };
+        for name in &self.pulled {
+            let _ = store.remove(name);
+        }
         for image in store.list().unwrap_or_default() {
             if image.name.starts_with(&self.prefix) {
                 let _ = store.remove(&image.name);
@@ -225,6 +231,7 @@ fn python_sdk_template_builds() {
     let prefix = format!("brigtest{}", std::process::id());
     let mut cleanup = Cleanup {
         prefix: prefix.clone(),
+        pulled: vec![reference.clone()],
         files: None,
     };
     let p = planes_with(|c| {

@@ -144,6 +144,9 @@ impl Read for FailingReader {
 fn the_store_is_its_owners_only() {
     use std::os::unix::fs::PermissionsExt;
     let (_home, store) = store();
-    let mode = std::fs::metadata(store.root()).unwrap().permissions().mode();
+    let mode = std::fs::metadata(store.root())
+        .unwrap()
+        .permissions()
+        .mode();
     assert_eq!(mode & 0o777, 0o700);
 }
