@@ -12,6 +12,7 @@ packages=(
     mmdebstrap      # builds the Debian minbase rootfs (tests/support/build-rootfs.sh)
     bubblewrap      # peer in bench/spawn.sh
     crun            # peer in bench/spawn.sh
+    buildah         # peer in bench/e2b_template.py (cached Dockerfile rebuilds)
     hyperfine       # timing in bench/
     musl-tools      # musl-gcc: static test binaries with no glibc start-up cost
     busybox-static  # a shell and coreutils for minimal rootfs fixtures

@@ -20,6 +20,7 @@ pub mod interpreter;
 mod network;
 mod secrets;
 mod snapshots;
+pub mod templates;
 mod time;
 mod wire;
 
@@ -85,6 +86,19 @@ pub fn router(state: E2bState) -> Router {
                 .post(secrets::update)
                 .delete(secrets::delete),
         )
+        .route("/v3/templates", post(templates::request))
+        .route(
+            "/templates/{id}/files/{hash}",
+            get(templates::upload_link)
+                .put(templates::upload)
+                .layer(axum::extract::DefaultBodyLimit::disable()),
+        )
+        .route("/v2/templates/{id}/builds/{build}", post(templates::start))
+        .route(
+            "/templates/{id}/builds/{build}/status",
+            get(templates::status),
+        )
+        .route("/templates/aliases/{alias}", get(templates::alias))
         .fallback(|| async {
             E2bError::new(
                 StatusCode::NOT_FOUND,
@@ -190,6 +204,23 @@ async fn create(
         .ok_or_else(|| E2bError::bad_request("templateID is required (e.g. \"base\")"))?;
     let template = TemplateRef::parse(&template_id)
         .map_err(|e| E2bError::bad_request(format!("templateID {template_id:?}: {e}")))?;
+    // A template built through E2B is its team's, and says how big its
+    // sandboxes are.
+    let built = state
+        .manager
+        .config()
+        .home
+        .as_ref()
+        .and_then(|home| templates::meta(home, &template_id));
+    if built
+        .as_ref()
+        .is_some_and(|m| m.tenant.as_ref() != Some(&tenant))
+    {
+        return Err(E2bError::new(
+            StatusCode::FORBIDDEN,
+            format!("template {template_id} belongs to another team"),
+        ));
+    }
     let timeout = seconds(req.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS))?;
     let env: BTreeMap<String, String> = req.env_vars.unwrap_or_default();
     let env_vars = env
@@ -246,11 +277,14 @@ async fn create(
         // to work (they can only become the sandbox's own root).
         allow_setuid: true,
         limits: Limits {
-            memory: if interpreter::wanted(&template_id) {
+            memory: if let Some(mb) = built.as_ref().and_then(|m| m.memory_mb) {
+                brig_core::ByteSize::mib(mb)
+            } else if interpreter::wanted(&template_id) {
                 interpreter::MEMORY
             } else {
                 Limits::default().memory
             },
+            cpus: built.as_ref().and_then(|m| m.cpu_count).map(f64::from),
             ..Limits::default()
         },
         // E2B's clients give up after 60 s: a template still to be built
@@ -354,6 +388,13 @@ pub(crate) fn register(
             found
         }
     };
+    // A template built through E2B: its user and working directory are
+    // the defaults, its start command runs (below).
+    let startup = templates::startup(manager, &template_id);
+    let default_user = startup
+        .as_ref()
+        .and_then(|s| s.user.clone())
+        .unwrap_or(default_user);
     let sb = registry.insert(E2bSandbox {
         id: record.id,
         tenant,
@@ -361,6 +402,7 @@ pub(crate) fn register(
         access_token: access_token(),
         default_user,
         home,
+        workdir: startup.as_ref().and_then(|s| s.workdir.clone()),
         lifecycle,
         env,
         metadata,
@@ -375,6 +417,23 @@ pub(crate) fn register(
     // it; not live is the same as gone.
     if !manager.is_live(&sb.id) {
         registry.remove(sb.id.as_str());
+    }
+    if let Some(startup) = &startup {
+        let cwd = sb.workdir.clone().unwrap_or_else(|| sb.home.clone());
+        let started = templates::run_startup(
+            manager,
+            &sb.tenant,
+            &sb.id,
+            &sb.default_user,
+            &cwd,
+            &sb.env,
+            startup,
+        );
+        if let Err(why) = started {
+            registry.remove(sb.id.as_str());
+            let _ = manager.delete(&sb.tenant, &sb.id);
+            return Err(E2bError::new(StatusCode::INTERNAL_SERVER_ERROR, why));
+        }
     }
     if interpreter::wanted(&sb.template) {
         if let Err(e) = interpreter::start(manager, &sb) {

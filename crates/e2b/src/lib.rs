@@ -75,6 +75,8 @@ pub struct E2bState {
     /// never change: `brig_template` makes a new one instead), so a create
     /// need not read the sandbox's /etc/passwd again.
     pub(crate) users: Arc<Mutex<HashMap<serde_json::Value, (String, String)>>>,
+    /// Template builds (`Template.build`), control/templates.rs.
+    pub(crate) builds: Arc<control::templates::Builds>,
 }
 
 impl E2bState {
@@ -98,10 +100,14 @@ impl E2bState {
             }
             Err(e) => tracing::warn!("cannot list the sandboxes to re-adopt: {e}"),
         }
+        if let Some(home) = &manager.config().home {
+            control::templates::reconcile(home);
+        }
         E2bState {
             manager,
             sandboxes,
             users: Arc::default(),
+            builds: Arc::default(),
         }
     }
 }
@@ -125,6 +131,11 @@ pub struct E2bSandbox {
     pub default_user: String,
     /// The default user's home (the code interpreter's working directory).
     pub home: String,
+    /// Where commands start when they name no cwd: the template's working
+    /// directory (an E2B-built template's `set_workdir`); `None`: the
+    /// user's home.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workdir: Option<String>,
     /// What happens when its time to live runs out, and on traffic while
     /// paused (create's `autoPause`, `autoPauseMemory`, `autoResume`).
     pub lifecycle: E2bLifecycle,

@@ -53,6 +53,7 @@ async fn env() -> Env {
         access_token: TOKEN.into(),
         default_user: "root".into(),
         home: "/root".into(),
+        workdir: None,
         lifecycle: Default::default(),
         env: BTreeMap::from([("SANDBOX_VAR".to_string(), "from-create".to_string())]),
         metadata: BTreeMap::new(),

@@ -72,6 +72,8 @@ fn node(dir: &Path, script: &str, p: &Planes, template: &str) -> Output {
         .env("E2B_API_URL", format!("http://{}", p.api))
         .env("E2B_SANDBOX_URL", format!("http://{}", p.data))
         .env("E2B_TEMPLATE", template)
+        // Names of templates a script builds (js_template.mjs).
+        .env("E2B_TEMPLATE_PREFIX", template_prefix())
         .env_remove("E2B_DEBUG")
         .env_remove("E2B_DOMAIN")
         // The clients' "ci" source: error messages carry the server's
@@ -183,4 +185,79 @@ fn js_code_interpreter() {
     let seen = p.seen.lock().unwrap().clone();
     assert!(seen.iter().any(|l| l == "POST /v2/sandboxes"), "{seen:?}");
     all_killed(&p, 1, &log);
+}
+
+/// `e2b` 2.51.0 runs tests/e2b/js_template.mjs: a template built from the
+/// base image (copies, runCmd, setEnvs, setUser, setWorkdir, a start
+/// command with a ready check) and a sandbox made from it, a rebuild from
+/// the cache, a failing step, on the build home (support's `build_home`).
+/// The templates go after.
+#[test]
+fn js_sdk_template_build() {
+    if !root_or_skip() {
+        return;
+    }
+    let Some(dir) = node_modules("e2b", E2B_JS) else {
+        return;
+    };
+    if let Err(e) = brig_template::ensure(&template_home(), "base", brig_template::Progress::Lines)
+    {
+        skip(&format!("cannot build the base template: {e}"));
+        return;
+    }
+    let p = planes_with(|c| c.home = Some(support::build_home()));
+    let prefix = template_prefix();
+    let tenant = p.f.manager.authenticate(&p.f.key).unwrap().tenant;
+    let _cleanup = TemplatesGone {
+        prefix: prefix.clone(),
+        files: support::build_home()
+            .join("e2b/files")
+            .join(tenant.as_str()),
+    };
+    let out = node(&dir, "js_template.mjs", &p, "base");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let log = format!("{stdout}\n{stderr}");
+    assert!(out.status.success(), "{log}");
+    assert!(stdout.lines().any(|l| l == "13 passed, 0 failed"), "{log}");
+    let seen = p.seen.lock().unwrap().clone();
+    for route in [
+        "POST /v3/templates",
+        "PUT /templates/",
+        "POST /v2/templates/",
+    ] {
+        assert!(seen.iter().any(|s| s.contains(route)), "{route}: {seen:?}");
+    }
+    all_killed(&p, 1, &log);
+}
+
+/// What the templates a script builds are named after: this process.
+fn template_prefix() -> String {
+    format!("brigtestjs{}", std::process::id())
+}
+
+/// The templates named `prefix…` and the files `files` gone from the
+/// shared home, however the test ends.
+struct TemplatesGone {
+    prefix: String,
+    files: std::path::PathBuf,
+}
+
+impl Drop for TemplatesGone {
+    fn drop(&mut self) {
+        let home = support::build_home();
+        let _ = std::fs::remove_dir_all(&self.files);
+        let Ok(store) = brig_image::ImageStore::open(&home) else {
+            return;
+        };
+        for image in store.list().unwrap_or_default() {
+            if image.name.starts_with(&self.prefix) {
+                let _ = store.remove(&image.name);
+                let _ = std::fs::remove_file(
+                    home.join("e2b/templates")
+                        .join(format!("{}.json", image.name)),
+                );
+            }
+        }
+    }
 }

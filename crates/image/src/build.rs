@@ -43,7 +43,11 @@ pub enum Instruction {
         sources: Vec<String>,
         dest: String,
         chown: Option<(u32, u32)>,
+        /// Not from a Dockerfile: what E2B's `copy` adds (`None` for COPY).
+        extra: Option<CopyExtra>,
     },
+    /// A RUN as a named user (E2B's `run_cmd(..., user=)`), whatever USER says.
+    RunAs(Vec<String>, String),
     Env(Vec<(String, String)>),
     Arg(String, Option<String>),
     Workdir(String),
@@ -63,6 +67,7 @@ impl std::fmt::Display for Instruction {
         match self {
             Instruction::From(i) => write!(f, "FROM {i}"),
             Instruction::Run(a) => write!(f, "RUN {}", argv(a)),
+            Instruction::RunAs(a, u) => write!(f, "RUN (as {u}) {}", argv(a)),
             Instruction::Copy { sources, dest, .. } => {
                 write!(f, "COPY {} {dest}", sources.join(" "))
             }
@@ -79,6 +84,28 @@ impl std::fmt::Display for Instruction {
             Instruction::Ignored => write!(f, "(no effect on the image)"),
         }
     }
+}
+
+/// How an E2B `copy` differs from a Dockerfile's COPY: its sources are
+/// relative to their own directory (the files the client uploaded for this
+/// step), symlinks among them are copied as links, the owner may be a name
+/// of the image's `/etc/passwd` (`user` or `user:group`), and a mode may be
+/// set on everything copied.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CopyExtra {
+    pub context: PathBuf,
+    pub owner: Option<String>,
+    pub mode: Option<u32>,
+}
+
+/// One step of a build: an instruction, the line (or step number) errors
+/// name, and whether to build it afresh even if it is cached (E2B's
+/// `skip_cache`: this step and every later one).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Step {
+    pub line: usize,
+    pub instruction: Instruction,
+    pub force: bool,
 }
 
 /// A RUN for the caller to execute: `argv` in a sandbox whose root is
@@ -236,6 +263,7 @@ fn instruction(line: usize, text: &str) -> Result<Instruction, ImageError> {
                 sources: words,
                 dest,
                 chown,
+                extra: None,
             }
         }
         "ENV" => {
@@ -363,15 +391,43 @@ impl Builder<'_> {
         name: &str,
         source: &str,
     ) -> Result<ImageRecord, ImageError> {
-        let steps = parse(dockerfile)?;
+        let steps: Vec<Step> = parse(dockerfile)?
+            .into_iter()
+            .map(|(line, instruction)| Step {
+                line,
+                instruction,
+                force: false,
+            })
+            .collect();
+        self.build_steps(&steps, name, source)
+    }
+
+    /// Build `steps` (a parsed Dockerfile, or E2B's template steps) as
+    /// image `name`. Nothing is registered unless every step succeeded.
+    pub fn build_steps(
+        &mut self,
+        steps: &[Step],
+        name: &str,
+        source: &str,
+    ) -> Result<ImageRecord, ImageError> {
         let total = steps.len();
+        let mut forced = false;
         let mut layers: Vec<String> = Vec::new();
         let mut config = ImageConfig::default();
         let mut chain = String::new();
         let mut args: HashMap<String, String> = HashMap::new();
         let mut from_seen = false;
-        for (n, (line, step)) in steps.iter().enumerate() {
+        for (
+            n,
+            Step {
+                line,
+                instruction: step,
+                force,
+            },
+        ) in steps.iter().enumerate()
+        {
             let line = *line;
+            forced |= *force;
             // What later instructions substitute: ARGs, then the image's ENV.
             let mut vars = args.clone();
             for kv in &config.env {
@@ -435,13 +491,64 @@ impl Builder<'_> {
                                 .trim_end_matches('/')
                         )
                     };
+                    // Made if the image lacks it (as docker does), owned by
+                    // the USER so far: a layer of its own, cached.
+                    let missing = !layers.is_empty()
+                        && !self.lowers(&layers).iter().any(|l| {
+                            l.join(d.trim_start_matches('/'))
+                                .symlink_metadata()
+                                .is_ok_and(|m| m.is_dir())
+                        });
+                    if missing {
+                        let owner = match config.user.as_deref() {
+                            Some(u) => {
+                                owner_ids(&self.lowers(&layers), u).map_err(|e| bad(line, e))?
+                            }
+                            None => (0, 0),
+                        };
+                        let key = sha(&[
+                            chain.as_bytes(),
+                            b"WORKDIR",
+                            d.as_bytes(),
+                            format!("{owner:?}").as_bytes(),
+                        ]);
+                        let diff_id = match self.cached(&key).filter(|_| !forced) {
+                            Some(id) => {
+                                (self.say)("  (cached)");
+                                id
+                            }
+                            None => {
+                                let staged = tempfile::Builder::new()
+                                    .prefix(".workdir-")
+                                    .tempdir_in(self.store.root())
+                                    .map_err(io_err("make a build directory", self.store.root()))?;
+                                let dir = staged.path().join(d.trim_start_matches('/'));
+                                fs::create_dir_all(&dir).map_err(io_err("create", &dir))?;
+                                let id = layer_from_dir(
+                                    self.store,
+                                    staged.path(),
+                                    Some(owner),
+                                    &self.lowers(&layers),
+                                )?;
+                                self.remember(&key, &id);
+                                id
+                            }
+                        };
+                        chain = sha(&[key.as_bytes(), diff_id.as_bytes()]);
+                        layers.push(diff_id);
+                    }
                     config.working_dir = Some(d);
                 }
                 Instruction::User(u) => config.user = Some(substitute(u, &vars)),
                 Instruction::Entrypoint(argv) => config.entrypoint = argv.clone(),
                 Instruction::Cmd(argv) => config.cmd = argv.clone(),
                 Instruction::Ignored => {}
-                Instruction::Run(argv) => {
+                Instruction::Run(_) | Instruction::RunAs(..) => {
+                    let (argv, user) = match step {
+                        Instruction::RunAs(argv, user) => (argv, Some(user.as_str())),
+                        Instruction::Run(argv) => (argv, config.user.as_deref()),
+                        _ => unreachable!("matched above"),
+                    };
                     // The build args a RUN sees, as docker passes them.
                     let mut env = config.env.clone();
                     for (k, v) in &args {
@@ -455,9 +562,9 @@ impl Builder<'_> {
                         serde_json::to_string(argv).unwrap_or_default().as_bytes(),
                         serde_json::to_string(&env).unwrap_or_default().as_bytes(),
                         config.working_dir.as_deref().unwrap_or("").as_bytes(),
-                        config.user.as_deref().unwrap_or("").as_bytes(),
+                        user.unwrap_or("").as_bytes(),
                     ]);
-                    let diff_id = match self.cached(&key) {
+                    let diff_id = match self.cached(&key).filter(|_| !forced) {
                         Some(d) => {
                             (self.say)("  (cached)");
                             d
@@ -481,10 +588,10 @@ impl Builder<'_> {
                                 upper_dir: keep.path(),
                                 env: &env,
                                 workdir: config.working_dir.as_deref(),
-                                user: config.user.as_deref(),
+                                user,
                             })
                             .map_err(|e| bad(line, format!("RUN failed: {e}")))?;
-                            let d = self.layer_from_dir(&keep.path().join("upper"), None)?;
+                            let d = self.layer_from_dir(&keep.path().join("upper"), None, &[])?;
                             self.remember(&key, &d);
                             d
                         }
@@ -496,6 +603,7 @@ impl Builder<'_> {
                     sources,
                     dest,
                     chown,
+                    extra,
                 } => {
                     let dest = substitute(dest, &vars);
                     let dest = if dest.starts_with('/') {
@@ -503,7 +611,13 @@ impl Builder<'_> {
                     } else {
                         format!("{}/{dest}", config.working_dir.as_deref().unwrap_or(""))
                     };
-                    let staged = self.stage_copy(line, sources, &dest, &vars)?;
+                    let staged = self.stage_copy(line, sources, &dest, &vars, extra.as_ref())?;
+                    let chown = match extra.as_ref().and_then(|e| e.owner.as_deref()) {
+                        Some(owner) => Some(
+                            owner_ids(&self.lowers(&layers), owner).map_err(|e| bad(line, e))?,
+                        ),
+                        None => *chown,
+                    };
                     let content = tree_hash(staged.path())
                         .map_err(io_err("read the copied files", staged.path()))?;
                     let key = sha(&[
@@ -512,14 +626,17 @@ impl Builder<'_> {
                         content.as_bytes(),
                         format!("{chown:?}").as_bytes(),
                     ]);
-                    let diff_id = match self.cached(&key) {
+                    let diff_id = match self.cached(&key).filter(|_| !forced) {
                         Some(d) => {
                             (self.say)("  (cached)");
                             d
                         }
                         None => {
-                            let d =
-                                self.layer_from_dir(staged.path(), Some(chown.unwrap_or((0, 0))))?;
+                            let d = self.layer_from_dir(
+                                staged.path(),
+                                Some(chown.unwrap_or((0, 0))),
+                                &self.lowers(&layers),
+                            )?;
                             self.remember(&key, &d);
                             d
                         }
@@ -569,15 +686,20 @@ impl Builder<'_> {
         sources: &[String],
         dest: &str,
         vars: &HashMap<String, String>,
+        extra: Option<&CopyExtra>,
     ) -> Result<tempfile::TempDir, ImageError> {
         let staged = tempfile::Builder::new()
             .prefix(".copy-")
             .tempdir_in(self.store.root())
             .map_err(io_err("make a build directory", self.store.root()))?;
-        let context = self
-            .context
+        let from = extra.map_or(self.context, |e| e.context.as_path());
+        let context = from
             .canonicalize()
-            .map_err(io_err("open the build context", self.context))?;
+            .map_err(io_err("open the build context", from))?;
+        // E2B's copy keeps a symlink it names as a link; a Dockerfile's
+        // COPY follows it (as docker does).
+        let keep_links = extra.is_some();
+        let is_link = |p: &Path| keep_links && p.symlink_metadata().is_ok_and(|m| m.is_symlink());
         let mut found = Vec::new();
         for s in sources {
             let s = substitute(s, vars);
@@ -593,18 +715,30 @@ impl Builder<'_> {
             }
             found.extend(matched);
         }
-        let into_dir = dest.ends_with('/') || found.len() > 1 || found.iter().any(|p| p.is_dir());
+        let into_dir = dest.ends_with('/')
+            || found.len() > 1
+            || found.iter().any(|p| !is_link(p) && p.is_dir());
         let target = staged.path().join(dest.trim_start_matches('/'));
         for src in found {
-            // Nothing outside the context, whatever the path or its links say.
-            let real = src.canonicalize().map_err(io_err("read", &src))?;
+            // Nothing outside the context, whatever the path or its links
+            // say (a link kept as a link is not followed: only where it is
+            // counts).
+            let real = if is_link(&src) {
+                let parent = src.parent().unwrap_or(&context);
+                parent
+                    .canonicalize()
+                    .map_err(io_err("read", parent))?
+                    .join(src.file_name().unwrap_or_default())
+            } else {
+                src.canonicalize().map_err(io_err("read", &src))?
+            };
             if !real.starts_with(&context) {
                 return Err(bad(
                     line,
                     format!("COPY {}: outside the build context", src.display()),
                 ));
             }
-            let to = if real.is_dir() {
+            let to = if !is_link(&real) && real.is_dir() {
                 target.clone()
             } else if into_dir {
                 target.join(real.file_name().unwrap_or_default())
@@ -612,19 +746,20 @@ impl Builder<'_> {
                 target.clone()
             };
             copy_tree(&real, &to).map_err(io_err("copy", &real))?;
+            if let Some(mode) = extra.and_then(|e| e.mode) {
+                chmod_tree(&to, mode).map_err(io_err("set the mode of", &to))?;
+            }
         }
         Ok(staged)
     }
 
-    /// A layer from a directory: an overlay upper (whiteouts and opaque
-    /// directories as overlayfs writes them) or staged COPY files (owned
-    /// by `chown`). Kept as an uncompressed tar blob and unpacked.
-    fn layer_from_dir(&self, dir: &Path, chown: Option<(u32, u32)>) -> Result<String, ImageError> {
-        let owners = match chown {
-            Some((uid, gid)) => Owners::All(uid, gid),
-            None => Owners::AsStored,
-        };
-        self.store.add_layer_from_dir(dir, owners)
+    fn layer_from_dir(
+        &self,
+        dir: &Path,
+        chown: Option<(u32, u32)>,
+        existing: &[PathBuf],
+    ) -> Result<String, ImageError> {
+        layer_from_dir(self.store, dir, chown, existing)
     }
 
     fn register(
@@ -637,6 +772,49 @@ impl Builder<'_> {
         self.store
             .register_local(name, source, layers, config, None)
     }
+}
+
+/// Register the tree at `dir` (a root filesystem) as a one-layer image
+/// `name` with `config`: how a template built another way (a Debian
+/// bootstrap) becomes an image builds can start FROM.
+pub fn image_from_dir(
+    store: &ImageStore,
+    dir: &Path,
+    name: &str,
+    source: &str,
+    config: ImageConfig,
+) -> Result<ImageRecord, ImageError> {
+    let layer = layer_from_dir(store, dir, None, &[])?;
+    register(store, name, source, vec![layer], config)
+}
+
+/// A layer from a directory: an overlay upper (whiteouts and opaque
+/// directories as overlayfs writes them) or staged COPY files (owned
+/// by `chown`). A directory the image below already has (`existing`,
+/// its layers top first) keeps that one's owner and mode, as with docker:
+/// a COPY into `/home/user/` must not hand `/home/user` to root. Kept as
+/// an uncompressed tar blob and unpacked.
+fn layer_from_dir(
+    store: &ImageStore,
+    dir: &Path,
+    chown: Option<(u32, u32)>,
+    existing: &[PathBuf],
+) -> Result<String, ImageError> {
+    let owners = match chown {
+        Some((uid, gid)) => Owners::All(uid, gid),
+        None => Owners::AsStored,
+    };
+    store.add_layer_from_dir_over(dir, owners, existing)
+}
+
+fn register(
+    store: &ImageStore,
+    name: &str,
+    source: &str,
+    layers: Vec<String>,
+    config: ImageConfig,
+) -> Result<ImageRecord, ImageError> {
+    store.register_local(name, source, layers, config, None)
 }
 
 fn io_err<'p>(op: &'static str, path: &'p Path) -> impl FnOnce(std::io::Error) -> ImageError + 'p {
@@ -716,6 +894,64 @@ fn copy_tree(from: &Path, to: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// `mode` on `path` and everything under it but symlinks.
+fn chmod_tree(path: &Path, mode: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = path.symlink_metadata()?;
+    if meta.is_symlink() {
+        return Ok(());
+    }
+    if meta.is_dir() {
+        for e in fs::read_dir(path)? {
+            chmod_tree(&e?.path(), mode)?;
+        }
+    }
+    fs::set_permissions(path, fs::Permissions::from_mode(mode & 0o7777))
+}
+
+/// `owner` (`USER[:GROUP]`, names or numbers) as ids, names looked up in
+/// the image's `/etc/passwd` and `/etc/group` (the topmost layer that has
+/// the file; `lowers` top first). A user alone gets its primary group.
+fn owner_ids(lowers: &[PathBuf], owner: &str) -> Result<(u32, u32), String> {
+    let read = |file: &str| -> String {
+        lowers
+            .iter()
+            .map(|l| l.join(file))
+            .find(|p| p.symlink_metadata().is_ok_and(|m| m.is_file()))
+            .and_then(|p| fs::read_to_string(p).ok())
+            .unwrap_or_default()
+    };
+    let (user, group) = match owner.split_once(':') {
+        Some((u, g)) => (u, Some(g)),
+        None => (owner, None),
+    };
+    let passwd = read("etc/passwd");
+    let (uid, primary) = match user.parse::<u32>() {
+        Ok(uid) => (uid, uid),
+        Err(_) => passwd
+            .lines()
+            .map(|l| l.split(':').collect::<Vec<_>>())
+            .find(|f| f.len() > 3 && f[0] == user)
+            .and_then(|f| Some((f[2].parse().ok()?, f[3].parse().ok()?)))
+            .ok_or_else(|| {
+                format!("user {user:?} is not in the image's /etc/passwd: create it first (e.g. run_cmd(\"useradd -m {user}\", user=\"root\")) or give numeric ids")
+            })?,
+    };
+    let gid = match group {
+        None => primary,
+        Some(g) => match g.parse::<u32>() {
+            Ok(gid) => gid,
+            Err(_) => read("etc/group")
+                .lines()
+                .map(|l| l.split(':').collect::<Vec<_>>())
+                .find(|f| f.len() > 2 && f[0] == g)
+                .and_then(|f| f[2].parse().ok())
+                .ok_or_else(|| format!("group {g:?} is not in the image's /etc/group"))?,
+        },
+    };
+    Ok((uid, gid))
+}
+
 /// A digest of a tree: names, kinds, modes, link targets and contents.
 fn tree_hash(root: &Path) -> std::io::Result<String> {
     let mut h = Sha256::new();
@@ -785,7 +1021,8 @@ mod tests {
                 Instruction::Copy {
                     sources: vec!["a".into(), "b".into()],
                     dest: "/dst/".into(),
-                    chown: Some((1000, 1000))
+                    chown: Some((1000, 1000)),
+                    extra: None
                 }
             )
         );

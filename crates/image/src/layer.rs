@@ -71,7 +71,14 @@ pub fn write_tar(dir: &Path, owners: Owners, out: impl Write) -> std::io::Result
 pub fn write_tar_at(dir: BorrowedFd<'_>, owners: Owners, out: impl Write) -> std::io::Result<()> {
     let mut tar = tar::Builder::new(out);
     tar.follow_symlinks(false);
-    add_tree(&mut tar, dir, Path::new(""), owners, &mut HashMap::new())?;
+    add_tree(
+        &mut tar,
+        dir,
+        Path::new(""),
+        owners,
+        &[],
+        &mut HashMap::new(),
+    )?;
     tar.finish()
 }
 
@@ -79,7 +86,42 @@ impl ImageStore {
     /// The tree at `dir` as a layer of this store: a tar blob, unpacked.
     /// Returns its diff id.
     pub fn add_layer_from_dir(&self, dir: &Path, owners: Owners) -> Result<String, ImageError> {
-        let tmp = self.layer_tar_from_dir(dir, owners)?;
+        self.add_layer_from_dir_over(dir, owners, &[])
+    }
+
+    /// [`add_layer_from_dir`](Self::add_layer_from_dir) of a layer going
+    /// over `existing` (the image's layer directories, top first): a
+    /// directory they already have keeps its owner and mode from there,
+    /// as with docker (a COPY into `/home/user/` must not hand
+    /// `/home/user` to root).
+    pub fn add_layer_from_dir_over(
+        &self,
+        dir: &Path,
+        owners: Owners,
+        existing: &[PathBuf],
+    ) -> Result<String, ImageError> {
+        let mut tmp = tempfile::NamedTempFile::new_in(self.root())
+            .map_err(ImageError::io("make a layer file", self.root()))?;
+        let root = rfs::open(
+            dir,
+            rfs::OFlags::RDONLY | rfs::OFlags::DIRECTORY | rfs::OFlags::CLOEXEC,
+            rfs::Mode::empty(),
+        )
+        .map_err(|e| ImageError::io("open", dir)(e.into()))?;
+        let mut tar = tar::Builder::new(&mut tmp);
+        tar.follow_symlinks(false);
+        add_tree(
+            &mut tar,
+            root.as_fd(),
+            Path::new(""),
+            owners,
+            existing,
+            &mut HashMap::new(),
+        )
+        .and_then(|_| tar.finish())
+        .map_err(ImageError::io("write a layer", dir))?;
+        drop(tar);
+        tmp.flush().map_err(ImageError::io("write a layer", dir))?;
         self.add_layer_tar(tmp)
     }
 
@@ -225,6 +267,7 @@ fn add_tree<W: Write>(
     dir_fd: BorrowedFd<'_>,
     rel: &Path,
     owners: Owners,
+    existing: &[PathBuf],
     links: &mut HashMap<(u64, u64), PathBuf>,
 ) -> std::io::Result<()> {
     let mut names: Vec<std::ffi::CString> = Vec::new();
@@ -260,6 +303,17 @@ fn add_tree<W: Write>(
             }
             rfs::FileType::Directory => {
                 header.set_entry_type(tar::EntryType::Directory);
+                // The image below has it: its owner and mode stay.
+                let below = existing
+                    .iter()
+                    .find_map(|l| l.join(&path).symlink_metadata().ok())
+                    .filter(|m| m.is_dir());
+                if let Some(m) = below {
+                    use std::os::unix::fs::MetadataExt;
+                    header.set_mode(m.mode() & 0o7777);
+                    header.set_uid(m.uid().into());
+                    header.set_gid(m.gid().into());
+                }
                 tar.append_data(&mut header, &path, std::io::empty())?;
                 let sub = rfs::openat(
                     dir_fd,
@@ -280,7 +334,7 @@ fn add_tree<W: Write>(
                         std::io::empty(),
                     )?;
                 }
-                add_tree(tar, sub.as_fd(), &path, owners, links)?;
+                add_tree(tar, sub.as_fd(), &path, owners, existing, links)?;
             }
             rfs::FileType::Symlink => {
                 header.set_entry_type(tar::EntryType::Symlink);

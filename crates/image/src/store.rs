@@ -161,6 +161,15 @@ impl ImageStore {
         for dir in [root.join("blobs").join(digest::SHA256), root.join("layers")] {
             fs::create_dir_all(&dir).map_err(ImageError::io("create", &dir))?;
         }
+        // The owner's only: layers hold setuid programs (an image's, or
+        // what a build step made as the sandbox's root, which is root on
+        // disk), which no other user of the host may reach and run.
+        // Sandboxes mount the layers as the daemon, so they need no more.
+        {
+            use std::os::unix::fs::PermissionsExt;
+            fs::set_permissions(&root, fs::Permissions::from_mode(0o700))
+                .map_err(ImageError::io("restrict", &root))?;
+        }
         let db = db::open(&root.join(db::DB_FILE))?;
         Ok(ImageStore {
             root,

@@ -137,3 +137,16 @@ impl Read for FailingReader {
         Ok(n)
     }
 }
+
+/// The store's root is its owner's only: layers hold setuid programs that
+/// no other user of the host may reach.
+#[test]
+fn the_store_is_its_owners_only() {
+    use std::os::unix::fs::PermissionsExt;
+    let (_home, store) = store();
+    let mode = std::fs::metadata(store.root())
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o700);
+}

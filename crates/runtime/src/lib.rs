@@ -46,7 +46,9 @@ pub use error::{chain, ErrorKind};
 pub use events::{Event, EventKind};
 pub use keys::{e2b_spelling, AuthError, KeyError, KeyId, KeyInfo, NewKey, Principal, Role};
 pub use lifecycle::{LiveCounts, PauseMode, Resumed, SandboxMetrics};
-pub use manager::{CreateConfig, ManagerConfig, ManagerError, NetworkInfo, OnStop, SandboxManager};
+pub use manager::{
+    CreateConfig, ManagerConfig, ManagerError, NetworkInfo, OnStop, SandboxManager, StepRun,
+};
 pub use metrics::Metrics;
 pub use pool::PoolTarget;
 pub use sandboxes::{

@@ -479,6 +479,14 @@ impl Drop for NetLink {
     }
 }
 
+/// How a [`SandboxManager::run_to_end`] ended.
+#[derive(Debug, Clone)]
+pub struct StepRun {
+    pub ended: brig_core::Ended,
+    /// It was killed at its time limit.
+    pub timed_out: bool,
+}
+
 /// What [`SandboxManager::network`] reports of a sandbox's network.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct NetworkInfo {
@@ -1139,6 +1147,90 @@ impl SandboxManager {
             });
         }
         Ok((TemplateRef::Dir(real), None))
+    }
+
+    /// Run `spec` (an image build's RUN step: its `upper_dir` keeps what
+    /// it changes) to its end in a one-shot sandbox of the process tier,
+    /// with the daemon's network under brig's default policy (the
+    /// internet; never the host, private ranges or metadata). Its output,
+    /// stdout and stderr together as a terminal shows them, goes to
+    /// `output` as it comes; stdin is the terminal, which nothing writes
+    /// (callers redirect it). The sandbox is not a client's: it is in no
+    /// list, counts against no tenant, and dies with the daemon (its init
+    /// is tied to the daemon's thread).
+    ///
+    /// It ends when its command does (whatever it left running is killed
+    /// with the sandbox), or after `limit`, when it is killed and
+    /// [`StepRun::timed_out`] says so.
+    pub fn run_to_end(
+        &self,
+        mut spec: SandboxSpec,
+        limit: Duration,
+        output: &mut dyn FnMut(&[u8]),
+    ) -> Result<StepRun, ManagerError> {
+        use rustix::event::{poll, PollFd, PollFlags};
+        use std::io::Read;
+        let tier = Arc::clone(self.tier(Isolation::Process)?);
+        let id = SandboxId::from_random(rand::random());
+        let (network, link) = self.link(&id, brig_net::Policy::default())?;
+        // A terminal, so output arrives as one ordered stream a person
+        // would read.
+        spec.tty = true;
+        spec.stdin = false;
+        let mut run = tier.run(&spec, &network).map_err(ManagerError::Spawn)?;
+        let deadline = Instant::now() + limit;
+        let mut timed_out = false;
+        if let Some(pty) = run.take_pty() {
+            let mut pty = std::fs::File::from(pty);
+            let mut buf = [0u8; 8192];
+            let mut exited = false;
+            loop {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    timed_out = true;
+                    run.kill();
+                    break;
+                }
+                // After the command exits, only what is already buffered.
+                let wait = if exited {
+                    Duration::ZERO
+                } else {
+                    left.min(Duration::from_millis(500))
+                };
+                let timeout = rustix::time::Timespec::try_from(wait).ok();
+                let (out_ready, ended) = {
+                    let mut fds = [
+                        PollFd::new(&pty, PollFlags::IN),
+                        PollFd::from_borrowed_fd(run.exit_fd(), PollFlags::IN),
+                    ];
+                    match poll(&mut fds, timeout.as_ref()) {
+                        Ok(_) => (!fds[0].revents().is_empty(), !fds[1].revents().is_empty()),
+                        Err(rustix::io::Errno::INTR) => (false, false),
+                        Err(_) => break,
+                    }
+                };
+                if out_ready {
+                    match pty.read(&mut buf) {
+                        // EIO once the last process holding the terminal
+                        // is gone.
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => output(&buf[..n]),
+                    }
+                    continue;
+                }
+                if exited {
+                    break;
+                }
+                exited = ended;
+            }
+        }
+        let ended = run.wait().map_err(|source| ManagerError::Tier {
+            id: id.clone(),
+            op: "wait for a build step",
+            source,
+        })?;
+        drop(link);
+        Ok(StepRun { ended, timed_out })
     }
 
     /// Sandbox `id`'s network namespace, linked to the gateway under

@@ -204,6 +204,54 @@ pub fn state(paths: &Paths, recipe: &Recipe) -> State {
     }
 }
 
+/// The recipe template `name` as a one-layer image of the store (built
+/// first if needed), for image builds to start FROM: E2B's
+/// `from_template("base")` and `from_base_image()`. Named
+/// `brig-recipe/NAME:HASH` after its recipe, so a changed recipe makes a
+/// new image and the old one goes with `prune` once nothing uses it. The
+/// first call per recipe copies the tree into a layer (seconds to a
+/// minute for `base`); later ones find it.
+pub fn recipe_image(
+    home: &Path,
+    name: &str,
+    progress: Progress,
+) -> Result<brig_image::ImageRecord, TemplateError> {
+    let recipe = recipe(name)?;
+    let stamp = stamp_for(recipe);
+    let hash = stamp
+        .strip_prefix("sha256=")
+        .and_then(|s| s.get(..12))
+        .unwrap_or("0");
+    let image = format!("brig-recipe/{name}:{hash}");
+    let store = brig_image::ImageStore::open(home)?;
+    if let Some(found) = store.get(&image)? {
+        return Ok(found);
+    }
+    let rootfs = ensure(home, name, progress)?;
+    // One conversion at a time per recipe (across processes too): a lock
+    // of its own, so builds of the recipe are not held up meanwhile.
+    let lock_path = Paths::new(home, name).dir.join(".image.lock");
+    let lock = File::create(&lock_path).map_err(io_err(name, "create", &lock_path))?;
+    // SAFETY: flock on a descriptor we own; blocks until the lock is ours,
+    // released when `lock` is dropped (or the process dies).
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        return Err(io_err(name, "lock", &lock_path)(
+            std::io::Error::last_os_error(),
+        ));
+    }
+    if let Some(found) = store.get(&image)? {
+        return Ok(found);
+    }
+    let _write = store.write_lease()?;
+    Ok(brig_image::build::image_from_dir(
+        &store,
+        &rootfs,
+        &image,
+        &format!("template {name} (recipe {hash})"),
+        brig_image::ImageConfig::default(),
+    )?)
+}
+
 /// The template `name`'s root filesystem, built first if it is missing or
 /// stale. Concurrent callers build it once: the others wait for that build.
 /// The path is the current build's own directory, not the `rootfs` link:

@@ -38,6 +38,11 @@ pub fn build(
     let store = Arc::new(ImageStore::open(home)?);
     let tier = ProcessTier::for_commands().context("cannot prepare the process tier")?;
     let mut base = |image: &str| -> Result<ImageRecord, String> {
+        // A named template (`base`): its build as a one-layer image.
+        if brig_template::recipe(image).is_ok() {
+            return brig_template::recipe_image(home, image, brig_template::Progress::Auto)
+                .map_err(|e| e.to_string());
+        }
         let resolved = brig_template::resolve(
             home,
             TemplateRef::parse(image).map_err(|e| e.to_string())?,
@@ -47,7 +52,7 @@ pub fn build(
         .map_err(|e| e.to_string())?;
         let TemplateRef::Layers { .. } = resolved.template else {
             return Err(format!(
-                "{image} is not an image (the named templates are not images yet): build FROM an image"
+                "{image} is not an image: build FROM an image or a named template"
             ));
         };
         store

@@ -605,7 +605,11 @@ fn spawn(
     let user = ctx.user(user)?;
     let cwd = match config.cwd.as_deref() {
         Some(c) => user.resolve(c),
-        None => user.home.clone(),
+        None => ctx
+            .sandbox
+            .workdir
+            .clone()
+            .unwrap_or_else(|| user.home.clone()),
     };
     let cwd_exists = matches!(
         ctx.manager().call(&ctx.sandbox.tenant, ctx.id(), &Call::Stat { path: cwd.clone(), xattrs: None }),

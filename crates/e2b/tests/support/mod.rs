@@ -170,3 +170,20 @@ pub async fn sh(f: &ManagerFixture, id: &str, script: &str) -> String {
     .await
     .unwrap()
 }
+
+/// The home template builds through E2B run on: an image store of their
+/// own (the builds' images, layers and cache, kept between runs so that
+/// `base` is turned into an image once), with the named templates of the
+/// shared [`template_home`] (`templates` links to them). Apart from the
+/// shared home's image store, which other suites (and other brig versions
+/// sharing the cache) write.
+pub fn build_home() -> PathBuf {
+    let home = test_cache().join("e2b-build-home");
+    std::fs::create_dir_all(&home).expect("create the build home");
+    let link = home.join("templates");
+    if link.symlink_metadata().is_err() {
+        // Another test may have made it meanwhile: that one is as good.
+        let _ = std::os::unix::fs::symlink(template_home().join("templates"), &link);
+    }
+    home
+}
