@@ -1071,3 +1071,66 @@ fn e2b_creates_pull_images_in_the_background() {
     let listed = ok(daemon.cli(&["template", "ls"]), "template ls");
     assert!(listed.contains("test/e2b:1"), "{listed}");
 }
+
+/// A pull into a home whose disk fills up fails naming the cause, and
+/// leaves nothing registered or half-written (no image, no temporary blob
+/// or layer); on a disk with room the same pull then completes.
+#[test]
+fn a_pull_onto_a_full_disk_says_so_and_leaves_nothing() {
+    require_tools!();
+    let registry = Registry::start(None);
+    let layout = tempfile::tempdir().unwrap();
+    write_oci_layout(layout.path(), &[base_layer("full"), top_layer()], config());
+    registry.push(layout.path(), "test/full:1", None);
+    let reference = format!("{}/test/full:1", registry.addr);
+    let home = tempfile::tempdir().unwrap();
+    let h = home.path();
+    // 1 MiB: room for the index, not for the image's layers.
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
+        .arg(h)
+        .status()
+        .unwrap();
+    assert!(mounted.success(), "mount a small tmpfs");
+    struct Unmount<'a>(&'a Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg("-l").arg(self.0).status();
+        }
+    }
+    let _unmount = Unmount(h);
+
+    let err = failed(
+        brig(h, &["template", "pull", &reference]),
+        "pull onto a full disk",
+    );
+    assert!(
+        err.to_lowercase().contains("no space left"),
+        "the cause is named: {err}"
+    );
+    let listed = ok(brig(h, &["template", "ls", "--json"]), "ls after");
+    let listed: serde_json::Value = serde_json::from_str(&listed).unwrap();
+    assert!(
+        !listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|i| i["name"].as_str() == Some(reference.as_str())),
+        "{listed}"
+    );
+    let leftovers: Vec<String> = ["images/blobs/sha256", "images/layers"]
+        .iter()
+        .flat_map(|d| std::fs::read_dir(h.join(d)).into_iter().flatten())
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "half-written: {leftovers:?}");
+
+    // With room, the same pull completes.
+    let roomy = tempfile::tempdir().unwrap();
+    ok(
+        brig(roomy.path(), &["template", "pull", &reference]),
+        "pull with room",
+    );
+}

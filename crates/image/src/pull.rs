@@ -350,6 +350,9 @@ async fn fetch(
             Ok(Err(e @ (ImageError::DigestMismatch { .. } | ImageError::SizeMismatch { .. }))) => {
                 return Err(e)
             }
+            // Nor is this host's own failure to store it (a full disk, a
+            // read-only store): the next try would fail the same way.
+            Ok(Err(e @ ImageError::Io { .. })) => return Err(e),
             // The stream's own error says more than the reader's.
             _ if broke.is_some() => broke.unwrap_or_default(),
             Ok(Ok(_)) => "the download broke off".into(),
