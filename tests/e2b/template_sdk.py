@@ -340,6 +340,26 @@ e = raises(
 check("unknown base: says so", "there is no template" in str(e), str(e))
 check("unknown base: nothing registered", not Template.exists(f"{PREFIX}-orphan"))
 
+# Tags: assigned to a build, a sandbox from one, listed, removed.
+tagged = Template.assign_tags(ALIAS, ["prod", "stable"])
+check("assign_tags: the tags", sorted(tagged.tags) == ["prod", "stable"], tagged)
+check("assign_tags: the build", bool(tagged.build_id), tagged)
+tsbx = Sandbox.create(template=f"{ALIAS}:prod")
+check("a sandbox of a tag: the template's files", sh(tsbx, "cat /home/user/hello.txt") == "hello from the context\n")
+tsbx.kill()
+tags = Template.get_tags(ALIAS)
+check(
+    "get_tags: both, of that build",
+    sorted(t.tag for t in tags) == ["prod", "stable"]
+    and all(str(t.build_id) == str(tagged.build_id) for t in tags),
+    tags,
+)
+Template.remove_tags(ALIAS, "stable")
+check("remove_tags: one left", [t.tag for t in Template.get_tags(ALIAS)] == ["prod"])
+raises("remove_tags of a tag it lacks", Exception, lambda: Template.remove_tags(ALIAS, "nope"))
+if OTHER_KEY:
+    raises("other team: no tags of it", Exception, lambda: Template.get_tags(ALIAS, api_key=OTHER_KEY))
+
 e = raises(
     "a taken name: BuildException",
     BuildException,

@@ -20,6 +20,7 @@ pub mod interpreter;
 mod network;
 mod secrets;
 mod snapshots;
+mod tags;
 pub mod templates;
 mod time;
 mod wire;
@@ -74,7 +75,9 @@ pub fn router(state: E2bState) -> Router {
         .route("/sandboxes/{id}/snapshots", post(snapshots::create))
         .route("/sandboxes/{id}/fork", post(snapshots::fork))
         .route("/snapshots", get(snapshots::list))
-        .route("/templates/{id}", axum::routing::delete(snapshots::delete))
+        .route("/templates/{id}", axum::routing::delete(tags::delete))
+        .route("/templates/tags", post(tags::assign).delete(tags::remove))
+        .route("/templates/{id}/tags", get(tags::list))
         .route(
             "/sandboxes/{id}/network",
             axum::routing::put(network::update),

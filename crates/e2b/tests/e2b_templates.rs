@@ -258,7 +258,7 @@ fn python_sdk_template_builds() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stdout}\n{stderr}");
-    assert!(stdout.contains("57 passed, 0 failed"), "{stdout}\n{stderr}");
+    assert!(stdout.contains("64 passed, 0 failed"), "{stdout}\n{stderr}");
     // Every route of the builder was used.
     let seen = p.seen.lock().unwrap().clone();
     for route in [

@@ -4,7 +4,7 @@
 //! |---|---|
 //! | `POST /sandboxes/{id}/snapshots` `{name?, memory?}` | 201 `{snapshotID, names}`; 404 unknown or paused (E2B snapshots running sandboxes only) |
 //! | `GET /snapshots?sandboxID=&name=&limit=1..100&nextToken=` | 200 `[{snapshotID, names}]`, newest first, the next page's token in `X-Next-Token` |
-//! | `DELETE /templates/{snapshotID}` | 204; 404 unknown (`delete_snapshot` returns False) |
+//! | `DELETE /templates/{snapshotID}` (`tags.rs`) | 204; 404 unknown (`delete_snapshot` returns False) |
 //! | `POST /sandboxes/{id}/fork` `{timeout?, count?}` | 201 `[{sandbox} or {error: {code, message}}]`, one per fork; 409 paused |
 //!
 //! A snapshot keeps the files (what the sandbox wrote, deleted or linked),
@@ -151,28 +151,6 @@ pub(super) async fn list(
         r.headers_mut().insert("x-next-token", next);
     }
     Ok(r)
-}
-
-/// `DELETE /templates/{id}` for a snapshot's id or name; 404 (with E2B's
-/// body) for anything else.
-pub(super) async fn delete(
-    State(state): State<E2bState>,
-    ApiKey(tenant): ApiKey,
-    Path(key): Path<String>,
-) -> Result<Response, E2bError> {
-    let key = key.strip_suffix(":default").unwrap_or(&key).to_string();
-    let manager = Arc::clone(&state.manager);
-    let found = tokio::task::spawn_blocking(move || manager.delete_snapshot(&tenant, &key))
-        .await
-        .map_err(E2bError::from)?;
-    match found {
-        Ok(_) => Ok(StatusCode::NO_CONTENT.into_response()),
-        Err(brig_runtime::ManagerError::SnapshotNotFound { snapshot }) => Err(E2bError::new(
-            StatusCode::NOT_FOUND,
-            format!("template {snapshot} not found"),
-        )),
-        Err(e) => Err(e.into()),
-    }
 }
 
 pub(super) async fn fork(

@@ -269,6 +269,59 @@ fn check_name(name: &str) -> Result<(), String> {
     }
 }
 
+/// The daemon's home, where templates live (`tags.rs` too).
+pub(super) fn home_of(state: &E2bState) -> Result<PathBuf, E2bError> {
+    home(state)
+}
+
+/// Keep `meta` beside the image named `name` (a tag of a template, too).
+pub(super) fn write_meta(home: &Path, name: &str, meta: &TemplateMeta) -> Result<(), E2bError> {
+    let path = meta_path(home, name);
+    let write = || -> std::io::Result<()> {
+        std::fs::create_dir_all(path.parent().unwrap_or(home))?;
+        let tmp = path.with_extension("json.tmp");
+        std::fs::write(
+            &tmp,
+            serde_json::to_vec_pretty(meta).map_err(std::io::Error::other)?,
+        )?;
+        std::fs::rename(&tmp, &path)
+    };
+    write().map_err(|e| {
+        E2bError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("cannot write {}: {e}", path.display()),
+        )
+    })
+}
+
+/// Forget the template name `name` (its image and meta file); its layers
+/// go with the store's next prune.
+pub(super) fn forget(home: &Path, store: &ImageStore, name: &str) {
+    if let Err(e) = store.remove(name) {
+        tracing::warn!("cannot remove the image of template {name}: {e}");
+    }
+    let _ = std::fs::remove_file(meta_path(home, name));
+}
+
+/// Every template name built through E2B (bare and tagged), by its meta
+/// files.
+pub(super) fn names(home: &Path) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(e2b_dir(home).join("templates")) else {
+        return Vec::new();
+    };
+    let mut out: Vec<String> = entries
+        .flatten()
+        .filter_map(|e| {
+            e.file_name()
+                .to_str()
+                .and_then(|n| n.strip_suffix(".json"))
+                .map(str::to_string)
+        })
+        .collect();
+    out.sort();
+    out
+}
+
 fn home(state: &E2bState) -> Result<PathBuf, E2bError> {
     state.manager.config().home.clone().ok_or_else(|| {
         E2bError::bad_request(
@@ -277,7 +330,7 @@ fn home(state: &E2bState) -> Result<PathBuf, E2bError> {
     })
 }
 
-fn store_err(e: ImageError) -> E2bError {
+pub(super) fn store_err(e: ImageError) -> E2bError {
     E2bError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
 }
 
