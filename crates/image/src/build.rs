@@ -413,6 +413,10 @@ impl Builder<'_> {
         let total = steps.len();
         let mut forced = false;
         let mut layers: Vec<String> = Vec::new();
+        // A directory below the layers, for an image made over a named
+        // template's build (its `base`): RUN and COPY see it, the result
+        // keeps it.
+        let mut below: Option<PathBuf> = None;
         let mut config = ImageConfig::default();
         let mut chain = String::new();
         let mut args: HashMap<String, String> = HashMap::new();
@@ -460,6 +464,7 @@ impl Builder<'_> {
                         let base = (self.base)(&image)
                             .map_err(|e| bad(line, format!("FROM {image}: {e}")))?;
                         layers = base.layers.clone();
+                        below = base.base.clone();
                         config = base.config.clone();
                         chain = base.digest.clone();
                     } else {
@@ -493,17 +498,16 @@ impl Builder<'_> {
                     };
                     // Made if the image lacks it (as docker does), owned by
                     // the USER so far: a layer of its own, cached.
-                    let missing = !layers.is_empty()
-                        && !self.lowers(&layers).iter().any(|l| {
+                    let missing = !(layers.is_empty() && below.is_none())
+                        && !self.lowers(&layers, &below).iter().any(|l| {
                             l.join(d.trim_start_matches('/'))
                                 .symlink_metadata()
                                 .is_ok_and(|m| m.is_dir())
                         });
                     if missing {
                         let owner = match config.user.as_deref() {
-                            Some(u) => {
-                                owner_ids(&self.lowers(&layers), u).map_err(|e| bad(line, e))?
-                            }
+                            Some(u) => owner_ids(&self.lowers(&layers, &below), u)
+                                .map_err(|e| bad(line, e))?,
                             None => (0, 0),
                         };
                         let key = sha(&[
@@ -528,7 +532,7 @@ impl Builder<'_> {
                                     self.store,
                                     staged.path(),
                                     Some(owner),
-                                    &self.lowers(&layers),
+                                    &self.lowers(&layers, &below),
                                 )?;
                                 self.remember(&key, &id);
                                 id
@@ -577,10 +581,10 @@ impl Builder<'_> {
                             fs::create_dir(keep.path().join("upper"))
                                 .and_then(|_| fs::create_dir(keep.path().join("work")))
                                 .map_err(io_err("make a build directory", keep.path()))?;
-                            if layers.is_empty() {
+                            if layers.is_empty() && below.is_none() {
                                 return Err(bad(line, "RUN needs an image with a shell: FROM scratch has nothing to run"));
                             }
-                            let lowers = self.lowers(&layers);
+                            let lowers = self.lowers(&layers, &below);
                             (self.run)(&RunStep {
                                 line,
                                 argv,
@@ -614,7 +618,8 @@ impl Builder<'_> {
                     let staged = self.stage_copy(line, sources, &dest, &vars, extra.as_ref())?;
                     let chown = match extra.as_ref().and_then(|e| e.owner.as_deref()) {
                         Some(owner) => Some(
-                            owner_ids(&self.lowers(&layers), owner).map_err(|e| bad(line, e))?,
+                            owner_ids(&self.lowers(&layers, &below), owner)
+                                .map_err(|e| bad(line, e))?,
                         ),
                         None => *chown,
                     };
@@ -635,7 +640,7 @@ impl Builder<'_> {
                             let d = self.layer_from_dir(
                                 staged.path(),
                                 Some(chown.unwrap_or((0, 0))),
-                                &self.lowers(&layers),
+                                &self.lowers(&layers, &below),
                             )?;
                             self.remember(&key, &d);
                             d
@@ -649,16 +654,19 @@ impl Builder<'_> {
         if !from_seen {
             return Err(bad(1, "the Dockerfile has no FROM"));
         }
-        self.register(name, source, layers, config)
+        self.register(name, source, layers, config, below)
     }
 
-    fn lowers(&self, layers: &[String]) -> Vec<PathBuf> {
+    /// The lower directories of an image of `layers` over `below`, top
+    /// first (as the store's `lowers`).
+    fn lowers(&self, layers: &[String], below: &Option<PathBuf>) -> Vec<PathBuf> {
         let mut seen = std::collections::HashSet::new();
         layers
             .iter()
             .rev()
             .filter(|d| seen.insert(d.as_str()))
             .map(|d| self.store.layer_dir(d))
+            .chain(below.clone())
             .collect()
     }
 
@@ -768,9 +776,10 @@ impl Builder<'_> {
         source: &str,
         layers: Vec<String>,
         config: ImageConfig,
+        below: Option<PathBuf>,
     ) -> Result<ImageRecord, ImageError> {
         self.store
-            .register_local(name, source, layers, config, None)
+            .register_local(name, source, layers, config, below)
     }
 }
 

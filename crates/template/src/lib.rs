@@ -208,9 +208,10 @@ pub fn state(paths: &Paths, recipe: &Recipe) -> State {
 /// first if needed), for image builds to start FROM: E2B's
 /// `from_template("base")` and `from_base_image()`. Named
 /// `brig-recipe/NAME:HASH` after its recipe, so a changed recipe makes a
-/// new image and the old one goes with `prune` once nothing uses it. The
-/// first call per recipe copies the tree into a layer (seconds to a
-/// minute for `base`); later ones find it.
+/// new image (and the image of the recipe before is forgotten: images
+/// built over it keep their own hold on its build). The image has no
+/// layer of its own: it stands on the build as its `base` (no copy; `prune`
+/// keeps a build an image stands on).
 pub fn recipe_image(
     home: &Path,
     name: &str,
@@ -242,13 +243,19 @@ pub fn recipe_image(
     if let Some(found) = store.get(&image)? {
         return Ok(found);
     }
+    // No copy: the image stands on the build itself (its `base`, which
+    // `prune` then keeps while the image is registered).
     let _write = store.write_lease()?;
-    Ok(brig_image::build::image_from_dir(
-        &store,
-        &rootfs,
+    let prefix = format!("brig-recipe/{name}:");
+    for old in store.list()?.iter().filter(|i| i.name.starts_with(&prefix)) {
+        store.remove(&old.name)?;
+    }
+    Ok(store.register_local(
         &image,
         &format!("template {name} (recipe {hash})"),
+        Vec::new(),
         brig_image::ImageConfig::default(),
+        Some(rootfs),
     )?)
 }
 
