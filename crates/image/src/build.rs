@@ -498,8 +498,9 @@ impl Builder<'_> {
                     };
                     // Made if the image lacks it (as docker does), owned by
                     // the USER so far: a layer of its own, cached.
-                    let missing = !(layers.is_empty() && below.is_none())
-                        && !self.lowers(&layers, &below).iter().any(|l| {
+                    let lowers = self.lowers(&layers, &below);
+                    let missing = !lowers.is_empty()
+                        && !lowers.iter().any(|l| {
                             l.join(d.trim_start_matches('/'))
                                 .symlink_metadata()
                                 .is_ok_and(|m| m.is_dir())
