@@ -114,6 +114,7 @@ fn image_view(image: &brig_image::ImageRecord) -> Value {
         "digest": image.digest,
         "size_bytes": image.size,
         "layers": image.layers.len(),
+        "base": image.base,
         "config": image.config,
         "created_at": image.created_at,
     })

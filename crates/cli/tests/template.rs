@@ -106,4 +106,27 @@ fn template_ls_shows_each_template_and_its_state() {
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v[0]["state"], "ready", "{v}");
     assert!(v[0]["size_bytes"].as_u64().unwrap() > 100 << 20, "{v}");
+    // And an image of the store, standing on that build (no copy).
+    let image = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| {
+            t["kind"] == "image"
+                && t["name"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with("brig-recipe/base:"))
+        })
+        .unwrap_or_else(|| panic!("no image of base: {v}"));
+    let shown = brig()
+        .env("BRIG_HOME", template_home())
+        .args([
+            "template",
+            "inspect",
+            "--json",
+            image["name"].as_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(shown.status.code(), Some(0), "{}", stderr(&shown));
 }

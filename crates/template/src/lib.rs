@@ -204,32 +204,49 @@ pub fn state(paths: &Paths, recipe: &Recipe) -> State {
     }
 }
 
-/// The recipe template `name` as a one-layer image of the store (built
-/// first if needed), for image builds to start FROM: E2B's
-/// `from_template("base")` and `from_base_image()`. Named
-/// `brig-recipe/NAME:HASH` after its recipe, so a changed recipe makes a
-/// new image (and the image of the recipe before is forgotten: images
-/// built over it keep their own hold on its build). The image has no
-/// layer of its own: it stands on the build as its `base` (no copy; `prune`
-/// keeps a build an image stands on).
+/// The recipe template `name` as an image of the store (built first if
+/// needed), for image builds to start FROM (E2B's `from_template("base")`
+/// and `from_base_image()`) and for `brig template ls`/`inspect`. Every
+/// build of a recipe registers it ([`build`], [`ensure`]); this finds it,
+/// or registers it for a build made before images were.
 pub fn recipe_image(
     home: &Path,
     name: &str,
     progress: Progress,
 ) -> Result<brig_image::ImageRecord, TemplateError> {
     let recipe = recipe(name)?;
+    let store = brig_image::ImageStore::open(home)?;
+    if let Some(found) = store.get(&recipe_image_name(recipe))? {
+        return Ok(found);
+    }
+    let rootfs = ensure(home, name, progress)?;
+    register_image(home, recipe, &rootfs)
+}
+
+/// `brig-recipe/NAME:HASH`, after the recipe: a changed recipe makes a new
+/// image.
+fn recipe_image_name(recipe: &Recipe) -> String {
     let stamp = stamp_for(recipe);
     let hash = stamp
         .strip_prefix("sha256=")
         .and_then(|s| s.get(..12))
         .unwrap_or("0");
-    let image = format!("brig-recipe/{name}:{hash}");
-    let store = brig_image::ImageStore::open(home)?;
-    if let Some(found) = store.get(&image)? {
-        return Ok(found);
-    }
-    let rootfs = ensure(home, name, progress)?;
-    // One conversion at a time per recipe (across processes too): a lock
+    format!("brig-recipe/{}:{hash}", recipe.name)
+}
+
+/// Register the build `rootfs` of `recipe` as the image
+/// [`recipe_image_name`]: no layer of its own, the build as its `base` (no
+/// copy; [`prune`] keeps a build an image stands on). The image of the
+/// recipe before is forgotten (images built over it keep their own hold on
+/// its build).
+fn register_image(
+    home: &Path,
+    recipe: &Recipe,
+    rootfs: &Path,
+) -> Result<brig_image::ImageRecord, TemplateError> {
+    let name = recipe.name;
+    let image = recipe_image_name(recipe);
+    // One registration at a time per recipe (across processes too): a lock
     // of its own, so builds of the recipe are not held up meanwhile.
     let lock_path = Paths::new(home, name).dir.join(".image.lock");
     let lock = File::create(&lock_path).map_err(io_err(name, "create", &lock_path))?;
@@ -240,11 +257,13 @@ pub fn recipe_image(
             std::io::Error::last_os_error(),
         ));
     }
-    if let Some(found) = store.get(&image)? {
+    let store = brig_image::ImageStore::open(home)?;
+    if let Some(found) = store
+        .get(&image)?
+        .filter(|i| i.base.as_deref() == Some(rootfs))
+    {
         return Ok(found);
     }
-    // No copy: the image stands on the build itself (its `base`, which
-    // `prune` then keeps while the image is registered).
     let _write = store.write_lease()?;
     let prefix = format!("brig-recipe/{name}:");
     for old in store.list()?.iter().filter(|i| i.name.starts_with(&prefix)) {
@@ -252,10 +271,10 @@ pub fn recipe_image(
     }
     Ok(store.register_local(
         &image,
-        &format!("template {name} (recipe {hash})"),
+        &format!("template {name} ({})", recipe.description),
         Vec::new(),
         brig_image::ImageConfig::default(),
-        Some(rootfs),
+        Some(rootfs.to_path_buf()),
     )?)
 }
 
@@ -269,7 +288,9 @@ pub fn ensure(home: &Path, name: &str, progress: Progress) -> Result<PathBuf, Te
     if state(&paths, recipe) == State::Ready {
         return current(&paths, name);
     }
-    build_locked(recipe, &paths, false, progress)
+    let rootfs = build_locked(recipe, &paths, false, progress)?;
+    register_image(home, recipe, &rootfs)?;
+    Ok(rootfs)
 }
 
 /// The template `name`'s current build if it is built from its current
@@ -400,7 +421,9 @@ pub fn build(
     progress: Progress,
 ) -> Result<PathBuf, TemplateError> {
     let recipe = recipe(name)?;
-    build_locked(recipe, &Paths::new(home, name), force, progress)
+    let rootfs = build_locked(recipe, &Paths::new(home, name), force, progress)?;
+    register_image(home, recipe, &rootfs)?;
+    Ok(rootfs)
 }
 
 /// One row of `brig template ls`.

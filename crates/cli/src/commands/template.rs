@@ -197,6 +197,12 @@ pub fn run(args: TemplateArgs) -> anyhow::Result<i32> {
                 println!("Digest:     {}", image.digest);
                 println!("Size:       {}", mib(image.size));
                 println!("Layers:     {}", image.layers.len());
+                if let Some(base) = &image.base {
+                    println!(
+                        "Base:       {} (a build the layers stand on)",
+                        base.display()
+                    );
+                }
                 let c = &image.config;
                 println!("Entrypoint: {}", shown(&c.entrypoint));
                 println!("Cmd:        {}", shown(&c.cmd));
