@@ -165,16 +165,22 @@ fn assert_nothing_left(id: &str) {
         !Path::new("/run/brig/gvisor").join(id).exists(),
         "directory left"
     );
-    let state: Vec<String> = std::fs::read_dir("/run/brig/gvisor/runsc")
-        .map(|d| {
-            d.flatten()
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .collect()
-        })
-        .unwrap_or_default();
+    // runsc removes its state files (the sandbox's lock last) as its own
+    // delete ends, a moment after its processes.
+    let state = || -> Vec<String> {
+        std::fs::read_dir("/run/brig/gvisor/runsc")
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.contains(id))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
     assert!(
-        !state.iter().any(|n| n.contains(id)),
-        "runsc state left: {state:?}"
+        eventually(Duration::from_secs(10), || state().is_empty()),
+        "runsc state left: {:?}",
+        state()
     );
     for c in ["memory", "pids", "cpu", "cpuacct", "freezer", "cpuset", ""] {
         let d = Path::new("/sys/fs/cgroup")

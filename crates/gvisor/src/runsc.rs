@@ -270,7 +270,7 @@ impl Runsc {
     /// Forget the sandbox: kill what is left of it, remove its state and
     /// cgroups. Idempotent (runsc not knowing it is fine).
     pub fn delete(&self, id: &str) -> Result<(), RunscError> {
-        match self.run(
+        let deleted = match self.run(
             "delete",
             id,
             &[OsStr::new("delete"), OsStr::new("--force"), OsStr::new(id)],
@@ -282,6 +282,25 @@ impl Runsc {
                 Ok(())
             }
             Err(e) => Err(e),
+        };
+        if deleted.is_ok() {
+            self.forget_files(id);
+        }
+        deleted
+    }
+
+    /// What runsc may leave under its root of a sandbox it no longer knows:
+    /// a create killed before it wrote the state keeps its lock file
+    /// (`ID_sandbox:ID.lock`), which `delete` does not remove.
+    fn forget_files(&self, id: &str) {
+        let prefix = format!("{id}_sandbox:");
+        let Ok(entries) = std::fs::read_dir(&self.root) else {
+            return;
+        };
+        for e in entries.flatten() {
+            if e.file_name().to_string_lossy().starts_with(&prefix) {
+                let _ = std::fs::remove_file(e.path());
+            }
         }
     }
 

@@ -221,6 +221,22 @@ impl GvisorTier {
                 let _ = self.discard(&id);
             }
         }
+        // runsc's own files of sandboxes brig has no directory for (a
+        // directory is made before runsc is asked for anything): what a
+        // create killed early left, such as its lock file.
+        if let Ok(files) = fs::read_dir(&self.runsc.root) {
+            for f in files.flatten() {
+                let name = f.file_name();
+                let name = name.to_string_lossy();
+                let stray = name
+                    .split_once("_sandbox:")
+                    .and_then(|(id, _)| SandboxId::parse(id))
+                    .is_some_and(|id| !self.sandbox_dir(&id).exists());
+                if stray {
+                    let _ = fs::remove_file(f.path());
+                }
+            }
+        }
     }
 
     fn start(&self, launch: &Launch, dir: &Path) -> Result<GvisorInstance, TierError> {
