@@ -13,104 +13,14 @@
 
 mod support;
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use brig_image::testing::{write_multi_platform_layout, write_oci_layout, Entry, PlatformImage};
 use brig_image::ImageConfig;
+use brig_test_support::registry::Registry;
 use support::BRIG;
-
-/// A registry on a free loopback port, removed (process and storage) on
-/// drop.
-struct Registry {
-    child: Child,
-    addr: String,
-    storage: tempfile::TempDir,
-}
-
-impl Registry {
-    /// `htpasswd`: a file of users (basic auth) or none.
-    fn start(htpasswd: Option<&Path>) -> Registry {
-        let storage = tempfile::tempdir().unwrap();
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let addr = format!("127.0.0.1:{port}");
-        let auth = htpasswd
-            .map(|p| {
-                format!(
-                    "auth:\n  htpasswd:\n    realm: brig-test\n    path: {}\n",
-                    p.display()
-                )
-            })
-            .unwrap_or_default();
-        let config = storage.path().join("config.yml");
-        std::fs::write(
-            &config,
-            format!(
-                "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {addr}\n{auth}",
-                storage.path().join("data").display()
-            ),
-        )
-        .unwrap();
-        let child = Command::new("docker-registry")
-            .args(["serve", config.to_str().unwrap()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start docker-registry");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(&addr).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "docker-registry never listened on {addr}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Registry {
-            child,
-            addr,
-            storage,
-        }
-    }
-
-    /// Push the OCI layout `dir` as `repo:tag` (`--all`: every platform).
-    fn push(&self, dir: &Path, repo: &str, creds: Option<&str>) {
-        let mut cmd = Command::new("skopeo");
-        cmd.args(["copy", "--all", "--dest-tls-verify=false"]);
-        if let Some(c) = creds {
-            cmd.args(["--dest-creds", c]);
-        }
-        let out = cmd
-            .arg(format!("oci:{}", dir.display()))
-            .arg(format!("docker://{}/{repo}", self.addr))
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "skopeo push: {out:?}");
-    }
-
-    /// The registry's stored copy of blob `digest`.
-    fn blob_file(&self, digest: &str) -> PathBuf {
-        let hex = digest.trim_start_matches("sha256:");
-        self.storage
-            .path()
-            .join("data/docker/registry/v2/blobs/sha256")
-            .join(&hex[..2])
-            .join(hex)
-            .join("data")
-    }
-}
-
-impl Drop for Registry {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// A daemon, stopped however the test ends (a failing test must not leave
 /// it and its sandboxes running).

@@ -14,77 +14,13 @@
 
 mod support;
 
-use std::net::TcpListener;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 use brig_image::testing::{write_oci_layout, Entry};
 use brig_image::{ImageConfig, ImageStore};
+use brig_test_support::registry::Registry;
 use support::{build_home, planes_with, root_or_skip, skip, template_home};
-
-/// Debian's docker-registry on a free loopback port, gone on drop.
-struct Registry {
-    child: Child,
-    addr: String,
-    _storage: tempfile::TempDir,
-}
-
-impl Registry {
-    /// `htpasswd`: a file of users (basic auth) or none.
-    fn start(htpasswd: Option<&Path>) -> Registry {
-        let storage = tempfile::tempdir().unwrap();
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let addr = format!("127.0.0.1:{port}");
-        let auth = htpasswd
-            .map(|p| {
-                format!(
-                    "auth:\n  htpasswd:\n    realm: brig-test\n    path: {}\n",
-                    p.display()
-                )
-            })
-            .unwrap_or_default();
-        let config = storage.path().join("config.yml");
-        std::fs::write(
-            &config,
-            format!(
-                "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\nhttp:\n  addr: {addr}\n{auth}",
-                storage.path().join("data").display()
-            ),
-        )
-        .unwrap();
-        let child = Command::new("docker-registry")
-            .args(["serve", config.to_str().unwrap()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start docker-registry");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(&addr).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "docker-registry never listened on {addr}"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Registry {
-            child,
-            addr,
-            _storage: storage,
-        }
-    }
-}
-
-impl Drop for Registry {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// A two-layer busybox image (the second layer deletes and adds files),
 /// pushed as `e2b/busy:1` (with `creds`, `USER:PASS`, if given); its
@@ -134,18 +70,8 @@ fn push_image(registry: &Registry, creds: Option<&str>) -> String {
     };
     let layout = tempfile::tempdir().unwrap();
     write_oci_layout(layout.path(), &[base, top], config);
+    registry.push(layout.path(), "e2b/busy:1", creds);
     let reference = format!("{}/e2b/busy:1", registry.addr);
-    let mut cmd = Command::new("skopeo");
-    cmd.args(["copy", "--dest-tls-verify=false"]);
-    if let Some(c) = creds {
-        cmd.args(["--dest-creds", c]);
-    }
-    let out = cmd
-        .arg(format!("oci:{}", layout.path().display()))
-        .arg(format!("docker://{reference}"))
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "skopeo push: {out:?}");
     reference
 }
 

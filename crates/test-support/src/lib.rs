@@ -171,6 +171,8 @@ pub use fixture::{manager_fixture, ManagerFixture};
 pub mod fake_tier;
 #[cfg(feature = "networld")]
 pub mod networld;
+#[cfg(feature = "registry")]
+pub mod registry;
 
 #[cfg(feature = "runtime")]
 mod fixture {
