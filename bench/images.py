@@ -115,6 +115,20 @@ def unpack_layers(oci_dir, dest):
         subprocess.run(["tar", "-xzf", str(path), "-C", str(dest)], check=True)
 
 
+def table(header, results, width):
+    """`header`, then per part each row's median (ms) and the ratio of its
+    first two rows (brig / its peer)."""
+    lines = [header]
+    for part, rows in results.items():
+        lines.append(f"{part}:")
+        med = {k: statistics.median(v) for k, v in rows.items()}
+        for k, v in med.items():
+            lines.append(f"  {k:<{width}} {v:9.1f}")
+        names = list(med)
+        lines.append(f"  {names[0]} / {names[1]}: {med[names[0]] / med[names[1]]:.2f}")
+    return "\n".join(lines)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=5)
@@ -251,16 +265,8 @@ def main():
             registry.wait()
         subprocess.run(["rm", "-rf", str(work)])
 
-    lines = [f"images.py: {nlayers}-layer Debian image, {size / 2**20:.1f} MiB compressed; "
-             f"medians in ms (runs: {args.runs}, creates: {args.creates})"]
-    for part, rows in results.items():
-        lines.append(f"{part}:")
-        med = {k: statistics.median(v) for k, v in rows.items()}
-        for k, v in med.items():
-            lines.append(f"  {k:<32} {v:9.1f}")
-        names = list(med)
-        lines.append(f"  {names[0]} / {names[1]}: {med[names[0]] / med[names[1]]:.2f}")
-    text = "\n".join(lines)
+    text = table(f"images.py: {nlayers}-layer Debian image, {size / 2**20:.1f} MiB compressed; "
+                 f"medians in ms (runs: {args.runs}, creates: {args.creates})", results, 32)
     print(text)
     (out_dir / "summary.txt").write_text(text + "\n")
     (out_dir / "summary.json").write_text(json.dumps(results))

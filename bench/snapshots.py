@@ -41,7 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import spawn  # noqa: E402  (build_brig, log)
-from images import free_port  # noqa: E402
+from images import free_port, table  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 log = spawn.log
@@ -191,16 +191,9 @@ def main():
         daemon.stop()
         subprocess.run(["rm", "-rf", str(work)])
 
-    lines = [f"snapshots.py: {args.mib} MiB written; medians in ms (runs: {args.runs}); "
-             f"sandbox frozen for the snapshot: median {statistics.median(frozen):.1f} ms"]
-    for part, rows in results.items():
-        lines.append(f"{part}:")
-        med = {k: statistics.median(v) for k, v in rows.items()}
-        for k, v in med.items():
-            lines.append(f"  {k:<34} {v:9.1f}")
-        names = list(med)
-        lines.append(f"  {names[0]} / {names[1]}: {med[names[0]] / med[names[1]]:.2f}")
-    text = "\n".join(lines)
+    text = table(f"snapshots.py: {args.mib} MiB written; medians in ms (runs: {args.runs}); "
+                 f"sandbox frozen for the snapshot: median {statistics.median(frozen):.1f} ms",
+                 results, 34)
     print(text)
     (out_dir / "summary.txt").write_text(text + "\n")
     (out_dir / "summary.json").write_text(json.dumps({"results": results, "frozen_ms": frozen}))
