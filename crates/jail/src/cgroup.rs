@@ -298,6 +298,20 @@ impl Cgroup {
             .is_some_and(|n| n > 0)
     }
 
+    /// Whether the group's memory use has ever run into its limit (when
+    /// it has, the OOM killer may have fired, or be firing).
+    pub fn hit_memory_limit(&self) -> bool {
+        match self.hierarchy {
+            Hierarchy::V1 { .. } => {
+                read_u64(&self.memory_dir().join("memory.failcnt")).is_ok_and(|n| n > 0)
+            }
+            Hierarchy::V2 { .. } => fs::read_to_string(self.memory_dir().join("memory.events"))
+                .ok()
+                .and_then(|s| parse_flat_keyed(&s, "max"))
+                .is_some_and(|n| n > 0),
+        }
+    }
+
     /// On v1, an eventfd that becomes readable when the group hits an OOM
     /// condition, so the caller can kill the whole sandbox (v1 has no
     /// `memory.oom.group`). On v2 the kernel kills the group by itself and

@@ -327,11 +327,23 @@ pub struct PlanInput<'a> {
     pub stdio_fd: bool,
 }
 
+/// Bytes of --disk per inode of a sandbox's tmpfs mounts.
+const INODE_RATIO: u64 = 8 << 10;
+/// The fewest inodes a sandbox's tmpfs mounts get.
+const MIN_INODES: u64 = 4096;
+
 impl Plan {
     pub fn build(input: &PlanInput<'_>) -> Plan {
         let spec = input.spec;
         let staging = input.staging.to_string_lossy().into_owned();
         let disk = spec.limits.disk.bytes();
+        // Files as well as bytes are bounded by --disk: a tmpfs's inodes
+        // otherwise default to half the host's RAM in pages (millions,
+        // each costing kernel memory), so 300,000 empty files fit in a
+        // 1 GiB sandbox. One inode per 8 KiB is twice ext4's default
+        // density (E2B's sandboxes run on ext4), at least 4096.
+        let inodes = (disk / INODE_RATIO).max(MIN_INODES);
+        let disk = format!("{disk},nr_inodes={inodes}");
         let nosuid_nodev = libc::MS_NOSUID | libc::MS_NODEV;
 
         // The scratch tmpfs holds the writable layer (and, for overlays, the

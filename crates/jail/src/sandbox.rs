@@ -724,7 +724,8 @@ impl Sandbox {
         };
         let exit = if reported {
             let status = i32::from_ne_bytes(buf);
-            let oom = self.cgroup.as_ref().is_some_and(Cgroup::oom_killed);
+            let oom = self
+                .oom_killed(libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGKILL);
             Exit {
                 code: libc::WEXITSTATUS(status),
                 oom,
@@ -740,8 +741,37 @@ impl Sandbox {
         Ok(exit)
     }
 
+    /// Whether the OOM killer killed something in the sandbox. The kernel
+    /// counts a kill after sending its SIGKILL, so the victim's end can be
+    /// seen (its connection closing, its parent reaping it) before the
+    /// count moves: after a death by SIGKILL in a sandbox that has run
+    /// into its memory limit, the count is read again for up to 100 ms.
+    /// (Whether brig sent a SIGKILL too says nothing: the daemon kills a
+    /// sandbox whose agent's connection ended, which may be the OOM
+    /// killer's victim still exiting.)
+    fn oom_killed(&self, sigkilled: bool) -> bool {
+        let Some(cgroup) = self.cgroup.as_ref() else {
+            return false;
+        };
+        let tries = if sigkilled && cgroup.hit_memory_limit() {
+            10
+        } else {
+            1
+        };
+        for i in 0..tries {
+            if cgroup.oom_killed() {
+                return true;
+            }
+            if i + 1 < tries {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+        }
+        false
+    }
+
     fn exit_from(&self, status: i32) -> Exit {
-        let oom = self.cgroup.as_ref().is_some_and(Cgroup::oom_killed);
+        let sigkilled = libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGKILL;
+        let oom = self.oom_killed(sigkilled);
         let code = if libc::WIFEXITED(status) {
             libc::WEXITSTATUS(status)
         } else {
