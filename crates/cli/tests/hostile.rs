@@ -39,7 +39,16 @@ use std::sync::mpsc;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant, SystemTime};
 
-use support::{eventually, rootfs, BRIG};
+use support::{eventually, rootfs};
+
+/// The brig under attack: cargo's, or `BRIG_HOSTILE_BRIG` (the matrix
+/// script's build with a protection left out, `tests/hostile/matrix.sh`).
+fn brig() -> Command {
+    match std::env::var_os("BRIG_HOSTILE_BRIG") {
+        Some(b) => Command::new(b),
+        None => Command::new(support::BRIG),
+    }
+}
 
 /// Name of everything planted on the host; see `brig_hostile::CANARY`.
 const CANARY: &str = "brig-hostile-canary";
@@ -71,7 +80,7 @@ const PLANTED_IN_TEMPLATE: &[&str] = &[
 fn sandbox_available() -> &'static Result<(), String> {
     static AVAILABLE: OnceLock<Result<(), String>> = OnceLock::new();
     AVAILABLE.get_or_init(|| {
-        let o = Command::new(BRIG)
+        let o = brig()
             .args(["run", "--", "/bin/true"])
             .output()
             .expect("spawn brig");
@@ -387,9 +396,16 @@ fn case(program: &'static str, mode: Mode) -> Case {
             // too; the host checks below still apply.
             c.expect = Expect::ReportOrOom;
         }
-        "memory_bomb" => {
+        "memory_bomb" | "memfd_bomb" | "shm_bomb" => {
             c.limits = vec!["--memory", "64M"];
             c.expect = Expect::Oom(if e2b { E2B_MEMORY } else { "64 MiB" });
+        }
+        "thread_bomb" => {
+            c.limits = vec!["--pids", "64"];
+            c.args = vec![
+                "--cap-threads".into(),
+                if e2b { E2B_PIDS } else { "64" }.into(),
+            ];
         }
         "disk_fill" => {
             let disk: u64 = if e2b { E2B_DISK } else { 32 << 20 };
@@ -487,7 +503,7 @@ fn launch_run(
     program: &str,
     program_args: &[String],
 ) -> Launch {
-    let mut cmd = Command::new(BRIG);
+    let mut cmd = brig();
     cmd.arg("run")
         .arg("-i")
         .arg("--template")
@@ -632,6 +648,8 @@ struct HostWatch {
     /// see one.
     _canary_pty: Option<std::os::fd::OwnedFd>,
     passwd: Vec<u8>,
+    /// The host's loaded modules (a sandbox must not get one loaded).
+    modules: std::collections::BTreeSet<String>,
     template_root: PathBuf,
     template_passwd: Vec<u8>,
 }
@@ -656,6 +674,7 @@ impl HostWatch {
             canary_process,
             _canary_pty: host_pty(),
             passwd: std::fs::read("/etc/passwd").unwrap_or_default(),
+            modules: host_modules(),
             template_passwd: std::fs::read(template_root.join("etc/passwd")).unwrap_or_default(),
             template_root,
         }
@@ -706,6 +725,10 @@ impl HostWatch {
         match self.canary_process.try_wait() {
             Ok(None) => {}
             other => problems.push(format!("the host canary process died: {other:?}")),
+        }
+        let loaded: Vec<String> = host_modules().difference(&self.modules).cloned().collect();
+        if !loaded.is_empty() {
+            problems.push(format!("kernel modules were loaded meanwhile: {loaded:?}"));
         }
         if std::fs::read("/etc/passwd").unwrap_or_default() != self.passwd {
             problems.push("host /etc/passwd changed".into());
@@ -769,6 +792,15 @@ fn plant_canary_files() {
             }
         }
     });
+}
+
+/// The names of the host's loaded kernel modules.
+fn host_modules() -> std::collections::BTreeSet<String> {
+    std::fs::read_to_string("/proc/modules")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .collect()
 }
 
 fn hostname() -> String {
@@ -937,7 +969,7 @@ impl Daemon {
             home.path().join("templates"),
         )
         .expect("link the built templates");
-        let mut cmd = Command::new(BRIG);
+        let mut cmd = brig();
         cmd.args(["serve", "--listen", "127.0.0.1:0", "--prepare", "none"])
             .env(CANARY_ENV, "host-secret-that-must-not-leak");
         if e2b {
@@ -978,7 +1010,7 @@ impl Daemon {
     }
 
     fn brig(&self) -> Command {
-        let mut c = Command::new(BRIG);
+        let mut c = brig();
         c.env("BRIG_URL", &self.url)
             .env("BRIG_HOME", self.home.path())
             .env_remove("BRIG_API_KEY");
@@ -1261,13 +1293,10 @@ fn run_case(program: &'static str, mode: Mode) {
             }
             // `brig run`: "out of memory (limit 64 MiB)"; `brig exec`:
             // "killed by the kernel's OOM killer: the sandbox's memory
-            // limit is 64 MiB".
-            let said = run
-                .stderr
-                .contains(&format!("out of memory (limit {size})"))
-                || run
-                    .stderr
-                    .contains(&format!("OOM killer: the sandbox's memory limit is {size}"));
+            // limit is 64 MiB", or, when the kill ended the sandbox, "the
+            // sandbox ended: out of memory: … its memory limit (64 MiB)".
+            let said = (run.stderr.contains("out of memory") || run.stderr.contains("OOM killer"))
+                && run.stderr.contains(size);
             if !said {
                 failures.push(format!("stderr does not name the memory limit of {size}"));
             }
@@ -1489,6 +1518,13 @@ hostile_tests!(
     env_leak,
     proc_exe_overwrite,
     orphan_daemon,
+    core_dump,
+    cgroup_leak,
+    pid1_attack,
+    memfd_bomb,
+    shm_bomb,
+    thread_bomb,
+    module_autoload,
 );
 
 #[test]

@@ -329,6 +329,18 @@ impl Sandbox {
             | libc::CLONE_NEWIPC
             | libc::CLONE_NEWUTS
             | libc::CLONE_PIDFD;
+        {
+            use crate::knockout::{off, Protection};
+            for (p, f) in [
+                (Protection::PidNs, libc::CLONE_NEWPID),
+                (Protection::IpcNs, libc::CLONE_NEWIPC),
+                (Protection::UtsNs, libc::CLONE_NEWUTS),
+            ] {
+                if off(p) {
+                    flags &= !f;
+                }
+            }
+        }
         // A pooled network namespace is entered by this thread just for the
         // clone (network namespaces are per thread) and left right after;
         // otherwise the init gets a fresh one.
@@ -340,7 +352,7 @@ impl Sandbox {
         };
         if let Some(net) = &pooled {
             netpool::enter(&net.ns).map_err(os_err("enter a pooled network namespace"))?;
-        } else {
+        } else if !crate::knockout::off(crate::knockout::Protection::NetNs) {
             flags |= libc::CLONE_NEWNET;
         }
         let mut pidfd: libc::c_int = -1;
@@ -724,8 +736,9 @@ impl Sandbox {
         };
         let exit = if reported {
             let status = i32::from_ne_bytes(buf);
-            let oom = self
-                .oom_killed(libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGKILL);
+            // The init reports its command's end as an exit status
+            // (128 + signal for a signal: `bringup::reap_until`).
+            let oom = self.oom_killed(libc::WEXITSTATUS(status) == 128 + libc::SIGKILL);
             Exit {
                 code: libc::WEXITSTATUS(status),
                 oom,

@@ -169,6 +169,7 @@ impl Args {
             "--limit-bytes",
             "--seconds",
             "--cap",
+            "--cap-threads",
             "--mode",
             "--host-port",
             "--host-addr",
