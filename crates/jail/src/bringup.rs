@@ -262,8 +262,11 @@ pub fn run_init(plan: &Plan, sys: &dyn Syscalls, ch: Channels) -> Result<i32, Fa
     // 4. The machine's identity: hostname = sandbox id (in our own uts
     //    namespace), and a working loopback in our own network namespace,
     //    which has no other interface: no route leaves the sandbox.
-    sys.sethostname(&plan.hostname)
-        .map_err(Failure::at(Stage::Hostname))?;
+    // (Knockout: without a uts namespace the hostname is the host's.)
+    if !plan.knockouts.has(Protection::UtsNs) {
+        sys.sethostname(&plan.hostname)
+            .map_err(Failure::at(Stage::Hostname))?;
+    }
     if plan.loopback {
         sys.loopback_up().map_err(Failure::at(Stage::Loopback))?;
     }

@@ -499,14 +499,27 @@ impl Plan {
 
         // A fresh /proc for the sandbox's own pid namespace: host processes
         // are invisible. Then mask or freeze the host-wide parts of it.
-        b.mount(
-            "mount proc",
-            Some("proc"),
-            "/proc",
-            Some("proc"),
-            nosuid_nodev | libc::MS_NOEXEC,
-            None,
-        );
+        if knocked.has(Protection::PidNs) {
+            // Knockout: no pid namespace of its own may mount a proc, so
+            // the host's is bound in (every host process visible).
+            b.mount(
+                "bind the host's proc (knockout: no pid namespace)",
+                Some("/proc"),
+                "/proc",
+                None,
+                libc::MS_BIND | libc::MS_REC,
+                None,
+            );
+        } else {
+            b.mount(
+                "mount proc",
+                Some("proc"),
+                "/proc",
+                Some("proc"),
+                nosuid_nodev | libc::MS_NOEXEC,
+                None,
+            );
+        }
 
         // A minimal /dev on its own tmpfs (it hides a template's own /dev):
         // only the harmless character devices (bound from the host, since a

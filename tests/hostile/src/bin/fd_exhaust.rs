@@ -2,7 +2,8 @@
 //! /dev/null until the kernel refuses, to see whether one sandbox can eat
 //! the host's global file table.
 //!
-//! Contained: the hard limit cannot be raised (no CAP_SYS_RESOURCE) and
+//! Contained: the hard limit is at most brig's 65536 (the host's own when
+//! lower), cannot be raised (no CAP_SYS_RESOURCE) and
 //! opening stops with EMFILE at the per-process limit. Escaped: the hard
 //! limit was raised, or opening stopped with ENFILE (the host-wide table
 //! ran out). Destructive: needs `--armed` and a user namespace.
@@ -21,10 +22,14 @@ fn main() {
     unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
     let (soft, hard) = (lim.rlim_cur, lim.rlim_max);
     let nr_open = std::fs::read_to_string("/proc/sys/fs/nr_open").unwrap_or_default();
-    report.note(format!(
-        "RLIMIT_NOFILE soft {soft} hard {hard}; fs.nr_open {}",
-        nr_open.trim()
-    ));
+    // brig's bound: the host's hard limit, at most 65536.
+    report.record(
+        hard > 65536,
+        format!(
+            "RLIMIT_NOFILE soft {soft} hard {hard} (brig's bound: 65536); fs.nr_open {}",
+            nr_open.trim()
+        ),
+    );
     let want = libc::rlimit {
         rlim_cur: 1 << 20,
         rlim_max: 1 << 20,
