@@ -286,7 +286,8 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
             Box::new(brig_gvisor::GvisorTier::for_commands(runsc, run_dir)?)
         }
         Isolation::Vm => anyhow::bail!(
-            "the vm isolation tier is not available yet: use --isolation process or gvisor"
+            "brig run has no vm tier yet: with a daemon, `brig create --isolation vm --network \
+             none` makes a vm sandbox and `brig exec` runs commands in it"
         ),
     };
 
