@@ -99,8 +99,7 @@ impl Groups {
             fs::create_dir_all(&d).map_err(err("create", &d))?;
         }
         let file = |c: &str, v1: &str, v2: &str| {
-            self.dir(c)
-                .map(|d| d.join(if self.v1() { v1 } else { v2 }))
+            self.dir(c).map(|d| d.join(if self.v1() { v1 } else { v2 }))
         };
         if let Some(p) = file("memory", "memory.limit_in_bytes", "memory.max") {
             fs::write(&p, b.memory_bytes.to_string()).map_err(err("write", &p))?;
@@ -178,7 +177,9 @@ impl Groups {
             memory_limit_bytes: self
                 .read_u64("memory", "memory.limit_in_bytes", "memory.max")
                 .unwrap_or(u64::MAX),
-            pids: self.read_u64("pids", "pids.current", "pids.current").unwrap_or(0),
+            pids: self
+                .read_u64("pids", "pids.current", "pids.current")
+                .unwrap_or(0),
             disk_used_bytes: None,
             disk_total_bytes: None,
             oom_kills,

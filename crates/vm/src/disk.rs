@@ -6,7 +6,7 @@
 //!   by every guest of that template (QEMU opens it read-only). ext4
 //!   because Debian's cloud kernel has it built in.
 //! - The sandbox's **writable disk**: a sparse file of the `--disk` size
-//!   with an empty ext4 on it, in the sandbox's directory. The guest puts
+//!   with an empty ext4 on it, in `$BRIG_HOME/vm/disks`. The guest puts
 //!   it over the template as an overlay, so what the sandbox writes is
 //!   bounded by `--disk` and goes when the sandbox does.
 //!

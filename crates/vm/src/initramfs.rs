@@ -94,7 +94,16 @@ impl Cpio {
 /// processes starting meanwhile read the old one whole).
 pub fn build(kernel: &GuestKernel, agent: &Path, out: &Path) -> io::Result<()> {
     let mut cpio = Cpio::new();
-    for d in ["dev", "proc", "sys", "lower", "disk", "newroot", "brig", "brig/modules"] {
+    for d in [
+        "dev",
+        "proc",
+        "sys",
+        "lower",
+        "disk",
+        "newroot",
+        "brig",
+        "brig/modules",
+    ] {
         cpio.dir(d);
     }
     // /dev/console (5, 1): without it /init starts with no stdio, and its
@@ -132,8 +141,11 @@ mod tests {
         assert!(out.starts_with(b"070701"));
         // The first header: inode 1, a directory 0755, name "dev\0".
         let field = |at: usize, i: usize| {
-            u32::from_str_radix(std::str::from_utf8(&out[at + 6 + 8 * i..][..8]).unwrap(), 16)
-                .unwrap()
+            u32::from_str_radix(
+                std::str::from_utf8(&out[at + 6 + 8 * i..][..8]).unwrap(),
+                16,
+            )
+            .unwrap()
         };
         assert_eq!(field(0, 1), 0o040755);
         assert_eq!(field(0, 11), 4);

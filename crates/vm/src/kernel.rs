@@ -72,7 +72,10 @@ impl GuestKernel {
         }
         fetch(dir)?;
         Self::cached(dir).ok_or_else(|| {
-            KernelError::Package(format!("{} has no usable kernel after a fetch", dir.display()))
+            KernelError::Package(format!(
+                "{} has no usable kernel after a fetch",
+                dir.display()
+            ))
         })
     }
 
@@ -91,11 +94,13 @@ impl GuestKernel {
         let complete = WANTED
             .iter()
             .all(|w| order.lines().any(|l| l == format!("{w}.ko")));
-        (complete && vmlinuz.is_file() && modules.iter().all(|m| m.is_file())).then_some(GuestKernel {
-            version,
-            vmlinuz,
-            modules,
-        })
+        (complete && vmlinuz.is_file() && modules.iter().all(|m| m.is_file())).then_some(
+            GuestKernel {
+                version,
+                vmlinuz,
+                modules,
+            },
+        )
     }
 }
 
@@ -289,7 +294,13 @@ mod tests {
         let order = load_order(&all, &["virtio_mmio", "virtio_blk", "overlay"]).unwrap();
         assert_eq!(
             order,
-            ["virtio_ring", "virtio", "virtio_mmio", "virtio_blk", "overlay"]
+            [
+                "virtio_ring",
+                "virtio",
+                "virtio_mmio",
+                "virtio_blk",
+                "overlay"
+            ]
         );
         assert!(load_order(&all, &["nope"]).is_err());
         let circle = BTreeMap::from([("a".to_owned(), m(&["b"])), ("b".to_owned(), m(&["a"]))]);

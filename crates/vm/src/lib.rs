@@ -17,10 +17,12 @@
 //! $BRIG_HOME/vm/kernel/<version>/   vmlinuz, modules/*.ko, modules.order
 //! $BRIG_HOME/vm/initramfs.cpio      /init = brig-agent, the modules
 //! $BRIG_HOME/vm/images/<key>.ext4   a template's read-only image
+//! $BRIG_HOME/vm/disks/<id>.ext4     a sandbox's writable disk (--disk): on a
+//!                                   disk, not in /run's tmpfs, whose pages
+//!                                   would count as QEMU's memory
 //! /run/brig/vm/<id>/state           "<owner>\n<pid> <start time> <uid>\n": the
 //!                                   daemon (database) that launched it, QEMU,
 //!                                   the uid QEMU runs as
-//! /run/brig/vm/<id>/disk.ext4       the writable disk (--disk)
 //! /run/brig/vm/<id>/agent.sock      the agent's line (virtio-serial)
 //! /run/brig/vm/<id>/qmp.sock        QEMU's control socket
 //! /run/brig/vm/<id>/console.log     the guest's console; qemu.log (its stderr), qemu.pid

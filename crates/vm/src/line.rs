@@ -73,7 +73,12 @@ pub fn connect(socket: &Path, timeout: Duration) -> Result<Connected, LineError>
         let n = match (&line).read(&mut buf) {
             Ok(0) => return Err(LineError::Closed),
             Ok(n) => n,
-            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) =>
+            {
                 return Err(LineError::Timeout(timeout))
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -105,7 +110,12 @@ pub fn connect(socket: &Path, timeout: Duration) -> Result<Connected, LineError>
 }
 
 /// The guest's packets to the runtime's stream, until either ends.
-fn from_guest(line: UnixStream, mut ours: UnixStream, mut unstuffer: Unstuffer, early: Vec<Packet>) {
+fn from_guest(
+    line: UnixStream,
+    mut ours: UnixStream,
+    mut unstuffer: Unstuffer,
+    early: Vec<Packet>,
+) {
     let mut open = true;
     let deliver = |p: Packet, ours: &mut UnixStream| match p {
         Packet::Data(d) => ours.write_all(&d).is_ok(),
@@ -198,7 +208,10 @@ mod tests {
         c.stream.write_all(&[b'a', serial::END, b'b']).unwrap();
         let mut got = vec![0u8; 8];
         c.stream.read_exact(&mut got).unwrap();
-        assert_eq!(&got, &[b'f', b'i', b'r', b's', b't', b'A', serial::END, b'B']);
+        assert_eq!(
+            &got,
+            &[b'f', b'i', b'r', b's', b't', b'A', serial::END, b'B']
+        );
         drop(c.stream);
         assert!(guest.join().unwrap(), "the guest heard Close");
     }

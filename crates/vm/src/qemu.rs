@@ -152,7 +152,10 @@ pub fn args(m: &Machine) -> Vec<OsString> {
         "-device".into(),
         "virtio-serial-pci,max_ports=2".into(),
         "-chardev".into(),
-        format!("socket,id=agent,path={},server=on,wait=off", dir("agent.sock")),
+        format!(
+            "socket,id=agent,path={},server=on,wait=off",
+            dir("agent.sock")
+        ),
         "-device".into(),
         "virtserialport,chardev=agent,name=org.brig.agent".into(),
         "-qmp".into(),
@@ -201,7 +204,9 @@ mod tests {
         assert!(after("-append").ends_with("-- --vm-init"));
         assert!(after("-sandbox").contains("spawn=deny"));
         assert!(a.contains(&"-nodefaults".to_owned()));
-        assert!(a.iter().any(|x| x.contains("readonly=on,file=/proc/self/fd/5")));
+        assert!(a
+            .iter()
+            .any(|x| x.contains("readonly=on,file=/proc/self/fd/5")));
         assert!(!a.contains(&"-cpu".to_owned()));
     }
 }

@@ -69,7 +69,8 @@ impl Qmp {
         if let Some(a) = arguments {
             request["arguments"] = a;
         }
-        let mut line = serde_json::to_vec(&request).map_err(|e| QmpError::Protocol(e.to_string()))?;
+        let mut line =
+            serde_json::to_vec(&request).map_err(|e| QmpError::Protocol(e.to_string()))?;
         line.push(b'\n');
         self.writer.write_all(&line)?;
         loop {
@@ -110,7 +111,9 @@ mod tests {
 
     /// A scripted QEMU: the greeting, then for each request the lines
     /// given, recording what it was sent.
-    fn fake(answers: Vec<Vec<&'static str>>) -> (tempfile::TempDir, std::thread::JoinHandle<String>) {
+    fn fake(
+        answers: Vec<Vec<&'static str>>,
+    ) -> (tempfile::TempDir, std::thread::JoinHandle<String>) {
         let dir = tempfile::tempdir().unwrap();
         let listener = UnixListener::bind(dir.path().join("qmp.sock")).unwrap();
         let t = std::thread::spawn(move || {

@@ -84,6 +84,10 @@ pub struct VmTier {
     kernel: GuestKernel,
     initramfs: PathBuf,
     images: PathBuf,
+    /// The writable disks, `<home>/disks/<id>.ext4`: on a disk, not in
+    /// /run (a tmpfs, whose pages a guest writing its disk would charge to
+    /// QEMU's memory, and be killed for).
+    disks: PathBuf,
     dir: PathBuf,
     owner: String,
     hierarchy: Hierarchy,
@@ -128,9 +132,8 @@ impl VmTier {
         let accel = Accelerator::detect(probed.accel).ok_or_else(|| unavailable(probed.detail))?;
         let hierarchy = Hierarchy::detect().map_err(|e| unavailable(e.to_string()))?;
         let home = config.home;
-        let kernel = GuestKernel::get(&home.join("kernel")).map_err(|e| {
-            unavailable(format!("no guest kernel: {}", chain(&e)))
-        })?;
+        let kernel = GuestKernel::get(&home.join("kernel"))
+            .map_err(|e| unavailable(format!("no guest kernel: {}", chain(&e))))?;
         let initramfs = home.join("initramfs.cpio");
         initramfs::build(&kernel, &config.agent, &initramfs)
             .map_err(|e| unavailable(format!("cannot write {}: {e}", initramfs.display())))?;
@@ -146,6 +149,7 @@ impl VmTier {
             kernel,
             initramfs,
             images: home.join("images"),
+            disks: home.join("disks"),
             dir,
             owner: config.owner,
             hierarchy,
@@ -185,8 +189,25 @@ impl VmTier {
                 }
             }
         }
+        // Disks of guests no directory names (a daemon died between the
+        // two, or the host rebooted and /run was emptied).
+        for f in fs::read_dir(&self.disks).into_iter().flatten().flatten() {
+            let id = f
+                .file_name()
+                .to_str()
+                .and_then(|n| n.strip_suffix(".ext4"))
+                .and_then(SandboxId::parse);
+            if id.is_some_and(|id| {
+                !self.sandbox_dir(&id).exists() && !self.dir.join(format!(".{id}")).exists()
+            }) {
+                let _ = fs::remove_file(f.path());
+            }
+        }
         for c in ["memory", "pids", "cpu", "cpuacct"] {
-            let Some(parent) = self.hierarchy.mount(c).map(|m| m.join(crate::cgroup::PARENT))
+            let Some(parent) = self
+                .hierarchy
+                .mount(c)
+                .map(|m| m.join(crate::cgroup::PARENT))
             else {
                 continue;
             };
@@ -222,9 +243,12 @@ impl VmTier {
             .mode(0o700)
             .create(&aside)
             .map_err(io("create its runtime directory"))?;
-        fs::write(aside.join(STATE_FILE), format!("{}\n0 0 {uid}\n", self.owner))
-            .and_then(|()| fs::rename(&aside, dir))
-            .map_err(io("record its owner"))?;
+        fs::write(
+            aside.join(STATE_FILE),
+            format!("{}\n0 0 {uid}\n", self.owner),
+        )
+        .and_then(|()| fs::rename(&aside, dir))
+        .map_err(io("record its owner"))?;
         Ok(uid)
     }
 
@@ -255,11 +279,16 @@ impl VmTier {
                 e => TierError::failed(id, "make its template's disk image", e),
             })?
         };
-        let writable = dir.join("disk.ext4");
+        let writable = self.disks.join(format!("{id}.ext4"));
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&self.disks)
+            .map_err(io("create the disks' directory"))?;
         disk::writable(&writable, launch.limits.disk.bytes())
             .map_err(|e| TierError::failed(id, "make its writable disk", e))?;
         // QEMU owns its directory and what it writes there, nothing else.
-        for p in [dir, &writable] {
+        for p in [dir, writable.as_path()] {
             std::os::unix::fs::chown(p, Some(uid), Some(uid)).map_err(io("hand over its files"))?;
         }
 
@@ -292,6 +321,12 @@ impl VmTier {
         let own = File::open(dir)
             .and_then(|f| high_dup(&f))
             .map_err(io("open its directory"))?;
+        let rw = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&writable)
+            .and_then(|f| high_dup(&f))
+            .map_err(io("open its writable disk"))?;
         let machine = Machine {
             name: id.as_str(),
             accel: self.accel,
@@ -300,7 +335,7 @@ impl VmTier {
             kernel: Path::new("/proc/self/fd/3"),
             initramfs: Path::new("/proc/self/fd/4"),
             root_image: Path::new("/proc/self/fd/5"),
-            disk: Path::new("/proc/self/fd/6/disk.ext4"),
+            disk: Path::new("/proc/self/fd/7"),
             dir: Path::new("/proc/self/fd/6"),
             hostname: id.as_str(),
         };
@@ -316,6 +351,7 @@ impl VmTier {
             initrd.as_raw_fd(),
             root.as_raw_fd(),
             own.as_raw_fd(),
+            rw.as_raw_fd(),
         ];
         let procs_fds: Vec<RawFd> = procs.iter().map(AsRawFd::as_raw_fd).collect();
         let kvm_gid = (self.accel == Accelerator::Kvm)
@@ -330,7 +366,7 @@ impl VmTier {
         // The child forks QEMU and exits at once (`confine`): QEMU is
         // parented by nobody brig runs.
         let status = cmd.status().map_err(io("start QEMU"))?;
-        drop((kernel, initrd, root, own, procs));
+        drop((kernel, initrd, root, own, rw, procs));
         if !status.success() {
             return Err(TierError::failed(id, "start QEMU", status.to_string()));
         }
@@ -365,6 +401,7 @@ impl VmTier {
             pid,
             pidfd,
             dir: dir.to_path_buf(),
+            disk: self.disks.join(format!("{id}.ext4")),
             groups: Groups::new(&self.hierarchy, id),
             boot_timeout: match self.accel {
                 Accelerator::Kvm => Duration::from_secs(30),
@@ -379,13 +416,14 @@ impl VmTier {
 }
 
 /// Between fork and exec: join the groups, take the shared files as
-/// descriptors 3–5 and the sandbox's directory as 6, fork once more (QEMU
+/// descriptors 3–5, the sandbox's directory as 6 and its disk as 7, fork
+/// once more (QEMU
 /// must not be brig's child), leave brig's session, become `uid` (no
 /// supplementary groups but /dev/kvm's where KVM is used; no
 /// capabilities left after).
 fn confine(
     procs: &[RawFd],
-    fds: &[RawFd; 4],
+    fds: &[RawFd; 5],
     uid: u32,
     kvm_gid: Option<u32>,
 ) -> std::io::Result<()> {
@@ -594,8 +632,9 @@ fn kill_processes_naming(id: &SandboxId) {
 }
 
 /// Remove everything of a guest whose QEMU is dead or dying.
-fn teardown(groups: &Groups, id: &SandboxId, dir: &Path) -> Result<(), TierError> {
+fn teardown(groups: &Groups, id: &SandboxId, dir: &Path, disk: &Path) -> Result<(), TierError> {
     groups.remove();
+    let _ = fs::remove_file(disk);
     let removed = match fs::remove_dir_all(dir) {
         Err(e) if e.kind() != ErrorKind::NotFound => Err(e),
         _ => Ok(()),
@@ -652,7 +691,12 @@ impl Tier for VmTier {
             }
         }
         kill_processes_naming(id);
-        teardown(&Groups::new(&self.hierarchy, id), id, &dir)
+        teardown(
+            &Groups::new(&self.hierarchy, id),
+            id,
+            &dir,
+            &self.disks.join(format!("{id}.ext4")),
+        )
     }
 
     fn running(&self) -> Vec<SandboxId> {
@@ -685,6 +729,7 @@ pub struct VmInstance {
     pid: libc::pid_t,
     pidfd: OwnedFd,
     dir: PathBuf,
+    disk: PathBuf,
     groups: Groups,
     /// How long the guest's agent may take to first answer.
     boot_timeout: Duration,
@@ -832,7 +877,7 @@ impl Instance for VmInstance {
     /// file holds, out of its size.
     fn usage(&self) -> Result<Usage, TierError> {
         let mut usage = self.groups.usage();
-        if let Ok(m) = fs::metadata(self.dir.join("disk.ext4")) {
+        if let Ok(m) = fs::metadata(&self.disk) {
             usage.disk_used_bytes = Some(m.blocks() * 512);
             usage.disk_total_bytes = Some(m.len());
         }
@@ -877,7 +922,7 @@ impl Instance for VmInstance {
                 let _ = l.shutdown(std::net::Shutdown::Both);
             }
             let oom = self.groups.usage().oom_kills.is_some_and(|n| n > 0);
-            let torn = teardown(&self.groups, &self.id, &self.dir);
+            let torn = teardown(&self.groups, &self.id, &self.dir, &self.disk);
             *state = Phase::Done;
             *lock(&self.ended) = Some(Ended { code: None, oom });
             torn?;
@@ -901,4 +946,3 @@ impl Drop for VmInstance {
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
-
