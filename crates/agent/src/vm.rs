@@ -88,7 +88,11 @@ pub fn run() -> Result<(), String> {
             .map_err(|e| format!("move {at}: {e}"))?;
     }
     for (fs, at, data) in [
-        ("devpts", "/newroot/dev/pts", "newinstance,ptmxmode=0666,mode=620"),
+        (
+            "devpts",
+            "/newroot/dev/pts",
+            "newinstance,ptmxmode=0666,mode=620",
+        ),
         ("tmpfs", "/newroot/dev/shm", "mode=1777"),
         ("tmpfs", "/newroot/run", "mode=755"),
     ] {
@@ -128,7 +132,7 @@ pub fn run() -> Result<(), String> {
     let mut session =
         Session::listen(listener).map_err(|e| format!("cannot set up the event loop: {e}"))?;
     let relay = Relay::new(port).map_err(|e| format!("start the relay: {e}"))?;
-    thread::spawn(move || relay.from_host());
+    thread::spawn(move || relay.serve_host());
     let end = session.run();
     Err(format!("the agent ended: {end:?}"))
 }
@@ -237,7 +241,7 @@ impl Relay {
     /// connected (virtio-console's EOF): the current connection ends, as
     /// a host's hang-up ends it on a socket; the port is read again
     /// shortly, for the next host.
-    fn from_host(self) {
+    fn serve_host(self) {
         let mut unstuffer = Unstuffer::new();
         let mut buf = vec![0u8; 64 * 1024];
         loop {
@@ -304,11 +308,11 @@ impl Relay {
             number
         };
         let relay = self.clone();
-        thread::spawn(move || relay.to_host(reader, number));
+        thread::spawn(move || relay.forward_to_host(reader, number));
     }
 
     /// Connection `number`'s output, to the host while it is current.
-    fn to_host(self, mut agent: UnixStream, number: u64) {
+    fn forward_to_host(self, mut agent: UnixStream, number: u64) {
         let mut buf = vec![0u8; MAX_PACKET];
         loop {
             match agent.read(&mut buf) {

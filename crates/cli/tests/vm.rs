@@ -151,10 +151,8 @@ fn qemu_pids(id: &str) -> Vec<u32> {
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
         .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
-                c.split(|b| *b == 0)
-                    .any(|arg| arg == name.as_bytes())
-            })
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.split(|b| *b == 0).any(|arg| arg == name.as_bytes()))
         })
         // A zombie (reaped by init a moment later) runs nothing.
         .filter(|pid| {
@@ -257,7 +255,14 @@ fn a_vm_sandbox_through_the_cli_and_the_api() {
     assert!(pid1.starts_with("/init\0--vm-init"), "{pid1:?}");
 
     // Exit codes and both streams.
-    let out = daemon.brig(&["exec", &id, "--", "sh", "-c", "echo out; echo err >&2; exit 7"]);
+    let out = daemon.brig(&[
+        "exec",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "echo out; echo err >&2; exit 7",
+    ]);
     assert_eq!(out.status.code(), Some(7), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout), "out\n");
     assert_eq!(text(&out.stderr), "err\n");
@@ -281,7 +286,10 @@ fn a_vm_sandbox_through_the_cli_and_the_api() {
         daemon.brig(&["cp", &format!("{id}:/root/blob"), back.to_str().unwrap()]),
         "cp out",
     );
-    assert!(std::fs::read(&back).unwrap() == blob, "the file came back changed");
+    assert!(
+        std::fs::read(&back).unwrap() == blob,
+        "the file came back changed"
+    );
     let (status, list) = daemon.call(
         "GET",
         &format!("/v1/sandboxes/{id}/files/list?path=/root"),
@@ -300,8 +308,14 @@ fn a_vm_sandbox_through_the_cli_and_the_api() {
         "dd if=/dev/zero of=/root/big bs=1M count=400 2>&1; echo rc=$?",
     ]);
     let said = text(&out.stdout);
-    assert!(said.contains("No space left") && !said.contains("rc=0"), "{said}");
-    ok(daemon.brig(&["exec", &id, "--", "rm", "/root/big"]), "rm big");
+    assert!(
+        said.contains("No space left") && !said.contains("rc=0"),
+        "{said}"
+    );
+    ok(
+        daemon.brig(&["exec", &id, "--", "rm", "/root/big"]),
+        "rm big",
+    );
 
     // The memory limit is the guest's RAM (less what its kernel keeps),
     // and QEMU's cgroup holds it with QEMU's own overhead.
@@ -320,7 +334,11 @@ fn a_vm_sandbox_through_the_cli_and_the_api() {
             .join("memory.limit_in_bytes"),
     )
     .or_else(|_| {
-        std::fs::read_to_string(Path::new("/sys/fs/cgroup/brig-vm").join(&id).join("memory.max"))
+        std::fs::read_to_string(
+            Path::new("/sys/fs/cgroup/brig-vm")
+                .join(&id)
+                .join("memory.max"),
+        )
     })
     .unwrap()
     .trim()
@@ -368,7 +386,11 @@ fn a_vm_sandbox_through_the_cli_and_the_api() {
     std::thread::sleep(Duration::from_secs(1));
     let after = cpu(&stat(qemu));
     // A stopped machine's QEMU idles (a running TCG guest burns ticks).
-    assert!(after - before < 30, "QEMU ran {} ticks while paused", after - before);
+    assert!(
+        after - before < 30,
+        "QEMU ran {} ticks while paused",
+        after - before
+    );
     ok(daemon.brig(&["resume", &id]), "resume");
     let first = ticks(&daemon);
     assert!(first >= 3, "ticked before the pause: {first}");
@@ -380,7 +402,10 @@ fn a_vm_sandbox_through_the_cli_and_the_api() {
     assert_eq!(qemu_pids(&id), vec![qemu], "the guest outlives its daemon");
     let daemon = Daemon::start(home.path());
     let adopted = ticks(&daemon);
-    assert!(adopted > first, "ticking while no daemon ran: {adopted} after {first}");
+    assert!(
+        adopted > first,
+        "ticking while no daemon ran: {adopted} after {first}"
+    );
     let out = ok(daemon.brig(&["exec", &id, "--", "echo", "adopted"]), "exec");
     assert_eq!(out, "adopted\n");
 
@@ -398,7 +423,13 @@ fn the_native_and_e2b_apis_create_vm_sandboxes_without_a_network() {
     let home = tempfile::tempdir().unwrap();
     let daemon = Daemon::start_with(
         home.path(),
-        &["--e2b", "--e2b-api", "127.0.0.1:0", "--e2b-sandbox", "127.0.0.1:0"],
+        &[
+            "--e2b",
+            "--e2b-api",
+            "127.0.0.1:0",
+            "--e2b-sandbox",
+            "127.0.0.1:0",
+        ],
     );
 
     // A network is refused, clearly.
@@ -416,7 +447,10 @@ fn the_native_and_e2b_apis_create_vm_sandboxes_without_a_network() {
         Some(json!({"isolation": "vm", "template": "host", "network": {"mode": "none"}})),
     );
     assert!((400..500).contains(&status), "{status} {err}");
-    assert!(err.to_string().contains("root file system of its own"), "{err}");
+    assert!(
+        err.to_string().contains("root file system of its own"),
+        "{err}"
+    );
 
     let (status, sb) = daemon.call(
         "POST",
@@ -501,7 +535,10 @@ fn nothing_is_left_after_a_daemon_crash() {
     if forgot {
         assert_nothing_left(&ids[1]);
     }
-    let out = ok(daemon.brig(&["exec", &ids[0], "--", "echo", "adopted"]), "exec");
+    let out = ok(
+        daemon.brig(&["exec", &ids[0], "--", "echo", "adopted"]),
+        "exec",
+    );
     assert_eq!(out, "adopted\n");
     drop(daemon);
     for id in &ids {

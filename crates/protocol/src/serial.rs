@@ -205,7 +205,9 @@ mod tests {
 
     #[test]
     fn malformed_packets_are_dropped() {
-        let mut wire = vec![END, DATA, ESC, b'x', END, END, 99, 1, END, END, HELLO, 1, 2, END];
+        let mut wire = vec![
+            END, DATA, ESC, b'x', END, END, 99, 1, END, END, HELLO, 1, 2, END,
+        ];
         Packet::Close.encode_into(&mut wire);
         assert_eq!(decode(&wire), vec![Packet::Close]);
     }

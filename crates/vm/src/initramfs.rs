@@ -62,7 +62,7 @@ impl Cpio {
     }
 
     fn pad(&mut self) {
-        while self.out.len() % 4 != 0 {
+        while !self.out.len().is_multiple_of(4) {
             self.out.push(0);
         }
     }
@@ -83,7 +83,7 @@ impl Cpio {
     pub fn finish(mut self) -> Vec<u8> {
         self.entry("TRAILER!!!", 0, (0, 0), &[]);
         // The kernel reads whole 512-byte blocks, as cpio writes them.
-        while self.out.len() % 512 != 0 {
+        while !self.out.len().is_multiple_of(512) {
             self.out.push(0);
         }
         self.out

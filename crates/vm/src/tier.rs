@@ -452,8 +452,8 @@ fn confine(
     // SAFETY: fork in a single-threaded child; the parent side only exits.
     match unsafe { libc::fork() } {
         -1 => return Err(std::io::Error::last_os_error()),
-        // SAFETY: _exit ends this child without running anything else.
         0 => {}
+        // SAFETY: _exit ends this child without running anything else.
         _ => unsafe { libc::_exit(0) },
     }
     // SAFETY: integer-only system calls.
