@@ -545,3 +545,74 @@ fn nothing_is_left_after_a_daemon_crash() {
         assert_nothing_left(id);
     }
 }
+
+/// A daemon killed while guests are being made (their disks made, QEMU
+/// starting, the guest booting): the next daemon leaves none of them
+/// `creating`, and once it ends nothing of them is left on the host.
+#[test]
+fn a_daemon_killed_mid_create_leaves_nothing_half_made() {
+    let Some(template) = ready() else { return };
+    for delay_ms in [150u64, 1500] {
+        let home = tempfile::tempdir().unwrap();
+        let daemon = Daemon::start(home.path());
+        let (url, key) = (daemon.url.clone(), daemon.key.clone());
+        let creates: Vec<_> = (0..2)
+            .map(|_| {
+                let (url, key, template) = (url.clone(), key.clone(), template.clone());
+                std::thread::spawn(move || {
+                    let _ = ureq::post(&format!("{url}/v1/sandboxes"))
+                        .set("Authorization", &format!("Bearer {key}"))
+                        .send_json(json!({
+                            "isolation": "vm",
+                            "template": template,
+                            "memory": "256M",
+                            "network": {"mode": "none"},
+                        }));
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        daemon.kill9();
+        for c in creates {
+            let _ = c.join();
+        }
+        // What the killed daemon left, by its guests' directories.
+        let owner = format!("{}\n", home.path().join("brig.db").display());
+        let ids: Vec<String> = std::fs::read_dir("/run/brig/vm")
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| {
+                        std::fs::read_to_string(e.path().join("state"))
+                            .is_ok_and(|s| s.starts_with(&owner))
+                    })
+                    .map(|e| {
+                        e.file_name()
+                            .to_string_lossy()
+                            .trim_start_matches('.')
+                            .to_owned()
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        if delay_ms >= 1500 {
+            // Mid-boot: the guests' QEMUs run, their daemon gone.
+            assert_eq!(ids.len(), 2, "after {delay_ms} ms: {ids:?}");
+            assert!(
+                ids.iter().all(|id| qemu_pids(id).len() == 1),
+                "after {delay_ms} ms: no QEMU for some of {ids:?}"
+            );
+        }
+        let daemon = Daemon::start(home.path());
+        let (_, list) = daemon.call("GET", "/v1/sandboxes", None);
+        for sb in list["items"].as_array().unwrap() {
+            assert!(
+                sb["state"] == "running" || sb["state"] == "dead",
+                "after {delay_ms} ms: {sb}"
+            );
+        }
+        drop(daemon);
+        for id in &ids {
+            assert_nothing_left(id);
+        }
+    }
+}

@@ -403,6 +403,7 @@ impl VmTier {
             dir: dir.to_path_buf(),
             disk: self.disks.join(format!("{id}.ext4")),
             groups: Groups::new(&self.hierarchy, id),
+            overhead: self.accel.overhead_bytes(),
             boot_timeout: match self.accel {
                 Accelerator::Kvm => Duration::from_secs(30),
                 // Emulated: seconds per boot, more on a loaded host.
@@ -731,6 +732,8 @@ pub struct VmInstance {
     dir: PathBuf,
     disk: PathBuf,
     groups: Groups,
+    /// What QEMU's memory limit holds beyond the guest's RAM.
+    overhead: u64,
     /// How long the guest's agent may take to first answer.
     boot_timeout: Duration,
     /// The line under the current agent connection: shut down before a
@@ -885,10 +888,14 @@ impl Instance for VmInstance {
     }
 
     /// The CPU quota changes live; memory is the guest's RAM, fixed when it
-    /// booted (no balloon yet).
+    /// booted (no balloon yet): another memory limit is refused.
     fn set_limits(&self, limits: &Limits) -> Result<(), TierError> {
-        let booted = self.groups.usage().memory_limit_bytes;
-        if limits.memory.bytes() > booted {
+        let booted = self
+            .groups
+            .usage()
+            .memory_limit_bytes
+            .saturating_sub(self.overhead);
+        if limits.memory.bytes() != booted {
             return Err(TierError::Unsupported {
                 tier: Isolation::Vm,
                 op: "change a running machine's memory",
