@@ -32,7 +32,7 @@ use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use brig_core::{
@@ -76,13 +76,26 @@ pub struct VmConfig {
     pub owner: String,
 }
 
+/// What every guest boots: the kernel and the initramfs.
+#[derive(Debug)]
+pub struct Guest {
+    pub kernel: GuestKernel,
+    pub initramfs: PathBuf,
+}
+
 /// The vm tier: sandboxes as QEMU virtual machines.
 #[derive(Debug)]
 pub struct VmTier {
     qemu: PathBuf,
     accel: Accelerator,
-    kernel: GuestKernel,
-    initramfs: PathBuf,
+    /// Where the kernel, the initramfs, images and disks live.
+    home: PathBuf,
+    agent: PathBuf,
+    /// The guest's kernel and initramfs, made ready at the first launch
+    /// (not at the daemon's start: a daemon that never starts a guest
+    /// never fetches a kernel).
+    guest: OnceLock<Guest>,
+    preparing: Mutex<()>,
     images: PathBuf,
     /// The writable disks, `<home>/disks/<id>.ext4`: on a disk, not in
     /// /run (a tmpfs, whose pages a guest writing its disk would charge to
@@ -118,9 +131,10 @@ fn unavailable(reason: impl Into<String>) -> TierError {
 
 impl VmTier {
     /// The tier, if this host can offer it: QEMU, root, the cgroup
-    /// hierarchy, a guest kernel (fetched from Debian's archive the first
-    /// time: seconds), the initramfs. Removes what dead daemons' guests
-    /// left.
+    /// hierarchy (the guest kernel comes at the first launch: [`guest`]).
+    /// Removes what dead daemons' guests left.
+    ///
+    /// [`guest`]: VmTier::guest
     pub fn new(config: VmConfig) -> Result<VmTier, TierError> {
         // SAFETY: geteuid takes no arguments and cannot fail.
         if unsafe { libc::geteuid() } != 0 {
@@ -128,15 +142,10 @@ impl VmTier {
                 "brig runs QEMU as a uid of its own per guest, which needs root",
             ));
         }
-        let probed = brig_host::probe::probe().tiers.vm;
+        let probed = brig_host::probe::vm_tier();
         let accel = Accelerator::detect(probed.accel).ok_or_else(|| unavailable(probed.detail))?;
         let hierarchy = Hierarchy::detect().map_err(|e| unavailable(e.to_string()))?;
         let home = config.home;
-        let kernel = GuestKernel::get(&home.join("kernel"))
-            .map_err(|e| unavailable(format!("no guest kernel: {}", chain(&e))))?;
-        let initramfs = home.join("initramfs.cpio");
-        initramfs::build(&kernel, &config.agent, &initramfs)
-            .map_err(|e| unavailable(format!("cannot write {}: {e}", initramfs.display())))?;
         let dir = config.run_dir.join("vm");
         fs::DirBuilder::new()
             .recursive(true)
@@ -146,8 +155,10 @@ impl VmTier {
         let tier = VmTier {
             qemu: config.qemu,
             accel,
-            kernel,
-            initramfs,
+            home: home.clone(),
+            agent: config.agent,
+            guest: OnceLock::new(),
+            preparing: Mutex::new(()),
             images: home.join("images"),
             disks: home.join("disks"),
             dir,
@@ -165,9 +176,23 @@ impl VmTier {
         self.accel
     }
 
-    /// What `uname -r` says in a guest.
-    pub fn kernel_version(&self) -> &str {
-        &self.kernel.version
+    /// The guest kernel (fetched from Debian's archive the first time:
+    /// seconds, once per home) and the initramfs (written once per daemon:
+    /// the agent may have changed), ready for launches.
+    pub fn guest(&self) -> Result<&Guest, TierError> {
+        if let Some(g) = self.guest.get() {
+            return Ok(g);
+        }
+        let _held = lock(&self.preparing);
+        if let Some(g) = self.guest.get() {
+            return Ok(g);
+        }
+        let kernel = GuestKernel::get(&self.home.join("kernel"))
+            .map_err(|e| unavailable(format!("no guest kernel: {}", chain(&e))))?;
+        let initramfs = self.home.join("initramfs.cpio");
+        initramfs::build(&kernel, &self.agent, &initramfs)
+            .map_err(|e| unavailable(format!("cannot write {}: {e}", initramfs.display())))?;
+        Ok(self.guest.get_or_init(|| Guest { kernel, initramfs }))
     }
 
     fn sandbox_dir(&self, id: &SandboxId) -> PathBuf {
@@ -308,7 +333,8 @@ impl VmTier {
             .map_err(|e| TierError::failed(id, "make its cgroups", e))?;
 
         // 4. QEMU. The shared files go in as descriptors 3, 4, 5.
-        let shared = [self.kernel.vmlinuz.as_path(), &self.initramfs, &image]
+        let guest = self.guest()?;
+        let shared = [guest.kernel.vmlinuz.as_path(), &guest.initramfs, &image]
             .map(|p| File::open(p).and_then(|f| high_dup(&f)));
         let [kernel, initrd, root] = shared;
         let (kernel, initrd, root) = (

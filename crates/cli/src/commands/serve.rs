@@ -346,15 +346,11 @@ pub(crate) fn start_runtime(
         }
         Err(e) => tracing::info!("no gvisor tier: {e}"),
     }
-    // The vm tier where this host has QEMU. Its first start fetches the
+    // The vm tier where this host has QEMU. Its first launch fetches the
     // guest kernel from Debian's archive (seconds, once per home).
     match vm_tier(&tier.options().run_dir, &store_path, &owner) {
         Ok(v) => {
-            tracing::info!(
-                "vm tier: QEMU with {}, guest kernel {}",
-                v.accel().as_str(),
-                v.kernel_version()
-            );
+            tracing::info!("vm tier: QEMU with {}", v.accel().as_str());
             tiers.push(Arc::new(v));
         }
         Err(e) => tracing::info!("no vm tier: {e}"),
