@@ -616,3 +616,66 @@ fn a_daemon_killed_mid_create_leaves_nothing_half_made() {
         }
     }
 }
+
+/// `brig run --isolation vm`: one command in a fresh guest on brig's
+/// stdio (stdin in, stdout and stderr out, its exit status), its own
+/// kernel; nothing left after it. A terminal (`-t`) and a network are
+/// refused, said so.
+#[test]
+fn brig_run_runs_one_command_in_a_guest() {
+    let Some(template) = ready() else { return };
+    let run = |args: &[&str], input: &[u8]| -> Output {
+        let mut child = Command::new(BRIG)
+            .arg("run")
+            .args(args)
+            .env("BRIG_VM_HOME", vm_home())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        let _ = child.stdin.take().unwrap().write_all(input);
+        child.wait_with_output().unwrap()
+    };
+    let out = run(
+        &[
+            "-i",
+            "--isolation",
+            "vm",
+            "--network",
+            "none",
+            "--template",
+            &template,
+            "--",
+            "sh",
+            "-c",
+            "read x; echo got:$x; hostname; uname -r; echo err >&2; exit 3",
+        ],
+        b"piped\n",
+    );
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines[0], "got:piped", "{stdout}");
+    let host = ok(
+        Command::new("uname").arg("-r").output().unwrap(),
+        "host uname",
+    );
+    assert_ne!(lines[2], host.trim(), "the host's kernel answered");
+    assert!(lines[2].ends_with("-cloud-amd64"), "{stdout}");
+    assert!(text(&out.stderr).contains("err"), "{}", text(&out.stderr));
+    // The guest's hostname is its sandbox's id.
+    assert_nothing_left(lines[1]);
+
+    let out = run(
+        &["--isolation", "vm", "--template", &template, "--", "true"],
+        b"",
+    );
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("no network yet"),
+        "{}",
+        text(&out.stderr)
+    );
+}

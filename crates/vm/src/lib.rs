@@ -37,14 +37,16 @@
 //! Under TCG (hosts without hardware virtualization, these machines) a
 //! guest boots in seconds; with KVM in a fraction of one. What is not here
 //! yet: networking (a guest has no NIC: the tier refuses a network
-//! attachment), memory snapshots, restore and fork, `brig run --isolation
-//! vm`, live memory changes.
+//! attachment), memory snapshots, restore and fork, a terminal for `brig
+//! run --isolation vm` (`oneshot.rs`: a command on the caller's stdio),
+//! live memory changes.
 
 pub mod cgroup;
 pub mod disk;
 pub mod initramfs;
 pub mod kernel;
 pub mod line;
+mod oneshot;
 pub mod qemu;
 pub mod qmp;
 pub mod tier;

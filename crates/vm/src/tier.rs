@@ -171,6 +171,25 @@ impl VmTier {
         Ok(tier)
     }
 
+    /// A tier for one-shot commands (`brig run --isolation vm`): its
+    /// guests are owned by this process (`/proc/<pid>`), so one its
+    /// caller's death left running is discarded by the next tier made on
+    /// this host.
+    pub fn for_commands(
+        qemu: PathBuf,
+        run_dir: PathBuf,
+        home: PathBuf,
+        agent: PathBuf,
+    ) -> Result<VmTier, TierError> {
+        VmTier::new(VmConfig {
+            qemu,
+            run_dir,
+            home,
+            agent,
+            owner: format!("/proc/{}", std::process::id()),
+        })
+    }
+
     /// How guests run here: `kvm` or `tcg`.
     pub fn accel(&self) -> Accelerator {
         self.accel
@@ -724,6 +743,16 @@ impl Tier for VmTier {
             &dir,
             &self.disks.join(format!("{id}.ext4")),
         )
+    }
+
+    /// One command in a fresh guest, on this process's stdio; see
+    /// `oneshot.rs`.
+    fn run(
+        &self,
+        spec: &brig_core::SandboxSpec,
+        network: &NetworkAttachment,
+    ) -> Result<Box<dyn brig_core::OneShot>, TierError> {
+        crate::oneshot::run(self, spec, network)
     }
 
     fn running(&self) -> Vec<SandboxId> {
