@@ -213,7 +213,7 @@ def main():
         tier_round(d, "process", template, 1)
         version = (VM_HOME / "kernel/current").read_text().strip()
         kernel = VM_HOME / "kernel" / version / "vmlinuz"
-        initramfs = VM_HOME / "initramfs.cpio"
+        initramfs = max(VM_HOME.glob("initramfs-*.cpio"), key=lambda p: p.stat().st_mtime)
         image = max((VM_HOME / "images").glob("*.ext4"), key=lambda p: p.stat().st_mtime)
         qemu_round(qemu, kernel, initramfs, image, scratch, accel)
 

@@ -81,7 +81,11 @@ impl GuestKernel {
 
     fn cached(dir: &Path) -> Option<GuestKernel> {
         let version = fs::read_to_string(dir.join("current")).ok()?;
-        let version = version.trim().to_owned();
+        Self::cached_at(dir, version.trim())
+    }
+
+    fn cached_at(dir: &Path, version: &str) -> Option<GuestKernel> {
+        let version = version.to_owned();
         let at = dir.join(&version);
         let order = fs::read_to_string(at.join("modules.order")).ok()?;
         let modules: Vec<PathBuf> = order
@@ -181,6 +185,10 @@ fn unpack(scratch: &Path, package: &str, version: &str, dir: &Path) -> Result<()
     }
     fs::write(staged.join("modules.order"), names).map_err(io_err("write", &staged))?;
     let target = dir.join(version);
+    if GuestKernel::cached_at(dir, version).is_some() {
+        // Another daemon fetched it meanwhile (and may be reading it).
+        return Ok(());
+    }
     let _ = fs::remove_dir_all(&target);
     fs::rename(&staged, &target).map_err(io_err("keep the kernel at", &target))
 }

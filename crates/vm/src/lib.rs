@@ -15,7 +15,8 @@
 //!
 //! ```text
 //! $BRIG_HOME/vm/kernel/<version>/   vmlinuz, modules/*.ko, modules.order
-//! $BRIG_HOME/vm/initramfs.cpio      /init = brig-agent, the modules
+//! $BRIG_HOME/vm/initramfs-<key>.cpio /init = brig-agent, the modules (<key>: the
+//!                                   agent's and the kernel's)
 //! $BRIG_HOME/vm/images/<key>.ext4   a template's read-only image
 //! $BRIG_HOME/vm/disks/<id>.ext4     a sandbox's writable disk (--disk): on a
 //!                                   disk, not in /run's tmpfs, whose pages

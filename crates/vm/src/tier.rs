@@ -208,9 +208,44 @@ impl VmTier {
         }
         let kernel = GuestKernel::get(&self.home.join("kernel"))
             .map_err(|e| unavailable(format!("no guest kernel: {}", chain(&e))))?;
-        let initramfs = self.home.join("initramfs.cpio");
+        // Named by what it holds: daemons of other builds (another agent)
+        // sharing this home keep theirs.
+        let agent = fs::read(&self.agent).map_err(|e| {
+            unavailable(format!(
+                "cannot read the agent {}: {e}",
+                self.agent.display()
+            ))
+        })?;
+        let key = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::hash::DefaultHasher::new();
+            (&agent, &kernel.version).hash(&mut h);
+            h.finish()
+        };
+        let initramfs = self.home.join(format!("initramfs-{key:016x}.cpio"));
         initramfs::build(&kernel, &self.agent, &initramfs)
             .map_err(|e| unavailable(format!("cannot write {}: {e}", initramfs.display())))?;
+        // Other builds' initramfs files nobody wrote for a day, and halves
+        // a killed daemon left for ten minutes: gone (a daemon rewrites its
+        // own at its first launch).
+        for f in fs::read_dir(&self.home).into_iter().flatten().flatten() {
+            let name = f.file_name();
+            let Some(name) = name.to_str().filter(|n| n.starts_with("initramfs")) else {
+                continue;
+            };
+            let keep = Duration::from_secs(if name.contains(".tmp") {
+                600
+            } else {
+                24 * 3600
+            });
+            let stale = f
+                .metadata()
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| t.elapsed().is_ok_and(|age| age > keep));
+            if stale {
+                let _ = fs::remove_file(f.path());
+            }
+        }
         Ok(self.guest.get_or_init(|| Guest { kernel, initramfs }))
     }
 
