@@ -348,6 +348,7 @@ fn a_vm_sandbox_through_the_cli_and_the_api() {
     let (status, m) = daemon.call("GET", &format!("/v1/sandboxes/{id}/metrics"), None);
     assert_eq!(status, 200, "{m}");
     assert!(m["memory_bytes"].as_u64().unwrap() > 0, "{m}");
+    assert_eq!(m["memory_limit_bytes"], 384u64 << 20, "{m}");
 
     // Pause and resume: a paused guest's clock stands still, so a ticking
     // process makes no progress while paused.

@@ -965,11 +965,13 @@ impl Instance for VmInstance {
         })
     }
 
-    /// QEMU's groups (the guest's memory as QEMU touched it, its threads,
-    /// the CPU time of the machine); the disk: blocks the writable disk's
-    /// file holds, out of its size.
+    /// QEMU's groups (the guest's memory as QEMU touched it, QEMU's
+    /// threads, the CPU time of the machine); the limit shown is the
+    /// guest's RAM (QEMU's group holds its overhead too); the disk: blocks
+    /// the writable disk's file holds, out of its size.
     fn usage(&self) -> Result<Usage, TierError> {
         let mut usage = self.groups.usage();
+        usage.memory_limit_bytes = usage.memory_limit_bytes.saturating_sub(self.overhead);
         if let Ok(m) = fs::metadata(&self.disk) {
             usage.disk_used_bytes = Some(m.blocks() * 512);
             usage.disk_total_bytes = Some(m.len());
