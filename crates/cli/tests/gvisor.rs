@@ -494,7 +494,7 @@ fn nothing_is_left_after_a_daemon_crash() {
 
 /// The official E2B Python SDK creates a gvisor sandbox with the metadata
 /// key `brig.isolation` and runs commands and files in it
-/// (tests/e2b/gvisor_sdk.py).
+/// (tests/e2b/tier_sdk.py).
 #[test]
 fn e2b_clients_pick_gvisor_with_a_metadata_key() {
     let Some(_template) = ready() else { return };
@@ -520,7 +520,7 @@ fn e2b_clients_pick_gvisor_with_a_metadata_key() {
         ],
     );
     let (api, data) = daemon.e2b.clone().unwrap();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/e2b/gvisor_sdk.py");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/e2b/tier_sdk.py");
     let out = Command::new(python)
         .arg(&script)
         .env("E2B_API_KEY", &daemon.key)
@@ -534,7 +534,7 @@ fn e2b_clients_pick_gvisor_with_a_metadata_key() {
     let stdout = text(&out.stdout);
     assert!(
         out.status.success() && stdout.contains("13 passed, 0 failed"),
-        "gvisor_sdk.py:\n{stdout}\n{}",
+        "tier_sdk.py:\n{stdout}\n{}",
         text(&out.stderr)
     );
     // Killed through E2B: nothing of it stays.

@@ -26,8 +26,8 @@ struct Daemon {
     url: String,
     home: PathBuf,
     key: String,
-    /// E2B's control plane, with `--e2b`.
-    e2b: Option<String>,
+    /// E2B's control plane and data plane, with `--e2b`.
+    e2b: Option<(String, String)>,
 }
 
 /// Where the guest kernel and the templates' images are kept between runs.
@@ -46,11 +46,14 @@ impl Daemon {
             .args(extra)
             .env("BRIG_VM_HOME", vm_home());
         let (child, url, mut lines) = support::start_daemon_with(cmd, home);
-        let e2b = extra.contains(&"--e2b").then(|| loop {
-            let line = lines.next().expect("brig serve exited").unwrap();
-            if let Some(a) = line.strip_prefix("brig: e2b api on ") {
-                break a.to_string();
-            }
+        let e2b = extra.contains(&"--e2b").then(|| {
+            let mut addr = |prefix: &str| loop {
+                let line = lines.next().expect("brig serve exited").unwrap();
+                if let Some(a) = line.strip_prefix(prefix) {
+                    break a.to_string();
+                }
+            };
+            (addr("brig: e2b api on "), addr("brig: e2b sandboxes on "))
         });
         std::thread::spawn(move || for _ in lines {});
         let key = std::fs::read_to_string(home.join("local.key"))
@@ -468,7 +471,7 @@ fn the_native_and_e2b_apis_create_vm_sandboxes_without_a_network() {
     let native = sb["id"].as_str().unwrap().to_string();
 
     // E2B: the metadata key picks the tier; no internet access asked.
-    let api = daemon.e2b.clone().unwrap();
+    let (api, _) = daemon.e2b.clone().unwrap();
     let (status, err) = daemon.call(
         "POST",
         &format!("{api}/sandboxes"),
@@ -679,4 +682,58 @@ fn brig_run_runs_one_command_in_a_guest() {
         "{}",
         text(&out.stderr)
     );
+}
+
+/// The official E2B Python SDK on a vm sandbox (tests/e2b/tier_sdk.py, as
+/// gvisor.rs runs it on gvisor): picked with the metadata key
+/// `brig.isolation`, created without internet access; commands, files, a
+/// background command, the guest's own kernel; nothing left after its kill.
+#[test]
+fn e2b_clients_pick_vm_with_a_metadata_key() {
+    let Some(template) = ready() else { return };
+    let python = brig_test_support::test_cache().join("e2b-venv/bin/python");
+    if !python.exists() {
+        support::skip(&format!(
+            "{} is missing: tests/support/install-python-deps.sh makes it",
+            python.display()
+        ));
+        return;
+    }
+    let home = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start_with(
+        home.path(),
+        &[
+            "--e2b",
+            "--e2b-api",
+            "127.0.0.1:0",
+            "--e2b-sandbox",
+            "127.0.0.1:0",
+            "--prepare",
+            "none",
+        ],
+    );
+    let (api, data) = daemon.e2b.clone().unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/e2b/tier_sdk.py");
+    let out = Command::new(python)
+        .arg(&script)
+        .env("E2B_API_KEY", &daemon.key)
+        .env("E2B_API_URL", &api)
+        .env("E2B_SANDBOX_URL", &data)
+        .env("E2B_TEMPLATE", &template)
+        .env("BRIG_ISOLATION", "vm")
+        .env_remove("E2B_DEBUG")
+        .env_remove("E2B_DOMAIN")
+        .output()
+        .unwrap();
+    let stdout = text(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("13 passed, 0 failed"),
+        "tier_sdk.py:\n{stdout}\n{}",
+        text(&out.stderr)
+    );
+    let id = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("sandbox "))
+        .expect("the script names its sandbox");
+    assert_nothing_left(id);
 }
