@@ -304,6 +304,18 @@ impl VmTier {
     fn make_dir(&self, id: &SandboxId, dir: &Path) -> Result<u32, TierError> {
         let io = |op: &'static str| move |e: std::io::Error| TierError::failed(id, op, e);
         let _held = lock(&self.picking);
+        // Other daemons of this host pick from the same range: an exclusive
+        // lock on the directory all guests live in, held until this one's
+        // uid is recorded.
+        let all = File::open(&self.dir).map_err(io("open the guests' directory"))?;
+        // SAFETY: flock on a descriptor we hold; released when it closes.
+        if unsafe { libc::flock(all.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(TierError::failed(
+                id,
+                "lock the guests' directory",
+                std::io::Error::last_os_error(),
+            ));
+        }
         let used: Vec<u32> = fs::read_dir(&self.dir)
             .map(|d| {
                 d.flatten()
