@@ -66,6 +66,16 @@ fn main() -> ExitCode {
         // SAFETY: prctl with integer arguments only.
         unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) };
     }
+    // As pid 1, nothing in the sandbox may trace this process, read its
+    // memory or take its descriptors (the host's connection, the writable
+    // layer's mount): not even the sandbox's root after `sudo`, which has
+    // the same uid but no CAP_SYS_PTRACE. exec made us dumpable again,
+    // whatever the init before us had set.
+    // SAFETY: getpid takes no arguments.
+    if unsafe { libc::getpid() } == 1 {
+        // SAFETY: prctl with integer arguments only.
+        unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+    }
     let session = match mode {
         Mode::Listen => listen(),
         Mode::ListenAt(ref path) => listen_at(path),

@@ -20,6 +20,7 @@ use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use brig_protocol::message::{ExecRequest, CHANNEL_STDERR, CHANNEL_STDOUT, MAX_META};
 
@@ -51,6 +52,8 @@ pub struct Proc {
     /// The stream the process's output goes to, if a client is attached.
     pub attached: Option<u32>,
     pub status: Option<WaitStatus>,
+    /// When `status` came.
+    pub exited_at: Option<Instant>,
     /// With a PTY, `stdout` is the master and is also where stdin goes.
     pub pty: bool,
     pub stdout: Option<File>,
@@ -149,6 +152,7 @@ impl Proc {
             queue: VecDeque::new(),
             queued: 0,
             dropped: 0,
+            exited_at: None,
         };
         if let Some(size) = req.pty {
             let (master, slave) =
@@ -298,6 +302,48 @@ impl Proc {
             if self.queued as u64 + self.dropped == before {
                 // Nothing more to read: it would block.
                 self.stdout = None;
+            }
+        }
+    }
+
+    /// How long after its exit a process's output may still come: from
+    /// what it started in the background and did not wait for (`echo a &`),
+    /// which still holds the pipes (or the terminal). After that, what
+    /// still holds them is an orphan that would keep the command from
+    /// ending forever; like E2B's envd, the command ends with its process.
+    pub const OUTPUT_GRACE: Duration = Duration::from_millis(100);
+
+    /// When [`Proc::end_orphaned_output`] should look at this process
+    /// next: exited, its output still open and being read (a consumer
+    /// that holds the output back gets its say first).
+    pub fn output_deadline(&self) -> Option<Instant> {
+        let open = self.stdout.is_some() || self.stderr.is_some();
+        (open && self.wants_output())
+            .then_some(self.exited_at)
+            .flatten()
+            .map(|t| t + Self::OUTPUT_GRACE)
+    }
+
+    /// Past the grace after its exit: read what is in the pipes now (all
+    /// the process itself wrote is there) and close them.
+    pub fn end_orphaned_output(&mut self, now: Instant, log: &mut Logs) {
+        if self.output_deadline().is_none_or(|d| d > now) {
+            return;
+        }
+        for which in [Pipe::Stdout, Pipe::Stderr] {
+            loop {
+                let before = self.queued as u64 + self.dropped;
+                if !self.read_pipe(which, log) || !self.wants_output() {
+                    break;
+                }
+                if self.queued as u64 + self.dropped == before {
+                    // Empty: what comes later is an orphan's.
+                    match which {
+                        Pipe::Stdout => self.stdout = None,
+                        Pipe::Stderr => self.stderr = None,
+                    }
+                    break;
+                }
             }
         }
     }

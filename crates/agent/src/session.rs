@@ -325,7 +325,21 @@ impl Session {
                 }
             }
         }
-        sys::poll(&mut fds, self.forwards.poll_timeout()).map_err(End::Io)?;
+        // Wake for the first exited process whose output grace ends.
+        let now = std::time::Instant::now();
+        let grace = self
+            .procs
+            .values()
+            .filter_map(|p| p.output_deadline())
+            .min()
+            .map(|d| {
+                (d.saturating_duration_since(now).as_millis() + 1).min(i32::MAX as u128) as i32
+            });
+        let timeout = match (self.forwards.poll_timeout(), grace) {
+            (-1, g) => g.unwrap_or(-1),
+            (f, g) => g.map_or(f, |g| g.min(f)),
+        };
+        sys::poll(&mut fds, timeout).map_err(End::Io)?;
         for (pfd, token) in fds.iter().zip(tokens) {
             if pfd.revents == 0 {
                 continue;
@@ -347,6 +361,10 @@ impl Session {
                     self.forward_ready(id, ready);
                 }
             }
+        }
+        let now = std::time::Instant::now();
+        for p in self.procs.values_mut() {
+            p.end_orphaned_output(now, &mut self.logs);
         }
         for (id, event) in self.forwards.expired() {
             self.forward_ready(id, forward::Ready::Failed(event));
@@ -436,6 +454,7 @@ impl Session {
         for (pid, status) in sys::reap_children() {
             if let Some(p) = self.procs.get_mut(&pid) {
                 p.status = Some(status);
+                p.exited_at = Some(std::time::Instant::now());
                 p.end_pty_without_hangup(&mut self.logs);
                 if p.attached.is_none() {
                     if p.background {

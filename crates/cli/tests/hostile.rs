@@ -39,7 +39,16 @@ use std::sync::mpsc;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant, SystemTime};
 
-use support::{eventually, rootfs, BRIG};
+use support::{eventually, rootfs};
+
+/// The brig under attack: cargo's, or `BRIG_HOSTILE_BRIG` (the matrix
+/// script's build with a protection left out, `tests/hostile/matrix.sh`).
+fn brig() -> Command {
+    match std::env::var_os("BRIG_HOSTILE_BRIG") {
+        Some(b) => Command::new(b),
+        None => Command::new(support::BRIG),
+    }
+}
 
 /// Name of everything planted on the host; see `brig_hostile::CANARY`.
 const CANARY: &str = "brig-hostile-canary";
@@ -71,7 +80,7 @@ const PLANTED_IN_TEMPLATE: &[&str] = &[
 fn sandbox_available() -> &'static Result<(), String> {
     static AVAILABLE: OnceLock<Result<(), String>> = OnceLock::new();
     AVAILABLE.get_or_init(|| {
-        let o = Command::new(BRIG)
+        let o = brig()
             .args(["run", "--", "/bin/true"])
             .output()
             .expect("spawn brig");
@@ -173,8 +182,15 @@ fn built_programs_are_fresh(crate_dir: &Path, out_dir: &Path) -> bool {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Template {
+    /// The host's /usr, /etc… bound read-only (`brig run`'s and `brig
+    /// create`'s default).
     Host,
+    /// The test rootfs as `dir:PATH`, under a private writable layer.
     Dir,
+    /// The named template `base` that E2B sandboxes get (built by
+    /// scripts/test into the shared template home), under a private
+    /// writable layer.
+    Base,
 }
 
 impl Template {
@@ -190,6 +206,17 @@ impl Template {
                     None
                 }
             },
+            Template::Base => {
+                if base_rootfs().join("etc/passwd").is_file() {
+                    Some("base".into())
+                } else {
+                    support::skip(&format!(
+                        "the template `base` is not built in {} (scripts/test's templates stage builds it)",
+                        support::template_home().display()
+                    ));
+                    None
+                }
+            }
         }
     }
 
@@ -197,7 +224,7 @@ impl Template {
     fn program_arg(self) -> &'static str {
         match self {
             Template::Host => "host",
-            Template::Dir => "dir",
+            Template::Dir | Template::Base => "dir",
         }
     }
 
@@ -206,7 +233,65 @@ impl Template {
         match self {
             Template::Host => PathBuf::from("/"),
             Template::Dir => rootfs().expect("rootfs checked in brig_arg"),
+            Template::Base => base_rootfs(),
         }
+    }
+}
+
+/// Where the template `base` keeps its files on the host.
+fn base_rootfs() -> PathBuf {
+    let link = support::template_home().join("templates/base/rootfs");
+    std::fs::canonicalize(&link).unwrap_or(link)
+}
+
+/// The sandbox configurations a user can get, each attacked by the whole
+/// corpus (see `brig_hostile::Mode` for what each does differently; the
+/// programs are told with `--mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// `brig run` on a template.
+    Run(Template),
+    /// A native daemon sandbox on the default (host) template: `brig
+    /// create`, then `brig exec`.
+    Daemon,
+    /// An E2B sandbox (created through E2B's API, on `base`) running the
+    /// program as its user `user`, with `brig exec -u user` (the runtime's
+    /// exec that envd's process start uses too).
+    E2bUser,
+    /// The same, after `sudo` to the sandbox's root.
+    E2bRoot,
+}
+
+impl Mode {
+    fn template(self) -> Template {
+        match self {
+            Mode::Run(t) => t,
+            Mode::Daemon => Template::Host,
+            Mode::E2bUser | Mode::E2bRoot => Template::Base,
+        }
+    }
+
+    /// The program's `--mode`.
+    fn program_arg(self) -> &'static str {
+        match self {
+            Mode::Run(_) => "run",
+            Mode::Daemon => "daemon",
+            Mode::E2bUser => "e2b-user",
+            Mode::E2bRoot => "e2b-root",
+        }
+    }
+
+    fn describe(self) -> String {
+        match self {
+            Mode::Run(t) => format!("brig run on the {} template", t.program_arg()),
+            Mode::Daemon => "a daemon sandbox".into(),
+            Mode::E2bUser => "an E2B sandbox as user".into(),
+            Mode::E2bRoot => "an E2B sandbox as root (sudo)".into(),
+        }
+    }
+
+    fn e2b(self) -> bool {
+        matches!(self, Mode::E2bUser | Mode::E2bRoot)
     }
 }
 
@@ -241,7 +326,11 @@ enum Expect {
     Report,
     /// A clean report, or the memory limit killed the sandbox (exit 137).
     ReportOrOom,
-    /// Killed by the memory limit: exit 137 and this on stderr.
+    /// The exec's process killed by SIGKILL (137); a report, if any,
+    /// clean.
+    Killed,
+    /// Killed by the memory limit (of this size): exit 137 and
+    /// `out of memory (limit SIZE)` on stderr.
     Oom(&'static str),
     /// Killed by --timeout: exit 124 within this long, stderr says so.
     Timeout(Duration),
@@ -250,28 +339,53 @@ enum Expect {
 #[derive(Debug, Clone)]
 struct Case {
     program: &'static str,
-    args: Vec<&'static str>,
-    brig_args: Vec<&'static str>,
+    args: Vec<String>,
+    /// The sandbox's limits and network (`brig run` / `brig create`
+    /// flags). E2B sandboxes have E2B's defaults instead: 512 MiB, 256
+    /// pids, 1 GiB of disk, a network.
+    limits: Vec<&'static str>,
+    /// The command's `--timeout`.
+    timeout: &'static str,
     expect: Expect,
     /// The whole run must end within this (brig start-up included).
     within: Duration,
     /// The report's detail must contain each of these.
     detail_contains: Vec<&'static str>,
+    /// disk_fill's bound: each target's bytes at most about this.
+    disk: Option<u64>,
 }
 
-fn case(program: &'static str) -> Case {
+impl Case {
+    /// What `brig run` is given.
+    fn run_args(&self) -> Vec<&'static str> {
+        let mut a = self.limits.clone();
+        a.extend(["--timeout", self.timeout]);
+        a
+    }
+}
+
+/// E2B's defaults, which contain the bombs in E2B sandboxes.
+const E2B_MEMORY: &str = "512 MiB";
+const E2B_PIDS: &str = "256";
+const E2B_DISK: u64 = 1 << 30;
+
+fn case(program: &'static str, mode: Mode) -> Case {
+    let e2b = mode.e2b();
     let mut c = Case {
         program,
         args: vec![],
-        brig_args: vec!["--timeout", "60s"],
+        limits: vec![],
+        timeout: "60s",
         expect: Expect::Report,
         within: Duration::from_secs(90),
         detail_contains: vec![],
+        disk: None,
     };
     match program {
         "fork_bomb" => {
-            c.args = vec!["--cap", "64"];
-            c.brig_args = vec!["--pids", "64", "--timeout", "20s"];
+            c.args = vec!["--cap".into(), if e2b { E2B_PIDS } else { "64" }.into()];
+            c.limits = vec!["--pids", "64"];
+            c.timeout = "20s";
             c.within = Duration::from_secs(25);
             // Each fork the pids limit refuses has already allocated its
             // task, stack and page tables; they are freed after an RCU
@@ -282,29 +396,51 @@ fn case(program: &'static str) -> Case {
             // too; the host checks below still apply.
             c.expect = Expect::ReportOrOom;
         }
-        "memory_bomb" => {
-            c.brig_args = vec!["--memory", "64M", "--timeout", "60s"];
-            c.expect = Expect::Oom("out of memory (limit 64 MiB)");
+        "memory_bomb" | "memfd_bomb" | "shm_bomb" => {
+            c.limits = vec!["--memory", "64M"];
+            c.expect = Expect::Oom(if e2b { E2B_MEMORY } else { "64 MiB" });
+        }
+        "thread_bomb" => {
+            c.limits = vec!["--pids", "64"];
+            c.args = vec![
+                "--cap-threads".into(),
+                if e2b { E2B_PIDS } else { "64" }.into(),
+            ];
         }
         "disk_fill" => {
-            c.args = vec!["--limit-bytes", "33554432"];
-            c.brig_args = vec!["--disk", "32M", "--timeout", "60s"];
+            let disk: u64 = if e2b { E2B_DISK } else { 32 << 20 };
+            c.args = vec!["--limit-bytes".into(), disk.to_string()];
+            c.limits = vec!["--disk", "32M"];
             c.detail_contains = vec!["/: wrote", "/tmp: wrote", "/dev/shm: wrote", "ENOSPC"];
+            c.disk = Some(disk);
+            if e2b {
+                // 1 GiB of disk in memory-backed layers under a 512 MiB
+                // memory limit: the memory limit may end it first.
+                c.expect = Expect::ReportOrOom;
+                c.detail_contains.clear();
+            }
         }
         "inode_fill" => {
-            c.brig_args = vec!["--disk", "32M", "--memory", "64M", "--timeout", "60s"];
+            c.limits = vec!["--disk", "32M", "--memory", "64M"];
             c.expect = Expect::ReportOrOom;
         }
         "fd_exhaust" => c.expect = Expect::ReportOrOom,
         // A sandbox with no network must have nothing but loopback. (What a
         // networked sandbox can reach is attacked in tests/network.rs and
         // crates/net/tests/world.rs: the host, private ranges, metadata,
-        // other sandboxes.)
-        "network_egress" => c.brig_args = vec!["--network", "none", "--timeout", "60s"],
+        // other sandboxes; in E2B's networked sandboxes the program tries
+        // a listener on the host.)
+        "network_egress" => c.limits = vec!["--network", "none"],
         // The daemon it leaves must not keep brig (or the sandbox) alive.
         "orphan_daemon" => c.within = Duration::from_secs(20),
+        // As the sandbox's root, kill(-1, SIGKILL) takes `sudo` (its
+        // parent, the exec's process) with it: the exec ends with 137
+        // before the program reports. What is judged is the rest: pid 1
+        // (the agent) survived, so the sandbox still runs commands, and
+        // the host is intact.
+        "kill_all" if mode == Mode::E2bRoot => c.expect = Expect::Killed,
         "cpu_spin" => {
-            c.brig_args = vec!["--timeout", "2s"];
+            c.timeout = "2s";
             c.expect = Expect::Timeout(Duration::from_secs(5));
         }
         _ => {}
@@ -355,28 +491,35 @@ impl Finished {
     }
 }
 
-fn launch(
+/// The shell line that receives the program on stdin and runs it (with
+/// `sudo` in front for the E2B root mode).
+const UPLOAD: &str = "cat > /tmp/h && chmod +x /tmp/h && exec /tmp/h \"$@\"";
+const UPLOAD_SUDO: &str = "cat > /tmp/h && chmod +x /tmp/h && exec sudo -n /tmp/h \"$@\"";
+
+/// `brig run` with the program uploaded into it.
+fn launch_run(
     template_arg: &str,
     brig_args: &[&str],
     program: &str,
     program_args: &[String],
 ) -> Launch {
-    let exe = programs_dir().join(program);
-    let binary = std::fs::read(&exe).unwrap_or_else(|e| panic!("read {}: {e}", exe.display()));
-    let mut child = Command::new(BRIG)
-        .arg("run")
+    let mut cmd = brig();
+    cmd.arg("run")
         .arg("-i")
         .arg("--template")
         .arg(template_arg)
         .args(brig_args)
-        .args([
-            "--",
-            "/bin/sh",
-            "-c",
-            "cat > /tmp/h && chmod +x /tmp/h && exec /tmp/h \"$@\"",
-            "sh",
-        ])
-        .args(program_args)
+        .args(["--", "/bin/sh", "-c", UPLOAD, "sh"])
+        .args(program_args);
+    launch(cmd, program)
+}
+
+/// Start `cmd` (a brig that runs [`UPLOAD`] in a sandbox) and feed it the
+/// program's binary on stdin.
+fn launch(mut cmd: Command, program: &str) -> Launch {
+    let exe = programs_dir().join(program);
+    let binary = std::fs::read(&exe).unwrap_or_else(|e| panic!("read {}: {e}", exe.display()));
+    let mut child = cmd
         .env(CANARY_ENV, "host-secret-that-must-not-leak")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -475,15 +618,17 @@ fn run_id(program: &str) -> String {
     )
 }
 
-fn program_args(case: &Case, template: Template, id: &str, extra: &[&str]) -> Vec<String> {
+fn program_args(case: &Case, mode: Mode, id: &str, extra: &[&str]) -> Vec<String> {
     let mut a: Vec<String> = extra.iter().map(|s| s.to_string()).collect();
-    a.extend(case.args.iter().map(|s| s.to_string()));
+    a.extend(case.args.iter().cloned());
     // --armed: destructive programs run only when told, and only inside a
     // user namespace; here they are meant to run.
     a.extend([
         "--armed".to_string(),
         "--template".to_string(),
-        template.program_arg().to_string(),
+        mode.template().program_arg().to_string(),
+        "--mode".to_string(),
+        mode.program_arg().to_string(),
         format!("--run-id={id}"),
     ]);
     a
@@ -503,6 +648,8 @@ struct HostWatch {
     /// see one.
     _canary_pty: Option<std::os::fd::OwnedFd>,
     passwd: Vec<u8>,
+    /// The host's loaded modules (a sandbox must not get one loaded).
+    modules: std::collections::BTreeSet<String>,
     template_root: PathBuf,
     template_passwd: Vec<u8>,
 }
@@ -527,6 +674,7 @@ impl HostWatch {
             canary_process,
             _canary_pty: host_pty(),
             passwd: std::fs::read("/etc/passwd").unwrap_or_default(),
+            modules: host_modules(),
             template_passwd: std::fs::read(template_root.join("etc/passwd")).unwrap_or_default(),
             template_root,
         }
@@ -577,6 +725,10 @@ impl HostWatch {
         match self.canary_process.try_wait() {
             Ok(None) => {}
             other => problems.push(format!("the host canary process died: {other:?}")),
+        }
+        let loaded: Vec<String> = host_modules().difference(&self.modules).cloned().collect();
+        if !loaded.is_empty() {
+            problems.push(format!("kernel modules were loaded meanwhile: {loaded:?}"));
         }
         if std::fs::read("/etc/passwd").unwrap_or_default() != self.passwd {
             problems.push("host /etc/passwd changed".into());
@@ -640,6 +792,15 @@ fn plant_canary_files() {
             }
         }
     });
+}
+
+/// The names of the host's loaded kernel modules.
+fn host_modules() -> std::collections::BTreeSet<String> {
+    std::fs::read_to_string("/proc/modules")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .collect()
 }
 
 fn hostname() -> String {
@@ -786,26 +947,291 @@ fn processes_with(id: &str) -> Vec<String> {
 }
 
 // ---------------------------------------------------------------------------
+// Sandboxes of a daemon.
+
+/// A `brig serve` of this test's own (with E2B's API for the E2B modes) in
+/// a fresh home that shares the built templates, started with the host
+/// secret in its environment.
+struct Daemon {
+    child: Child,
+    url: String,
+    e2b_api: Option<String>,
+    key: String,
+    home: tempfile::TempDir,
+    log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Daemon {
+    fn start(e2b: bool) -> Daemon {
+        let home = tempfile::tempdir().expect("a daemon home");
+        std::os::unix::fs::symlink(
+            support::template_home().join("templates"),
+            home.path().join("templates"),
+        )
+        .expect("link the built templates");
+        let mut cmd = brig();
+        cmd.args(["serve", "--listen", "127.0.0.1:0", "--prepare", "none"])
+            .env(CANARY_ENV, "host-secret-that-must-not-leak");
+        if e2b {
+            cmd.args([
+                "--e2b",
+                "--e2b-api",
+                "127.0.0.1:0",
+                "--e2b-sandbox",
+                "127.0.0.1:0",
+            ]);
+        }
+        let (child, url, mut lines) = support::start_daemon_with(cmd, home.path());
+        let e2b_api = e2b.then(|| loop {
+            let line = lines.next().expect("brig serve exited").unwrap();
+            if let Some(a) = line.strip_prefix("brig: e2b api on ") {
+                break a.to_string();
+            }
+        });
+        let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = std::sync::Arc::clone(&log);
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                sink.lock().unwrap().push(line);
+            }
+        });
+        let key = std::fs::read_to_string(home.path().join("local.key"))
+            .expect("the daemon's local key")
+            .trim()
+            .to_string();
+        Daemon {
+            child,
+            url,
+            e2b_api,
+            key,
+            home,
+            log,
+        }
+    }
+
+    fn brig(&self) -> Command {
+        let mut c = brig();
+        c.env("BRIG_URL", &self.url)
+            .env("BRIG_HOME", self.home.path())
+            .env_remove("BRIG_API_KEY");
+        c
+    }
+
+    /// A sandbox for `case`: through E2B's API (E2B's defaults) in the
+    /// E2B modes, else `brig create` with the case's limits.
+    fn create(&self, mode: Mode, case: &Case) -> String {
+        if let Some(api) = &self.e2b_api {
+            let reply: serde_json::Value = ureq::post(&format!("{api}/sandboxes"))
+                .set("X-API-Key", &self.key)
+                .send_json(serde_json::json!({ "templateID": "base", "timeout": 300 }))
+                .unwrap_or_else(|e| {
+                    panic!("E2B create for {}: {e}\n{}", mode.describe(), self.log())
+                })
+                .into_json()
+                .expect("E2B create's answer");
+            return reply["sandboxID"]
+                .as_str()
+                .unwrap_or_else(|| panic!("no sandboxID in {reply}"))
+                .to_string();
+        }
+        let out = self
+            .brig()
+            .args(["create", "--timeout", "5m"])
+            .args(&case.limits)
+            .output()
+            .expect("run brig create");
+        assert!(
+            out.status.success(),
+            "brig create {:?}: {}\n{}",
+            case.limits,
+            String::from_utf8_lossy(&out.stderr),
+            self.log()
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    /// `brig exec -i` of the program in `sandbox` (as `user`, and through
+    /// `sudo` for the E2B root mode).
+    fn exec(&self, mode: Mode, sandbox: &str, case: &Case, program_args: &[String]) -> Launch {
+        let mut cmd = self.brig();
+        cmd.args(["exec", "-i", "--timeout", case.timeout]);
+        if mode.e2b() {
+            cmd.args(["-u", "user"]);
+        }
+        let upload = if mode == Mode::E2bRoot {
+            UPLOAD_SUDO
+        } else {
+            UPLOAD
+        };
+        cmd.arg(sandbox)
+            .args(["--", "/bin/sh", "-c", upload, "sh"])
+            .args(program_args);
+        launch(cmd, case.program)
+    }
+
+    /// Delete `sandbox`; what went wrong, if anything.
+    fn remove(&self, sandbox: &str) -> Option<String> {
+        let out = self
+            .brig()
+            .args(["rm", "-f", sandbox])
+            .output()
+            .expect("run brig rm");
+        (!out.status.success()).then(|| {
+            format!(
+                "brig rm -f {sandbox} failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            )
+        })
+    }
+
+    /// Whether `sandbox` still runs commands.
+    fn still_answers(&self, sandbox: &str) -> Option<String> {
+        let out = self
+            .brig()
+            .args(["exec", sandbox, "--", "/bin/echo", "alive"])
+            .output()
+            .expect("run brig exec");
+        (String::from_utf8_lossy(&out.stdout).trim() != "alive").then(|| {
+            format!(
+                "the sandbox no longer runs commands: exit {:?}: {}",
+                out.status.code(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            )
+        })
+    }
+
+    /// Whether the daemon still runs and answers.
+    fn problems(&mut self) -> Option<String> {
+        if let Ok(Some(status)) = self.child.try_wait() {
+            return Some(format!("brig serve exited: {status}"));
+        }
+        let out = self.brig().arg("ls").output().expect("run brig ls");
+        (!out.status.success()).then(|| {
+            format!(
+                "brig ls failed afterwards: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            )
+        })
+    }
+
+    fn log(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        support::stop_daemon(&mut self.child);
+    }
+}
+
+/// A TCP listener on all of the host's addresses that greets whoever
+/// connects with the canary's name: a sandbox must never get to it.
+struct CanaryListener {
+    port: u16,
+    accepted: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl CanaryListener {
+    fn start() -> CanaryListener {
+        let listener = std::net::TcpListener::bind("0.0.0.0:0").expect("bind a host listener");
+        let port = listener.local_addr().unwrap().port();
+        let accepted = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = std::sync::Arc::clone(&accepted);
+        std::thread::spawn(move || {
+            for conn in listener.incoming().flatten() {
+                let peer = conn.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+                log.lock().unwrap().push(peer);
+                let _ = (&conn).write_all(format!("{CANARY}\n").as_bytes());
+            }
+        });
+        CanaryListener { port, accepted }
+    }
+
+    /// What reached it, as host problems.
+    fn reached(&self) -> Vec<String> {
+        self.accepted
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|peer| {
+                format!(
+                    "a connection from {peer} reached the host's listener on port {}",
+                    self.port
+                )
+            })
+            .collect()
+    }
+}
+
+/// The host's own IPv4 addresses (not loopback).
+fn host_addresses() -> Vec<String> {
+    let out = Command::new("ip")
+        .args(["-o", "-4", "addr", "show"])
+        .output()
+        .expect("run ip addr");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace().skip_while(|w| *w != "inet");
+            f.nth(1)?.split('/').next().map(str::to_string)
+        })
+        .filter(|a| !a.starts_with("127."))
+        .collect()
+}
+
+// ---------------------------------------------------------------------------
 // The verdict.
 
-/// Run one program on one template and check everything.
-fn run_case(program: &'static str, template: Template) {
+/// Run one program in one mode and check everything.
+fn run_case(program: &'static str, mode: Mode) {
+    let template = mode.template();
     let Some(template_arg) = prerequisites(template) else {
         return;
     };
-    let case = case(program);
+    let case = case(program, mode);
     programs_dir(); // build before the clock starts
+    let mut daemon = (!matches!(mode, Mode::Run(_))).then(|| Daemon::start(mode.e2b()));
     let watch = HostWatch::start(template);
     let id = run_id(program);
-    let args = program_args(&case, template, &id, &[]);
-    let run = launch(&template_arg, &case.brig_args, case.program, &args)
-        .finish(case.within + Duration::from_secs(30));
-    let host = watch.finish(&[&id]);
-    eprintln!(
-        "{program} on {}: {}",
-        template.program_arg(),
-        run.describe()
-    );
+    // A networked sandbox's network_egress tries to reach this listener
+    // on every address of the host.
+    let listener = CanaryListener::start();
+    let mut extra = Vec::new();
+    if program == "network_egress" && !matches!(mode, Mode::Run(_)) {
+        extra.push("--host-port".to_string());
+        extra.push(listener.port.to_string());
+        for a in host_addresses() {
+            extra.extend(["--host-addr".to_string(), a]);
+        }
+    }
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+    let args = program_args(&case, mode, &id, &extra);
+    let limit = case.within + Duration::from_secs(30);
+    let mut daemon_problems = Vec::new();
+    let run = match &mut daemon {
+        None => launch_run(&template_arg, &case.run_args(), case.program, &args).finish(limit),
+        Some(d) => {
+            let sandbox = d.create(mode, &case);
+            let run = d.exec(mode, &sandbox, &case, &args).finish(limit);
+            // A sandbox the attack did not end must still work (its agent,
+            // pid 1, survived).
+            if matches!(case.expect, Expect::Report | Expect::Killed) {
+                daemon_problems.extend(d.still_answers(&sandbox));
+            }
+            // The attack must leave the daemon answering, and the
+            // sandbox deletable with nothing of it left.
+            daemon_problems.extend(d.remove(&sandbox));
+            daemon_problems.extend(d.problems());
+            run
+        }
+    };
+    let mut host = watch.finish(&[&id]);
+    host.extend(listener.reached());
+    eprintln!("{program} in {}: {}", mode.describe(), run.describe());
+    if let Some(d) = &daemon {
+        eprintln!("--- daemon log\n{}", d.log());
+    }
 
     let mut failures = Vec::new();
     if run.hung {
@@ -853,15 +1279,26 @@ fn run_case(program: &'static str, template: Template) {
                 "expected a report (exit 0) or an OOM kill (137), got {other:?}"
             )),
         },
-        Expect::Oom(message) => {
+        Expect::Killed => {
+            if run.code != Some(137) {
+                failures.push(format!("expected exit 137 (SIGKILL), got {:?}", run.code));
+            }
+        }
+        Expect::Oom(size) => {
             if run.code != Some(137) {
                 failures.push(format!(
                     "expected the memory limit to kill it (exit 137), got {:?}",
                     run.code
                 ));
             }
-            if !run.stderr.contains(message) {
-                failures.push(format!("stderr lacks {message:?}"));
+            // `brig run`: "out of memory (limit 64 MiB)"; `brig exec`:
+            // "killed by the kernel's OOM killer: the sandbox's memory
+            // limit is 64 MiB", or, when the kill ended the sandbox, "the
+            // sandbox ended: out of memory: … its memory limit (64 MiB)".
+            let said = (run.stderr.contains("out of memory") || run.stderr.contains("OOM killer"))
+                && run.stderr.contains(size);
+            if !said {
+                failures.push(format!("stderr does not name the memory limit of {size}"));
             }
         }
         Expect::Timeout(within) => {
@@ -883,14 +1320,15 @@ fn run_case(program: &'static str, template: Template) {
             }
         }
     }
-    if program == "disk_fill" {
-        failures.extend(disk_fill_bounds(report.as_ref(), 32 << 20));
+    if let Some(disk) = case.disk {
+        failures.extend(disk_fill_bounds(report.as_ref(), disk));
     }
+    failures.extend(daemon_problems.into_iter().map(|p| format!("DAEMON: {p}")));
     failures.extend(host.into_iter().map(|p| format!("HOST: {p}")));
     assert!(
         failures.is_empty(),
-        "{program} on the {} template:\n  {}\n{}",
-        template.program_arg(),
+        "{program} in {}:\n  {}\n{}",
+        mode.describe(),
         failures.join("\n  "),
         run.describe()
     );
@@ -925,30 +1363,54 @@ fn disk_fill_bounds(report: Option<&serde_json::Value>, disk: u64) -> Vec<String
 /// Two sandboxes at once: `serve` plants markers, `probe` (in a second
 /// sandbox) must find none of them; then the serving brig gets SIGTERM and
 /// its whole sandbox must go.
-fn run_cross_sandbox(template: Template) {
+fn run_cross_sandbox(mode: Mode) {
+    let template = mode.template();
     let Some(template_arg) = prerequisites(template) else {
         return;
     };
-    let case = case("cross_sandbox");
+    let case = case("cross_sandbox", mode);
     programs_dir();
+    let mut daemon = (!matches!(mode, Mode::Run(_))).then(|| Daemon::start(mode.e2b()));
     let watch = HostWatch::start(template);
     let (serve_id, probe_id) = (run_id("serve"), run_id("probe"));
-    let serve = launch(
-        &template_arg,
-        &["--timeout", "60s"],
-        "cross_sandbox",
-        &program_args(&case, template, &serve_id, &["serve", "--seconds", "30"]),
-    );
-    let ready = serve.next_line(Duration::from_secs(20));
-    let probe = launch(
-        &template_arg,
-        &["--timeout", "60s"],
-        "cross_sandbox",
-        &program_args(&case, template, &probe_id, &["probe"]),
-    )
-    .finish(Duration::from_secs(60));
-    support::signal(serve.child.id(), libc::SIGTERM);
-    let served = serve.finish(Duration::from_secs(15));
+    let serve_args = program_args(&case, mode, &serve_id, &["serve", "--seconds", "30"]);
+    let probe_args = program_args(&case, mode, &probe_id, &["probe"]);
+    let mut daemon_problems = Vec::new();
+    let (ready, served, probe) = match &mut daemon {
+        None => {
+            let serve = launch_run(
+                &template_arg,
+                &case.run_args(),
+                "cross_sandbox",
+                &serve_args,
+            );
+            let ready = serve.next_line(Duration::from_secs(20));
+            let probe = launch_run(
+                &template_arg,
+                &case.run_args(),
+                "cross_sandbox",
+                &probe_args,
+            )
+            .finish(Duration::from_secs(60));
+            support::signal(serve.child.id(), libc::SIGTERM);
+            (ready, serve.finish(Duration::from_secs(15)), probe)
+        }
+        // Two sandboxes of one daemon; deleting the serving one must end
+        // it whole (and its exec with it).
+        Some(d) => {
+            let (a, b) = (d.create(mode, &case), d.create(mode, &case));
+            let serve = d.exec(mode, &a, &case, &serve_args);
+            let ready = serve.next_line(Duration::from_secs(20));
+            let probe = d
+                .exec(mode, &b, &case, &probe_args)
+                .finish(Duration::from_secs(60));
+            daemon_problems.extend(d.remove(&a));
+            let served = serve.finish(Duration::from_secs(15));
+            daemon_problems.extend(d.remove(&b));
+            daemon_problems.extend(d.problems());
+            (ready, served, probe)
+        }
+    };
     let host = watch.finish(&[&serve_id, &probe_id]);
     eprintln!(
         "serve: {ready:?}\n{}\nprobe: {}",
@@ -976,30 +1438,37 @@ fn run_cross_sandbox(template: Template) {
         failures.push(format!("probe exited {:?}", probe.code));
     }
     if served.hung {
-        failures.push("the serving brig ignored SIGTERM for 15 s".into());
+        failures.push(
+            "the serving brig did not end within 15 s of SIGTERM (or of its sandbox's deletion)"
+                .into(),
+        );
     }
+    failures.extend(daemon_problems.into_iter().map(|p| format!("DAEMON: {p}")));
     failures.extend(host.into_iter().map(|p| format!("HOST: {p}")));
     assert!(
         failures.is_empty(),
-        "cross_sandbox on the {} template:\n  {}",
-        template.program_arg(),
+        "cross_sandbox in {}:\n  {}",
+        mode.describe(),
         failures.join("\n  ")
     );
 }
 
-/// One test per program and template.
+/// One test per program and mode.
 macro_rules! hostile_tests {
     ($($program:ident),* $(,)?) => {
-        mod host_template {
-            $( #[test] fn $program() { super::run_case(stringify!($program), super::Template::Host) } )*
-            #[test] fn cross_sandbox() { super::run_cross_sandbox(super::Template::Host) }
-        }
-        mod dir_template {
-            $( #[test] fn $program() { super::run_case(stringify!($program), super::Template::Dir) } )*
-            #[test] fn cross_sandbox() { super::run_cross_sandbox(super::Template::Dir) }
-        }
+        hostile_tests!(@mode host_template, super::Mode::Run(super::Template::Host); $($program),*);
+        hostile_tests!(@mode dir_template, super::Mode::Run(super::Template::Dir); $($program),*);
+        hostile_tests!(@mode daemon, super::Mode::Daemon; $($program),*);
+        hostile_tests!(@mode e2b_user, super::Mode::E2bUser; $($program),*);
+        hostile_tests!(@mode e2b_root, super::Mode::E2bRoot; $($program),*);
         /// Every program in tests/hostile/src/bin has a test here.
         const PROGRAMS: &[&str] = &[$(stringify!($program),)* "cross_sandbox"];
+    };
+    (@mode $module:ident, $mode:expr; $($program:ident),*) => {
+        mod $module {
+            $( #[test] fn $program() { super::run_case(stringify!($program), $mode) } )*
+            #[test] fn cross_sandbox() { super::run_cross_sandbox($mode) }
+        }
     };
 }
 
@@ -1049,6 +1518,13 @@ hostile_tests!(
     env_leak,
     proc_exe_overwrite,
     orphan_daemon,
+    core_dump,
+    cgroup_leak,
+    pid1_attack,
+    memfd_bomb,
+    shm_bomb,
+    thread_bomb,
+    module_autoload,
 );
 
 #[test]

@@ -7,6 +7,7 @@
 //! Every failure is a [`Failure`] (which step, which errno) written to the
 //! error pipe, where the host turns it into a message.
 
+use crate::knockout::Protection;
 use std::os::fd::RawFd;
 
 use crate::fdpass::{self, MAX_FDS};
@@ -286,8 +287,10 @@ pub fn run_init(plan: &Plan, sys: &dyn Syscalls, ch: Channels) -> Result<i32, Fa
         return Err(Failure::at(Stage::WaitForHost)(Errno(libc::EPIPE)));
     }
     marks.hit(Stage::WaitForHost as u32);
-    sys.unshare(libc::CLONE_NEWCGROUP)
-        .map_err(Failure::at(Stage::CgroupNamespace))?;
+    if !plan.knockouts.has(Protection::CgroupNs) {
+        sys.unshare(libc::CLONE_NEWCGROUP)
+            .map_err(Failure::at(Stage::CgroupNamespace))?;
+    }
     marks.hit(Stage::CgroupNamespace as u32);
 
     // 6b. A clock of its own: what this process execs or starts next (the
@@ -384,7 +387,9 @@ pub fn run_init(plan: &Plan, sys: &dyn Syscalls, ch: Channels) -> Result<i32, Fa
         for fd in [slave, stdio, program].into_iter().flatten() {
             libc::close(fd);
         }
-        libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
+        if !plan.knockouts.has(Protection::Dumpable) {
+            libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
+        }
         libc::prctl(libc::PR_SET_NAME, c"brig-init".as_ptr(), 0, 0, 0);
     }
     let status = reap_until(pid);
@@ -467,6 +472,15 @@ pub fn prepare_root(plan: &Plan, sys: &dyn Syscalls, fds: &[RawFd]) -> Result<()
 
     // 3d. pivot_root, not chroot: the old root is detached entirely, so no
     //     path (nor a chroot-breakout trick) leads back to the host's files.
+    if plan.knockouts.has(Protection::PivotRoot) {
+        sys.chdir(&plan.new_root)
+            .map_err(Failure::at(Stage::PivotRoot))?;
+        // SAFETY: chroot to ".", a NUL-terminated constant.
+        return match unsafe { libc::chroot(c".".as_ptr()) } {
+            0 => Ok(()),
+            _ => Err(Failure::at(Stage::PivotRoot)(Errno::last())),
+        };
+    }
     sys.pivot_root_here(&plan.new_root)
         .map_err(Failure::at(Stage::PivotRoot))
 }
@@ -572,8 +586,14 @@ pub fn drop_privileges(exec: &ExecPlan, sys: &dyn Syscalls) -> Result<(), Failur
     //    then set what the command keeps: a container root's set for uid 0,
     //    nothing for anyone else. All of them are capabilities of the
     //    sandbox's user namespace only.
-    sys.drop_bounding_set(exec.bounding)
-        .map_err(Failure::at(Stage::BoundingSet))?;
+    let knocked = exec.knockouts;
+    let all_caps = knocked.has(Protection::Capabilities);
+    if !all_caps {
+        sys.drop_bounding_set(exec.bounding)
+            .map_err(Failure::at(Stage::BoundingSet))?;
+    }
+    let filter = !knocked.has(Protection::Seccomp);
+    let no_new_privs = !exec.allow_setuid && !knocked.has(Protection::NoNewPrivs);
 
     // With allow_setuid there is no no_new_privs, and installing a filter
     // without it takes CAP_SYS_ADMIN (in the sandbox's user namespace),
@@ -581,21 +601,27 @@ pub fn drop_privileges(exec: &ExecPlan, sys: &dyn Syscalls) -> Result<(), Failur
     // in now; what remains (setgroups, setres[ug]id, capset, chdir, and
     // the descriptor moves and exec after this function) is all allowed
     // by it (checked by `the_filter_allows_what_follows_it`).
-    if exec.allow_setuid {
+    if !no_new_privs && filter {
         sys.install_seccomp(seccomp::sandbox_filter())
             .map_err(Failure::at(Stage::Seccomp))?;
     }
 
     sys.set_ids(exec.uid, exec.gid, &exec.groups)
         .map_err(Failure::at(Stage::Identity))?;
-    sys.set_capabilities(exec.caps)
+    // Knockout: every capability of the sandbox's user namespace.
+    let caps = if all_caps && exec.uid == 0 {
+        (1u64 << 41) - 1 // through CAP_CHECKPOINT_RESTORE (40)
+    } else {
+        exec.caps
+    };
+    sys.set_capabilities(caps)
         .map_err(Failure::at(Stage::Capabilities))?;
 
     // f. Enter the working directory as the user: a directory the user may
     //    not enter is an error, not a silent privilege.
     sys.chdir(&exec.workdir)
         .map_err(Failure::at(Stage::Workdir))?;
-    if exec.allow_setuid {
+    if !no_new_privs {
         return Ok(());
     }
 
@@ -605,6 +631,9 @@ pub fn drop_privileges(exec: &ExecPlan, sys: &dyn Syscalls) -> Result<(), Failur
         .map_err(Failure::at(Stage::NoNewPrivs))?;
 
     // h. seccomp last, so the steps above may use what it denies.
+    if !filter {
+        return Ok(());
+    }
     sys.install_seccomp(seccomp::sandbox_filter())
         .map_err(Failure::at(Stage::Seccomp))
 }

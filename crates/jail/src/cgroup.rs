@@ -145,7 +145,19 @@ impl Cgroup {
     }
 
     fn setup(&mut self, name: &str, limits: &Limits, pausable: bool) -> Result<(), CgroupError> {
-        let mem = limits.memory.bytes().to_string();
+        use crate::knockout::{off, Protection};
+        let v2 = matches!(self.hierarchy, Hierarchy::V2 { .. });
+        let unlimited = if v2 { "max" } else { "-1" };
+        let mem = if off(Protection::MemoryLimit) {
+            unlimited.to_string()
+        } else {
+            limits.memory.bytes().to_string()
+        };
+        let pids_max = if off(Protection::PidsLimit) {
+            "max".to_string()
+        } else {
+            limits.pids.to_string()
+        };
         // Co-mounted with cpu, the cpu group accounts CPU.
         let cpuacct_in_cpu = self.hierarchy.cpuacct_in_cpu();
         match self.hierarchy.clone() {
@@ -168,7 +180,7 @@ impl Cgroup {
                 let _ = write(&memory.join("memory.swappiness"), "0");
 
                 let pids = self.group(&pids, name)?;
-                write(&pids.join("pids.max"), &limits.pids.to_string())?;
+                write(&pids.join("pids.max"), &pids_max)?;
 
                 // Only the controllers this sandbox uses: each one costs a
                 // mkdir, an attach and an rmdir on the spawn path. (The
@@ -222,7 +234,7 @@ impl Cgroup {
                 // Going over the limit kills the whole sandbox, not one
                 // arbitrary process inside it.
                 write(&dir.join("memory.oom.group"), "1")?;
-                write(&dir.join("pids.max"), &limits.pids.to_string())?;
+                write(&dir.join("pids.max"), &pids_max)?;
                 if let Some(cpus) = limits.cpus {
                     write(&dir.join("cpu.max"), &v2_cpu_max(Some(cpus)))?;
                 }
@@ -296,6 +308,26 @@ impl Cgroup {
             .ok()
             .and_then(|s| parse_flat_keyed(&s, key))
             .is_some_and(|n| n > 0)
+    }
+
+    /// Whether the group's memory use has ever run into its limit (when
+    /// it has, the OOM killer may have fired, or be firing).
+    pub fn hit_memory_limit(&self) -> bool {
+        match self.hierarchy {
+            // failcnt stays 0 on some kernels (6.18's v1): a peak within
+            // 1/16 of the limit counts too.
+            Hierarchy::V1 { .. } => {
+                let dir = self.memory_dir();
+                let failed = read_u64(&dir.join("memory.failcnt")).is_ok_and(|n| n > 0);
+                let peak = read_u64(&dir.join("memory.max_usage_in_bytes")).unwrap_or(0);
+                let limit = read_u64(&dir.join("memory.limit_in_bytes")).unwrap_or(u64::MAX);
+                failed || peak >= limit - limit / 16
+            }
+            Hierarchy::V2 { .. } => fs::read_to_string(self.memory_dir().join("memory.events"))
+                .ok()
+                .and_then(|s| parse_flat_keyed(&s, "max"))
+                .is_some_and(|n| n > 0),
+        }
     }
 
     /// On v1, an eventfd that becomes readable when the group hits an OOM

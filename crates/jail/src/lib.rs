@@ -26,6 +26,7 @@ pub mod bringup;
 pub mod cgroup;
 pub mod error;
 pub mod fdpass;
+pub mod knockout;
 pub mod netpool;
 pub mod plan;
 pub mod reconcile;

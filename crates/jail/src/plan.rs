@@ -7,6 +7,7 @@
 //! Building a plan is pure apart from `statvfs`/`stat` of host paths, which
 //! makes it easy to test.
 
+use crate::knockout::{Knockouts, Protection};
 use std::ffi::{CStr, CString};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -106,6 +107,8 @@ impl Step {
 /// What the workload process does between `fork` and `execve`.
 #[derive(Debug)]
 pub struct ExecPlan {
+    /// Protections left out (test builds only: [`crate::knockout`]).
+    pub knockouts: Knockouts,
     /// The command as given, for messages.
     pub display: String,
     pub argv: Vec<CString>,
@@ -157,6 +160,8 @@ pub const LAYER_FD: i32 = 100;
 /// Everything the sandbox's init needs.
 #[derive(Debug)]
 pub struct Plan {
+    /// Protections left out (test builds only: [`crate::knockout`]).
+    pub knockouts: Knockouts,
     /// Host directory the sandbox mounts its scratch tmpfs on (in its own
     /// mount namespace; the host never sees the mount).
     pub staging: CString,
@@ -327,11 +332,28 @@ pub struct PlanInput<'a> {
     pub stdio_fd: bool,
 }
 
+/// Bytes of --disk per inode of a sandbox's tmpfs mounts.
+const INODE_RATIO: u64 = 8 << 10;
+/// The fewest inodes a sandbox's tmpfs mounts get.
+const MIN_INODES: u64 = 4096;
+
 impl Plan {
     pub fn build(input: &PlanInput<'_>) -> Plan {
         let spec = input.spec;
         let staging = input.staging.to_string_lossy().into_owned();
         let disk = spec.limits.disk.bytes();
+        // Files as well as bytes are bounded by --disk: a tmpfs's inodes
+        // otherwise default to half the host's RAM in pages (millions,
+        // each costing kernel memory), so 300,000 empty files fit in a
+        // 1 GiB sandbox. One inode per 8 KiB is twice ext4's default
+        // density (E2B's sandboxes run on ext4), at least 4096.
+        let inodes = (disk / INODE_RATIO).max(MIN_INODES);
+        let knocked = Knockouts::current();
+        let disk = if knocked.has(Protection::DiskLimit) {
+            "0,nr_inodes=0".to_string() // 0: unlimited
+        } else {
+            format!("{disk},nr_inodes={inodes}")
+        };
         let nosuid_nodev = libc::MS_NOSUID | libc::MS_NODEV;
 
         // The scratch tmpfs holds the writable layer (and, for overlays, the
@@ -347,6 +369,18 @@ impl Plan {
                 };
                 for e in entries {
                     match e {
+                        HostEntry::Bind(p) if knocked.has(Protection::TemplateReadOnly) => {
+                            let inside = p.to_string_lossy().into_owned();
+                            b.mkdir(&inside, 0o755);
+                            b.mount(
+                                "bind the host's directory (knockout: writable)",
+                                Some(&inside),
+                                &inside,
+                                None,
+                                libc::MS_BIND | libc::MS_REC,
+                                None,
+                            );
+                        }
                         HostEntry::Bind(p) => {
                             let inside = p.to_string_lossy().into_owned();
                             b.mkdir(&inside, 0o755);
@@ -524,7 +558,11 @@ impl Plan {
             });
         }
 
-        for f in READONLY_PROC.iter().filter(|f| (input.proc_has)(f)) {
+        for f in READONLY_PROC
+            .iter()
+            .filter(|f| (input.proc_has)(f))
+            .filter(|_| !knocked.has(Protection::ProcReadOnly))
+        {
             let inside = format!("/proc/{f}");
             let src = format!("{root}{inside}");
             b.bind_ro(
@@ -569,7 +607,11 @@ impl Plan {
                 Some("sysfs"),
                 "/sys",
                 Some("sysfs"),
-                nosuid_nodev | libc::MS_NOEXEC | libc::MS_RDONLY,
+                if knocked.has(Protection::SysReadOnly) {
+                    nosuid_nodev | libc::MS_NOEXEC
+                } else {
+                    nosuid_nodev | libc::MS_NOEXEC | libc::MS_RDONLY
+                },
                 None,
             );
         }
@@ -648,15 +690,26 @@ impl Plan {
             steps: b.steps,
             new_root: c(&root),
             hostname: input.id.as_str().as_bytes().to_vec(),
-            rlimits: vec![
+            rlimits: [
                 // No core dumps into the writable layer.
-                (libc::RLIMIT_CORE as libc::c_int, 0, 0),
                 (
-                    libc::RLIMIT_NOFILE as libc::c_int,
-                    input.nofile_hard.min(65536),
-                    input.nofile_hard.min(65536),
+                    Protection::CoreLimit,
+                    (libc::RLIMIT_CORE as libc::c_int, 0, 0),
                 ),
-            ],
+                (
+                    Protection::NofileLimit,
+                    (
+                        libc::RLIMIT_NOFILE as libc::c_int,
+                        input.nofile_hard.min(65536),
+                        input.nofile_hard.min(65536),
+                    ),
+                ),
+            ]
+            .into_iter()
+            .filter(|(p, _)| !knocked.has(*p))
+            .map(|(_, r)| r)
+            .collect(),
+            knockouts: knocked,
             tty: spec.tty,
             stdin: spec.stdin,
             mount_fds,
@@ -734,6 +787,7 @@ fn exec_plan(input: &PlanInput<'_>) -> ExecPlan {
         .chain(std::iter::once(std::ptr::null()))
         .collect();
     ExecPlan {
+        knockouts: Knockouts::current(),
         display: cmd.clone(),
         argv,
         env,

@@ -329,6 +329,18 @@ impl Sandbox {
             | libc::CLONE_NEWIPC
             | libc::CLONE_NEWUTS
             | libc::CLONE_PIDFD;
+        {
+            use crate::knockout::{off, Protection};
+            for (p, f) in [
+                (Protection::PidNs, libc::CLONE_NEWPID),
+                (Protection::IpcNs, libc::CLONE_NEWIPC),
+                (Protection::UtsNs, libc::CLONE_NEWUTS),
+            ] {
+                if off(p) {
+                    flags &= !f;
+                }
+            }
+        }
         // A pooled network namespace is entered by this thread just for the
         // clone (network namespaces are per thread) and left right after;
         // otherwise the init gets a fresh one.
@@ -340,7 +352,7 @@ impl Sandbox {
         };
         if let Some(net) = &pooled {
             netpool::enter(&net.ns).map_err(os_err("enter a pooled network namespace"))?;
-        } else {
+        } else if !crate::knockout::off(crate::knockout::Protection::NetNs) {
             flags |= libc::CLONE_NEWNET;
         }
         let mut pidfd: libc::c_int = -1;
@@ -724,7 +736,9 @@ impl Sandbox {
         };
         let exit = if reported {
             let status = i32::from_ne_bytes(buf);
-            let oom = self.cgroup.as_ref().is_some_and(Cgroup::oom_killed);
+            // The init reports its command's end as an exit status
+            // (128 + signal for a signal: `bringup::reap_until`).
+            let oom = self.oom_killed(libc::WEXITSTATUS(status) == 128 + libc::SIGKILL);
             Exit {
                 code: libc::WEXITSTATUS(status),
                 oom,
@@ -740,8 +754,37 @@ impl Sandbox {
         Ok(exit)
     }
 
+    /// Whether the OOM killer killed something in the sandbox. The kernel
+    /// counts a kill after sending its SIGKILL, so the victim's end can be
+    /// seen (its connection closing, its parent reaping it) before the
+    /// count moves: after a death by SIGKILL in a sandbox that has run
+    /// into its memory limit, the count is read again for up to 100 ms.
+    /// (Whether brig sent a SIGKILL too says nothing: the daemon kills a
+    /// sandbox whose agent's connection ended, which may be the OOM
+    /// killer's victim still exiting.)
+    fn oom_killed(&self, sigkilled: bool) -> bool {
+        let Some(cgroup) = self.cgroup.as_ref() else {
+            return false;
+        };
+        let tries = if sigkilled && cgroup.hit_memory_limit() {
+            10
+        } else {
+            1
+        };
+        for i in 0..tries {
+            if cgroup.oom_killed() {
+                return true;
+            }
+            if i + 1 < tries {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+        }
+        false
+    }
+
     fn exit_from(&self, status: i32) -> Exit {
-        let oom = self.cgroup.as_ref().is_some_and(Cgroup::oom_killed);
+        let sigkilled = libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGKILL;
+        let oom = self.oom_killed(sigkilled);
         let code = if libc::WIFEXITED(status) {
             libc::WEXITSTATUS(status)
         } else {

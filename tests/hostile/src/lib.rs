@@ -8,7 +8,9 @@
 //!
 //! `"escaped": true` means the program managed something a sandbox must
 //! prevent. The security suite (`crates/cli/tests/hostile.rs`) uploads every
-//! program into a `brig run` sandbox on every template, reads that line and
+//! program into a sandbox of every configuration a user can get (`brig run`
+//! on each template, a native daemon sandbox, an E2B sandbox as `user` and
+//! as root after `sudo`: see [`Mode`]), reads that line and
 //! then checks the host independently (canaries, clock, hostname, leftover
 //! processes), because a program can only see its own side.
 //!
@@ -16,7 +18,8 @@
 //! programs build as static binaries that run in any template:
 //! - [`Report`] collects findings and prints the final line;
 //! - [`Args`] reads the few flags the harness passes (`--armed`,
-//!   `--template host|dir`, `--canary NAME`, positional modes);
+//!   `--template host|dir`, `--mode` (a [`Mode`]), `--canary NAME`,
+//!   positional modes);
 //! - [`guard_destructive`] refuses to run an exhaustion or state-changing
 //!   program outside a sandbox;
 //! - small wrappers ([`open`], [`read_file`], [`errno_name`], [`in_child`],
@@ -166,6 +169,10 @@ impl Args {
             "--limit-bytes",
             "--seconds",
             "--cap",
+            "--cap-threads",
+            "--mode",
+            "--host-port",
+            "--host-addr",
         ];
         let mut out = Vec::new();
         let mut it = self.args.iter();
@@ -184,6 +191,21 @@ impl Args {
         self.value("--template")
     }
 
+    /// The sandbox configuration the harness runs this program in
+    /// (`--mode`; [`Mode::Run`] when not told).
+    pub fn mode(&self) -> Mode {
+        match self.value("--mode").as_deref() {
+            None | Some("run") => Mode::Run,
+            Some("daemon") => Mode::Daemon,
+            Some("e2b-user") => Mode::E2bUser,
+            Some("e2b-root") => Mode::E2bRoot,
+            Some(other) => {
+                eprintln!("unknown --mode {other}: run, daemon, e2b-user or e2b-root");
+                std::process::exit(2);
+            }
+        }
+    }
+
     /// The canary file name planted on the host (default [`CANARY`]).
     pub fn canary(&self) -> String {
         self.value("--canary").unwrap_or_else(|| CANARY.to_string())
@@ -193,6 +215,67 @@ impl Args {
         self.value(name).and_then(|v| v.parse().ok())
     }
 }
+
+/// The sandbox configurations a user can get, each with what brig
+/// deliberately does differently there. A program's expectations per mode
+/// are written next to it, in its doc comment, and are phrased through
+/// these properties rather than through the mode's name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// `brig run`: brig's own init as pid 1, no_new_privs, no network
+    /// unless asked, the command as the sandbox's root.
+    Run,
+    /// A native daemon sandbox (`brig create`, then `brig exec`): brig-agent
+    /// as pid 1 holding the daemon's connection, no_new_privs, the command
+    /// as the sandbox's root.
+    Daemon,
+    /// An E2B sandbox (created through E2B's API) running the program as
+    /// its user `user` (uid 1000): no no_new_privs and setuid binaries
+    /// working (so that `sudo` does), a network attachment by default.
+    E2bUser,
+    /// The same E2B sandbox after `sudo` to the sandbox's root: the
+    /// container-root capability set ([`ROOT_CAPS`]) in effect.
+    E2bRoot,
+}
+
+impl Mode {
+    /// Whether no_new_privs is set on the program: everywhere but E2B
+    /// sandboxes, whose user needs setuid `sudo`.
+    pub fn no_new_privs(self) -> bool {
+        matches!(self, Mode::Run | Mode::Daemon)
+    }
+
+    /// Whether the sandbox has a network interface by design: a daemon's
+    /// sandboxes always do (even `--network none` is a policy, enforced
+    /// outside the sandbox, that can be opened later); E2B's have the open
+    /// internet.
+    pub fn networked(self) -> bool {
+        self != Mode::Run
+    }
+
+    /// Whether `sudo` put us here (it sets SUDO_* variables of its own).
+    pub fn via_sudo(self) -> bool {
+        self == Mode::E2bRoot
+    }
+}
+
+/// The most a sandbox's root may hold (bounding, permitted and effective):
+/// Docker's default set minus NET_RAW — CHOWN DAC_OVERRIDE FOWNER FSETID
+/// KILL SETGID SETUID SETPCAP NET_BIND_SERVICE SYS_CHROOT MKNOD AUDIT_WRITE
+/// SETFCAP, all confined to the sandbox's user namespace.
+pub const ROOT_CAPS: u64 = (1 << 0)
+    | (1 << 1)
+    | (1 << 3)
+    | (1 << 4)
+    | (1 << 5)
+    | (1 << 6)
+    | (1 << 7)
+    | (1 << 8)
+    | (1 << 10)
+    | (1 << 18)
+    | (1 << 27)
+    | (1 << 29)
+    | (1 << 31);
 
 /// Whether this process is in the host's initial user namespace, judged by
 /// its uid_map being the identity over the whole range. `None` if the map

@@ -3,27 +3,14 @@
 //! /proc/self/{uid,gid}_map; then try to raise CAP_SYS_ADMIN with capset
 //! and as an ambient capability, and to clear no_new_privs.
 //!
-//! Contained: every capability set is within Docker's default minus
-//! NET_RAW (CHOWN DAC_OVERRIDE FOWNER FSETID KILL SETGID SETUID SETPCAP
-//! NET_BIND_SERVICE SYS_CHROOT MKNOD AUDIT_WRITE SETFCAP), NoNewPrivs is 1,
+//! Contained: every capability set is within [`brig_hostile::ROOT_CAPS`]
+//! (Docker's default minus NET_RAW), NoNewPrivs is 1 (in every mode but
+//! E2B's, where `sudo` needs it off: there only the rest applies),
 //! Seccomp is 2 (filter), host uid 0 and gid 0 are not mapped into the
 //! sandbox, and the attempts to widen fail. Escaped: otherwise.
 
-use brig_hostile::{errno, errno_name, status_field, Args, Report};
+use brig_hostile::{errno, errno_name, status_field, Args, Report, ROOT_CAPS};
 
-const ALLOWED: u64 = (1 << 0)
-    | (1 << 1)
-    | (1 << 3)
-    | (1 << 4)
-    | (1 << 5)
-    | (1 << 6)
-    | (1 << 7)
-    | (1 << 8)
-    | (1 << 10)
-    | (1 << 18)
-    | (1 << 27)
-    | (1 << 29)
-    | (1 << 31);
 const CAP_SYS_ADMIN: u32 = 21;
 
 /// Whether an id map ("inside outside count" lines) maps any id to host id 0.
@@ -38,12 +25,13 @@ fn maps_host_root(map: &str) -> bool {
 }
 
 fn main() {
-    let _args = Args::get();
+    let args = Args::get();
+    let mode = args.mode();
     let mut report = Report::new("capabilities");
     for set in ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"] {
         let v = status_field("self", set).unwrap_or_default();
         let bits = u64::from_str_radix(&v, 16).unwrap_or(u64::MAX);
-        let extra = bits & !ALLOWED;
+        let extra = bits & !ROOT_CAPS;
         report.record(
             extra != 0,
             format!(
@@ -57,7 +45,13 @@ fn main() {
         );
     }
     let nnp = status_field("self", "NoNewPrivs").unwrap_or_default();
-    report.record(nnp != "1", format!("NoNewPrivs {nnp}"));
+    if mode.no_new_privs() {
+        report.record(nnp != "1", format!("NoNewPrivs {nnp}"));
+    } else {
+        report.note(format!(
+            "NoNewPrivs {nnp} (off by design in this mode: sudo)"
+        ));
+    }
     let sc = status_field("self", "Seccomp").unwrap_or_default();
     report.record(
         sc != "2",

@@ -8,6 +8,11 @@
 //! UDP sendto 1.1.1.1:53 and SO_BINDTODEVICE eth0 — with no route these fail
 //! locally with ENETUNREACH and no packet leaves. Contained: all fail and
 //! loopback works. Escaped: a route exists, or anything got out.
+//!
+//! In a networked sandbox (a daemon's, even under `--network none`, and
+//! E2B's), having an interface is the design; there the program tries to reach a listener the harness opened
+//! on the host (`--host-port`) at the gateway and at the host's addresses
+//! (`--host-addr`). Contained: every connect fails.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
@@ -88,9 +93,121 @@ fn connect<T>(domain: i32, sa: &T) -> Result<(), i32> {
     }
 }
 
+/// A networked sandbox (E2B's by default): it has an interface and a
+/// default route by design, so what is judged is whether it reaches the
+/// host: a TCP listener the harness opened on all of the host's addresses
+/// (`--host-port`), tried at the gateway and at every host address the
+/// harness names (`--host-addr`, repeatable). Its egress policy is
+/// attacked in tests/network.rs, against a fake internet.
+fn networked(args: &Args, mut report: Report) -> ! {
+    let dev = std::fs::read_to_string("/proc/net/dev").unwrap_or_default();
+    let ifaces: Vec<String> = dev
+        .lines()
+        .skip(2)
+        .filter_map(|l| l.split(':').next())
+        .map(|s| s.trim().to_string())
+        .collect();
+    report.note(format!("interfaces: {ifaces:?} (networked by design)"));
+    let Some(port) = args
+        .u64_value("--host-port")
+        .and_then(|p| u16::try_from(p).ok())
+    else {
+        report.escape("the harness named no --host-port: nothing was tried");
+        report.finish()
+    };
+    let mut addrs: Vec<[u8; 4]> = Vec::new();
+    let routes4 = std::fs::read_to_string("/proc/net/route").unwrap_or_default();
+    for l in routes4.lines().skip(1) {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        if let Some(gw) = f.get(2).and_then(|g| u32::from_str_radix(g, 16).ok()) {
+            if gw != 0 {
+                addrs.push(gw.to_ne_bytes());
+            }
+        }
+    }
+    let mut it = std::env::args();
+    while let Some(a) = it.next() {
+        if a == "--host-addr" {
+            if let Some(ip) = it.next().and_then(|v| v.parse::<std::net::Ipv4Addr>().ok()) {
+                addrs.push(ip.octets());
+            }
+        }
+    }
+    addrs.sort();
+    addrs.dedup();
+    if addrs.is_empty() {
+        report.escape("no gateway and no host address to try: nothing was tried");
+    }
+    for a in addrs {
+        // brig's egress proxy accepts every connection and then decides,
+        // so a connect that succeeds proves nothing: what counts is
+        // whether the host's listener answers (with the canary's name;
+        // the harness also counts what it accepted).
+        let ip = std::net::Ipv4Addr::from(a);
+        let r = connect_and_read(&v4(a, port));
+        let reached = r
+            .as_ref()
+            .is_ok_and(|got| got.contains(brig_hostile::CANARY));
+        report.record(
+            reached,
+            format!(
+                "tcp to the host's listener at {ip}:{port}: {}",
+                match &r {
+                    Ok(got) => format!("connected, read {got:?}"),
+                    Err(e) => errno_name(*e),
+                }
+            ),
+        );
+    }
+    report.finish()
+}
+
+/// Connect (2 s) and read what the other end says within 2 s.
+fn connect_and_read(sa: &libc::sockaddr_in) -> Result<String, i32> {
+    let fd = socket(libc::AF_INET, libc::SOCK_STREAM)?;
+    // SAFETY: sa is a sockaddr_in of the size passed.
+    let r = unsafe {
+        libc::connect(
+            fd.as_raw_fd(),
+            (sa as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        )
+    };
+    if r != 0 && errno() != libc::EINPROGRESS {
+        return Err(errno());
+    }
+    let mut got = Vec::new();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(4);
+    while std::time::Instant::now() < deadline {
+        let mut pfd = libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        if unsafe { libc::poll(&mut pfd, 1, 500) } <= 0 {
+            continue;
+        }
+        let mut buf = [0u8; 256];
+        // SAFETY: buf is valid for its length.
+        let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        if n <= 0 {
+            if got.is_empty() && n < 0 {
+                return Err(errno());
+            }
+            break;
+        }
+        got.extend_from_slice(&buf[..n as usize]);
+    }
+    Ok(String::from_utf8_lossy(&got).into_owned())
+}
+
 fn main() {
-    let _args = Args::get();
+    let args = Args::get();
     let mut report = Report::new("network_egress");
+    if args.mode().networked() {
+        networked(&args, report);
+    }
 
     let dev = std::fs::read_to_string("/proc/net/dev").unwrap_or_default();
     let ifaces: Vec<String> = dev

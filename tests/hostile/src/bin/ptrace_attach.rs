@@ -6,8 +6,10 @@
 //! so attaching to one of them is not an escape. Contained: every attach
 //! either fails (ESRCH for pids that do not exist, EPERM otherwise) or hits
 //! a process in our own pid namespace (checked through /proc/<pid>/ns/pid
-//! once attached), and none of them is the host canary process. Escaped:
-//! we attached to a process in another pid namespace, or to the canary.
+//! once attached), none of them is the host canary process, and pid 1
+//! (brig's init or brig-agent, holding the host's connection) refuses in
+//! every mode, as the sandbox's root too. Escaped: we attached to a process
+//! in another pid namespace, to the canary, or to pid 1.
 //! Every attached process is detached again at once. Destructive if mis-run
 //! (it stops processes briefly): needs `--armed` and a user namespace.
 
@@ -43,7 +45,12 @@ fn main() {
         let argv = cmdline(pid);
         // SAFETY: detach the tracee we just attached.
         unsafe { libc::ptrace(libc::PTRACE_DETACH, pid, 0, 0) };
-        let foreign = ns != own_ns || argv.contains(&canary);
+        // pid 1 is brig's: its init or brig-agent, which holds the
+        // connection to the host (the daemon's socket) and, in a daemon
+        // sandbox, the writable layer's mount. It makes itself
+        // non-dumpable so that no process of the sandbox, not even its
+        // root, can trace it.
+        let foreign = ns != own_ns || argv.contains(&canary) || pid == 1;
         report.record(
             foreign,
             format!("attached to pid {pid} ({argv}) in pid ns {ns}"),

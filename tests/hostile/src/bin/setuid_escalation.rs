@@ -4,24 +4,37 @@
 //! uid 65534 and have the copy report its real and effective uid and
 //! capabilities. Also lists setuid binaries the template ships.
 //!
-//! Contained: brig sets no_new_privs, so exec never raises privileges: the
-//! copy runs with euid 65534 and no capabilities (whether or not the
-//! filesystem is also nosuid). `NoNewPrivs: 1` must show in
-//! /proc/self/status. Escaped: the copy ran with euid 0 or with
-//! capabilities, or no_new_privs is off. Destructive if mis-run (it creates
+//! Contained where brig sets no_new_privs (`brig run`, daemon sandboxes):
+//! exec never raises privileges: the copy runs with euid 65534 and no
+//! capabilities (whether or not the filesystem is also nosuid), and
+//! `NoNewPrivs: 1` shows in /proc/self/status. Escaped: the copy ran with
+//! euid 0 or with capabilities, or no_new_privs is off.
+//!
+//! In E2B sandboxes setuid works by design (their user has `sudo`), so
+//! exec may raise privileges — but only to the sandbox's own root:
+//! contained there when every copy's effective capabilities stay within
+//! [`ROOT_CAPS`] and host uid 0 stays unmapped (the uid map read by the
+//! copy); escaped when a copy holds any capability beyond that set. Destructive if mis-run (it creates
 //! setuid-root files): needs `--armed` and a user namespace.
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 
-use brig_hostile::{cstr, errno, errno_name, guard_destructive, status_field, Args, Report};
+use brig_hostile::{
+    cstr, errno, errno_name, guard_destructive, status_field, Args, Report, ROOT_CAPS,
+};
 
 /// The mode the copy runs in: print ids and capabilities, nothing else.
 fn report_ids() -> ! {
     // SAFETY: getuid/geteuid have no preconditions.
     let (ruid, euid) = unsafe { (libc::getuid(), libc::geteuid()) };
     let capeff = status_field("self", "CapEff").unwrap_or_default();
-    println!("ruid={ruid} euid={euid} capeff={capeff}");
+    let map = std::fs::read_to_string("/proc/self/uid_map").unwrap_or_default();
+    let host_root = map.lines().any(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        f.len() == 3 && f[1] == "0"
+    });
+    println!("ruid={ruid} euid={euid} host_root_mapped={host_root} capeff={capeff}");
     std::process::exit(0)
 }
 
@@ -42,13 +55,16 @@ fn file_caps() -> [u8; 20] {
     v
 }
 
+/// Run the copy as uid 65534 when we are root (an unprivileged user such
+/// as E2B's `user` cannot switch: it runs the copy as itself).
 fn run_copy(path: &str) -> Result<String, String> {
-    let out = std::process::Command::new(path)
-        .arg("report-ids")
-        .uid(65534)
-        .gid(65534)
-        .output()
-        .map_err(|e| e.to_string())?;
+    let mut cmd = std::process::Command::new(path);
+    cmd.arg("report-ids");
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        cmd.uid(65534).gid(65534);
+    }
+    let out = cmd.output().map_err(|e| e.to_string())?;
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
@@ -59,8 +75,30 @@ fn main() {
     }
     guard_destructive("setuid_escalation", &args);
     let mut report = Report::new("setuid_escalation");
+    let mode = args.mode();
     let nnp = status_field("self", "NoNewPrivs").unwrap_or_default();
-    report.record(nnp != "1", format!("NoNewPrivs: {nnp}"));
+    if mode.no_new_privs() {
+        report.record(nnp != "1", format!("NoNewPrivs: {nnp}"));
+    } else {
+        report.note(format!("NoNewPrivs: {nnp} (off by design: sudo)"));
+    }
+    // What a copy that ran may hold: nothing under no_new_privs; with
+    // setuid allowed, at most the sandbox root's set, never host root.
+    let too_much = |ids: &str| -> bool {
+        let capeff = ids
+            .rsplit("capeff=")
+            .next()
+            .and_then(|c| u64::from_str_radix(c.trim(), 16).ok())
+            .unwrap_or(u64::MAX);
+        if ids.contains("host_root_mapped=true") {
+            return true;
+        }
+        if mode.no_new_privs() {
+            !ids.contains("euid=65534") || capeff != 0
+        } else {
+            capeff & !ROOT_CAPS != 0
+        }
+    };
     let exe = match std::fs::read("/proc/self/exe") {
         Ok(b) => b,
         Err(e) => {
@@ -91,9 +129,8 @@ fn main() {
             .unwrap_or_default();
         match run_copy(&path) {
             Ok(ids) => {
-                let raised = !ids.contains("euid=65534");
                 report.record(
-                    raised,
+                    too_much(&ids),
                     format!(
                         "{dir} (nosuid: {}): chown 0: {chown}, mode {mode}, ran as 65534 -> {ids}",
                         nosuid(dir)
@@ -119,10 +156,8 @@ fn main() {
         if r == 0 {
             match run_copy(&path) {
                 Ok(ids) => {
-                    let gained =
-                        !ids.contains("euid=65534") || !ids.ends_with("capeff=0000000000000000");
                     report.record(
-                        gained,
+                        too_much(&ids),
                         format!("{dir}: file capability set, ran as 65534 -> {ids}"),
                     );
                 }
