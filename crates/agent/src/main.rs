@@ -2,7 +2,9 @@
 //!
 //! It speaks the brig protocol (crate `brig-protocol`) over one byte
 //! stream: fd 3 by default (a unix socketpair in the process tier,
-//! virtio-serial later), or stdin/stdout with `--stdio`. Start reading at
+//! or a listening socket: `--listen`, `--listen-at`, and `--vm-init`, the
+//! vm tier's guest init, whose socket a relay joins to virtio-serial,
+//! `vm.rs`), or stdin/stdout with `--stdio`. Start reading at
 //! [`session::Session`], the single-threaded poll(2) loop that owns the
 //! stream table; `process.rs` starts children and bounds their output;
 //! `files.rs` implements file operations (and extended attributes);
@@ -20,6 +22,7 @@ mod process;
 mod session;
 mod sys;
 mod users;
+mod vm;
 mod watch;
 
 use std::fs::File;
@@ -35,15 +38,20 @@ fn main() -> ExitCode {
         [flag] if flag == "--stdio" => Mode::Stdio,
         [flag] if flag == "--listen" => Mode::Listen,
         [flag, path] if flag == "--listen-at" => Mode::ListenAt(path.into()),
+        // The vm tier's guest: this program is the initramfs's /init.
+        [flag] if flag == "--vm-init" => match vm::run() {
+            Ok(()) => vm::fail("the bring-up returned"),
+            Err(message) => vm::fail(&message),
+        },
         [flag] if flag == "--version" => {
             println!("brig-agent {}", env!("CARGO_PKG_VERSION"));
             return ExitCode::SUCCESS;
         }
         _ => {
             eprintln!(
-                "usage: brig-agent [--stdio | --listen | --listen-at PATH]  (default: the \
-                 connection is fd 3; --listen: fd 0 is a listening socket; --listen-at: bind \
-                 a unix socket at PATH)"
+                "usage: brig-agent [--stdio | --listen | --listen-at PATH | --vm-init]  (default: \
+                 the connection is fd 3; --listen: fd 0 is a listening socket; --listen-at: \
+                 bind a unix socket at PATH; --vm-init: a vm-tier guest's init)"
             );
             return ExitCode::from(1);
         }

@@ -459,3 +459,78 @@ pub fn current_ids() -> (u32, u32) {
     // SAFETY: getuid and getgid cannot fail and touch no memory.
     unsafe { (libc::getuid(), libc::getgid()) }
 }
+
+// The vm tier's init (`vm.rs`): what a guest's pid 1 does before it
+// serves.
+
+fn cstr(s: &str) -> io::Result<std::ffi::CString> {
+    std::ffi::CString::new(s).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
+}
+
+/// mount(2) of `source` (a device or a file system's name) at `target`.
+pub fn mount(
+    source: &str,
+    target: &str,
+    fstype: Option<&str>,
+    flags: libc::c_ulong,
+    data: Option<&str>,
+) -> io::Result<()> {
+    let (source, target) = (cstr(source)?, cstr(target)?);
+    let fstype = fstype.map(cstr).transpose()?;
+    let data = data.map(cstr).transpose()?;
+    // SAFETY: NUL-terminated strings that outlive the call, or null where
+    // mount(2) allows it (no type for MS_MOVE, no data).
+    check(unsafe {
+        libc::mount(
+            source.as_ptr(),
+            target.as_ptr(),
+            fstype.as_ref().map_or(std::ptr::null(), |t| t.as_ptr()),
+            flags,
+            data.as_ref()
+                .map_or(std::ptr::null(), |d| d.as_ptr().cast()),
+        )
+    })?;
+    Ok(())
+}
+
+/// Load the kernel module in `file` (finit_module(2), no parameters).
+pub fn finit_module(file: &std::fs::File) -> io::Result<()> {
+    let params = c"";
+    // SAFETY: a valid descriptor and an empty NUL-terminated parameter
+    // string; flags 0.
+    let rc = unsafe { libc::syscall(libc::SYS_finit_module, file.as_raw_fd(), params.as_ptr(), 0) };
+    if rc < 0 {
+        let e = io::Error::last_os_error();
+        // Built into this kernel, or loaded already: what was wanted.
+        if e.raw_os_error() == Some(libc::EEXIST) {
+            return Ok(());
+        }
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// chroot(2).
+pub fn chroot(dir: &str) -> io::Result<()> {
+    let dir = cstr(dir)?;
+    // SAFETY: a NUL-terminated path that outlives the call.
+    check(unsafe { libc::chroot(dir.as_ptr()) })?;
+    Ok(())
+}
+
+pub fn sethostname(name: &str) -> io::Result<()> {
+    // SAFETY: a pointer and the length of a live byte slice.
+    check(unsafe { libc::sethostname(name.as_ptr().cast(), name.len()) })?;
+    Ok(())
+}
+
+/// Power the machine off (the VM ends; its QEMU exits). Returns only if
+/// the kernel refused.
+pub fn power_off() -> io::Error {
+    // SAFETY: sync and reboot take integers only.
+    unsafe {
+        libc::sync();
+        libc::reboot(libc::RB_POWER_OFF);
+    }
+    io::Error::last_os_error()
+}

@@ -895,18 +895,22 @@ fn orphaned_sandbox_processes() -> Vec<String> {
 }
 
 /// Whether `pid` (a sandbox's top process) is a daemon's sandbox whose
-/// daemon home still exists: the first line of `/run/brig/sb/<id>/state`
-/// names the daemon's database.
+/// daemon home still exists: the first line of its state file names the
+/// daemon's database (`/run/brig/sb/<id>/state` for the process tier, in
+/// cgroup `brig/<id>`; `/run/brig/vm/<id>/state` for a vm's QEMU, in
+/// `brig-vm/<id>`).
 fn daemon_owned(pid: u32) -> bool {
     let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
-    let Some(id) = cgroups.lines().find_map(|l| {
+    let Some((tier, id)) = cgroups.lines().find_map(|l| {
         let path = l.rsplit(':').next()?;
-        let after = &path[path.find("/brig/")? + "/brig/".len()..];
-        after.split('/').next().map(str::to_string)
+        [("/brig/", "sb"), ("/brig-vm/", "vm")].iter().find_map(|(parent, tier)| {
+            let after = &path[path.find(parent)? + parent.len()..];
+            after.split('/').next().map(|id| (*tier, id.to_string()))
+        })
     }) else {
         return false;
     };
-    std::fs::read_to_string(format!("/run/brig/sb/{id}/state")).is_ok_and(|s| {
+    std::fs::read_to_string(format!("/run/brig/{tier}/{id}/state")).is_ok_and(|s| {
         s.lines()
             .next()
             .is_some_and(|db| std::path::Path::new(db).exists())

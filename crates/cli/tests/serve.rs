@@ -543,16 +543,43 @@ fn pause_and_resume_from_the_cli_on_gvisor() {
     pause_suite("gvisor");
 }
 
+/// The same on the vm tier (QMP `stop`/`cont`), from a template of its own
+/// (a guest cannot run the host's) and without a network (none yet).
+#[test]
+fn pause_and_resume_from_the_cli_on_vm() {
+    pause_suite("vm");
+}
+
+/// What a create on `isolation` needs beyond the tier: the vm tier a
+/// root file system of its own and no network.
+fn tier_args(isolation: &str) -> Vec<String> {
+    if isolation != "vm" {
+        return Vec::new();
+    }
+    let Some(rootfs) = support::rootfs() else {
+        return Vec::new();
+    };
+    vec![
+        "--template".into(),
+        format!("dir:{}", rootfs.display()),
+        "--network".into(),
+        "none".into(),
+    ]
+}
+
 fn pause_suite(isolation: &str) {
     require_root!();
     if !support::tier_or_skip(isolation) {
         return;
     }
+    if isolation == "vm" {
+        require_rootfs!();
+    }
     let daemon = Daemon::start();
-    let id = ok(
-        daemon.brig(&["create", "--timeout", "1m", "--isolation", isolation]),
-        "create",
-    );
+    let mut args = vec!["create", "--timeout", "1m", "--isolation", isolation];
+    let extra = tier_args(isolation);
+    args.extend(extra.iter().map(String::as_str));
+    let id = ok(daemon.brig(&args), "create");
     let id = id.trim().to_string();
     let state = |d: &Daemon| -> serde_json::Value {
         let out = ok(d.brig(&["inspect", &id, "--json"]), "inspect");
@@ -648,6 +675,12 @@ fn exec_takes_stdin_a_terminal_a_user_and_the_background_on_gvisor() {
     exec_suite("gvisor");
 }
 
+/// The same on the vm tier: the agent in the guest, over virtio-serial.
+#[test]
+fn exec_takes_stdin_a_terminal_a_user_and_the_background_on_vm() {
+    exec_suite("vm");
+}
+
 fn exec_suite(isolation: &str) {
     require_root!();
     if !support::tier_or_skip(isolation) {
@@ -656,7 +689,11 @@ fn exec_suite(isolation: &str) {
     let rootfs = require_rootfs!();
     let daemon = Daemon::start();
     let template = format!("dir:{}", rootfs.display());
-    let out = daemon.brig(&["create", "--template", &template, "--isolation", isolation]);
+    let mut args = vec!["create", "--template", &template, "--isolation", isolation];
+    if isolation == "vm" {
+        args.extend(["--network", "none"]);
+    }
+    let out = daemon.brig(&args);
     assert!(out.status.success(), "create: {}", text(&out.stderr));
     let id = text(&out.stdout).trim().to_string();
 

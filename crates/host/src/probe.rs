@@ -2021,7 +2021,24 @@ fn tiers(features: &[Feature], kvm: &Kvm, runsc_platforms: Option<&[String]>) ->
             ),
         ),
     };
-    let vm = if !ok("qemu") {
+    let vm = vm_tier_from(ok("qemu"), kvm);
+    Tiers {
+        process,
+        gvisor,
+        gvisor_detail,
+        vm,
+    }
+}
+
+/// The vm tier alone (what `probe().tiers.vm` says), without probing the
+/// rest: for the tier's own start.
+pub fn vm_tier() -> VmTier {
+    let qemu = qemu_feature(&Tool::find("qemu-system-x86_64", true));
+    vm_tier_from(qemu.status == Status::Ok, &Kvm::detect())
+}
+
+fn vm_tier_from(qemu: bool, kvm: &Kvm) -> VmTier {
+    if !qemu {
         VmTier {
             available: false,
             accel: Accel::Unavailable,
@@ -2049,12 +2066,6 @@ fn tiers(features: &[Feature], kvm: &Kvm, runsc_platforms: Option<&[String]>) ->
             accel: Accel::Tcg,
             detail: "QEMU with TCG emulation (slow, seconds to boot): no hardware KVM".to_owned(),
         }
-    };
-    Tiers {
-        process,
-        gvisor,
-        gvisor_detail,
-        vm,
     }
 }
 

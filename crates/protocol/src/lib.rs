@@ -18,6 +18,8 @@
 //!   messages are JSON ([`ExecRequest`](message::ExecRequest),
 //!   [`Call`](message::Call), [`Event`](message::Event), …); bulk bytes are
 //!   raw Data behind a one-byte channel tag ([`message::DataMsg`]).
+//! - [`serial`]: the vm tier's packets on its virtio-serial line, which
+//!   let a new host connection start clean after a dead one.
 //! - [`negotiate`]: both peers send a Hello with the version range they
 //!   speak and use the highest version both support.
 //!
@@ -30,6 +32,7 @@
 pub mod flow;
 pub mod frame;
 pub mod message;
+pub mod serial;
 
 pub use flow::{FlowError, RecvWindow, SendWindow, INITIAL_WINDOW, MAX_WINDOW};
 pub use frame::{

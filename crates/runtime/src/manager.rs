@@ -995,6 +995,15 @@ impl SandboxManager {
             None if self.config.gateway.is_some() => brig_net::Policy::default(),
             None => brig_net::Policy::none(),
         };
+        // A guest of the vm tier has no network device yet: a policy that
+        // lets anything out would be a promise it cannot keep.
+        if req.isolation == Isolation::Vm && policy.mode != brig_net::Mode::None {
+            return Err(ManagerError::BadRequest {
+                reason: "the vm tier has no network yet: create the sandbox with network mode \
+                         none (--network none)"
+                    .into(),
+            });
+        }
         if policy.mode != brig_net::Mode::None && self.config.gateway.is_none() {
             return Err(ManagerError::BadRequest {
                 reason: format!(
@@ -1054,8 +1063,14 @@ impl SandboxManager {
         self.store().insert_sandbox(&new(id.clone()))?;
         let mut fresh = spec.clone();
         fresh.env.clear();
-        // Its network namespace, linked to the gateway, before the spawn.
-        let (attachment, link) = match self.link(&id, policy) {
+        // Its network namespace, linked to the gateway, before the spawn
+        // (a vm guest has no network device to link: loopback only).
+        let linked = if req.isolation == Isolation::Vm {
+            Ok((NetworkAttachment::Loopback, None))
+        } else {
+            self.link(&id, policy)
+        };
+        let (attachment, link) = match linked {
             Ok(linked) => linked,
             Err(e) => {
                 let _ = self.store().mark_dead(&id, None, &EndCause::CreateFailed);

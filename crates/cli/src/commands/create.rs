@@ -14,8 +14,10 @@ pub struct CreateArgs {
     /// its template.
     #[arg(long, value_name = "SNAPSHOT", conflicts_with = "template")]
     from_snapshot: Option<String>,
-    /// Isolation tier: process (the default) or gvisor (gVisor's
-    /// application kernel, where the daemon has runsc: `brig doctor`).
+    /// Isolation tier: process (the default), gvisor (gVisor's
+    /// application kernel, where the daemon has runsc) or vm (a QEMU
+    /// virtual machine with its own kernel; no network yet, so with
+    /// `--network none`). `brig doctor` says which this host offers.
     #[arg(long, value_name = "TIER", value_parser = parse_isolation)]
     isolation: Option<brig_core::Isolation>,
     /// How long the sandbox lives (default 5m), e.g. 30s, 10m, 1h.

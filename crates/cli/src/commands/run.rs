@@ -35,8 +35,10 @@ pub struct RunArgs {
     /// `dir:PATH` (any unpacked root filesystem).
     #[arg(long, default_value = "host", value_name = "NAME|IMAGE|dir:PATH")]
     template: String,
-    /// Isolation tier: process (the default) or gvisor (gVisor's
-    /// application kernel; needs runsc: `brig doctor`).
+    /// Isolation tier: process (the default), gvisor (gVisor's
+    /// application kernel; needs runsc) or vm (a QEMU virtual machine with
+    /// its own kernel; needs QEMU and --network none; no -t yet). `brig
+    /// doctor` says which this host offers.
     #[arg(long, default_value = "process", value_name = "TIER", value_parser = super::create::parse_isolation)]
     isolation: brig_core::Isolation,
     /// Run this instead of the image's entrypoint (`--entrypoint ''`: none;
@@ -285,9 +287,29 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
                 .clone();
             Box::new(brig_gvisor::GvisorTier::for_commands(runsc, run_dir)?)
         }
-        Isolation::Vm => anyhow::bail!(
-            "the vm isolation tier is not available yet: use --isolation process or gvisor"
-        ),
+        Isolation::Vm => {
+            let qemu = brig_vm::find_qemu().ok_or_else(|| {
+                anyhow::anyhow!(
+                    "the vm tier needs QEMU, which is not installed: apt-get install \
+                     qemu-system-x86 (brig doctor says what this host offers)"
+                )
+            })?;
+            let run_dir = ProcessTier::for_commands()
+                .map_err(explain)?
+                .options()
+                .run_dir
+                .clone();
+            let home = std::env::var_os("BRIG_VM_HOME").map_or_else(
+                || super::client::home_dir().join("vm"),
+                std::path::PathBuf::from,
+            );
+            Box::new(brig_vm::VmTier::for_commands(
+                qemu,
+                run_dir,
+                home,
+                crate::agent::path()?,
+            )?)
+        }
     };
 
     // Signals to brig become a sandbox teardown. They are blocked before

@@ -346,6 +346,15 @@ pub(crate) fn start_runtime(
         }
         Err(e) => tracing::info!("no gvisor tier: {e}"),
     }
+    // The vm tier where this host has QEMU. Its first launch fetches the
+    // guest kernel from Debian's archive (seconds, once per home).
+    match vm_tier(&tier.options().run_dir, &store_path, &owner) {
+        Ok(v) => {
+            tracing::info!("vm tier: QEMU with {}", v.accel().as_str());
+            tiers.push(Arc::new(v));
+        }
+        Err(e) => tracing::info!("no vm tier: {e}"),
+    }
     tiers.insert(0, Arc::new(tier));
     let manager = SandboxManager::start(store, manager_config, tiers)?;
     Ok(Started {
@@ -382,6 +391,40 @@ fn gvisor_tier(
         agent,
         owner: owner.to_string(),
         platform: std::env::var("BRIG_GVISOR_PLATFORM").ok(),
+    })
+}
+
+/// The vm tier, if this host offers it: QEMU on PATH (or `BRIG_QEMU`),
+/// its guest kernel and images in `$BRIG_HOME/vm` (or `BRIG_VM_HOME`, a
+/// cache several homes share: the tests').
+fn vm_tier(
+    run_dir: &std::path::Path,
+    store_path: &std::path::Path,
+    owner: &str,
+) -> Result<brig_vm::VmTier, brig_core::TierError> {
+    let unavailable = |reason: String| brig_core::TierError::Unavailable {
+        tier: brig_core::Isolation::Vm,
+        reason,
+    };
+    let qemu = brig_vm::find_qemu().ok_or_else(|| {
+        unavailable("qemu-system-x86_64 is not installed (apt-get install qemu-system-x86)".into())
+    })?;
+    let agent = crate::agent::path().map_err(|e| unavailable(format!("{e:#}")))?;
+    let home = std::env::var_os("BRIG_VM_HOME").map_or_else(
+        || {
+            store_path
+                .parent()
+                .unwrap_or(std::path::Path::new("/"))
+                .join("vm")
+        },
+        PathBuf::from,
+    );
+    brig_vm::VmTier::new(brig_vm::VmConfig {
+        qemu,
+        run_dir: run_dir.to_path_buf(),
+        home,
+        agent,
+        owner: owner.to_string(),
     })
 }
 

@@ -54,6 +54,10 @@ pub fn tier_or_skip(isolation: &str) -> bool {
             skip("runsc is not installed (apt-get install runsc): no gvisor tier to test");
             false
         }
+        "vm" if brig_vm::find_qemu().is_none() => {
+            skip("qemu-system-x86_64 is not installed (apt-get install qemu-system-x86): no vm tier to test");
+            false
+        }
         _ => true,
     }
 }
@@ -197,6 +201,11 @@ pub fn start_daemon_with(
     }
     // The agent this brig carries (static, embedded), unless the caller
     // chose another (the upgrade test's earlier build brings its own).
+    // The vm tier's guest kernel and templates' images, fetched and built
+    // once for every test daemon (each would otherwise fetch its own).
+    if std::env::var_os("BRIG_VM_HOME").is_none() {
+        cmd.env("BRIG_VM_HOME", brig_test_support::test_cache().join("vm"));
+    }
     let mut child = cmd
         .env("BRIG_HOME", home)
         .stdout(std::process::Stdio::null())

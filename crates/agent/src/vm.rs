@@ -1,0 +1,359 @@
+//! `brig-agent --vm-init`: the agent as a vm-tier guest's first process,
+//! run by the kernel from the initramfs brig assembled (crate brig-vm).
+//!
+//! The bring-up ([`run`]), top to bottom: the kernel's own file systems;
+//! the modules the guest's devices need; the sandbox's root (the
+//! template's read-only disk under a writable disk, an overlay); a switch
+//! into it; then the agent serves, as in every tier, on a socket of its
+//! own, and a relay joins that socket to the virtio-serial port the host
+//! talks through (`brig_protocol::serial` says why the port carries
+//! packets and not the agent's bytes alone).
+//!
+//! ```text
+//! initramfs:  /init (this program)  /brig/modules/*.ko  /brig/modules.order
+//! disks:      serial brig-root  ext4, read-only: the template
+//!             serial brig-disk  ext4, writable, the --disk limit: upper/ work/
+//! guest root: overlay(lower = brig-root, upper = brig-disk/upper)
+//! agent:      /run/brig-agent/agent.sock (0700 directory), relay ↔ the port
+//!             named org.brig.agent
+//! ```
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use brig_protocol::serial::{self, Packet, Unstuffer, MAX_PACKET};
+
+use crate::session::Session;
+use crate::sys;
+
+/// The name the host gives the agent's virtio-serial port.
+pub const PORT_NAME: &str = "org.brig.agent";
+/// The serial numbers the host gives the two disks.
+const ROOT_SERIAL: &str = "brig-root";
+const DISK_SERIAL: &str = "brig-disk";
+const SOCKET_DIR: &str = "/run/brig-agent";
+const SOCKET: &str = "/run/brig-agent/agent.sock";
+/// How long the devices may take to appear once their drivers loaded.
+const DEVICES: Duration = Duration::from_secs(20);
+
+/// Bring the guest up and serve; returns only on failure (the caller
+/// reports it on the console and powers the machine off).
+pub fn run() -> Result<(), String> {
+    // 1. The kernel's file systems: devices appear in /dev (devtmpfs) as
+    //    their drivers bind; /sys names them.
+    for (fs, at) in [("devtmpfs", "/dev"), ("proc", "/proc"), ("sysfs", "/sys")] {
+        sys::mount(fs, at, Some(fs), 0, None).map_err(|e| format!("mount {fs} at {at}: {e}"))?;
+    }
+    // 2. The drivers: Debian's cloud kernel builds virtio, its transports,
+    //    disks, console and overlayfs as modules. The host wrote them in
+    //    dependency order.
+    load_modules().map_err(|e| format!("load modules: {e}"))?;
+    // 3. The devices, found by what the host named them (disk serials,
+    //    the port's name), not by probe order.
+    let deadline = Instant::now() + DEVICES;
+    let root_dev = wait_for(deadline, || disk_by_serial(ROOT_SERIAL))?;
+    let disk_dev = wait_for(deadline, || disk_by_serial(DISK_SERIAL))?;
+    let port = wait_for(deadline, port_by_name)?;
+    // 4. The sandbox's root: the template read-only, the writable disk
+    //    over it (what the sandbox writes stays within --disk).
+    let ro = libc::MS_RDONLY | libc::MS_NODEV;
+    sys::mount(&root_dev, "/lower", Some("ext4"), ro, Some("noload"))
+        .map_err(|e| format!("mount the template ({root_dev}): {e}"))?;
+    sys::mount(&disk_dev, "/disk", Some("ext4"), libc::MS_NODEV, None)
+        .map_err(|e| format!("mount the writable disk ({disk_dev}): {e}"))?;
+    for d in ["/disk/upper", "/disk/work"] {
+        fs::create_dir_all(d).map_err(|e| format!("create {d}: {e}"))?;
+    }
+    sys::mount(
+        "overlay",
+        "/newroot",
+        Some("overlay"),
+        0,
+        Some("lowerdir=/lower,upperdir=/disk/upper,workdir=/disk/work"),
+    )
+    .map_err(|e| format!("mount the root overlay: {e}"))?;
+    // 5. The kernel's file systems move with it; a terminal file system and
+    //    shared memory as any Linux system has.
+    for at in ["/dev", "/proc", "/sys"] {
+        let target = format!("/newroot{at}");
+        fs::create_dir_all(&target).map_err(|e| format!("create {target}: {e}"))?;
+        sys::mount(at, &target, None, libc::MS_MOVE, None)
+            .map_err(|e| format!("move {at}: {e}"))?;
+    }
+    for (fs, at, data) in [
+        (
+            "devpts",
+            "/newroot/dev/pts",
+            "newinstance,ptmxmode=0666,mode=620",
+        ),
+        ("tmpfs", "/newroot/dev/shm", "mode=1777"),
+        ("tmpfs", "/newroot/run", "mode=755"),
+    ] {
+        fs::create_dir_all(at).map_err(|e| format!("create {at}: {e}"))?;
+        sys::mount(fs, at, Some(fs), libc::MS_NOSUID, Some(data))
+            .map_err(|e| format!("mount {fs} at {at}: {e}"))?;
+    }
+    // 6. Into it: the initramfs (a rootfs, which cannot be pivoted away)
+    //    stays below, unreachable.
+    std::env::set_current_dir("/newroot").map_err(|e| format!("enter the root: {e}"))?;
+    sys::mount(".", "/", None, libc::MS_MOVE, None).map_err(|e| format!("move the root: {e}"))?;
+    sys::chroot(".").map_err(|e| format!("chroot: {e}"))?;
+    std::env::set_current_dir("/").map_err(|e| format!("enter /: {e}"))?;
+    if let Some(name) = cmdline_value("brig.hostname") {
+        let _ = sys::sethostname(&name);
+    }
+    // 7. The agent's socket, in a directory only the guest's root enters;
+    //    then the relay to the host, and the agent serves.
+    fs::DirBuilder::new()
+        .mode(0o700)
+        .recursive(true)
+        .create(SOCKET_DIR)
+        .map_err(|e| format!("create {SOCKET_DIR}: {e}"))?;
+    let listener = UnixListener::bind(SOCKET).map_err(|e| format!("bind {SOCKET}: {e}"))?;
+    sys::cloexec_above_stderr().map_err(|e| format!("cannot set up descriptors: {e}"))?;
+    let port = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&port)
+        .map_err(|e| format!("open {}: {e}", port.display()))?;
+    sys::set_cloexec(std::os::fd::AsRawFd::as_raw_fd(&port))
+        .map_err(|e| format!("cannot set up descriptors: {e}"))?;
+    // The session first: it blocks SIGCHLD (for its signalfd) in this
+    // thread, and the relay's threads inherit the mask. A thread made
+    // before would take the children's SIGCHLDs and drop them (pid 1
+    // ignores signals it has no handler for), and no exit would be seen.
+    let mut session =
+        Session::listen(listener).map_err(|e| format!("cannot set up the event loop: {e}"))?;
+    let relay = Relay::new(port).map_err(|e| format!("start the relay: {e}"))?;
+    thread::spawn(move || relay.serve_host());
+    let end = session.run();
+    Err(format!("the agent ended: {end:?}"))
+}
+
+/// What to do after [`run`] failed: say why on the console (the host
+/// keeps it, and shows its tail) and end the machine.
+pub fn fail(message: &str) -> ! {
+    eprintln!("brig-agent (vm init): {message}");
+    let e = sys::power_off();
+    eprintln!("brig-agent (vm init): cannot power off: {e}");
+    loop {
+        thread::sleep(Duration::from_secs(3600));
+    }
+}
+
+fn load_modules() -> io::Result<()> {
+    let order = fs::read_to_string("/brig/modules.order")?;
+    for name in order.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        let path = Path::new("/brig/modules").join(name);
+        let file = File::open(&path)?;
+        sys::finit_module(&file)
+            .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+    }
+    Ok(())
+}
+
+fn wait_for<T>(deadline: Instant, mut find: impl FnMut() -> Option<T>) -> Result<T, String> {
+    loop {
+        if let Some(found) = find() {
+            return Ok(found);
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "a device did not appear within {DEVICES:?} (block: {:?}, ports: {:?})",
+                list("/sys/block"),
+                list("/sys/class/virtio-ports")
+            ));
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn list(dir: &str) -> Vec<String> {
+    fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// `/dev/vdX` of the virtio disk whose serial is `serial`.
+fn disk_by_serial(serial: &str) -> Option<String> {
+    list("/sys/block").into_iter().find_map(|name| {
+        let s = fs::read_to_string(format!("/sys/block/{name}/serial")).ok()?;
+        (s.trim() == serial && Path::new(&format!("/dev/{name}")).exists())
+            .then(|| format!("/dev/{name}"))
+    })
+}
+
+/// `/dev/vportNpM` of the port named [`PORT_NAME`] (no udev here to make
+/// `/dev/virtio-ports/NAME`).
+fn port_by_name() -> Option<PathBuf> {
+    list("/sys/class/virtio-ports").into_iter().find_map(|p| {
+        let name = fs::read_to_string(format!("/sys/class/virtio-ports/{p}/name")).ok()?;
+        let dev = PathBuf::from(format!("/dev/{p}"));
+        (name.trim() == PORT_NAME && dev.exists()).then_some(dev)
+    })
+}
+
+fn cmdline_value(key: &str) -> Option<String> {
+    let cmdline = fs::read_to_string("/proc/cmdline").ok()?;
+    cmdline.split_whitespace().find_map(|w| {
+        let (k, v) = w.split_once('=')?;
+        (k == key && !v.is_empty()).then(|| v.to_owned())
+    })
+}
+
+/// Joins the host's connection (packets on the port) to the agent's socket.
+/// One host connection at a time: a `Hello` replaces the current one,
+/// exactly as a new connection to a listening agent does.
+#[derive(Clone)]
+struct Relay {
+    port: Arc<File>,
+    /// Writes to the port, one packet at a time.
+    writer: Arc<Mutex<File>>,
+    /// The current connection's number; a connection's output is sent
+    /// only while it is current.
+    current: Arc<AtomicU64>,
+    conn: Arc<Mutex<Option<UnixStream>>>,
+}
+
+impl Relay {
+    fn new(port: File) -> io::Result<Relay> {
+        let writer = port.try_clone()?;
+        Ok(Relay {
+            port: Arc::new(port),
+            writer: Arc::new(Mutex::new(writer)),
+            current: Arc::new(AtomicU64::new(0)),
+            conn: Arc::new(Mutex::new(None)),
+        })
+    }
+
+    /// Read the port for ever. A read of 0 bytes means no host is
+    /// connected (virtio-console's EOF): the current connection ends, as
+    /// a host's hang-up ends it on a socket; the port is read again
+    /// shortly, for the next host.
+    fn serve_host(self) {
+        let mut unstuffer = Unstuffer::new();
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match (&*self.port).read(&mut buf) {
+                Ok(0) => {
+                    self.end_current();
+                    thread::sleep(Duration::from_millis(10));
+                }
+                Ok(n) => unstuffer.feed(&buf[..n], |p| self.packet(p)),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    eprintln!("brig-agent (vm init): the host's port failed: {e}");
+                    thread::sleep(Duration::from_millis(100));
+                }
+            }
+        }
+    }
+
+    fn packet(&self, packet: Packet) {
+        match packet {
+            Packet::Hello(nonce) => self.connect(nonce),
+            Packet::Data(bytes) => {
+                let mut conn = lock(&self.conn);
+                let failed = conn.as_mut().is_some_and(|c| c.write_all(&bytes).is_err());
+                if failed {
+                    drop(conn);
+                    self.end_current();
+                    self.send(self.current.load(Ordering::SeqCst), &Packet::Close);
+                }
+            }
+            Packet::Close => self.end_current(),
+            Packet::Ready(_) => {}
+        }
+    }
+
+    /// A new host: the old connection ends, a new one to the agent
+    /// begins, and the host hears `Ready` once the agent's socket took it.
+    fn connect(&self, nonce: u64) {
+        let stream = match UnixStream::connect(SOCKET) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("brig-agent (vm init): cannot reach the agent: {e}");
+                return;
+            }
+        };
+        let reader = match stream.try_clone() {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("brig-agent (vm init): {e}");
+                return;
+            }
+        };
+        let number = {
+            // Under the writer's lock: no packet of the old connection
+            // can follow the `Ready`.
+            let mut w = lock(&self.writer);
+            let number = self.current.fetch_add(1, Ordering::SeqCst) + 1;
+            if let Some(old) = lock(&self.conn).replace(stream) {
+                let _ = old.shutdown(std::net::Shutdown::Both);
+            }
+            let mut out = Vec::new();
+            Packet::Ready(nonce).encode_into(&mut out);
+            let _ = w.write_all(&out);
+            number
+        };
+        let relay = self.clone();
+        thread::spawn(move || relay.forward_to_host(reader, number));
+    }
+
+    /// Connection `number`'s output, to the host while it is current.
+    fn forward_to_host(self, mut agent: UnixStream, number: u64) {
+        let mut buf = vec![0u8; MAX_PACKET];
+        loop {
+            match agent.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    let mut out = Vec::with_capacity(n + n / 64 + 4);
+                    serial::encode_data(&buf[..n], &mut out);
+                    if !self.send_raw(number, &out) {
+                        return;
+                    }
+                }
+            }
+        }
+        if self.current.load(Ordering::SeqCst) == number {
+            self.end_current();
+            self.send(number, &Packet::Close);
+        }
+    }
+
+    fn send(&self, number: u64, packet: &Packet) {
+        let mut out = Vec::new();
+        packet.encode_into(&mut out);
+        self.send_raw(number, &out);
+    }
+
+    /// Write `bytes` if connection `number` is still current.
+    fn send_raw(&self, number: u64, bytes: &[u8]) -> bool {
+        let mut w = lock(&self.writer);
+        if self.current.load(Ordering::SeqCst) != number {
+            return false;
+        }
+        w.write_all(bytes).is_ok()
+    }
+
+    fn end_current(&self) {
+        if let Some(old) = lock(&self.conn).take() {
+            let _ = old.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}

@@ -1,0 +1,739 @@
+//! The vm tier through the real binary: a daemon (`brig serve`) offers it
+//! where QEMU is installed, says whether it runs on KVM or TCG, and it is
+//! driven through the CLI, the native API and E2B's as any sandbox is:
+//! create, exec, files, limits, pause and resume. The sandbox runs its own
+//! kernel (Debian's cloud kernel, not the host's); it survives a `kill -9`
+//! of the daemon and is adopted by the next; and once it ends (deleted, or
+//! ended by a daemon's SIGTERM after a crash) nothing of it is left on the
+//! host: no QEMU process, socket, disk file, directory or cgroup.
+//!
+//! Each test boots as few guests as it can (a boot is seconds under TCG).
+//! Needs root and QEMU: skips with a printed reason otherwise (fails under
+//! BRIG_TEST_STRICT=1). The guest kernel and the templates' images are
+//! kept in the test cache (`BRIG_VM_HOME`), fetched and built once.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use support::{eventually, BRIG};
+
+struct Daemon {
+    child: Child,
+    url: String,
+    home: PathBuf,
+    key: String,
+    /// E2B's control plane and data plane, with `--e2b`.
+    e2b: Option<(String, String)>,
+}
+
+/// Where the guest kernel and the templates' images are kept between runs.
+fn vm_home() -> PathBuf {
+    brig_test_support::test_cache().join("vm")
+}
+
+impl Daemon {
+    fn start(home: &Path) -> Daemon {
+        Self::start_with(home, &[])
+    }
+
+    fn start_with(home: &Path, extra: &[&str]) -> Daemon {
+        let mut cmd = Command::new(BRIG);
+        cmd.args(["serve", "--listen", "127.0.0.1:0"])
+            .args(extra)
+            .env("BRIG_VM_HOME", vm_home());
+        let (child, url, mut lines) = support::start_daemon_with(cmd, home);
+        let e2b = extra.contains(&"--e2b").then(|| {
+            let mut addr = |prefix: &str| loop {
+                let line = lines.next().expect("brig serve exited").unwrap();
+                if let Some(a) = line.strip_prefix(prefix) {
+                    break a.to_string();
+                }
+            };
+            (addr("brig: e2b api on "), addr("brig: e2b sandboxes on "))
+        });
+        std::thread::spawn(move || for _ in lines {});
+        let key = std::fs::read_to_string(home.join("local.key"))
+            .unwrap()
+            .trim()
+            .to_string();
+        Daemon {
+            child,
+            url,
+            home: home.to_path_buf(),
+            key,
+            e2b,
+        }
+    }
+
+    fn brig(&self, args: &[&str]) -> Output {
+        Command::new(BRIG)
+            .args(args)
+            .env("BRIG_URL", &self.url)
+            .env("BRIG_HOME", &self.home)
+            .env_remove("BRIG_API_KEY")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    }
+
+    fn call(&self, method: &str, url: &str, body: Option<Value>) -> (u16, Value) {
+        let url = if url.starts_with("http") {
+            url.to_string()
+        } else {
+            format!("{}{url}", self.url)
+        };
+        let req = ureq::request(method, &url)
+            .set("Authorization", &format!("Bearer {}", self.key))
+            .set("X-API-Key", &self.key);
+        let resp = match body {
+            Some(b) => req.send_json(b),
+            None => req.call(),
+        };
+        match resp {
+            Ok(r) => (r.status(), r.into_json().unwrap_or(Value::Null)),
+            Err(ureq::Error::Status(code, r)) => (code, r.into_json().unwrap_or(Value::Null)),
+            Err(e) => panic!("{method} {url}: {e}"),
+        }
+    }
+
+    fn kill9(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        support::stop_daemon(&mut self.child);
+    }
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn ok(out: Output, what: &str) -> String {
+    assert!(
+        out.status.success(),
+        "{what}: {}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    text(&out.stdout)
+}
+
+/// Root, QEMU and the test rootfs, or a printed skip.
+fn ready() -> Option<String> {
+    if support::euid() != 0 {
+        support::skip("the vm tier needs root");
+        return None;
+    }
+    if brig_vm::find_qemu().is_none() {
+        support::skip("qemu-system-x86_64 is not installed (apt-get install qemu-system-x86)");
+        return None;
+    }
+    let Some(rootfs) = support::rootfs() else {
+        support::skip(
+            "BRIG_TEST_ROOTFS is not set; scripts/test builds a Debian rootfs and sets it",
+        );
+        return None;
+    };
+    Some(format!("dir:{}", rootfs.display()))
+}
+
+/// The pids of the QEMU processes of sandbox `id` (`-name brig-<id>`).
+fn qemu_pids(id: &str) -> Vec<u32> {
+    let name = format!("brig-{id}");
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.split(|b| *b == 0).any(|arg| arg == name.as_bytes()))
+        })
+        // A zombie (reaped by init a moment later) runs nothing.
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|s| !s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('Z')))
+        })
+        .collect()
+}
+
+/// Nothing of sandbox `id` on the host: no QEMU, no directory (sockets,
+/// disk, logs), no cgroup.
+fn assert_nothing_left(id: &str) {
+    let gone = eventually(Duration::from_secs(15), || qemu_pids(id).is_empty());
+    assert!(gone, "QEMU processes of {id} left: {:?}", qemu_pids(id));
+    let dir = Path::new("/run/brig/vm").join(id);
+    assert!(
+        eventually(Duration::from_secs(10), || !dir.exists()),
+        "directory left: {:?}",
+        std::fs::read_dir(&dir).map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>())
+    );
+    assert!(
+        !Path::new("/run/brig/vm").join(format!(".{id}")).exists(),
+        "a half-made directory left"
+    );
+    let disk = vm_home().join("disks").join(format!("{id}.ext4"));
+    assert!(!disk.exists(), "disk left: {}", disk.display());
+    for c in ["memory", "pids", "cpu", "cpuacct", ""] {
+        let d = Path::new("/sys/fs/cgroup").join(c).join("brig-vm").join(id);
+        assert!(!d.exists(), "cgroup left: {}", d.display());
+    }
+}
+
+fn create(daemon: &Daemon, template: &str, extra: &[&str]) -> String {
+    let mut args = vec![
+        "create",
+        "--isolation",
+        "vm",
+        "--network",
+        "none",
+        "--template",
+        template,
+    ];
+    args.extend_from_slice(extra);
+    ok(daemon.brig(&args), "create").trim().to_string()
+}
+
+/// One guest, all the way: it runs its own kernel; exec with stdout,
+/// stderr and exit codes; files both ways; its memory limit is its RAM;
+/// pause and resume; a daemon killed with -9 leaves it running and the
+/// next adopts it (a background process ticked meanwhile); deleted,
+/// nothing of it stays.
+#[test]
+fn a_vm_sandbox_through_the_cli_and_the_api() {
+    let Some(template) = ready() else { return };
+    let home = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start(home.path());
+
+    // The daemon offers the tier and says how it runs it: TCG here, where
+    // /dev/kvm cannot boot a stock guest.
+    let (status, info) = daemon.call("GET", "/v1/info", None);
+    assert_eq!(status, 200, "{info}");
+    assert!(
+        info["offered"].as_array().unwrap().contains(&json!("vm")),
+        "{info}"
+    );
+    assert_eq!(info["tiers"]["vm"]["available"], true, "{info}");
+    let accel = info["tiers"]["vm"]["accel"].as_str().unwrap().to_owned();
+    assert!(
+        accel == "kvm" || accel.to_lowercase().contains("tcg"),
+        "{info}"
+    );
+    let doctor = ok(daemon.brig(&["doctor"]), "doctor");
+    assert!(
+        doctor
+            .lines()
+            .any(|l| l.trim_start().starts_with("vm:") && (l.contains("TCG") || l.contains("KVM"))),
+        "{doctor}"
+    );
+
+    let id = create(&daemon, &template, &["--memory", "384M", "--disk", "256M"]);
+    let (_, sb) = daemon.call("GET", &format!("/v1/sandboxes/{id}"), None);
+    assert_eq!(sb["isolation"], "vm", "{sb}");
+    assert_eq!(qemu_pids(&id).len(), 1, "one QEMU for the sandbox");
+
+    // Its own kernel: Debian's cloud kernel, not the host's; the agent is
+    // the guest's pid 1.
+    let host = ok(
+        Command::new("uname").arg("-r").output().unwrap(),
+        "host uname",
+    );
+    let guest = ok(daemon.brig(&["exec", &id, "--", "uname", "-r"]), "uname");
+    assert_ne!(guest.trim(), host.trim(), "the host's kernel answered");
+    assert!(guest.trim().ends_with("-cloud-amd64"), "{guest}");
+    let kept = std::fs::read_to_string(vm_home().join("kernel/current")).unwrap();
+    assert_eq!(guest.trim(), kept.trim(), "the kernel brig fetched");
+    let pid1 = ok(
+        daemon.brig(&["exec", &id, "--", "cat", "/proc/1/cmdline"]),
+        "pid 1",
+    );
+    assert!(pid1.starts_with("/init\0--vm-init"), "{pid1:?}");
+
+    // Exit codes and both streams.
+    let out = daemon.brig(&[
+        "exec",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "echo out; echo err >&2; exit 7",
+    ]);
+    assert_eq!(out.status.code(), Some(7), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "out\n");
+    assert_eq!(text(&out.stderr), "err\n");
+
+    // Files both ways, through the CLI and the API; bytes the line's
+    // packets must escape (0xC0, 0xDB) among them.
+    let local = home.path().join("blob");
+    let blob: Vec<u8> = (0..=255u8).cycle().take(300_000).collect();
+    std::fs::write(&local, &blob).unwrap();
+    ok(
+        daemon.brig(&["cp", local.to_str().unwrap(), &format!("{id}:/root/blob")]),
+        "cp in",
+    );
+    let out = ok(
+        daemon.brig(&["exec", &id, "--", "sh", "-c", "wc -c < /root/blob"]),
+        "size",
+    );
+    assert_eq!(out.trim(), "300000");
+    let back = home.path().join("back");
+    ok(
+        daemon.brig(&["cp", &format!("{id}:/root/blob"), back.to_str().unwrap()]),
+        "cp out",
+    );
+    assert!(
+        std::fs::read(&back).unwrap() == blob,
+        "the file came back changed"
+    );
+    let (status, list) = daemon.call(
+        "GET",
+        &format!("/v1/sandboxes/{id}/files/list?path=/root"),
+        None,
+    );
+    assert_eq!(status, 200, "{list}");
+    assert!(list.to_string().contains("blob"), "{list}");
+    // The template is read-only below the writable disk, which --disk
+    // bounds.
+    let out = daemon.brig(&[
+        "exec",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "dd if=/dev/zero of=/root/big bs=1M count=400 2>&1; echo rc=$?",
+    ]);
+    let said = text(&out.stdout);
+    assert!(
+        said.contains("No space left") && !said.contains("rc=0"),
+        "{said}"
+    );
+    ok(
+        daemon.brig(&["exec", &id, "--", "rm", "/root/big"]),
+        "rm big",
+    );
+
+    // The memory limit is the guest's RAM (less what its kernel keeps),
+    // and QEMU's cgroup holds it with QEMU's own overhead.
+    let out = ok(
+        daemon.brig(&["exec", &id, "--", "sh", "-c", "grep MemTotal /proc/meminfo"]),
+        "meminfo",
+    );
+    let kib: u64 = out.split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert!(
+        kib <= 384 * 1024 && kib > 256 * 1024,
+        "MemTotal {kib} kB for a 384M guest"
+    );
+    let limit: u64 = std::fs::read_to_string(
+        Path::new("/sys/fs/cgroup/memory/brig-vm")
+            .join(&id)
+            .join("memory.limit_in_bytes"),
+    )
+    .or_else(|_| {
+        std::fs::read_to_string(
+            Path::new("/sys/fs/cgroup/brig-vm")
+                .join(&id)
+                .join("memory.max"),
+        )
+    })
+    .unwrap()
+    .trim()
+    .parse()
+    .unwrap();
+    assert!(limit > 384 << 20 && limit < 1 << 30, "QEMU's limit {limit}");
+    let (status, m) = daemon.call("GET", &format!("/v1/sandboxes/{id}/metrics"), None);
+    assert_eq!(status, 200, "{m}");
+    assert!(m["memory_bytes"].as_u64().unwrap() > 0, "{m}");
+    assert_eq!(m["memory_limit_bytes"], 384u64 << 20, "{m}");
+
+    // Pause and resume: a paused guest's clock stands still, so a ticking
+    // process makes no progress while paused.
+    ok(
+        daemon.brig(&[
+            "exec",
+            &id,
+            "-d",
+            "--",
+            "sh",
+            "-c",
+            "while :; do echo t >> /root/ticks; sleep 0.1; done",
+        ]),
+        "background",
+    );
+    std::thread::sleep(Duration::from_millis(800));
+    let ticks = |d: &Daemon| -> u32 {
+        ok(
+            d.brig(&["exec", &id, "--", "sh", "-c", "wc -l < /root/ticks"]),
+            "ticks",
+        )
+        .trim()
+        .parse()
+        .unwrap()
+    };
+    ok(daemon.brig(&["pause", &id]), "pause");
+    let (_, sb) = daemon.call("GET", &format!("/v1/sandboxes/{id}"), None);
+    assert_eq!(sb["state"], "paused", "{sb}");
+    let qemu = qemu_pids(&id)[0];
+    let stat = |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let cpu = |s: &str| -> u64 {
+        let f: Vec<&str> = s.rsplit_once(") ").unwrap().1.split(' ').collect();
+        f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
+    };
+    let before = cpu(&stat(qemu));
+    std::thread::sleep(Duration::from_secs(1));
+    let after = cpu(&stat(qemu));
+    // A stopped machine's QEMU idles (a running TCG guest burns ticks).
+    assert!(
+        after - before < 30,
+        "QEMU ran {} ticks while paused",
+        after - before
+    );
+    ok(daemon.brig(&["resume", &id]), "resume");
+    let first = ticks(&daemon);
+    assert!(first >= 3, "ticked before the pause: {first}");
+
+    // A daemon killed with -9: the guest runs on, the next daemon adopts
+    // it and reaches its agent over the same line.
+    daemon.kill9();
+    std::thread::sleep(Duration::from_millis(1000));
+    assert_eq!(qemu_pids(&id), vec![qemu], "the guest outlives its daemon");
+    let daemon = Daemon::start(home.path());
+    let adopted = ticks(&daemon);
+    assert!(
+        adopted > first,
+        "ticking while no daemon ran: {adopted} after {first}"
+    );
+    let out = ok(daemon.brig(&["exec", &id, "--", "echo", "adopted"]), "exec");
+    assert_eq!(out, "adopted\n");
+
+    // Deleted: nothing of it stays.
+    ok(daemon.brig(&["rm", "-f", &id]), "rm");
+    assert_nothing_left(&id);
+}
+
+/// The native API and E2B's make vm sandboxes (E2B's through the
+/// `brig.isolation` metadata key), and both refuse one that would need a
+/// network, which the tier does not have yet.
+#[test]
+fn the_native_and_e2b_apis_create_vm_sandboxes_without_a_network() {
+    let Some(template) = ready() else { return };
+    let home = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start_with(
+        home.path(),
+        &[
+            "--e2b",
+            "--e2b-api",
+            "127.0.0.1:0",
+            "--e2b-sandbox",
+            "127.0.0.1:0",
+        ],
+    );
+
+    // A network is refused, clearly.
+    let (status, err) = daemon.call(
+        "POST",
+        "/v1/sandboxes",
+        Some(json!({"isolation": "vm", "template": template})),
+    );
+    assert_eq!(status, 400, "{err}");
+    assert!(err.to_string().contains("no network yet"), "{err}");
+    // The host template is not a root file system of the guest's own.
+    let (status, err) = daemon.call(
+        "POST",
+        "/v1/sandboxes",
+        Some(json!({"isolation": "vm", "template": "host", "network": {"mode": "none"}})),
+    );
+    assert!((400..500).contains(&status), "{status} {err}");
+    assert!(
+        err.to_string().contains("root file system of its own"),
+        "{err}"
+    );
+
+    let (status, sb) = daemon.call(
+        "POST",
+        "/v1/sandboxes",
+        Some(json!({
+            "isolation": "vm",
+            "template": template,
+            "memory": "256M",
+            "network": {"mode": "none"},
+        })),
+    );
+    assert_eq!(status, 201, "{sb}");
+    assert_eq!(sb["isolation"], "vm");
+    let native = sb["id"].as_str().unwrap().to_string();
+
+    // E2B: the metadata key picks the tier; no internet access asked.
+    let (api, _) = daemon.e2b.clone().unwrap();
+    let (status, err) = daemon.call(
+        "POST",
+        &format!("{api}/sandboxes"),
+        Some(json!({"templateID": template, "metadata": {"brig.isolation": "vm"}})),
+    );
+    assert_eq!(status, 400, "{err}");
+    assert!(err.to_string().contains("no network yet"), "{err}");
+    let (status, e2b) = daemon.call(
+        "POST",
+        &format!("{api}/sandboxes"),
+        Some(json!({
+            "templateID": template,
+            "metadata": {"brig.isolation": "vm"},
+            "allow_internet_access": false,
+        })),
+    );
+    assert_eq!(status, 201, "{e2b}");
+    let e2b_id = e2b["sandboxID"].as_str().unwrap().to_string();
+    let (_, sb) = daemon.call("GET", &format!("/v1/sandboxes/{e2b_id}"), None);
+    assert_eq!(sb["isolation"], "vm", "{sb}");
+
+    // Both run their own kernel.
+    let host = ok(
+        Command::new("uname").arg("-r").output().unwrap(),
+        "host uname",
+    );
+    for id in [&native, &e2b_id] {
+        let out = ok(daemon.brig(&["exec", id, "--", "uname", "-r"]), "uname");
+        assert_ne!(out.trim(), host.trim());
+    }
+
+    let (status, _) = daemon.call("DELETE", &format!("{api}/sandboxes/{e2b_id}"), None);
+    assert!(status < 300, "E2B kill: {status}");
+    assert_nothing_left(&e2b_id);
+    // The other one is ended by the daemon's SIGTERM.
+    drop(daemon);
+    assert_nothing_left(&native);
+}
+
+/// A daemon killed with -9, then a new one that ends everything (SIGTERM):
+/// a guest the first left is adopted and then torn down without a trace;
+/// one no record names (the daemon died between the launch and the record)
+/// is discarded at the start.
+#[test]
+fn nothing_is_left_after_a_daemon_crash() {
+    let Some(template) = ready() else { return };
+    let home = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start(home.path());
+    let ids = [
+        create(&daemon, &template, &["--memory", "256M"]),
+        create(&daemon, &template, &["--memory", "256M"]),
+    ];
+    daemon.kill9();
+    // Forget one record, as if the daemon had died before writing it.
+    let db = home.path().join("brig.db");
+    let out = Command::new("sqlite3")
+        .arg(&db)
+        .arg(format!("DELETE FROM sandboxes WHERE id = '{}'", ids[1]))
+        .output();
+    let forgot = out.is_ok_and(|o| o.status.success());
+    if !forgot {
+        support::skip("sqlite3 is not installed (apt-get install sqlite3): no stray to discard");
+    }
+    let daemon = Daemon::start(home.path());
+    if forgot {
+        assert_nothing_left(&ids[1]);
+    }
+    let out = ok(
+        daemon.brig(&["exec", &ids[0], "--", "echo", "adopted"]),
+        "exec",
+    );
+    assert_eq!(out, "adopted\n");
+    drop(daemon);
+    for id in &ids {
+        assert_nothing_left(id);
+    }
+}
+
+/// A daemon killed while guests are being made (their disks made, QEMU
+/// starting, the guest booting): the next daemon leaves none of them
+/// `creating`, and once it ends nothing of them is left on the host.
+#[test]
+fn a_daemon_killed_mid_create_leaves_nothing_half_made() {
+    let Some(template) = ready() else { return };
+    for delay_ms in [150u64, 1500] {
+        let home = tempfile::tempdir().unwrap();
+        let daemon = Daemon::start(home.path());
+        let (url, key) = (daemon.url.clone(), daemon.key.clone());
+        let creates: Vec<_> = (0..2)
+            .map(|_| {
+                let (url, key, template) = (url.clone(), key.clone(), template.clone());
+                std::thread::spawn(move || {
+                    let _ = ureq::post(&format!("{url}/v1/sandboxes"))
+                        .set("Authorization", &format!("Bearer {key}"))
+                        .send_json(json!({
+                            "isolation": "vm",
+                            "template": template,
+                            "memory": "256M",
+                            "network": {"mode": "none"},
+                        }));
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(delay_ms));
+        daemon.kill9();
+        for c in creates {
+            let _ = c.join();
+        }
+        // What the killed daemon left, by its guests' directories.
+        let owner = format!("{}\n", home.path().join("brig.db").display());
+        let ids: Vec<String> = std::fs::read_dir("/run/brig/vm")
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| {
+                        std::fs::read_to_string(e.path().join("state"))
+                            .is_ok_and(|s| s.starts_with(&owner))
+                    })
+                    .map(|e| {
+                        e.file_name()
+                            .to_string_lossy()
+                            .trim_start_matches('.')
+                            .to_owned()
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        if delay_ms >= 1500 {
+            // Mid-boot: the guests' QEMUs run, their daemon gone.
+            assert_eq!(ids.len(), 2, "after {delay_ms} ms: {ids:?}");
+            assert!(
+                ids.iter().all(|id| qemu_pids(id).len() == 1),
+                "after {delay_ms} ms: no QEMU for some of {ids:?}"
+            );
+        }
+        let daemon = Daemon::start(home.path());
+        let (_, list) = daemon.call("GET", "/v1/sandboxes", None);
+        for sb in list["items"].as_array().unwrap() {
+            assert!(
+                sb["state"] == "running" || sb["state"] == "dead",
+                "after {delay_ms} ms: {sb}"
+            );
+        }
+        drop(daemon);
+        for id in &ids {
+            assert_nothing_left(id);
+        }
+    }
+}
+
+/// `brig run --isolation vm`: one command in a fresh guest on brig's
+/// stdio (stdin in, stdout and stderr out, its exit status), its own
+/// kernel; nothing left after it. A terminal (`-t`) and a network are
+/// refused, said so.
+#[test]
+fn brig_run_runs_one_command_in_a_guest() {
+    let Some(template) = ready() else { return };
+    let run = |args: &[&str], input: &[u8]| -> Output {
+        let mut child = Command::new(BRIG)
+            .arg("run")
+            .args(args)
+            .env("BRIG_VM_HOME", vm_home())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        let _ = child.stdin.take().unwrap().write_all(input);
+        child.wait_with_output().unwrap()
+    };
+    let out = run(
+        &[
+            "-i",
+            "--isolation",
+            "vm",
+            "--network",
+            "none",
+            "--template",
+            &template,
+            "--",
+            "sh",
+            "-c",
+            "read x; echo got:$x; hostname; uname -r; echo err >&2; exit 3",
+        ],
+        b"piped\n",
+    );
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines[0], "got:piped", "{stdout}");
+    let host = ok(
+        Command::new("uname").arg("-r").output().unwrap(),
+        "host uname",
+    );
+    assert_ne!(lines[2], host.trim(), "the host's kernel answered");
+    assert!(lines[2].ends_with("-cloud-amd64"), "{stdout}");
+    assert!(text(&out.stderr).contains("err"), "{}", text(&out.stderr));
+    // The guest's hostname is its sandbox's id.
+    assert_nothing_left(lines[1]);
+
+    let out = run(
+        &["--isolation", "vm", "--template", &template, "--", "true"],
+        b"",
+    );
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("no network yet"),
+        "{}",
+        text(&out.stderr)
+    );
+}
+
+/// The official E2B Python SDK on a vm sandbox (tests/e2b/tier_sdk.py, as
+/// gvisor.rs runs it on gvisor): picked with the metadata key
+/// `brig.isolation`, created without internet access; commands, files, a
+/// background command, the guest's own kernel; nothing left after its kill.
+#[test]
+fn e2b_clients_pick_vm_with_a_metadata_key() {
+    let Some(template) = ready() else { return };
+    let python = brig_test_support::test_cache().join("e2b-venv/bin/python");
+    if !python.exists() {
+        support::skip(&format!(
+            "{} is missing: tests/support/install-python-deps.sh makes it",
+            python.display()
+        ));
+        return;
+    }
+    let home = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start_with(
+        home.path(),
+        &[
+            "--e2b",
+            "--e2b-api",
+            "127.0.0.1:0",
+            "--e2b-sandbox",
+            "127.0.0.1:0",
+            "--prepare",
+            "none",
+        ],
+    );
+    let (api, data) = daemon.e2b.clone().unwrap();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/e2b/tier_sdk.py");
+    let out = Command::new(python)
+        .arg(&script)
+        .env("E2B_API_KEY", &daemon.key)
+        .env("E2B_API_URL", &api)
+        .env("E2B_SANDBOX_URL", &data)
+        .env("E2B_TEMPLATE", &template)
+        .env("BRIG_ISOLATION", "vm")
+        .env_remove("E2B_DEBUG")
+        .env_remove("E2B_DOMAIN")
+        .output()
+        .unwrap();
+    let stdout = text(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("13 passed, 0 failed"),
+        "tier_sdk.py:\n{stdout}\n{}",
+        text(&out.stderr)
+    );
+    let id = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("sandbox "))
+        .expect("the script names its sandbox");
+    assert_nothing_left(id);
+}

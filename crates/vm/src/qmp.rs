@@ -1,0 +1,175 @@
+//! QEMU's control socket (QMP, `docs/interop/qmp-spec`): one JSON object
+//! per line. A client reads the greeting, sends `qmp_capabilities`, then
+//! commands; each answers `{"return": …}` or `{"error": {"class", "desc"}}`,
+//! with asynchronous `{"event": …}` objects in between, which are skipped.
+//!
+//! QEMU serves one QMP client at a time: brig connects for each operation
+//! and hangs up after, so a daemon that died mid-operation blocks nobody.
+
+use std::io::{self, BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+/// How long one QMP exchange may take (QEMU answers in milliseconds; a
+/// stuck one must not hang the daemon).
+const TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, thiserror::Error)]
+pub enum QmpError {
+    #[error("cannot talk to QEMU's control socket")]
+    Io(#[from] io::Error),
+    #[error("QEMU's control socket sent something that is not QMP: {0}")]
+    Protocol(String),
+    #[error("QEMU refused {command}: {class}: {desc}")]
+    Refused {
+        command: String,
+        class: String,
+        desc: String,
+    },
+}
+
+/// A QMP session, capabilities negotiated.
+#[derive(Debug)]
+pub struct Qmp {
+    reader: BufReader<UnixStream>,
+    writer: UnixStream,
+}
+
+impl Qmp {
+    pub fn connect(socket: &Path) -> Result<Qmp, QmpError> {
+        let stream = UnixStream::connect(socket)?;
+        stream.set_read_timeout(Some(TIMEOUT))?;
+        stream.set_write_timeout(Some(TIMEOUT))?;
+        let mut qmp = Qmp {
+            reader: BufReader::new(stream.try_clone()?),
+            writer: stream,
+        };
+        let greeting = qmp.read()?;
+        if greeting.get("QMP").is_none() {
+            return Err(QmpError::Protocol(format!("no greeting: {greeting}")));
+        }
+        qmp.execute("qmp_capabilities", None)?;
+        Ok(qmp)
+    }
+
+    fn read(&mut self) -> Result<Value, QmpError> {
+        let mut line = String::new();
+        if self.reader.read_line(&mut line)? == 0 {
+            return Err(QmpError::Io(io::ErrorKind::UnexpectedEof.into()));
+        }
+        serde_json::from_str(&line).map_err(|e| QmpError::Protocol(format!("{e}: {line}")))
+    }
+
+    /// Run `command` (with `arguments`), and return what it returned.
+    pub fn execute(&mut self, command: &str, arguments: Option<Value>) -> Result<Value, QmpError> {
+        let mut request = json!({ "execute": command });
+        if let Some(a) = arguments {
+            request["arguments"] = a;
+        }
+        let mut line =
+            serde_json::to_vec(&request).map_err(|e| QmpError::Protocol(e.to_string()))?;
+        line.push(b'\n');
+        self.writer.write_all(&line)?;
+        loop {
+            let mut answer = self.read()?;
+            if answer.get("event").is_some() {
+                continue;
+            }
+            if let Some(r) = answer.get_mut("return") {
+                return Ok(r.take());
+            }
+            if let Some(e) = answer.get("error") {
+                let field = |k: &str| e.get(k).and_then(Value::as_str).unwrap_or("").to_owned();
+                return Err(QmpError::Refused {
+                    command: command.to_owned(),
+                    class: field("class"),
+                    desc: field("desc"),
+                });
+            }
+            return Err(QmpError::Protocol(format!("unexpected answer: {answer}")));
+        }
+    }
+
+    /// `query-status`'s `status`: "running", "paused", "shutdown"…
+    pub fn status(&mut self) -> Result<String, QmpError> {
+        let r = self.execute("query-status", None)?;
+        r.get("status")
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+            .ok_or_else(|| QmpError::Protocol(format!("query-status without a status: {r}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+    use std::os::unix::net::UnixListener;
+
+    /// A scripted QEMU: the greeting, then for each request the lines
+    /// given, recording what it was sent.
+    fn fake(
+        answers: Vec<Vec<&'static str>>,
+    ) -> (tempfile::TempDir, std::thread::JoinHandle<String>) {
+        let dir = tempfile::tempdir().unwrap();
+        let listener = UnixListener::bind(dir.path().join("qmp.sock")).unwrap();
+        let t = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            s.write_all(b"{\"QMP\": {\"version\": {}, \"capabilities\": []}}\n")
+                .unwrap();
+            let mut got = String::new();
+            let mut r = BufReader::new(s.try_clone().unwrap());
+            for lines in answers {
+                let mut line = String::new();
+                r.read_line(&mut line).unwrap();
+                got.push_str(&line);
+                for l in lines {
+                    s.write_all(l.as_bytes()).unwrap();
+                    s.write_all(b"\n").unwrap();
+                }
+            }
+            let mut rest = String::new();
+            let _ = r.read_to_string(&mut rest);
+            got
+        });
+        (dir, t)
+    }
+
+    #[test]
+    fn commands_skip_events_and_return_their_value() {
+        let (dir, t) = fake(vec![
+            vec!["{\"return\": {}}"],
+            vec![
+                "{\"event\": \"STOP\", \"timestamp\": {}}",
+                "{\"return\": {\"status\": \"paused\", \"running\": false}}",
+            ],
+        ]);
+        let mut q = Qmp::connect(&dir.path().join("qmp.sock")).unwrap();
+        assert_eq!(q.status().unwrap(), "paused");
+        drop(q);
+        let sent = t.join().unwrap();
+        let lines: Vec<Value> = sent
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines[0], json!({"execute": "qmp_capabilities"}));
+        assert_eq!(lines[1], json!({"execute": "query-status"}));
+    }
+
+    #[test]
+    fn an_error_answer_is_refused_with_its_class_and_description() {
+        let (dir, _t) = fake(vec![
+            vec!["{\"return\": {}}"],
+            vec!["{\"error\": {\"class\": \"GenericError\", \"desc\": \"no such thing\"}}"],
+        ]);
+        let mut q = Qmp::connect(&dir.path().join("qmp.sock")).unwrap();
+        let e = q.execute("frobnicate", Some(json!({"x": 1}))).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "QEMU refused frobnicate: GenericError: no such thing"
+        );
+    }
+}

@@ -1,0 +1,1059 @@
+//! [`VmTier`] and [`VmInstance`]: the vm tier behind brig-core's boundary.
+//!
+//! A launch, top to bottom ([`VmTier::launch`]):
+//!
+//! 1. the sandbox's directory appears with its owner and its uid in it
+//!    (made aside and renamed, as the other tiers do), so a daemon dying at
+//!    any later step leaves something its successor recognises and
+//!    discards;
+//! 2. the template's read-only image, made once per template and cached
+//!    (`disk.rs`), and the sandbox's writable disk, the `--disk` size;
+//! 3. its cgroups, bounding QEMU's memory (the guest's plus QEMU's own),
+//!    tasks and CPU (`cgroup.rs`);
+//! 4. QEMU (`qemu.rs`), started so that before it runs it is in those
+//!    groups, in a session of its own, and a uid of its own with no
+//!    capabilities: it reaches the shared read-only files (kernel,
+//!    initramfs, template image) and its own directory only through
+//!    descriptors brig opened for it, and owns nothing but that directory;
+//!    parented by nobody brig runs (the launcher forks it and exits);
+//! 5. its pid and start time are recorded, and the launch returns once the
+//!    guest's agent answers on its line (`line.rs`): the kernel booted,
+//!    loaded its modules, mounted the root and started the agent.
+//!
+//! Ending one ([`VmInstance::kill`], then `wait`): SIGKILL to QEMU (the
+//! guest, its memory and its devices go with it), then its groups and its
+//! directory (sockets, disk, logs).
+
+use std::fs::{self, File};
+use std::io::ErrorKind;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+use brig_core::{
+    Ended, Instance, Isolation, Launch, Limits, NetworkAttachment, SandboxId, Tier, TierError,
+    Usage,
+};
+use brig_host::Hierarchy;
+
+use crate::cgroup::{Bounds, Groups};
+use crate::disk;
+use crate::initramfs;
+use crate::kernel::GuestKernel;
+use crate::line;
+use crate::qemu::{self, Accelerator, Machine};
+use crate::qmp::Qmp;
+
+/// The first uid QEMU processes run as: above the process tier's range
+/// (brig-jail's slots end at 0x5000_0000).
+pub const UID_BASE: u32 = 0x6000_0000;
+/// How many guests may run at once (one uid each).
+pub const UID_COUNT: u32 = 65536;
+/// The period of a CPU quota, in microseconds.
+const CFS_PERIOD_US: u64 = 100_000;
+/// The least memory a guest boots with (the kernel and the agent).
+pub const MIN_MEMORY: u64 = 128 << 20;
+const STATE_FILE: &str = "state";
+
+/// How a [`VmTier`] is made.
+#[derive(Debug, Clone)]
+pub struct VmConfig {
+    /// The qemu-system-x86_64 binary.
+    pub qemu: PathBuf,
+    /// brig's runtime directory (`/run/brig`): sandboxes live in `vm/<id>`.
+    pub run_dir: PathBuf,
+    /// Where the kernel, the initramfs and the templates' images live:
+    /// `$BRIG_HOME/vm`.
+    pub home: PathBuf,
+    /// The static brig-agent, the guests' init.
+    pub agent: PathBuf,
+    /// Names the launching daemon (its database), as for the other tiers.
+    pub owner: String,
+}
+
+/// What every guest boots: the kernel and the initramfs.
+#[derive(Debug)]
+pub struct Guest {
+    pub kernel: GuestKernel,
+    pub initramfs: PathBuf,
+}
+
+/// The vm tier: sandboxes as QEMU virtual machines.
+#[derive(Debug)]
+pub struct VmTier {
+    qemu: PathBuf,
+    accel: Accelerator,
+    /// Where the kernel, the initramfs, images and disks live.
+    home: PathBuf,
+    agent: PathBuf,
+    /// The guest's kernel and initramfs, made ready at the first launch
+    /// (not at the daemon's start: a daemon that never starts a guest
+    /// never fetches a kernel).
+    guest: OnceLock<Guest>,
+    preparing: Mutex<()>,
+    images: PathBuf,
+    /// The writable disks, `<home>/disks/<id>.ext4`: on a disk, not in
+    /// /run (a tmpfs, whose pages a guest writing its disk would charge to
+    /// QEMU's memory, and be killed for).
+    disks: PathBuf,
+    dir: PathBuf,
+    owner: String,
+    hierarchy: Hierarchy,
+    /// Held while a uid is picked and a directory made, and while a
+    /// template's image is made (two launches of one template build it
+    /// once).
+    picking: Mutex<()>,
+    imaging: Mutex<()>,
+}
+
+/// Where to find QEMU: `$BRIG_QEMU`, else `qemu-system-x86_64` on PATH.
+pub fn find_qemu() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("BRIG_QEMU") {
+        return Some(PathBuf::from(p));
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join("qemu-system-x86_64"))
+        .find(|p| p.is_file())
+}
+
+fn unavailable(reason: impl Into<String>) -> TierError {
+    TierError::Unavailable {
+        tier: Isolation::Vm,
+        reason: reason.into(),
+    }
+}
+
+impl VmTier {
+    /// The tier, if this host can offer it: QEMU, root, the cgroup
+    /// hierarchy (the guest kernel comes at the first launch: [`guest`]).
+    /// Removes what dead daemons' guests left.
+    ///
+    /// [`guest`]: VmTier::guest
+    pub fn new(config: VmConfig) -> Result<VmTier, TierError> {
+        // SAFETY: geteuid takes no arguments and cannot fail.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err(unavailable(
+                "brig runs QEMU as a uid of its own per guest, which needs root",
+            ));
+        }
+        let probed = brig_host::probe::vm_tier();
+        let accel = Accelerator::detect(probed.accel).ok_or_else(|| unavailable(probed.detail))?;
+        let hierarchy = Hierarchy::detect().map_err(|e| unavailable(e.to_string()))?;
+        let home = config.home;
+        let dir = config.run_dir.join("vm");
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o711)
+            .create(&dir)
+            .map_err(|e| unavailable(format!("cannot create {}: {e}", dir.display())))?;
+        let tier = VmTier {
+            qemu: config.qemu,
+            accel,
+            home: home.clone(),
+            agent: config.agent,
+            guest: OnceLock::new(),
+            preparing: Mutex::new(()),
+            images: home.join("images"),
+            disks: home.join("disks"),
+            dir,
+            owner: config.owner,
+            hierarchy,
+            picking: Mutex::new(()),
+            imaging: Mutex::new(()),
+        };
+        tier.discard_orphans();
+        Ok(tier)
+    }
+
+    /// A tier for one-shot commands (`brig run --isolation vm`): its
+    /// guests are owned by this process (`/proc/<pid>`), so one its
+    /// caller's death left running is discarded by the next tier made on
+    /// this host.
+    pub fn for_commands(
+        qemu: PathBuf,
+        run_dir: PathBuf,
+        home: PathBuf,
+        agent: PathBuf,
+    ) -> Result<VmTier, TierError> {
+        VmTier::new(VmConfig {
+            qemu,
+            run_dir,
+            home,
+            agent,
+            owner: format!("/proc/{}", std::process::id()),
+        })
+    }
+
+    /// How guests run here: `kvm` or `tcg`.
+    pub fn accel(&self) -> Accelerator {
+        self.accel
+    }
+
+    /// The guest kernel (fetched from Debian's archive the first time:
+    /// seconds, once per home) and the initramfs (written once per daemon:
+    /// the agent may have changed), ready for launches.
+    pub fn guest(&self) -> Result<&Guest, TierError> {
+        if let Some(g) = self.guest.get() {
+            return Ok(g);
+        }
+        let _held = lock(&self.preparing);
+        if let Some(g) = self.guest.get() {
+            return Ok(g);
+        }
+        let kernel = GuestKernel::get(&self.home.join("kernel"))
+            .map_err(|e| unavailable(format!("no guest kernel: {}", chain(&e))))?;
+        // Named by what it holds: daemons of other builds (another agent)
+        // sharing this home keep theirs.
+        let agent = fs::read(&self.agent).map_err(|e| {
+            unavailable(format!(
+                "cannot read the agent {}: {e}",
+                self.agent.display()
+            ))
+        })?;
+        let key = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::hash::DefaultHasher::new();
+            (&agent, &kernel.version).hash(&mut h);
+            h.finish()
+        };
+        let initramfs = self.home.join(format!("initramfs-{key:016x}.cpio"));
+        initramfs::build(&kernel, &self.agent, &initramfs)
+            .map_err(|e| unavailable(format!("cannot write {}: {e}", initramfs.display())))?;
+        // Other builds' initramfs files nobody wrote for a day, and halves
+        // a killed daemon left for ten minutes: gone (a daemon rewrites its
+        // own at its first launch).
+        for f in fs::read_dir(&self.home).into_iter().flatten().flatten() {
+            let name = f.file_name();
+            let Some(name) = name.to_str().filter(|n| n.starts_with("initramfs")) else {
+                continue;
+            };
+            let keep = Duration::from_secs(if name.contains(".tmp") {
+                600
+            } else {
+                24 * 3600
+            });
+            let stale = f
+                .metadata()
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| t.elapsed().is_ok_and(|age| age > keep));
+            if stale {
+                let _ = fs::remove_file(f.path());
+            }
+        }
+        Ok(self.guest.get_or_init(|| Guest { kernel, initramfs }))
+    }
+
+    fn sandbox_dir(&self, id: &SandboxId) -> PathBuf {
+        self.dir.join(id.as_str())
+    }
+
+    /// Discard guests whose owner's database is gone, or that have no
+    /// readable state, and groups no directory names: no daemon will
+    /// adopt them.
+    fn discard_orphans(&self) {
+        if let Ok(entries) = fs::read_dir(&self.dir) {
+            for e in entries.flatten() {
+                let Some(id) = e.file_name().to_str().and_then(SandboxId::parse) else {
+                    continue;
+                };
+                let orphaned = read_state(&e.path()).is_none_or(|s| !Path::new(&s.owner).exists());
+                if orphaned {
+                    let _ = self.discard(&id);
+                }
+            }
+        }
+        // Disks of guests no directory names (a daemon died between the
+        // two, or the host rebooted and /run was emptied).
+        for f in fs::read_dir(&self.disks).into_iter().flatten().flatten() {
+            let id = f
+                .file_name()
+                .to_str()
+                .and_then(|n| n.strip_suffix(".ext4"))
+                .and_then(SandboxId::parse);
+            if id.is_some_and(|id| {
+                !self.sandbox_dir(&id).exists() && !self.dir.join(format!(".{id}")).exists()
+            }) {
+                let _ = fs::remove_file(f.path());
+            }
+        }
+        for c in ["memory", "pids", "cpu", "cpuacct"] {
+            let Some(parent) = self
+                .hierarchy
+                .mount(c)
+                .map(|m| m.join(crate::cgroup::PARENT))
+            else {
+                continue;
+            };
+            for g in fs::read_dir(&parent).into_iter().flatten().flatten() {
+                let id = g.file_name().to_str().and_then(SandboxId::parse);
+                if let Some(id) = id.filter(|id| !self.sandbox_dir(id).exists()) {
+                    Groups::new(&self.hierarchy, &id).remove();
+                }
+            }
+        }
+    }
+
+    /// A uid no other guest of this host runs as, recorded in a new
+    /// directory for `id` (step 1).
+    fn make_dir(&self, id: &SandboxId, dir: &Path) -> Result<u32, TierError> {
+        let io = |op: &'static str| move |e: std::io::Error| TierError::failed(id, op, e);
+        let _held = lock(&self.picking);
+        // Other daemons of this host pick from the same range: an exclusive
+        // lock on the directory all guests live in, held until this one's
+        // uid is recorded.
+        let all = File::open(&self.dir).map_err(io("open the guests' directory"))?;
+        // SAFETY: flock on a descriptor we hold; released when it closes.
+        if unsafe { libc::flock(all.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(TierError::failed(
+                id,
+                "lock the guests' directory",
+                std::io::Error::last_os_error(),
+            ));
+        }
+        let used: Vec<u32> = fs::read_dir(&self.dir)
+            .map(|d| {
+                d.flatten()
+                    .filter_map(|e| read_state(&e.path()).map(|s| s.uid))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let uid = (UID_BASE..UID_BASE + UID_COUNT)
+            .find(|u| !used.contains(u))
+            .ok_or_else(|| {
+                TierError::Invalid(format!("all {UID_COUNT} vm guests' uids are in use"))
+            })?;
+        let aside = self.dir.join(format!(".{id}"));
+        let _ = fs::remove_dir_all(&aside);
+        fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&aside)
+            .map_err(io("create its runtime directory"))?;
+        fs::write(
+            aside.join(STATE_FILE),
+            format!("{}\n0 0 {uid}\n", self.owner),
+        )
+        .and_then(|()| fs::rename(&aside, dir))
+        .map_err(io("record its owner"))?;
+        Ok(uid)
+    }
+
+    fn start(&self, launch: &Launch, dir: &Path, uid: u32) -> Result<VmInstance, TierError> {
+        let id = &launch.id;
+        let io = |op: &'static str| move |e: std::io::Error| TierError::failed(id, op, e);
+        if !matches!(launch.network, NetworkAttachment::Loopback) {
+            return Err(TierError::Unsupported {
+                tier: Isolation::Vm,
+                op: "attach a sandbox to a network",
+                reason: "the vm tier has no network yet: create it with network none".into(),
+            });
+        }
+        let memory = launch.limits.memory.bytes();
+        if memory < MIN_MEMORY {
+            return Err(TierError::Invalid(format!(
+                "a vm sandbox needs at least {} MiB of memory (its kernel's and the agent's)",
+                MIN_MEMORY >> 20
+            )));
+        }
+
+        // 2. The disks: the template's image (shared, read-only), the
+        //    sandbox's writable one.
+        let image = {
+            let _held = lock(&self.imaging);
+            disk::template_image(&self.images, &launch.template).map_err(|e| match e {
+                disk::DiskError::Unsupported(_) => TierError::Invalid(e.to_string()),
+                e => TierError::failed(id, "make its template's disk image", e),
+            })?
+        };
+        let writable = self.disks.join(format!("{id}.ext4"));
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&self.disks)
+            .map_err(io("create the disks' directory"))?;
+        disk::writable(&writable, launch.limits.disk.bytes())
+            .map_err(|e| TierError::failed(id, "make its writable disk", e))?;
+        // QEMU owns its directory and what it writes there, nothing else.
+        for p in [dir, writable.as_path()] {
+            std::os::unix::fs::chown(p, Some(uid), Some(uid)).map_err(io("hand over its files"))?;
+        }
+
+        // 3. Its groups: the guest's memory plus QEMU's own.
+        let cpus = launch.limits.cpus.map_or(1, |c| c.ceil().max(1.0) as u32);
+        let groups = Groups::new(&self.hierarchy, id);
+        let procs = groups
+            .create(&Bounds {
+                memory_bytes: memory + self.accel.overhead_bytes(),
+                // QEMU's threads: its main loop, a vCPU each, I/O workers.
+                tasks: 64 + u64::from(cpus),
+                cpu: launch
+                    .limits
+                    .cpus
+                    .map(|c| ((c * CFS_PERIOD_US as f64).round() as u64, CFS_PERIOD_US)),
+            })
+            .map_err(|e| TierError::failed(id, "make its cgroups", e))?;
+
+        // 4. QEMU. The shared files go in as descriptors 3, 4, 5.
+        let guest = self.guest()?;
+        let shared = [guest.kernel.vmlinuz.as_path(), &guest.initramfs, &image]
+            .map(|p| File::open(p).and_then(|f| high_dup(&f)));
+        let [kernel, initrd, root] = shared;
+        let (kernel, initrd, root) = (
+            kernel.map_err(io("open its kernel"))?,
+            initrd.map_err(io("open its initramfs"))?,
+            root.map_err(io("open its template's image"))?,
+        );
+        // Its own directory too (descriptor 6): QEMU names its files
+        // through it, whoever may traverse brig's directories above.
+        let own = File::open(dir)
+            .and_then(|f| high_dup(&f))
+            .map_err(io("open its directory"))?;
+        let rw = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&writable)
+            .and_then(|f| high_dup(&f))
+            .map_err(io("open its writable disk"))?;
+        let machine = Machine {
+            name: id.as_str(),
+            accel: self.accel,
+            memory_mib: memory >> 20,
+            cpus,
+            kernel: Path::new("/proc/self/fd/3"),
+            initramfs: Path::new("/proc/self/fd/4"),
+            root_image: Path::new("/proc/self/fd/5"),
+            disk: Path::new("/proc/self/fd/7"),
+            dir: Path::new("/proc/self/fd/6"),
+            hostname: id.as_str(),
+        };
+        // What QEMU says (why it refused to start) goes to its log.
+        let log = File::create(dir.join("qemu.log")).map_err(io("create its log"))?;
+        let mut cmd = Command::new(&self.qemu);
+        cmd.args(qemu::args(&machine))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log);
+        let fds = [
+            kernel.as_raw_fd(),
+            initrd.as_raw_fd(),
+            root.as_raw_fd(),
+            own.as_raw_fd(),
+            rw.as_raw_fd(),
+        ];
+        let procs_fds: Vec<RawFd> = procs.iter().map(AsRawFd::as_raw_fd).collect();
+        let kvm_gid = (self.accel == Accelerator::Kvm)
+            .then(|| fs::metadata("/dev/kvm").ok().map(|m| m.gid()))
+            .flatten();
+        // SAFETY: the hook runs in the forked child before exec, and makes
+        // only async-signal-safe system calls on data built before the
+        // fork (descriptors, integers); it allocates nothing.
+        unsafe {
+            cmd.pre_exec(move || confine(&procs_fds, &fds, uid, kvm_gid));
+        }
+        // The child forks QEMU and exits at once (`confine`): QEMU is
+        // parented by nobody brig runs.
+        let status = cmd.status().map_err(io("start QEMU"))?;
+        drop((kernel, initrd, root, own, rw, procs));
+        if !status.success() {
+            return Err(TierError::failed(id, "start QEMU", status.to_string()));
+        }
+
+        // 5. Its pid, recorded; then the agent's answer.
+        let pid = wait_for_pid(&dir.join("qemu.pid")).ok_or_else(|| {
+            TierError::failed(
+                id,
+                "start QEMU",
+                format!("QEMU wrote no pid file: {}", tail(&dir.join("qemu.log"))),
+            )
+        })?;
+        let start = start_time(pid).unwrap_or(0);
+        let tmp = dir.join(".state");
+        fs::write(&tmp, format!("{}\n{pid} {start} {uid}\n", self.owner))
+            .and_then(|()| fs::rename(&tmp, dir.join(STATE_FILE)))
+            .map_err(io("record its state"))?;
+        let instance = self.instance(id, dir, pid)?;
+        instance.wait_for_agent()?;
+        Ok(instance)
+    }
+
+    fn instance(
+        &self,
+        id: &SandboxId,
+        dir: &Path,
+        pid: libc::pid_t,
+    ) -> Result<VmInstance, TierError> {
+        let pidfd = pidfd_open(pid).map_err(|e| TierError::failed(id, "watch QEMU", e))?;
+        Ok(VmInstance {
+            id: id.clone(),
+            pid,
+            pidfd,
+            dir: dir.to_path_buf(),
+            disk: self.disks.join(format!("{id}.ext4")),
+            groups: Groups::new(&self.hierarchy, id),
+            overhead: self.accel.overhead_bytes(),
+            boot_timeout: match self.accel {
+                Accelerator::Kvm => Duration::from_secs(30),
+                // Emulated: seconds per boot, more on a loaded host.
+                Accelerator::Tcg => Duration::from_secs(120),
+            },
+            line: Mutex::new(None),
+            state: Mutex::new(Phase::Live),
+            ended: Mutex::new(None),
+        })
+    }
+}
+
+/// Between fork and exec: join the groups, take the shared files as
+/// descriptors 3–5, the sandbox's directory as 6 and its disk as 7, fork
+/// once more (QEMU
+/// must not be brig's child), leave brig's session, become `uid` (no
+/// supplementary groups but /dev/kvm's where KVM is used; no
+/// capabilities left after).
+fn confine(
+    procs: &[RawFd],
+    fds: &[RawFd; 5],
+    uid: u32,
+    kvm_gid: Option<u32>,
+) -> std::io::Result<()> {
+    let check = |rc: libc::c_int| {
+        if rc < 0 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    };
+    for &p in procs {
+        // SAFETY: writing two bytes from a static buffer to an open fd.
+        let n = unsafe { libc::write(p, b"0".as_ptr().cast(), 1) };
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    for (i, &fd) in fds.iter().enumerate() {
+        // SAFETY: dup2 on descriptors open in this process; the sources
+        // are above 100 (high_dup), so never equal to their targets.
+        check(unsafe { libc::dup2(fd, 3 + i as RawFd) })?;
+    }
+    // Detach: this child exits, its child goes on to exec QEMU, which
+    // init inherits. (std's spawn still learns of a failed exec: the
+    // grandchild holds its error pipe until the exec.)
+    // SAFETY: fork in a single-threaded child; the parent side only exits.
+    match unsafe { libc::fork() } {
+        -1 => return Err(std::io::Error::last_os_error()),
+        0 => {}
+        // SAFETY: _exit ends this child without running anything else.
+        _ => unsafe { libc::_exit(0) },
+    }
+    // SAFETY: integer-only system calls.
+    unsafe {
+        check(libc::setsid())?;
+        match kvm_gid {
+            Some(g) => check(libc::setgroups(1, &g))?,
+            None => check(libc::setgroups(0, std::ptr::null()))?,
+        }
+        check(libc::setgid(uid))?;
+        check(libc::setuid(uid))?;
+    }
+    Ok(())
+}
+
+/// QEMU's pid, once it wrote it (it does so before it opens a device):
+/// `None` after 10 s.
+fn wait_for_pid(file: &Path) -> Option<libc::pid_t> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let pid = fs::read_to_string(file)
+            .ok()
+            .and_then(|p| p.trim().parse::<libc::pid_t>().ok())
+            .filter(|p| *p > 0);
+        if pid.is_some() || Instant::now() > deadline {
+            return pid;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// A copy of `f` at descriptor 100 or above, close-on-exec.
+fn high_dup(f: &File) -> std::io::Result<OwnedFd> {
+    // SAFETY: F_DUPFD_CLOEXEC on an open descriptor; the result is checked.
+    let fd = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 100) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor fcntl just returned, owned here alone.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// An error and its sources, as one line.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut source = e.source();
+    while let Some(c) = source {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        source = c.source();
+    }
+    s
+}
+
+/// The last lines of a file (a log), as one line.
+fn tail(path: &Path) -> String {
+    let said = fs::read_to_string(path).unwrap_or_default();
+    let mut tail: Vec<&str> = said.lines().rev().take(6).collect();
+    tail.reverse();
+    tail.join(" / ")
+}
+
+/// What `state` says.
+#[derive(Debug)]
+struct Recorded {
+    owner: String,
+    pid: libc::pid_t,
+    start: u64,
+    uid: u32,
+}
+
+fn read_state(dir: &Path) -> Option<Recorded> {
+    let text = fs::read_to_string(dir.join(STATE_FILE)).ok()?;
+    let (owner, rest) = text.split_once('\n')?;
+    let mut it = rest.split_whitespace().map(str::parse::<u64>);
+    Some(Recorded {
+        owner: owner.to_string(),
+        pid: libc::pid_t::try_from(it.next()?.ok()?).ok()?,
+        start: it.next()?.ok()?,
+        uid: u32::try_from(it.next()?.ok()?).ok()?,
+    })
+}
+
+/// The start time of `pid` (field 22 of /proc/PID/stat), to tell it from
+/// a later process given the same pid.
+fn start_time(pid: libc::pid_t) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+fn pidfd_open(pid: libc::pid_t) -> std::io::Result<OwnedFd> {
+    // SAFETY: pidfd_open with a pid and no flags; the result is checked.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor the kernel just returned, owned here alone.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Wait up to `timeout` for the process behind `pidfd` to end.
+fn pidfd_wait(pidfd: &OwnedFd, timeout: Option<Duration>) -> bool {
+    let deadline = timeout.map(|t| Instant::now() + t);
+    loop {
+        let ms = match deadline {
+            Some(d) => {
+                let left = d.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return false;
+                }
+                left.as_millis().min(i32::MAX as u128) as i32
+            }
+            None => -1,
+        };
+        let mut p = libc::pollfd {
+            fd: pidfd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd for the duration of the call.
+        let n = unsafe { libc::poll(&mut p, 1, ms) };
+        if n > 0 {
+            return true;
+        }
+        if n < 0 && std::io::Error::last_os_error().kind() != ErrorKind::Interrupted {
+            return true;
+        }
+    }
+}
+
+fn kill_pidfd(pidfd: &OwnedFd) {
+    // SAFETY: pidfd_send_signal on a pidfd we hold, no siginfo.
+    unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            libc::SIGKILL,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
+}
+
+/// SIGKILL every QEMU named for sandbox `id` (`-name brig-<id>`: one a
+/// launch cut short started before its pid was recorded), and wait (up to
+/// 5 s) for them to be gone. A scan of /proc: for discards, which are
+/// rare.
+fn kill_processes_naming(id: &SandboxId) {
+    let needle = format!("\0brig-{id}\0").into_bytes();
+    let naming = || -> Vec<libc::pid_t> {
+        let Ok(entries) = fs::read_dir("/proc") else {
+            return Vec::new();
+        };
+        entries
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<libc::pid_t>().ok())
+            .filter(|pid| {
+                fs::read(format!("/proc/{pid}/cmdline"))
+                    .is_ok_and(|c| c.windows(needle.len()).any(|w| w == needle.as_slice()))
+            })
+            .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let pids = naming();
+        if pids.is_empty() || Instant::now() > deadline {
+            return;
+        }
+        for pid in pids {
+            // SAFETY: kill takes integers only.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Remove everything of a guest whose QEMU is dead or dying.
+fn teardown(groups: &Groups, id: &SandboxId, dir: &Path, disk: &Path) -> Result<(), TierError> {
+    groups.remove();
+    let _ = fs::remove_file(disk);
+    let removed = match fs::remove_dir_all(dir) {
+        Err(e) if e.kind() != ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    };
+    let _ = fs::remove_dir_all(dir.with_file_name(format!(".{id}")));
+    removed.map_err(|e| TierError::failed(id, "remove its directory", e))
+}
+
+impl Tier for VmTier {
+    fn isolation(&self) -> Isolation {
+        Isolation::Vm
+    }
+
+    fn launch(&self, launch: &Launch) -> Result<Box<dyn Instance>, TierError> {
+        let dir = self.sandbox_dir(&launch.id);
+        if dir.exists() {
+            return Err(TierError::Invalid(format!(
+                "sandbox {} exists already",
+                launch.id
+            )));
+        }
+        let started = self
+            .make_dir(&launch.id, &dir)
+            .and_then(|uid| self.start(launch, &dir, uid));
+        match started {
+            Ok(instance) => Ok(Box::new(instance)),
+            Err(e) => {
+                let _ = self.discard(&launch.id);
+                Err(e)
+            }
+        }
+    }
+
+    fn adopt(&self, id: &SandboxId) -> Result<Option<Box<dyn Instance>>, TierError> {
+        let dir = self.sandbox_dir(id);
+        let live = read_state(&dir).filter(|s| s.pid > 0 && start_time(s.pid) == Some(s.start));
+        match live {
+            Some(s) => Ok(Some(Box::new(self.instance(id, &dir, s.pid)?))),
+            None => {
+                self.discard(id)?;
+                Ok(None)
+            }
+        }
+    }
+
+    fn discard(&self, id: &SandboxId) -> Result<(), TierError> {
+        let dir = self.sandbox_dir(id);
+        if let Some(s) = read_state(&dir) {
+            if s.pid > 0 && start_time(s.pid) == Some(s.start) {
+                if let Ok(fd) = pidfd_open(s.pid) {
+                    kill_pidfd(&fd);
+                    pidfd_wait(&fd, Some(Duration::from_secs(5)));
+                }
+            }
+        }
+        kill_processes_naming(id);
+        teardown(
+            &Groups::new(&self.hierarchy, id),
+            id,
+            &dir,
+            &self.disks.join(format!("{id}.ext4")),
+        )
+    }
+
+    /// One command in a fresh guest, on this process's stdio; see
+    /// `oneshot.rs`.
+    fn run(
+        &self,
+        spec: &brig_core::SandboxSpec,
+        network: &NetworkAttachment,
+    ) -> Result<Box<dyn brig_core::OneShot>, TierError> {
+        crate::oneshot::run(self, spec, network)
+    }
+
+    fn running(&self) -> Vec<SandboxId> {
+        let Ok(entries) = fs::read_dir(&self.dir) else {
+            return Vec::new();
+        };
+        entries
+            .flatten()
+            .filter(|e| read_state(&e.path()).is_some_and(|s| s.owner == self.owner))
+            .filter_map(|e| e.file_name().to_str().and_then(SandboxId::parse))
+            .collect()
+    }
+}
+
+/// Where a [`VmInstance`] is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Live,
+    /// Let go for a later daemon.
+    Released,
+    /// Torn down.
+    Done,
+}
+
+/// One guest of the vm tier.
+#[derive(Debug)]
+pub struct VmInstance {
+    id: SandboxId,
+    /// QEMU on the host.
+    pid: libc::pid_t,
+    pidfd: OwnedFd,
+    dir: PathBuf,
+    disk: PathBuf,
+    groups: Groups,
+    /// What QEMU's memory limit holds beyond the guest's RAM.
+    overhead: u64,
+    /// How long the guest's agent may take to first answer.
+    boot_timeout: Duration,
+    /// The line under the current agent connection: shut down before a
+    /// new one is made (QEMU serves one client at a time).
+    line: Mutex<Option<UnixStream>>,
+    state: Mutex<Phase>,
+    ended: Mutex<Option<Ended>>,
+}
+
+impl VmInstance {
+    fn qmp(&self) -> Result<Qmp, TierError> {
+        Qmp::connect(&self.dir.join("qmp.sock")).map_err(|e| {
+            if pidfd_wait(&self.pidfd, Some(Duration::ZERO)) {
+                TierError::Gone {
+                    id: self.id.clone(),
+                }
+            } else {
+                TierError::failed(&self.id, "reach QEMU's control socket", e)
+            }
+        })
+    }
+
+    fn status(&self) -> Result<String, TierError> {
+        self.qmp()?
+            .status()
+            .map_err(|e| TierError::failed(&self.id, "read the machine's state", e))
+    }
+
+    /// Until the guest's agent answers on its line (the kernel booted and
+    /// the agent listens), or QEMU died, or the boot took too long.
+    fn wait_for_agent(&self) -> Result<(), TierError> {
+        let deadline = Instant::now() + self.boot_timeout;
+        let failed = |why: String| {
+            TierError::failed(
+                &self.id,
+                "start its agent",
+                format!(
+                    "{why}; QEMU says: {}; the guest's console says: {}",
+                    tail(&self.dir.join("qemu.log")),
+                    tail(&self.dir.join("console.log"))
+                ),
+            )
+        };
+        loop {
+            if pidfd_wait(&self.pidfd, Some(Duration::ZERO)) {
+                return Err(failed("QEMU ended".into()));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.connect_line(left) {
+                Ok(c) => {
+                    drop(c);
+                    return Ok(());
+                }
+                // QEMU has not made its socket yet.
+                Err(line::LineError::Dial { ref source, .. })
+                    if matches!(
+                        source.kind(),
+                        ErrorKind::NotFound | ErrorKind::ConnectionRefused
+                    ) && !left.is_zero() =>
+                {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(e) => return Err(failed(chain(&e))),
+            }
+        }
+    }
+
+    fn connect_line(&self, timeout: Duration) -> Result<UnixStream, line::LineError> {
+        let mut current = lock(&self.line);
+        if let Some(old) = current.take() {
+            let _ = old.shutdown(std::net::Shutdown::Both);
+        }
+        let c = line::connect(&self.dir.join("agent.sock"), timeout)?;
+        *current = c.line.try_clone().ok();
+        Ok(c.stream)
+    }
+}
+
+impl Instance for VmInstance {
+    fn id(&self) -> &SandboxId {
+        &self.id
+    }
+
+    fn pid(&self) -> Option<u32> {
+        u32::try_from(self.pid).ok()
+    }
+
+    fn connect_agent(&self) -> Result<UnixStream, TierError> {
+        if pidfd_wait(&self.pidfd, Some(Duration::ZERO)) {
+            return Err(TierError::Gone {
+                id: self.id.clone(),
+            });
+        }
+        self.connect_line(self.boot_timeout).map_err(|e| match e {
+            line::LineError::Dial { ref source, .. }
+                if matches!(
+                    source.kind(),
+                    ErrorKind::NotFound | ErrorKind::ConnectionRefused
+                ) =>
+            {
+                TierError::Gone {
+                    id: self.id.clone(),
+                }
+            }
+            e => TierError::failed(&self.id, "connect to the agent", e),
+        })
+    }
+
+    /// QMP `stop`: the vCPUs stop where they are; the guest's clock and
+    /// processes with them.
+    fn pause(&self) -> Result<(), TierError> {
+        self.qmp()?
+            .execute("stop", None)
+            .map(drop)
+            .map_err(|e| TierError::failed(&self.id, "pause the machine", e))
+    }
+
+    /// A no-op on a machine that is not paused (the runtime resumes every
+    /// sandbox it adopts).
+    fn resume(&self) -> Result<(), TierError> {
+        if self.status()? != "paused" {
+            return Ok(());
+        }
+        self.qmp()?
+            .execute("cont", None)
+            .map(drop)
+            .map_err(|e| TierError::failed(&self.id, "resume the machine", e))
+    }
+
+    fn is_paused(&self) -> Result<bool, TierError> {
+        Ok(self.status()? == "paused")
+    }
+
+    fn end_all_but_agent(&self) -> Result<usize, TierError> {
+        Err(TierError::Unsupported {
+            tier: Isolation::Vm,
+            op: "end every process but the agent",
+            reason: "the guest's processes are not visible from the host (not built yet)".into(),
+        })
+    }
+
+    /// QEMU's groups (the guest's memory as QEMU touched it, QEMU's
+    /// threads, the CPU time of the machine); the limit shown is the
+    /// guest's RAM (QEMU's group holds its overhead too); the disk: blocks
+    /// the writable disk's file holds, out of its size.
+    fn usage(&self) -> Result<Usage, TierError> {
+        let mut usage = self.groups.usage();
+        usage.memory_limit_bytes = usage.memory_limit_bytes.saturating_sub(self.overhead);
+        if let Ok(m) = fs::metadata(&self.disk) {
+            usage.disk_used_bytes = Some(m.blocks() * 512);
+            usage.disk_total_bytes = Some(m.len());
+        }
+        Ok(usage)
+    }
+
+    /// The CPU quota changes live; memory is the guest's RAM, fixed when it
+    /// booted (no balloon yet): another memory limit is refused.
+    fn set_limits(&self, limits: &Limits) -> Result<(), TierError> {
+        let booted = self
+            .groups
+            .usage()
+            .memory_limit_bytes
+            .saturating_sub(self.overhead);
+        if limits.memory.bytes() != booted {
+            return Err(TierError::Unsupported {
+                tier: Isolation::Vm,
+                op: "change a running machine's memory",
+                reason: "its RAM is fixed when it boots".into(),
+            });
+        }
+        if let Some(c) = limits.cpus {
+            self.groups
+                .set_cpu((c * CFS_PERIOD_US as f64).round() as u64, CFS_PERIOD_US)
+                .map_err(|e| TierError::failed(&self.id, "change the machine's CPU quota", e))?;
+        }
+        Ok(())
+    }
+
+    fn kill(&self) {
+        kill_pidfd(&self.pidfd);
+    }
+
+    fn release(&self) {
+        let mut state = lock(&self.state);
+        if *state == Phase::Live {
+            *state = Phase::Released;
+        }
+    }
+
+    fn wait(&self) -> Result<Ended, TierError> {
+        let mut state = lock(&self.state);
+        if *state != Phase::Done {
+            pidfd_wait(&self.pidfd, None);
+            if let Some(l) = lock(&self.line).take() {
+                let _ = l.shutdown(std::net::Shutdown::Both);
+            }
+            let oom = self.groups.usage().oom_kills.is_some_and(|n| n > 0);
+            let torn = teardown(&self.groups, &self.id, &self.dir, &self.disk);
+            *state = Phase::Done;
+            *lock(&self.ended) = Some(Ended { code: None, oom });
+            torn?;
+        }
+        drop(state);
+        Ok(lock(&self.ended).clone().unwrap_or_default())
+    }
+}
+
+impl Drop for VmInstance {
+    /// A handle dropped without `wait` or `release` ends its guest: an
+    /// error path never leaks one.
+    fn drop(&mut self) {
+        if *lock(&self.state) == Phase::Live {
+            self.kill();
+            let _ = Instance::wait(self);
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}

@@ -1,0 +1,240 @@
+//! The vm tier through brig-core's `Tier` boundary, as the daemon drives
+//! it: launch a guest running brig-agent as its init, talk to it over the
+//! line; a new connection replaces the last (the old one's streams end, a
+//! background process lives on); let go of it as a dying daemon would and
+//! adopt it from a new tier; limits refused or changed; kill and wait
+//! leave nothing on the host. One guest (a boot is seconds under TCG).
+//! Needs root, QEMU and the test rootfs; skips with a printed reason
+//! otherwise (fails under BRIG_TEST_STRICT=1).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use brig_agent_client::{Connection, ExecRequest};
+use brig_core::{ByteSize, Launch, Limits, NetworkAttachment, SandboxId, TemplateRef, Tier};
+use brig_test_support::{root_or_skip, rootfs_or_skip, skip, test_cache};
+use brig_vm::{find_qemu, VmConfig, VmTier};
+
+/// The owner the tier records: a path that exists while the tests run.
+fn owner() -> String {
+    std::env::current_exe().unwrap().display().to_string()
+}
+
+/// The static brig-agent (a guest's /init has no libc to load): the one
+/// `brig`'s build.rs makes, built here the same way if it is missing.
+fn static_agent() -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let target = match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(t) if Path::new(&t).is_absolute() => PathBuf::from(t),
+        Some(t) => root.join(t),
+        None => root.join("target"),
+    }
+    .join("agent-static");
+    let triple = "x86_64-unknown-linux-gnu";
+    let bin = target.join(triple).join("debug/brig-agent");
+    if !bin.exists() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let out = Command::new(cargo)
+            .current_dir(&root)
+            .args([
+                "build",
+                "-p",
+                "brig-agent",
+                "--target",
+                triple,
+                "--target-dir",
+            ])
+            .arg(&target)
+            .env("RUSTFLAGS", "-C target-feature=+crt-static")
+            .env_remove("CARGO_ENCODED_RUSTFLAGS")
+            .output()
+            .expect("spawn cargo to build the static brig-agent");
+        assert!(
+            out.status.success(),
+            "building the static brig-agent failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    bin
+}
+
+/// The tier, or `None` (skipped) where QEMU is missing.
+fn tier() -> Option<VmTier> {
+    if !root_or_skip() {
+        return None;
+    }
+    let Some(qemu) = find_qemu() else {
+        skip("qemu-system-x86_64 is not installed (apt-get install qemu-system-x86)");
+        return None;
+    };
+    Some(
+        VmTier::new(VmConfig {
+            qemu,
+            run_dir: PathBuf::from("/run/brig"),
+            home: test_cache().join("vm"),
+            agent: static_agent(),
+            owner: owner(),
+        })
+        .expect("prepare the vm tier"),
+    )
+}
+
+fn sh(conn: &Connection, script: &str) -> (String, i32) {
+    let p = conn
+        .exec(&ExecRequest {
+            argv: vec!["/bin/sh".into(), "-c".into(), script.into()],
+            ..ExecRequest::default()
+        })
+        .unwrap();
+    let (out, _err, status) = p.wait_with_output().unwrap();
+    (
+        String::from_utf8_lossy(&out).into_owned(),
+        status.code.unwrap_or(-1),
+    )
+}
+
+/// Run `f` on its own thread and fail if it takes longer than `secs`.
+fn within<T: Send + 'static>(secs: u64, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(Duration::from_secs(secs))
+        .unwrap_or_else(|_| panic!("did not finish within {secs} s"))
+}
+
+/// Nothing of guest `id` on the host: no QEMU, directory, disk or cgroup.
+fn assert_gone(id: &SandboxId, pid: u32) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let running = || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .is_ok_and(|s| !s[s.rfind(')').unwrap() + 1..].trim_start().starts_with('Z'))
+    };
+    while running() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!running(), "QEMU {pid} still runs");
+    assert!(!Path::new("/run/brig/vm").join(id.as_str()).exists());
+    let disk = test_cache().join(format!("vm/disks/{id}.ext4"));
+    assert!(!disk.exists(), "disk left: {}", disk.display());
+    for c in ["memory", "pids", "cpu", "cpuacct", ""] {
+        let d = Path::new("/sys/fs/cgroup")
+            .join(c)
+            .join("brig-vm")
+            .join(id.as_str());
+        assert!(!d.exists(), "cgroup left: {}", d.display());
+    }
+}
+
+#[test]
+fn a_guest_serves_its_agent_over_the_line_and_leaves_nothing() {
+    let Some(tier) = tier() else { return };
+    let Some(rootfs) = rootfs_or_skip() else {
+        return;
+    };
+    within(300, move || {
+        let id = SandboxId::from_random(rand::random());
+        let inst = tier
+            .launch(&Launch {
+                id: id.clone(),
+                template: TemplateRef::Dir(rootfs),
+                limits: Limits {
+                    memory: ByteSize::mib(256),
+                    disk: ByteSize::mib(64),
+                    ..Limits::default()
+                },
+                allow_setuid: false,
+                network: NetworkAttachment::Loopback,
+            })
+            .expect("launch");
+        let pid = inst.pid().expect("QEMU's pid");
+        assert!(tier.running().contains(&id));
+        let conn = Connection::new(inst.connect_agent().unwrap()).expect("handshake");
+
+        // The guest's own kernel; its hostname is its id.
+        let (out, code) = sh(&conn, "uname -r; hostname; exit 4");
+        assert_eq!(code, 4);
+        let mut lines = out.lines();
+        assert!(lines.next().unwrap().ends_with("-cloud-amd64"), "{out}");
+        assert_eq!(lines.next().unwrap(), id.as_str());
+        let usage = inst.usage().unwrap();
+        assert_eq!(usage.memory_limit_bytes, 256 << 20, "{usage:?}");
+        assert_eq!(usage.disk_total_bytes, Some(64 << 20), "{usage:?}");
+
+        // A new connection replaces the last: the old one ends, a
+        // background process started on it lives on.
+        let bg = conn
+            .exec(&ExecRequest {
+                argv: vec!["/bin/sleep".into(), "1000".into()],
+                background: true,
+                ..ExecRequest::default()
+            })
+            .unwrap();
+        let bg_pid = bg.pid().expect("started");
+        drop(bg);
+        let conn2 = Connection::new(inst.connect_agent().unwrap()).expect("replace");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !conn.is_closed() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(conn.is_closed(), "the replaced connection ended");
+        let (out, _) = sh(&conn2, &format!("kill -0 {bg_pid} && echo alive"));
+        assert_eq!(out.trim(), "alive");
+
+        // Memory is fixed at boot: another limit is refused.
+        let e = inst
+            .set_limits(&Limits {
+                memory: ByteSize::mib(512),
+                ..Limits::default()
+            })
+            .unwrap_err();
+        assert!(e.to_string().contains("fixed when it boots"), "{e}");
+
+        // Let go, as a dying daemon does: a new tier adopts it, and its
+        // agent (and the background process) are still there.
+        drop(conn2);
+        inst.release();
+        drop(inst);
+        assert!(
+            Path::new(&format!("/proc/{pid}")).exists(),
+            "released, it runs on"
+        );
+        let again = self::tier().unwrap();
+        let inst = again.adopt(&id).unwrap().expect("adopted");
+        let conn = Connection::new(inst.connect_agent().unwrap()).expect("reconnect");
+        let (out, _) = sh(&conn, &format!("kill -0 {bg_pid} && echo alive"));
+        assert_eq!(out.trim(), "alive");
+
+        // Paused, then resumed.
+        inst.pause().unwrap();
+        assert!(inst.is_paused().unwrap());
+        inst.resume().unwrap();
+        assert!(!inst.is_paused().unwrap());
+
+        // Killed: nothing left; adopting it again finds nothing.
+        inst.kill();
+        inst.wait().unwrap();
+        assert_gone(&id, pid);
+        assert!(again.adopt(&id).unwrap().is_none());
+        again.discard(&id).expect("discarding a gone guest is fine");
+    });
+}
+
+#[test]
+fn a_template_of_the_host_and_a_network_are_refused() {
+    let Some(tier) = tier() else { return };
+    let id = SandboxId::from_random(rand::random());
+    let e = tier
+        .launch(&Launch {
+            id: id.clone(),
+            template: TemplateRef::Host,
+            limits: Limits::default(),
+            allow_setuid: false,
+            network: NetworkAttachment::Loopback,
+        })
+        .unwrap_err();
+    assert!(e.to_string().contains("root file system of its own"), "{e}");
+    assert!(!Path::new("/run/brig/vm").join(id.as_str()).exists());
+}
