@@ -903,10 +903,12 @@ fn daemon_owned(pid: u32) -> bool {
     let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default();
     let Some((tier, id)) = cgroups.lines().find_map(|l| {
         let path = l.rsplit(':').next()?;
-        [("/brig/", "sb"), ("/brig-vm/", "vm")].iter().find_map(|(parent, tier)| {
-            let after = &path[path.find(parent)? + parent.len()..];
-            after.split('/').next().map(|id| (*tier, id.to_string()))
-        })
+        [("/brig/", "sb"), ("/brig-vm/", "vm")]
+            .iter()
+            .find_map(|(parent, tier)| {
+                let after = &path[path.find(parent)? + parent.len()..];
+                after.split('/').next().map(|id| (*tier, id.to_string()))
+            })
     }) else {
         return false;
     };
