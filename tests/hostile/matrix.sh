@@ -3,8 +3,10 @@
 # `knockout` feature (crates/jail/src/knockout.rs; a release build with it
 # does not compile), then runs the hostile corpus under `brig run` on both
 # templates once with every protection and once per protection left out
-# (BRIG_KNOCKOUT=<name>), and prints which programs fail each time: the
-# table in docs/threat-model.md.
+# (BRIG_KNOCKOUT=<name>), and prints which programs fail each time; then
+# once with the seccomp filter's errnos marked (BRIG_SECCOMP_MARK), each
+# program counting the refusals it met by the layer that refused: the
+# tables in docs/threat-model.md.
 #
 #   tests/hostile/matrix.sh                 # every protection (~15 min)
 #   tests/hostile/matrix.sh seccomp pidns   # only these
@@ -59,4 +61,16 @@ for p in "${protections[@]}"; do
     dir=$(echo "$got" | sed -n 's/^dir_template:://p' | paste -sd, - | sed 's/,/, /g')
     echo "| \`$p\` | ${host:-none} / ${dir:-none} |" >> "$out"
 done
+# Attribution: the filter's errnos shifted by 1000 (BRIG_SECCOMP_MARK, a
+# knockout build only); each program counts the refusals it met by layer.
+echo "attribution pass (seccomp errnos marked) ..." >&2
+{
+    echo
+    echo "| program | refused by the seccomp filter | refused by the kernel (capabilities, permissions, namespaces) |"
+    echo "|---|---|---|"
+    { BRIG_HOSTILE_SECCOMP_MARK=1000 cargo test -q -p brig --test hostile -- host_template:: \
+        --nocapture --test-threads 1 2>&1 || true; } |
+        sed -n 's/^{"program":"\([a-z_0-9]*\)".*refused by the seccomp filter: \([0-9]*\), by the kernel: \([0-9]*\).*/| \1 | \2 | \3 |/p' |
+        sort -u
+} >> "$out"
 cat "$out"

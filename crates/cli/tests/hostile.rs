@@ -519,6 +519,9 @@ fn launch_run(
 fn launch(mut cmd: Command, program: &str) -> Launch {
     let exe = programs_dir().join(program);
     let binary = std::fs::read(&exe).unwrap_or_else(|e| panic!("read {}: {e}", exe.display()));
+    if let Ok(mark) = std::env::var("BRIG_HOSTILE_SECCOMP_MARK") {
+        cmd.env("BRIG_SECCOMP_MARK", mark);
+    }
     let mut child = cmd
         .env(CANARY_ENV, "host-secret-that-must-not-leak")
         .stdin(Stdio::piped())
@@ -631,6 +634,10 @@ fn program_args(case: &Case, mode: Mode, id: &str, extra: &[&str]) -> Vec<String
         mode.program_arg().to_string(),
         format!("--run-id={id}"),
     ]);
+    // The matrix script's attribution pass (a knockout build of brig).
+    if let Ok(mark) = std::env::var("BRIG_HOSTILE_SECCOMP_MARK") {
+        a.extend(["--seccomp-mark".to_string(), mark]);
+    }
     a
 }
 

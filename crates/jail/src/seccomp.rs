@@ -77,15 +77,48 @@ pub const TARGET_ARCH: &str = generated::TARGET_ARCH;
 /// allocate, lock or decode anything, so it is safe in a freshly cloned
 /// child.
 pub fn sandbox_filter() -> &'static [libc::sock_filter] {
+    #[cfg(feature = "knockout")]
+    if let Some(Some(marked)) = MARKED.get() {
+        return marked;
+    }
     &generated::PROGRAM
 }
 
-/// Prepares [`sandbox_filter`] for use after a fork.
-///
-/// There is nothing to do today (the program is a compile-time `static`);
-/// callers call it before forking anyway so the ordering requirement
-/// survives any future change to how the program is stored.
-pub fn init() {}
+/// The shipped program with every errno it returns shifted by `mark`, so
+/// that a refusal can be told apart from the kernel's own errno (the
+/// kernel never returns errnos that large). For tests, and for knockout
+/// builds' `BRIG_SECCOMP_MARK` (the hostile corpus's attribution pass).
+pub fn with_errnos_shifted(mark: u16) -> Vec<libc::sock_filter> {
+    const RET_K: u16 = 0x06;
+    const ACTION_MASK: u32 = 0xffff_0000;
+    let mut program = generated::PROGRAM.to_vec();
+    for i in &mut program {
+        if i.code == RET_K && i.k & ACTION_MASK == libc::SECCOMP_RET_ERRNO {
+            i.k += u32::from(mark);
+        }
+    }
+    program
+}
+
+#[cfg(feature = "knockout")]
+static MARKED: std::sync::OnceLock<Option<Vec<libc::sock_filter>>> = std::sync::OnceLock::new();
+
+/// Prepares [`sandbox_filter`] for use after a fork: a knockout build
+/// reads `BRIG_SECCOMP_MARK` here, before any clone (after one, nothing
+/// may allocate). Otherwise there is nothing to do (the program is a
+/// compile-time `static`); callers call it before forking anyway so the
+/// ordering requirement survives any future change to how the program is
+/// stored.
+pub fn init() {
+    #[cfg(feature = "knockout")]
+    MARKED.get_or_init(|| {
+        let mark = std::env::var("BRIG_SECCOMP_MARK").ok()?;
+        let mark: u16 = mark
+            .parse()
+            .expect("BRIG_SECCOMP_MARK: a number below 4000");
+        Some(with_errnos_shifted(mark))
+    });
+}
 
 /// The denial for `syscall`, if the policy refuses it.
 pub fn denial(syscall: &str) -> Option<&'static Denial> {

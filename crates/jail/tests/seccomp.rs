@@ -635,15 +635,7 @@ fn read_another_process() -> c_long {
 
 /// The shipped program with every errno shifted by [`MARK`].
 fn marked_program() -> Vec<libc::sock_filter> {
-    const RET_K: u16 = 0x06;
-    const ACTION_MASK: u32 = 0xffff_0000;
-    let mut program = seccomp::sandbox_filter().to_vec();
-    for i in &mut program {
-        if i.code == RET_K && i.k & ACTION_MASK == libc::SECCOMP_RET_ERRNO {
-            i.k += MARK as u32;
-        }
-    }
-    program
+    seccomp::with_errnos_shifted(MARK as u16)
 }
 
 #[derive(Debug, Clone, Copy)]

@@ -97,7 +97,15 @@ impl Report {
     /// Print the final line and exit 0. The exit status never carries the
     /// verdict: the harness reads it from the JSON (and from brig's status
     /// where the sandbox kills the program).
-    pub fn finish(self) -> ! {
+    pub fn finish(mut self) -> ! {
+        if seccomp_mark().is_some() {
+            use std::sync::atomic::Ordering::Relaxed;
+            self.note(format!(
+                "refused by the seccomp filter: {}, by the kernel: {}",
+                BY_FILTER.load(Relaxed),
+                BY_KERNEL.load(Relaxed)
+            ));
+        }
         let mut out = std::io::stdout().lock();
         let _ = writeln!(out, "{}", self.to_json());
         let _ = out.flush();
@@ -173,6 +181,7 @@ impl Args {
             "--mode",
             "--host-port",
             "--host-addr",
+            "--seccomp-mark",
         ];
         let mut out = Vec::new();
         let mut it = self.args.iter();
@@ -313,7 +322,40 @@ pub fn guard_destructive(program: &'static str, args: &Args) {
 
 /// The calling thread's errno.
 pub fn errno() -> i32 {
-    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+    let raw = std::io::Error::last_os_error().raw_os_error().unwrap_or(0);
+    attribute(raw)
+}
+
+/// The attribution pass (`--seccomp-mark N`, with a knockout build of
+/// brig whose filter adds N to every errno it returns): which layer
+/// refused each failed call that went through [`errno`] or [`check`].
+fn seccomp_mark() -> Option<i32> {
+    static MARK: std::sync::OnceLock<Option<i32>> = std::sync::OnceLock::new();
+    *MARK.get_or_init(|| {
+        Args::get()
+            .value("--seccomp-mark")
+            .and_then(|m| m.parse().ok())
+    })
+}
+
+static BY_FILTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static BY_KERNEL: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Count the refusal under its layer and give back the errno as the
+/// program would see it without the mark.
+fn attribute(raw: i32) -> i32 {
+    use std::sync::atomic::Ordering::Relaxed;
+    match seccomp_mark() {
+        Some(mark) if raw > mark => {
+            BY_FILTER.fetch_add(1, Relaxed);
+            raw - mark
+        }
+        Some(_) if raw > 0 => {
+            BY_KERNEL.fetch_add(1, Relaxed);
+            raw
+        }
+        _ => raw,
+    }
 }
 
 /// `EPERM`, `ENOENT`, ... for the errnos these programs meet; `errno N`
