@@ -400,6 +400,11 @@ fn case(program: &'static str, mode: Mode) -> Case {
             c.limits = vec!["--memory", "64M"];
             c.expect = Expect::Oom(if e2b { E2B_MEMORY } else { "64 MiB" });
         }
+        "kernel_buffer_bomb" => {
+            c.limits = vec!["--memory", "64M"];
+            c.expect = Expect::ReportOrOom;
+        }
+        "fs_watch" => c.limits = vec!["--disk", "64M"],
         "thread_bomb" => {
             c.limits = vec!["--pids", "64"];
             c.args = vec![
@@ -1538,6 +1543,8 @@ hostile_tests!(
     shm_bomb,
     thread_bomb,
     module_autoload,
+    kernel_buffer_bomb,
+    fs_watch,
 );
 
 #[test]

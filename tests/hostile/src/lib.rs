@@ -178,6 +178,7 @@ impl Args {
             "--seconds",
             "--cap",
             "--cap-threads",
+            "--cap-fds",
             "--mode",
             "--host-port",
             "--host-addr",
