@@ -53,8 +53,9 @@ impl FileQuery {
 }
 
 /// A path the agent can be asked about: absolute, no NUL. The agent checks
-/// again; this gives the client one message for both mistakes.
-fn checked(path: String) -> Result<String, ApiError> {
+/// again; this gives the client one message for both mistakes. Public for
+/// the `file_paths` fuzz target, like [`file_name`].
+pub fn checked(path: String) -> Result<String, ApiError> {
     if !path.starts_with('/') || path.contains('\0') {
         return Err(ApiError::bad_request(format!(
             "invalid path {path:?}: use an absolute path inside the sandbox"
@@ -330,7 +331,7 @@ pub async fn remove(
 /// A multipart part's file name as one path component: no `/`, no `..`,
 /// nothing empty. The agent would keep a bad one inside the sandbox
 /// anyway; refusing it keeps each part in the directory the client named.
-fn file_name(name: Option<&str>) -> Result<String, ApiError> {
+pub fn file_name(name: Option<&str>) -> Result<String, ApiError> {
     match name {
         Some(n) if !n.is_empty() && n != "." && !n.contains(['/', '\0']) && !n.contains("..") => {
             Ok(n.to_string())

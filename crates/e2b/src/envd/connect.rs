@@ -29,11 +29,11 @@ use brig_agent_client::{ClientError, ErrorCode};
 use brig_runtime::{ErrorKind, ManagerError};
 
 /// Envelope flag: the payload is compressed (refused).
-const FLAG_COMPRESSED: u8 = 0x01;
+pub const FLAG_COMPRESSED: u8 = 0x01;
 /// Envelope flag: the end-of-stream message.
-const FLAG_END_STREAM: u8 = 0x02;
+pub const FLAG_END_STREAM: u8 = 0x02;
 /// The largest request envelope accepted (stdin chunks, watch requests).
-const MAX_ENVELOPE: usize = 16 << 20;
+pub const MAX_ENVELOPE: usize = 16 << 20;
 /// Keepalive interval when the client sends no usable
 /// `Keepalive-Ping-Interval` (envd's default).
 pub const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(90);
@@ -244,14 +244,23 @@ fn content_type(headers: &HeaderMap) -> &str {
         .unwrap_or_default()
 }
 
+/// One message's JSON, as every handler decodes it: a bad one is
+/// `invalid_argument` naming serde's reason.
+pub fn decode_message<T: DeserializeOwned>(json: &[u8]) -> Result<T, ConnectError> {
+    decode(json)
+}
+
 fn decode<T: DeserializeOwned>(json: &[u8]) -> Result<T, ConnectError> {
     serde_json::from_slice(json)
         .map_err(|e| ConnectError::invalid(format!("invalid request message: {e}")))
 }
 
 /// Take one envelope off the front of `buf`: `None` if it holds less than
-/// a whole one.
-fn split_envelope<'a>(buf: &mut &'a [u8]) -> Result<Option<(u8, &'a [u8])>, ConnectError> {
+/// a whole one (and `buf` is left as it was). A compressed envelope, or
+/// one longer than the limit, is refused as soon as its 5-byte prefix is
+/// there, so a client never makes the reader buffer more than the limit.
+/// Public for the `connect_envelope` fuzz target.
+pub fn split_envelope<'a>(buf: &mut &'a [u8]) -> Result<Option<(u8, &'a [u8])>, ConnectError> {
     if buf.len() < 5 {
         return Ok(None);
     }
