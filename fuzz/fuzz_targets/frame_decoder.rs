@@ -9,10 +9,12 @@
 //!   version range are a newer peer's extension, skipped);
 //! - a drained decoder holds less than one maximal frame;
 //! - the first error is final: later pushes are ignored and every later
-//!   `next_frame` returns the same error.
+//!   `next_frame` returns the same error;
+//! - a Hello's version range negotiates, with this build's, to the highest
+//!   version in both ranges, or to an error when there is none.
 #![no_main]
 
-use brig_protocol::{Body, Decoder, Frame, FrameError, HEADER_LEN, MAX_PAYLOAD};
+use brig_protocol::{Body, Decoder, Frame, FrameError, HEADER_LEN, MAX_PAYLOAD, SUPPORTED};
 use libfuzzer_sys::fuzz_target;
 
 /// Decode `wire` pushed in chunks of the sizes `sizes` cycles through
@@ -82,6 +84,22 @@ fuzz_target!(|data: &[u8]| {
             .expect("a decoded frame encodes");
         assert_eq!(out.len(), frame.encoded_len());
         let original = &wire[at..at + used];
+        if let Body::Hello { min, max } = frame.body {
+            let theirs = (min, max);
+            match brig_protocol::negotiate(SUPPORTED, theirs) {
+                Ok(v) => {
+                    assert!(v >= min && v <= max && v >= SUPPORTED.0 && v <= SUPPORTED.1);
+                    assert!(
+                        v == max || v == SUPPORTED.1,
+                        "{v} is not the highest common"
+                    );
+                }
+                Err(_) => assert!(
+                    min == 0 || min > max || max < SUPPORTED.0 || min > SUPPORTED.1,
+                    "{theirs:?} has a version in common with {SUPPORTED:?}"
+                ),
+            }
+        }
         if matches!(frame.body, Body::Hello { .. }) {
             // The same but for the length, and the extension after it.
             assert_eq!(out[..8], original[..8], "hello re-encodes");
