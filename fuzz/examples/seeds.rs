@@ -315,9 +315,15 @@ fn main() {
         ("template-image", "127.0.0.1:5000/team/tool:1"),
         ("template-dir", "dir:/srv/rootfs"),
         ("sandbox-id", "0123456789ab"),
+        ("timestamp-offset", "2024-02-29T14:34:56.789123+02:00"),
     ] {
         write("spec_limits", name, s.as_bytes());
     }
+    write(
+        "spec_limits",
+        "timestamp",
+        brig_e2b::control::rfc3339(1_709_210_096_789).as_bytes(),
+    );
     let create = json!({"template": "base", "memory": "512M", "disk": "1G", "cpus": 0.5, "pids": 128,
                         "timeout": "10m", "env": {"A": "b"}, "labels": {"team": "x"}, "name": "n-1",
                         "publish": ["8080", "18080:80"]});

@@ -1,20 +1,23 @@
 //! Sandbox create specs and their limits as clients send them: sizes
 //! (`512M`), durations (`1h30m`), cpus, env vars, users, template names,
-//! sandbox ids (brig-core), and the whole JSON body of
-//! `POST /v1/sandboxes` through the API's stage-two parse (brig-api).
+//! sandbox ids (brig-core), E2B's timestamps (brig-e2b), and the whole
+//! JSON body of `POST /v1/sandboxes` through the API's stage-two parse
+//! (brig-api).
 //!
 //! The input is tried both as one string for every parser and, if it is
-//! JSON, as a create body. Properties: nothing panics; what parses
-//! prints back to something that parses to the same value (sizes within
+//! JSON, as a create body. Properties: nothing panics; what parses prints
+//! back to something that parses to the same value (sizes within
 //! Display's rounding, durations to the whole second as a bare number,
-//! env vars, users, templates and ids exactly); the create body's limits
-//! are exactly what the parsers make of its fields.
+//! env vars, users, templates and ids exactly, RFC 3339 timestamps to the
+//! same instant); the create body's limits are exactly what the parsers
+//! make of its fields.
 #![no_main]
 
 use std::time::Duration;
 
 use brig_api::sandboxes::CreateSandboxConfig;
 use brig_core::{parse_duration, parse_size, ByteSize, EnvVar, SandboxId, TemplateRef, UserSpec};
+use brig_e2b::control::{parse_rfc3339, rfc3339};
 use libfuzzer_sys::fuzz_target;
 
 fn size(s: &str) {
@@ -75,6 +78,15 @@ fn strings(s: &str) {
     }
     if let Some(id) = SandboxId::parse(s) {
         assert_eq!(id.as_str(), s);
+    }
+    // E2B's `startedAfter` filter: a timestamp prints (as brig prints
+    // `startedAt`) to one that parses to the same instant, within the
+    // years RFC 3339 writes with four digits.
+    if let Some(ms) = parse_rfc3339(s) {
+        let shown = rfc3339(ms);
+        if shown.len() == 24 && !shown.starts_with('-') {
+            assert_eq!(parse_rfc3339(&shown), Some(ms), "{s:?} shown as {shown:?}");
+        }
     }
 }
 
