@@ -229,7 +229,7 @@ impl Two {
             .collect();
         assert_eq!(out, b"still here\n", "after {case}: {envs:?}");
         assert!(
-            started.elapsed() < Duration::from_secs(5),
+            started.elapsed() < Duration::from_secs(10),
             "after {case}, sandbox b took {:?} to run echo",
             started.elapsed()
         );
@@ -346,7 +346,9 @@ async fn hostile_connect_envelopes_are_refused_promptly() {
 
     // A flood: 200,000 keepalive envelopes in one client stream (4.2 MB
     // of them, which a client sends in well under a second) are read
-    // through, in bounded time, and answered as one stream.
+    // through, in bounded time, and answered as one stream. (The reader
+    // once took seconds for them, quadratic in a chunk's envelopes;
+    // connect.rs's unit test holds it to linear time.)
     let one = envelope(0, b"{\"keepalive\":{}}");
     let mut body = one.repeat(200_000);
     body.extend(envelope(2, b"{}"));
@@ -362,7 +364,7 @@ async fn hostile_connect_envelopes_are_refused_promptly() {
         "the flood's answer"
     );
     assert!(
-        started.elapsed() < Duration::from_secs(5),
+        started.elapsed() < Duration::from_secs(10),
         "200,000 keepalives took {:?}",
         started.elapsed()
     );
