@@ -18,7 +18,7 @@ use std::convert::Infallible;
 use axum::body::{Body, Bytes};
 use axum::extract::multipart::MultipartRejection;
 use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
-use axum::extract::{Multipart, Path, Query, State};
+use axum::extract::{FromRequest, Multipart, Path, Query, State};
 use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use axum::response::Response;
 use axum::Json;
@@ -53,8 +53,9 @@ impl FileQuery {
 }
 
 /// A path the agent can be asked about: absolute, no NUL. The agent checks
-/// again; this gives the client one message for both mistakes.
-fn checked(path: String) -> Result<String, ApiError> {
+/// again; this gives the client one message for both mistakes. Public for
+/// the `file_paths` fuzz target, like [`file_name`].
+pub fn checked(path: String) -> Result<String, ApiError> {
     if !path.starts_with('/') || path.contains('\0') {
         return Err(ApiError::bad_request(format!(
             "invalid path {path:?}: use an absolute path inside the sandbox"
@@ -330,7 +331,7 @@ pub async fn remove(
 /// A multipart part's file name as one path component: no `/`, no `..`,
 /// nothing empty. The agent would keep a bad one inside the sandbox
 /// anyway; refusing it keeps each part in the directory the client named.
-fn file_name(name: Option<&str>) -> Result<String, ApiError> {
+pub fn file_name(name: Option<&str>) -> Result<String, ApiError> {
     match name {
         Some(n) if !n.is_empty() && n != "." && !n.contains(['/', '\0']) && !n.contains("..") => {
             Ok(n.to_string())
@@ -353,16 +354,25 @@ pub async fn upload_multipart(
     Auth(tenant): Auth,
     id: Result<Path<String>, PathRejection>,
     query: Result<Query<UploadQuery>, QueryRejection>,
-    multipart: Result<Multipart, MultipartRejection>,
+    req: axum::extract::Request,
 ) -> Result<Json<Value>, ApiError> {
     let id = sandbox_id(&id?.0)?;
     let dir = checked(query?.0.dir)?;
-    let mut multipart = multipart.map_err(|r| ApiError::bad_request(r.body_text()))?;
+    // Bounded: boundaries and part headers that never end fail, rather
+    // than being held (brig_http::multipart).
+    let (req, phase) = brig_http::multipart::bounded(req);
+    let mut multipart = Multipart::from_request(req, &())
+        .await
+        .map_err(|r: MultipartRejection| ApiError::bad_request(r.body_text()))?;
     let bad_part = |e: axum::extract::multipart::MultipartError| {
-        ApiError::bad_request(format!("malformed multipart body: {}", e.body_text()))
+        ApiError::bad_request(format!("malformed multipart body: {}", phase.explain(&e)))
     };
     let mut written = Vec::new();
-    while let Some(mut field) = multipart.next_field().await.map_err(bad_part)? {
+    while let Some(mut field) = {
+        phase.headers();
+        multipart.next_field().await.map_err(bad_part)?
+    } {
+        phase.data();
         let name = file_name(field.file_name())?;
         let path = format!("{}/{name}", dir.trim_end_matches('/'));
 

@@ -71,6 +71,12 @@ struct PortsAsked {
 }
 
 impl CreateSandboxConfig {
+    /// What a create would be asked to make, or the 400 it is answered
+    /// with: stage two without the create (the `spec_limits` fuzz target).
+    pub fn validate(self) -> Result<CreateConfig, ApiError> {
+        self.parse().map(|(config, _)| config)
+    }
+
     /// Stage two: every field parsed, or a 400 naming the field.
     fn parse(self) -> Result<(CreateConfig, PortsAsked), ApiError> {
         let bad = |field: &str, e: &dyn std::fmt::Display| {

@@ -80,6 +80,12 @@ async fn bad_input_is_400_with_a_message() {
         (r#"{"memory": "lots"}"#, "memory"),
         (r#"{"template": "ubuntu"}"#, "template"),
         (r#"{"timeout": "0s"}"#, "timeout"),
+        // Each group fits, the sum does not: a panic (500) until the
+        // spec_limits fuzz target found it.
+        (
+            r#"{"timeout": "10000000000000000000s10000000000000000000s"}"#,
+            "timeout",
+        ),
         (r#"{"env": {"1BAD": "x"}}"#, "1BAD"),
     ];
     for (body, mentions) in cases {

@@ -876,3 +876,145 @@ async fn reading_a_file_that_blocks_does_not_wedge_the_sandbox() {
     let answered = tokio::time::timeout(Duration::from_secs(5), stat).await;
     assert!(answered.is_ok_and(|(status, _)| status == StatusCode::OK));
 }
+
+/// Send `bytes` on a fresh connection (from a second thread, so a daemon
+/// that answers before reading everything does not block the client) and
+/// read until the daemon closes or 10 s pass: the bytes read, and whether
+/// it closed. The client never closes its side: the daemon must end the
+/// exchange itself.
+fn hostile_exchange(addr: SocketAddr, bytes: Vec<u8>) -> (Vec<u8>, bool) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    let mut w = s.try_clone().unwrap();
+    let writer = std::thread::spawn(move || {
+        let _ = w.write_all(&bytes);
+        w
+    });
+    s.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let started = Instant::now();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 65536];
+    let closed = loop {
+        match s.read(&mut buf) {
+            Ok(0) => break true,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {}
+            Err(_) => break true,
+        }
+        if started.elapsed() > Duration::from_secs(10) {
+            break false;
+        }
+    };
+    // The writer may still be blocked on a daemon that stopped reading;
+    // shutting the socket down ends it.
+    let _ = s.shutdown(std::net::Shutdown::Both);
+    let _ = writer.join();
+    (got, closed)
+}
+
+/// A WebSocket frame as a client sends it: FIN, `opcode`, masked with the
+/// zero key (so the payload goes as it is), and a 64-bit length.
+fn ws_frame(fin: bool, opcode: u8, payload: &[u8]) -> Vec<u8> {
+    let mut f = vec![(u8::from(fin) << 7) | opcode, 0x80 | 127];
+    f.extend((payload.len() as u64).to_be_bytes());
+    f.extend([0, 0, 0, 0]);
+    f.extend_from_slice(payload);
+    f
+}
+
+/// Clients sending what no client library would: multipart uploads whose
+/// boundary or part headers never end, and WebSocket frames that break the
+/// protocol on the PTY endpoint. Each exchange ends promptly, answered or
+/// closed by the daemon, and both the daemon and a second sandbox answer
+/// after each.
+#[tokio::test(flavor = "multi_thread")]
+async fn hostile_multipart_bodies_and_websocket_frames_end_promptly() {
+    if !root_or_skip() {
+        return;
+    }
+    let f = fixture(|_| {});
+    let addr = serve(&f).await;
+    let a = create(&f, "{}").await;
+    let b = create(&f, "{}").await;
+    let key = f.key.clone();
+
+    // --- multipart, declaring a terabyte and sending 9 MiB of what never
+    // becomes a part: the bound (8 MiB, brig_http::multipart) answers 400.
+    let upload = |body: &[u8]| {
+        let mut req = format!(
+            "POST /v1/sandboxes/{a}/files/upload?dir=/tmp HTTP/1.1\r\nHost: x\r\n\
+             Authorization: Bearer {key}\r\nContent-Type: multipart/form-data; boundary=XbrigX\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n",
+            1u64 << 40
+        )
+        .into_bytes();
+        req.extend_from_slice(body);
+        req
+    };
+    let endless_headers = [
+        b"--XbrigX\r\nContent-Disposition: form-data; name=\"file\"; filename=\"x\"\r\nX-Pad: "
+            .to_vec(),
+        vec![b'a'; 9 << 20],
+    ]
+    .concat();
+    let cases = [
+        ("part headers that never end", upload(&endless_headers)),
+        (
+            "a preamble that never reaches a boundary",
+            upload(&vec![b'-'; 9 << 20]),
+        ),
+    ];
+    for (case, req) in cases {
+        let (answer, _) = tokio::task::spawn_blocking(move || hostile_exchange(addr, req))
+            .await
+            .unwrap();
+        let text = String::from_utf8_lossy(&answer);
+        assert!(
+            text.starts_with("HTTP/1.1 400") && text.contains("never end"),
+            "{case}: {text}"
+        );
+        assert_eq!(sh(&f, &b, "echo ok").await, "ok\n", "after {case}");
+    }
+
+    // --- WebSocket: the handshake, then one frame that breaks RFC 6455.
+    let handshake = format!(
+        "GET /v1/sandboxes/{a}/pty HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\
+         Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\n\
+         Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"
+    );
+    let mut huge = vec![0x82, 0x80 | 127];
+    huge.extend(u64::MAX.to_be_bytes());
+    huge.extend([0, 0, 0, 0]);
+    let cases: [(&str, Vec<u8>); 6] = [
+        ("an unmasked frame", b"\x81\x05hello".to_vec()),
+        ("a frame declaring 2^64 bytes", huge),
+        ("a reserved opcode", ws_frame(true, 0x3, b"x")),
+        ("a fragmented ping", ws_frame(false, 0x9, b"x")),
+        (
+            "a close with a bad code",
+            ws_frame(true, 0x8, &[0x03, 0xe7]),
+        ),
+        (
+            "a start message that is not JSON",
+            ws_frame(true, 0x1, b"{argv"),
+        ),
+    ];
+    for (case, frame) in cases {
+        let bytes = [handshake.as_bytes(), &frame].concat();
+        let (answer, closed) = tokio::task::spawn_blocking(move || hostile_exchange(addr, bytes))
+            .await
+            .unwrap();
+        let text = String::from_utf8_lossy(&answer);
+        assert!(text.starts_with("HTTP/1.1 101"), "{case}: {text}");
+        assert!(
+            closed,
+            "{case}: the daemon kept the connection open: {text}"
+        );
+        assert_eq!(sh(&f, &b, "echo ok").await, "ok\n", "after {case}");
+        let (status, _) = call(&f.app, Method::GET, "/v1/info", Some(&f.key), None).await;
+        assert_eq!(status, StatusCode::OK, "after {case}");
+    }
+    // The abused sandbox is as it was: nothing was left running in it.
+    assert_eq!(sh(&f, &a, "echo ok").await, "ok\n");
+}

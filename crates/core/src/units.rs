@@ -119,7 +119,11 @@ pub fn parse_duration(input: &str) -> Result<Duration, UnitError> {
             "h" => value * 3600.0,
             _ => return Err(err()),
         };
-        total += Duration::try_from_secs_f64(secs).map_err(|_| err())?;
+        // Checked: each group fits a Duration, but their sum need not
+        // (`10000000000000000000s10000000000000000000s`).
+        total = total
+            .checked_add(Duration::try_from_secs_f64(secs).map_err(|_| err())?)
+            .ok_or_else(err)?;
         rest = tail;
     }
     Ok(total)
@@ -160,6 +164,25 @@ mod tests {
         for bad in ["", "s", "10x", "5 m", "-3s", "1h-2m"] {
             assert!(parse_duration(bad).is_err(), "{bad:?} should fail");
         }
+    }
+
+    /// Found by the `spec_limits` fuzz target: the sum of groups that each
+    /// fit a Duration overflowed it, and `+=` panicked (a 500 from the
+    /// API, a crash of the CLI) instead of refusing the input.
+    #[test]
+    fn durations_too_long_to_add_up_are_rejected() {
+        let huge = "10000000000000000000s10000000000000000000s";
+        assert_eq!(
+            parse_duration(huge),
+            Err(UnitError::Duration {
+                input: huge.to_string()
+            })
+        );
+        // The largest sums that fit are still taken.
+        assert_eq!(
+            parse_duration("9000000000000000000s1s").unwrap(),
+            Duration::from_secs(9_000_000_000_000_000_001)
+        );
     }
 
     #[test]

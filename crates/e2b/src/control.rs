@@ -538,7 +538,11 @@ async fn connect(
             let (_, resumed) = manager.resume_with(tenant, sid, Some(timeout), reboot)?;
             return Ok(Some(resumed));
         }
-        let wanted = now_millis() + timeout.as_millis() as i64;
+        // Saturating: a valid timeout of i64::MAX / 1000 s has milliseconds
+        // that overflow the sum (a panic in a debug build; in a release
+        // one it wrapped, and the sandbox was not extended).
+        let wanted =
+            now_millis().saturating_add(i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX));
         if wanted > record.expires_at {
             manager.extend(tenant, sid, timeout)?;
         }

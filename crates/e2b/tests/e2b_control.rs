@@ -263,6 +263,18 @@ fn get_info_timeout_connect_and_metrics() {
     // No body: the default, 300 s, which does not shorten 600.
     let c = p.k("POST", &format!("/v2/sandboxes/{id}/connect"), None);
     assert_eq!(c.status, 200, "{}", c.body);
+    // The longest timeout E2B's schema allows: its milliseconds overflow
+    // an i64 sum with the present time (the handler panicked in a debug
+    // build and extended nothing in a release one). It extends to the
+    // daemon's longest.
+    let c = p.k(
+        "POST",
+        &format!("/v2/sandboxes/{id}/connect"),
+        Some(json!({"timeout": i64::MAX / 1000})),
+    );
+    assert_eq!(c.status, 200, "{}", c.body);
+    let left = ms_until(&p.k("GET", &format!("/sandboxes/{id}"), None).body["endAt"]);
+    assert!(left > 600_500, "a huge timeout did not extend: {left}");
 
     // metrics: one sample with every field.
     let m = p.k(

@@ -20,8 +20,11 @@
 //! - [`on_end`]: follow the runtime's events to forget per-sandbox state
 //!   when a sandbox ends.
 //! - [`listen`]: the daemon's listening socket, with a backlog for bursts.
+//! - [`multipart`]: a bound on what a multipart upload's boundaries and
+//!   part headers may make the daemon hold.
 #![forbid(unsafe_code)]
 
+pub mod multipart;
 pub mod ports;
 pub mod publish;
 

@@ -108,8 +108,9 @@ pub async fn download(
 }
 
 /// The name the archive's entries are rooted at: the last component of
-/// `path`, or `.` for `/`.
-fn root_name(path: &str) -> Result<String, ApiError> {
+/// `path`, or `.` for `/`. Public for the `file_paths` fuzz target, like
+/// [`relative`].
+pub fn root_name(path: &str) -> Result<String, ApiError> {
     match path.trim_end_matches('/').rsplit('/').next() {
         None | Some("") => Ok(".".to_string()),
         Some("." | "..") => Err(ApiError::bad_request(format!(
@@ -457,7 +458,7 @@ fn unpack(
 /// An entry's name as a path below the target directory: plain components
 /// only (`.` ones dropped); `None` for the directory itself. Absolute names
 /// and `..` are refused, whatever they would resolve to.
-fn relative(shown: &str, name: &FsPath) -> Result<Option<String>, ApiError> {
+pub fn relative(shown: &str, name: &FsPath) -> Result<Option<String>, ApiError> {
     let mut parts = Vec::new();
     for c in name.components() {
         match c {

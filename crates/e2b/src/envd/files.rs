@@ -531,18 +531,23 @@ async fn upload_multipart(
     path: Option<&str>,
     req: Request,
 ) -> Result<Vec<String>, Response> {
+    let (req, phase) = brig_http::multipart::bounded(req);
     let mut multipart = Multipart::from_request(req, &())
         .await
         .map_err(|r| error(StatusCode::BAD_REQUEST, r.body_text()))?;
     let bad_part = |e: axum::extract::multipart::MultipartError| {
         error(
             StatusCode::BAD_REQUEST,
-            format!("malformed multipart body: {}", e.body_text()),
+            format!("malformed multipart body: {}", phase.explain(&e)),
         )
     };
     let mut written: Vec<String> = Vec::new();
     let mut seen = HashSet::new();
-    while let Some(mut field) = multipart.next_field().await.map_err(bad_part)? {
+    while let Some(mut field) = {
+        phase.headers();
+        multipart.next_field().await.map_err(bad_part)?
+    } {
+        phase.data();
         let target = match path.filter(|p| !p.is_empty()).or(field.file_name()) {
             Some(t) if !t.is_empty() => user.resolve(t),
             _ => {

@@ -85,6 +85,51 @@ pub async fn rpc(
     connect::unary(result)
 }
 
+/// Decode `body` as `method`'s request and resolve its paths for `user`
+/// as the handler does before it asks the sandbox anything: the part of
+/// [`rpc`] a client's bytes reach first, runnable without a sandbox, for
+/// the `envd_messages` fuzz target. The resolved paths are returned. A
+/// method added to [`rpc`] belongs here too.
+pub fn check_request(
+    method: &str,
+    user: &User,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Vec<String>, ConnectError> {
+    Ok(match method {
+        "Stat" | "MakeDir" | "Remove" => {
+            let req: PathRequest = connect::unary_request(headers, body)?;
+            vec![user.resolve(&req.path)]
+        }
+        "Move" => {
+            let req: MoveRequest = connect::unary_request(headers, body)?;
+            vec![user.resolve(&req.source), user.resolve(&req.destination)]
+        }
+        "ListDir" => {
+            let req: ListDirRequest = connect::unary_request(headers, body)?;
+            vec![user.resolve(&req.path)]
+        }
+        "CreateWatcher" => {
+            let req: WatchRequest = connect::unary_request(headers, body)?;
+            vec![user.resolve(&req.path)]
+        }
+        "WatchDir" => {
+            let req: WatchRequest = connect::stream_request(headers, body)?;
+            vec![user.resolve(&req.path)]
+        }
+        "GetWatcherEvents" | "RemoveWatcher" => {
+            let _: WatcherIdRequest = connect::unary_request(headers, body)?;
+            Vec::new()
+        }
+        other => {
+            return Err(ConnectError::new(
+                Code::Unimplemented,
+                format!("filesystem.Filesystem has no method {other}"),
+            ))
+        }
+    })
+}
+
 #[derive(Debug, Deserialize)]
 struct PathRequest {
     #[serde(default)]

@@ -241,8 +241,9 @@ impl User {
     }
 }
 
-/// `.` and `..` resolved lexically, duplicate slashes removed.
-pub(crate) fn normalize(path: &str) -> String {
+/// `.` and `..` resolved lexically, duplicate slashes removed: an absolute
+/// path with no `.`, `..` or empty component, and no `..` above `/`.
+pub fn normalize(path: &str) -> String {
     let mut parts: Vec<&str> = Vec::new();
     for part in path.split('/') {
         match part {

@@ -92,6 +92,66 @@ pub async fn rpc(
     }
 }
 
+/// Decode `body` as `method`'s request and check it as the handler does
+/// before it touches a sandbox (the base64 input, the PTY size, the
+/// signal): the part of [`rpc`] a client's bytes reach first, runnable
+/// without a sandbox, for the `envd_messages` fuzz target. A method added
+/// to [`rpc`] belongs here too. `StreamInput`'s body is a sequence of
+/// envelopes, each a `StreamInputEvent`.
+pub fn check_request(method: &str, headers: &HeaderMap, body: &[u8]) -> Result<(), ConnectError> {
+    match method {
+        "Start" => {
+            let req: StartRequest = connect::stream_request(headers, body)?;
+            if let Some(pty) = req.pty {
+                pty.size();
+            }
+        }
+        "Connect" => {
+            let _: SelectorRequest = connect::stream_request(headers, body)?;
+        }
+        "StreamInput" => {
+            let mut rest = body;
+            while let Some((flags, payload)) = connect::split_envelope(&mut rest)? {
+                if flags & connect::FLAG_END_STREAM != 0 {
+                    break;
+                }
+                let ev: StreamInputEvent =
+                    connect::decode_message(if payload.is_empty() { b"{}" } else { payload })?;
+                if let StreamInputEvent::Data { input } = ev {
+                    input.unwrap_or_default().bytes()?;
+                }
+            }
+        }
+        "List" => {
+            let _: Value = connect::unary_request(headers, body)?;
+        }
+        "SendInput" => {
+            let req: SendInputRequest = connect::unary_request(headers, body)?;
+            req.input.unwrap_or_default().bytes()?;
+        }
+        "SendSignal" => {
+            let req: SendSignalRequest = connect::unary_request(headers, body)?;
+            signal_number(req.signal.as_ref())?;
+        }
+        "CloseStdin" => {
+            let _: SelectorRequest = connect::unary_request(headers, body)?;
+        }
+        "Update" => {
+            let req: UpdateRequest = connect::unary_request(headers, body)?;
+            if let Some(pty) = req.pty {
+                pty.size();
+            }
+        }
+        other => {
+            return Err(ConnectError::new(
+                Code::Unimplemented,
+                format!("process.Process has no method {other}"),
+            ))
+        }
+    }
+    Ok(())
+}
+
 pub(crate) async fn read_body(body: Body) -> Result<Bytes, ConnectError> {
     axum::body::to_bytes(body, 64 << 20)
         .await
@@ -784,21 +844,25 @@ async fn close_stdin(ctx: &Ctx, headers: &HeaderMap, body: &[u8]) -> Result<Valu
 
 async fn send_signal(ctx: &Ctx, headers: &HeaderMap, body: &[u8]) -> Result<Value, ConnectError> {
     let req: SendSignalRequest = connect::unary_request(headers, body)?;
-    let sig = match req.signal.as_ref() {
-        Some(Value::String(s)) if s == "SIGNAL_SIGKILL" => libc::SIGKILL,
-        Some(Value::String(s)) if s == "SIGNAL_SIGTERM" => libc::SIGTERM,
-        Some(Value::Number(n)) if n.as_i64() == Some(9) => libc::SIGKILL,
-        Some(Value::Number(n)) if n.as_i64() == Some(15) => libc::SIGTERM,
-        other => {
-            return Err(ConnectError::invalid(format!(
-                "unsupported signal {}: use SIGNAL_SIGTERM or SIGNAL_SIGKILL",
-                other.map_or("(none)".to_string(), Value::to_string)
-            )));
-        }
-    };
+    let sig = signal_number(req.signal.as_ref())?;
     let p = ctx.envd.processes.running(req.process.as_ref())?;
     ctx.blocking(move |ctx| signal(ctx, &p, sig)).await?;
     Ok(json!({}))
+}
+
+/// The `Signal` enum of a `SendSignal`, by name or number: envd knows
+/// only SIGTERM and SIGKILL.
+fn signal_number(signal: Option<&Value>) -> Result<i32, ConnectError> {
+    match signal {
+        Some(Value::String(s)) if s == "SIGNAL_SIGKILL" => Ok(libc::SIGKILL),
+        Some(Value::String(s)) if s == "SIGNAL_SIGTERM" => Ok(libc::SIGTERM),
+        Some(Value::Number(n)) if n.as_i64() == Some(9) => Ok(libc::SIGKILL),
+        Some(Value::Number(n)) if n.as_i64() == Some(15) => Ok(libc::SIGTERM),
+        other => Err(ConnectError::invalid(format!(
+            "unsupported signal {}: use SIGNAL_SIGTERM or SIGNAL_SIGKILL",
+            other.map_or("(none)".to_string(), Value::to_string)
+        ))),
+    }
 }
 
 /// Signal the process and everything it started: the agent starts every
