@@ -51,17 +51,31 @@ fn sealed_copy() -> std::io::Result<OwnedFd> {
     let fd = OwnedFd::from(file);
     // Executable by everyone (the sandbox's init runs as the sandbox's
     // root, nobody on the host), written by nobody from now on.
-    // SAFETY: fchmod and fcntl on a descriptor we own.
-    let sealed = unsafe {
-        libc::fchmod(fd.as_raw_fd(), 0o555) == 0
-            && libc::fcntl(
+    // SAFETY: fchmod on a descriptor we own.
+    if unsafe { libc::fchmod(fd.as_raw_fd(), 0o555) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // Sealing against writes waits for the pages' extra references to
+    // drop and gives up with EBUSY when they do not in time, which a
+    // loaded host's page batching can cause (seen with a dozen daemons
+    // starting at once): try again for up to a second.
+    for attempt in 0.. {
+        // SAFETY: fcntl on a descriptor we own.
+        let r = unsafe {
+            libc::fcntl(
                 fd.as_raw_fd(),
                 libc::F_ADD_SEALS,
                 libc::F_SEAL_WRITE | libc::F_SEAL_GROW | libc::F_SEAL_SHRINK | libc::F_SEAL_SEAL,
-            ) == 0
-    };
-    if !sealed {
-        return Err(std::io::Error::last_os_error());
+            )
+        };
+        if r == 0 {
+            break;
+        }
+        let e = std::io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EBUSY) || attempt == 20 {
+            return Err(e);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
     }
     Ok(fd)
 }

@@ -220,7 +220,14 @@ fn a_failed_background_build_is_reported_not_retried_per_create() {
         .iter()
         .filter(|l| l.contains("template base: not prepared"))
         .count();
-    assert_eq!(attempts, 1, "{:?}", log.lock().unwrap());
+    // One attempt at most: a retry per create would log each. (The first
+    // may come before the daemon's address, which start_daemon prints
+    // rather than keeps: on a loaded machine the build fails that fast.)
+    assert!(
+        attempts <= 1,
+        "{attempts} attempts: {:?}",
+        log.lock().unwrap()
+    );
     support::stop_daemon(&mut child);
 }
 
