@@ -39,8 +39,14 @@ pub fn init(level: &str, format: LogFormat) -> anyhow::Result<()> {
             )
         })?,
     };
+    // A log whose stderr went away (its terminal closed, the reader of its
+    // pipe exited) loses lines; it must not end the daemon. By default
+    // tracing-subscriber reports a failed write with eprintln!, which
+    // panics on the same broken stderr: the daemon died at its next log
+    // line, or on its way out, leaving its sandboxes running.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .log_internal_errors(false)
         .with_writer(std::io::stderr);
     let installed = match format {
         LogFormat::Text => builder.with_ansi(crate::tty::is_terminal(2)).try_init(),

@@ -1844,3 +1844,64 @@ fn daemon_sandboxes_get_a_default_cpu_quota() {
         "{says}"
     );
 }
+
+/// A daemon whose stderr goes away (its terminal closed, the reader of its
+/// pipe exited) keeps serving, and still ends its sandboxes on SIGTERM.
+/// tracing-subscriber used to report the failed log write with eprintln!,
+/// which panicked: the daemon died at its next log line, and a panic on its
+/// way out left its sandboxes running.
+#[test]
+fn a_daemon_whose_stderr_closed_keeps_serving_and_ends_its_sandboxes() {
+    require_root!();
+    use std::io::BufRead;
+    let home = tempfile::tempdir().unwrap();
+    let mut child = Command::new(BRIG)
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .env("BRIG_HOME", home.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start brig serve");
+    let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let url = loop {
+        let line = lines.next().expect("brig serve exited").unwrap();
+        if let Some(u) = line.strip_prefix("brig: listening on ") {
+            break u.to_string();
+        }
+    };
+    // The reader goes away: every later write to its stderr fails.
+    drop(lines);
+    let brig = |args: &[&str]| {
+        Command::new(BRIG)
+            .args(args)
+            .env("BRIG_URL", &url)
+            .env("BRIG_HOME", home.path())
+            .env_remove("BRIG_API_KEY")
+            .output()
+            .unwrap()
+    };
+    // Each request logs a line (to the broken stderr).
+    let id = brig(&["create"]);
+    assert!(id.status.success(), "create: {}", text(&id.stderr));
+    let id = text(&id.stdout).trim().to_string();
+    let ran = brig(&["exec", &id, "--", "/bin/echo", "still here"]);
+    assert_eq!(
+        text(&ran.stdout).trim(),
+        "still here",
+        "{}",
+        text(&ran.stderr)
+    );
+    assert!(
+        matches!(child.try_wait(), Ok(None)),
+        "the daemon died with its stderr: {:?}",
+        child.try_wait()
+    );
+    support::stop_daemon(&mut child);
+    let status = child.wait().unwrap();
+    assert!(status.success(), "brig serve ended with {status}");
+    assert!(
+        eventually(Duration::from_secs(10), || processes_of(&id).is_empty()),
+        "its sandbox outlived the daemon: {:?}",
+        processes_of(&id)
+    );
+}

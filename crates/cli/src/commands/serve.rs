@@ -32,6 +32,18 @@ use brig_runtime::{SandboxManager, Store};
 use super::client::{home_dir, LOCAL_KEY_FILE};
 use crate::exit;
 
+/// A line for the operator on stderr. A daemon whose stderr went away (its
+/// terminal closed, the reader of its pipe exited) keeps serving: the line
+/// is lost, not the daemon — `eprintln!` panics on a write error, and a
+/// panic on the way out skipped ending the sandboxes, leaving them running
+/// for a daemon that would never come.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 /// When the daemon pulls images.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum PullPolicy {
@@ -237,7 +249,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<i32> {
     if let Some(key) = store.ensure_initial_key()? {
         let path = config.home.join(LOCAL_KEY_FILE);
         write_key(&path, &key)?;
-        eprintln!(
+        say!(
             "brig: created the first api key (shown once; also saved to {} for the local CLI):\n{key}\n\
              brig: the same key for E2B's clients (E2B_API_KEY; brig keys e2b prints it): {}",
             path.display(),
@@ -251,7 +263,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<i32> {
     } = start_runtime(store, config.manager, &config.dns_upstream)?;
     manager.prepare(&config.prepare);
     for (name, _) in manager.preparing() {
-        eprintln!(
+        say!(
             "brig: preparing template {name} in the background (a first build takes a few \
              minutes; progress below). E2B creates of it answer 503 until it is ready"
         );
@@ -454,7 +466,7 @@ async fn serve(
         Some((api, sandbox)) => Some((bind(api).await?, bind(sandbox).await?)),
         None => None,
     };
-    eprintln!("brig: listening on http://{addr}");
+    say!("brig: listening on http://{addr}");
     crate::log::lifecycle(&state.manager);
     // Re-adopted sandboxes get their published host ports back.
     state.publisher.readopt();
@@ -469,8 +481,8 @@ async fn serve(
     let mut servers = tokio::task::JoinSet::new();
     if let Some(((api, api_addr), (data, data_addr))) = e2b {
         let e2b_state = E2bState::new(Arc::clone(&state.manager));
-        eprintln!("brig: e2b api on http://{api_addr}");
-        eprintln!("brig: e2b sandboxes on http://{data_addr}");
+        say!("brig: e2b api on http://{api_addr}");
+        say!("brig: e2b sandboxes on http://{data_addr}");
         let control = harden(control_router(e2b_state.clone()), "e2b-api");
         let data_plane = harden(data_router(e2b_state), "e2b-sandbox");
         let stop = stopped.clone();
@@ -490,7 +502,7 @@ async fn serve(
     }
     let mut api = app(state.clone());
     if let Some(template) = mcp {
-        eprintln!("brig: mcp on http://{addr}{}", brig_mcp::http::PATH);
+        say!("brig: mcp on http://{addr}{}", brig_mcp::http::PATH);
         let shared = brig_mcp::Shared::new(Arc::clone(&state.manager), template);
         // Before the API's fallback (404 for unknown paths).
         api = brig_mcp::http::router(shared).merge(api);
@@ -522,8 +534,8 @@ async fn serve(
         }
     }
     match on_stop {
-        OnStop::End => eprintln!("brig: shutting down; ending sandboxes"),
-        OnStop::Keep => eprintln!("brig: shutting down; leaving sandboxes running"),
+        OnStop::End => say!("brig: shutting down; ending sandboxes"),
+        OnStop::Keep => say!("brig: shutting down; leaving sandboxes running"),
     }
     result
 }
