@@ -272,7 +272,10 @@ impl Mode {
 /// The most a sandbox's root may hold (bounding, permitted and effective):
 /// Docker's default set minus NET_RAW — CHOWN DAC_OVERRIDE FOWNER FSETID
 /// KILL SETGID SETUID SETPCAP NET_BIND_SERVICE SYS_CHROOT MKNOD AUDIT_WRITE
-/// SETFCAP, all confined to the sandbox's user namespace.
+/// SETFCAP, all confined to the sandbox's user namespace. Written out here
+/// on purpose rather than taken from `brig_jail::plan::DEFAULT_CAPS`: the
+/// attacker's idea of "allowed" must not move when the jail's does (and
+/// these programs depend on libc only, to build static).
 pub const ROOT_CAPS: u64 = (1 << 0)
     | (1 << 1)
     | (1 << 3)
