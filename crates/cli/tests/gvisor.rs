@@ -15,110 +15,13 @@ mod support;
 
 use std::io::Write;
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use support::{eventually, host_mounts_matching, BRIG};
+use support::{eventually, host_mounts_matching, ok, text, BRIG};
 
-struct Daemon {
-    child: Child,
-    url: String,
-    home: std::path::PathBuf,
-    key: String,
-    /// E2B's control plane and data plane, with `--e2b`.
-    e2b: Option<(String, String)>,
-}
-
-impl Daemon {
-    fn start(home: &Path) -> Daemon {
-        Self::start_with(home, &[])
-    }
-
-    fn start_with(home: &Path, extra: &[&str]) -> Daemon {
-        let (child, url, mut lines) = support::start_daemon(home, extra);
-        let e2b = extra.contains(&"--e2b").then(|| {
-            let mut addr = |prefix: &str| loop {
-                let line = lines.next().expect("brig serve exited").unwrap();
-                if let Some(a) = line.strip_prefix(prefix) {
-                    break a.to_string();
-                }
-            };
-            (addr("brig: e2b api on "), addr("brig: e2b sandboxes on "))
-        });
-        std::thread::spawn(move || for _ in lines {});
-        let key = std::fs::read_to_string(home.join("local.key"))
-            .unwrap()
-            .trim()
-            .to_string();
-        Daemon {
-            child,
-            url,
-            home: home.to_path_buf(),
-            key,
-            e2b,
-        }
-    }
-
-    fn brig(&self, args: &[&str]) -> Output {
-        self.brig_with_input(args, b"")
-    }
-
-    fn brig_with_input(&self, args: &[&str], input: &[u8]) -> Output {
-        let mut child = Command::new(BRIG)
-            .args(args)
-            .env("BRIG_URL", &self.url)
-            .env("BRIG_HOME", &self.home)
-            .env_remove("BRIG_API_KEY")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let _ = child.stdin.take().unwrap().write_all(input);
-        child.wait_with_output().unwrap()
-    }
-
-    fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-        let req = ureq::request(method, &format!("{}{path}", self.url))
-            .set("Authorization", &format!("Bearer {}", self.key));
-        let resp = match body {
-            Some(b) => req.send_json(b),
-            None => req.call(),
-        };
-        match resp {
-            Ok(r) => (r.status(), r.into_json().unwrap_or(Value::Null)),
-            Err(ureq::Error::Status(code, r)) => (code, r.into_json().unwrap_or(Value::Null)),
-            Err(e) => panic!("{method} {path}: {e}"),
-        }
-    }
-
-    fn kill9(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        std::mem::forget(self);
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        support::stop_daemon(&mut self.child);
-    }
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-fn ok(out: Output, what: &str) -> String {
-    assert!(
-        out.status.success(),
-        "{what}: {}{}",
-        text(&out.stdout),
-        text(&out.stderr)
-    );
-    text(&out.stdout)
-}
+type Daemon = support::TestDaemon;
 
 /// Root, runsc and the test rootfs, or a printed skip.
 fn ready() -> Option<String> {
@@ -498,14 +401,6 @@ fn nothing_is_left_after_a_daemon_crash() {
 #[test]
 fn e2b_clients_pick_gvisor_with_a_metadata_key() {
     let Some(_template) = ready() else { return };
-    let python = brig_test_support::test_cache().join("e2b-venv/bin/python");
-    if !python.exists() {
-        support::skip(&format!(
-            "{} is missing: tests/support/install-python-deps.sh makes it",
-            python.display()
-        ));
-        return;
-    }
     let home = tempfile::tempdir().unwrap();
     let daemon = Daemon::start_with(
         home.path(),
@@ -519,24 +414,9 @@ fn e2b_clients_pick_gvisor_with_a_metadata_key() {
             "none",
         ],
     );
-    let (api, data) = daemon.e2b.clone().unwrap();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/e2b/tier_sdk.py");
-    let out = Command::new(python)
-        .arg(&script)
-        .env("E2B_API_KEY", &daemon.key)
-        .env("E2B_API_URL", &api)
-        .env("E2B_SANDBOX_URL", &data)
-        .env("E2B_TEMPLATE", "host")
-        .env_remove("E2B_DEBUG")
-        .env_remove("E2B_DOMAIN")
-        .output()
-        .unwrap();
-    let stdout = text(&out.stdout);
-    assert!(
-        out.status.success() && stdout.contains("13 passed, 0 failed"),
-        "tier_sdk.py:\n{stdout}\n{}",
-        text(&out.stderr)
-    );
+    let Some(stdout) = daemon.run_tier_sdk("host", "gvisor", 13) else {
+        return;
+    };
     // Killed through E2B: nothing of it stays.
     let id = stdout
         .lines()

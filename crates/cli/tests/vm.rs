@@ -15,117 +15,18 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
-use serde_json::{json, Value};
-use support::{eventually, BRIG};
-
-struct Daemon {
-    child: Child,
-    url: String,
-    home: PathBuf,
-    key: String,
-    /// E2B's control plane and data plane, with `--e2b`.
-    e2b: Option<(String, String)>,
-}
+use serde_json::json;
+use support::{eventually, ok, text, BRIG};
 
 /// Where the guest kernel and the templates' images are kept between runs.
 fn vm_home() -> PathBuf {
     brig_test_support::test_cache().join("vm")
 }
 
-impl Daemon {
-    fn start(home: &Path) -> Daemon {
-        Self::start_with(home, &[])
-    }
-
-    fn start_with(home: &Path, extra: &[&str]) -> Daemon {
-        let mut cmd = Command::new(BRIG);
-        cmd.args(["serve", "--listen", "127.0.0.1:0"])
-            .args(extra)
-            .env("BRIG_VM_HOME", vm_home());
-        let (child, url, mut lines) = support::start_daemon_with(cmd, home);
-        let e2b = extra.contains(&"--e2b").then(|| {
-            let mut addr = |prefix: &str| loop {
-                let line = lines.next().expect("brig serve exited").unwrap();
-                if let Some(a) = line.strip_prefix(prefix) {
-                    break a.to_string();
-                }
-            };
-            (addr("brig: e2b api on "), addr("brig: e2b sandboxes on "))
-        });
-        std::thread::spawn(move || for _ in lines {});
-        let key = std::fs::read_to_string(home.join("local.key"))
-            .unwrap()
-            .trim()
-            .to_string();
-        Daemon {
-            child,
-            url,
-            home: home.to_path_buf(),
-            key,
-            e2b,
-        }
-    }
-
-    fn brig(&self, args: &[&str]) -> Output {
-        Command::new(BRIG)
-            .args(args)
-            .env("BRIG_URL", &self.url)
-            .env("BRIG_HOME", &self.home)
-            .env_remove("BRIG_API_KEY")
-            .stdin(Stdio::null())
-            .output()
-            .unwrap()
-    }
-
-    fn call(&self, method: &str, url: &str, body: Option<Value>) -> (u16, Value) {
-        let url = if url.starts_with("http") {
-            url.to_string()
-        } else {
-            format!("{}{url}", self.url)
-        };
-        let req = ureq::request(method, &url)
-            .set("Authorization", &format!("Bearer {}", self.key))
-            .set("X-API-Key", &self.key);
-        let resp = match body {
-            Some(b) => req.send_json(b),
-            None => req.call(),
-        };
-        match resp {
-            Ok(r) => (r.status(), r.into_json().unwrap_or(Value::Null)),
-            Err(ureq::Error::Status(code, r)) => (code, r.into_json().unwrap_or(Value::Null)),
-            Err(e) => panic!("{method} {url}: {e}"),
-        }
-    }
-
-    fn kill9(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        std::mem::forget(self);
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        support::stop_daemon(&mut self.child);
-    }
-}
-
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
-
-fn ok(out: Output, what: &str) -> String {
-    assert!(
-        out.status.success(),
-        "{what}: {}{}",
-        text(&out.stdout),
-        text(&out.stderr)
-    );
-    text(&out.stdout)
-}
+type Daemon = support::TestDaemon;
 
 /// Root, QEMU and the test rootfs, or a printed skip.
 fn ready() -> Option<String> {
@@ -691,14 +592,6 @@ fn brig_run_runs_one_command_in_a_guest() {
 #[test]
 fn e2b_clients_pick_vm_with_a_metadata_key() {
     let Some(template) = ready() else { return };
-    let python = brig_test_support::test_cache().join("e2b-venv/bin/python");
-    if !python.exists() {
-        support::skip(&format!(
-            "{} is missing: tests/support/install-python-deps.sh makes it",
-            python.display()
-        ));
-        return;
-    }
     let home = tempfile::tempdir().unwrap();
     let daemon = Daemon::start_with(
         home.path(),
@@ -712,25 +605,9 @@ fn e2b_clients_pick_vm_with_a_metadata_key() {
             "none",
         ],
     );
-    let (api, data) = daemon.e2b.clone().unwrap();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/e2b/tier_sdk.py");
-    let out = Command::new(python)
-        .arg(&script)
-        .env("E2B_API_KEY", &daemon.key)
-        .env("E2B_API_URL", &api)
-        .env("E2B_SANDBOX_URL", &data)
-        .env("E2B_TEMPLATE", &template)
-        .env("BRIG_ISOLATION", "vm")
-        .env_remove("E2B_DEBUG")
-        .env_remove("E2B_DOMAIN")
-        .output()
-        .unwrap();
-    let stdout = text(&out.stdout);
-    assert!(
-        out.status.success() && stdout.contains("13 passed, 0 failed"),
-        "tier_sdk.py:\n{stdout}\n{}",
-        text(&out.stderr)
-    );
+    let Some(stdout) = daemon.run_tier_sdk(&template, "vm", 13) else {
+        return;
+    };
     let id = stdout
         .lines()
         .find_map(|l| l.strip_prefix("sandbox "))

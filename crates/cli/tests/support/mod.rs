@@ -246,3 +246,160 @@ pub fn stop_daemon(child: &mut std::process::Child) {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// A `brig serve` of a test's own, as the tier suites (gvisor.rs, vm.rs)
+/// drive it: the CLI and the native API with its key, E2B's planes with
+/// `--e2b`. Stopped with SIGTERM when dropped.
+pub struct TestDaemon {
+    pub child: std::process::Child,
+    pub url: String,
+    pub home: PathBuf,
+    pub key: String,
+    /// E2B's control plane and data plane, with `--e2b`.
+    pub e2b: Option<(String, String)>,
+}
+
+impl TestDaemon {
+    pub fn start(home: &std::path::Path) -> TestDaemon {
+        Self::start_with(home, &[])
+    }
+
+    pub fn start_with(home: &std::path::Path, extra: &[&str]) -> TestDaemon {
+        let (child, url, mut lines) = start_daemon(home, extra);
+        let e2b = extra.contains(&"--e2b").then(|| {
+            let mut addr = |prefix: &str| loop {
+                let line = lines.next().expect("brig serve exited").unwrap();
+                if let Some(a) = line.strip_prefix(prefix) {
+                    break a.to_string();
+                }
+            };
+            (addr("brig: e2b api on "), addr("brig: e2b sandboxes on "))
+        });
+        std::thread::spawn(move || for _ in lines {});
+        let key = std::fs::read_to_string(home.join("local.key"))
+            .unwrap()
+            .trim()
+            .to_string();
+        TestDaemon {
+            child,
+            url,
+            home: home.to_path_buf(),
+            key,
+            e2b,
+        }
+    }
+
+    /// The CLI against this daemon, stdin empty.
+    pub fn brig(&self, args: &[&str]) -> Output {
+        self.brig_with_input(args, b"")
+    }
+
+    pub fn brig_with_input(&self, args: &[&str], input: &[u8]) -> Output {
+        use std::io::Write;
+        let mut child = Command::new(BRIG)
+            .args(args)
+            .env("BRIG_URL", &self.url)
+            .env("BRIG_HOME", &self.home)
+            .env_remove("BRIG_API_KEY")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let _ = child.stdin.take().unwrap().write_all(input);
+        child.wait_with_output().unwrap()
+    }
+
+    /// A request with the daemon's key (as a bearer token and as E2B's
+    /// `X-API-Key`): `url` is a path of the native API or a whole URL.
+    pub fn call(
+        &self,
+        method: &str,
+        url: &str,
+        body: Option<serde_json::Value>,
+    ) -> (u16, serde_json::Value) {
+        let url = if url.starts_with("http") {
+            url.to_string()
+        } else {
+            format!("{}{url}", self.url)
+        };
+        let req = ureq::request(method, &url)
+            .set("Authorization", &format!("Bearer {}", self.key))
+            .set("X-API-Key", &self.key);
+        let resp = match body {
+            Some(b) => req.send_json(b),
+            None => req.call(),
+        };
+        match resp {
+            Ok(r) => (r.status(), r.into_json().unwrap_or(serde_json::Value::Null)),
+            Err(ureq::Error::Status(code, r)) => {
+                (code, r.into_json().unwrap_or(serde_json::Value::Null))
+            }
+            Err(e) => panic!("{method} {url}: {e}"),
+        }
+    }
+
+    /// SIGKILL, as a crash: its sandboxes stay for the next daemon.
+    pub fn kill9(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        std::mem::forget(self);
+    }
+
+    /// The official E2B Python SDK's tier suite (tests/e2b/tier_sdk.py) on
+    /// `isolation`, on this daemon (started with `--e2b`): its stdout,
+    /// after checking it passed `checks` checks; `None` (a printed skip)
+    /// without the E2B venv.
+    pub fn run_tier_sdk(&self, template: &str, isolation: &str, checks: usize) -> Option<String> {
+        let python = brig_test_support::test_cache().join("e2b-venv/bin/python");
+        if !python.exists() {
+            skip(&format!(
+                "{} is missing: tests/support/install-python-deps.sh makes it",
+                python.display()
+            ));
+            return None;
+        }
+        let (api, data) = self.e2b.clone().expect("a daemon started with --e2b");
+        let script =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/e2b/tier_sdk.py");
+        let out = Command::new(python)
+            .arg(&script)
+            .env("E2B_API_KEY", &self.key)
+            .env("E2B_API_URL", &api)
+            .env("E2B_SANDBOX_URL", &data)
+            .env("E2B_TEMPLATE", template)
+            .env("BRIG_ISOLATION", isolation)
+            .env_remove("E2B_DEBUG")
+            .env_remove("E2B_DOMAIN")
+            .output()
+            .unwrap();
+        let stdout = text(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains(&format!("{checks} passed, 0 failed")),
+            "tier_sdk.py on {isolation}:\n{stdout}\n{}",
+            text(&out.stderr)
+        );
+        Some(stdout)
+    }
+}
+
+impl Drop for TestDaemon {
+    fn drop(&mut self) {
+        stop_daemon(&mut self.child);
+    }
+}
+
+pub fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// `out`'s stdout, after checking it succeeded (`what` names it).
+pub fn ok(out: Output, what: &str) -> String {
+    assert!(
+        out.status.success(),
+        "{what}: {}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    text(&out.stdout)
+}
