@@ -1855,13 +1855,24 @@ fn a_daemon_whose_stderr_closed_keeps_serving_and_ends_its_sandboxes() {
     require_root!();
     use std::io::BufRead;
     let home = tempfile::tempdir().unwrap();
-    let mut child = Command::new(BRIG)
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .env("BRIG_HOME", home.path())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start brig serve");
+    // Killed if the test fails before it stops it.
+    struct Guard(Child);
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut guard = Guard(
+        Command::new(BRIG)
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .env("BRIG_HOME", home.path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start brig serve"),
+    );
+    let child = &mut guard.0;
     let mut lines = std::io::BufReader::new(child.stderr.take().unwrap()).lines();
     let url = loop {
         let line = lines.next().expect("brig serve exited").unwrap();
@@ -1896,7 +1907,7 @@ fn a_daemon_whose_stderr_closed_keeps_serving_and_ends_its_sandboxes() {
         "the daemon died with its stderr: {:?}",
         child.try_wait()
     );
-    support::stop_daemon(&mut child);
+    support::stop_daemon(child);
     let status = child.wait().unwrap();
     assert!(status.success(), "brig serve ended with {status}");
     assert!(
