@@ -669,3 +669,31 @@ mod tests {
         );
     }
 }
+
+/// Kill every process in `dirs` (a sandbox's groups, one per controller)
+/// and remove the groups, waiting up to two seconds for each to empty (a
+/// group empties a moment after its last task dies). Missing groups are
+/// fine. For tiers whose processes the kernel does not end by itself with
+/// the sandbox (QEMU, runsc's); the process tier has its own, which also
+/// thaws a frozen group first.
+pub fn kill_and_remove(dirs: &[PathBuf]) {
+    for d in dirs {
+        if let Ok(procs) = std::fs::read_to_string(d.join("cgroup.procs")) {
+            for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+                // SAFETY: kill takes integers only; at worst the process is
+                // already gone (ESRCH).
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+    }
+    for d in dirs {
+        for _ in 0..200 {
+            match std::fs::remove_dir(d) {
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                    std::thread::sleep(std::time::Duration::from_millis(10))
+                }
+                _ => break,
+            }
+        }
+    }
+}

@@ -205,25 +205,7 @@ impl Groups {
     /// groups are fine.
     pub fn remove(&self) {
         let dirs: Vec<PathBuf> = self.dirs().into_iter().filter(|d| d.is_dir()).collect();
-        for d in &dirs {
-            if let Ok(procs) = fs::read_to_string(d.join("cgroup.procs")) {
-                for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
-                    // SAFETY: kill takes integers only.
-                    unsafe { libc::kill(pid, libc::SIGKILL) };
-                }
-            }
-        }
-        for d in &dirs {
-            // A group empties a moment after its last task dies.
-            for _ in 0..200 {
-                match fs::remove_dir(d) {
-                    Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
-                        std::thread::sleep(std::time::Duration::from_millis(10))
-                    }
-                    _ => break,
-                }
-            }
-        }
+        brig_host::cgroup::kill_and_remove(&dirs);
     }
 }
 
