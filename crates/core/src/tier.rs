@@ -193,6 +193,14 @@ pub enum TierError {
     /// The sandbox is gone.
     #[error("sandbox {id} is gone")]
     Gone { id: SandboxId },
+    /// The host did not get it done in time this once (a freezer that
+    /// did not settle under load); the sandbox is as it was: try again.
+    #[error("sandbox {id}: could not {op} this time, try again: {reason}")]
+    Busy {
+        id: SandboxId,
+        op: &'static str,
+        reason: String,
+    },
     /// A one-shot command ([`Tier::run`]) could not be started: the
     /// message names the command or directory and why.
     #[error("{message}")]
@@ -229,6 +237,7 @@ pub enum TierErrorKind {
     Unsupported,
     Invalid,
     Gone,
+    Busy,
     Command(CommandFault),
     Failed,
 }
@@ -240,6 +249,7 @@ impl TierError {
             TierError::Unsupported { .. } => TierErrorKind::Unsupported,
             TierError::Invalid(_) => TierErrorKind::Invalid,
             TierError::Gone { .. } => TierErrorKind::Gone,
+            TierError::Busy { .. } => TierErrorKind::Busy,
             TierError::Command { fault, .. } => TierErrorKind::Command(*fault),
             TierError::Failed { .. } => TierErrorKind::Failed,
         }

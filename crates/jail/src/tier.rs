@@ -505,10 +505,28 @@ impl Instance for ProcessInstance {
         })
     }
 
+    /// A freeze that did not settle (the v1 freezer, now and then under
+    /// load, after the sandbox was thawed again) is tried once more; a
+    /// second miss leaves the sandbox running and says "try again".
     fn pause(&self) -> Result<(), TierError> {
-        self.controls()?
-            .freeze()
-            .map_err(self.cgroup_err("freeze the sandbox"))
+        let controls = self.controls()?;
+        let err = match controls.freeze() {
+            Err(CgroupError::FreezeTimeout { .. }) => {
+                match controls.freeze() {
+                    Ok(()) => return Ok(()),
+                    Err(e) => e,
+                }
+            }
+            other => return other.map_err(self.cgroup_err("freeze the sandbox")),
+        };
+        match err {
+            CgroupError::FreezeTimeout { .. } => Err(TierError::Busy {
+                id: self.id.clone(),
+                op: "pause the sandbox",
+                reason: err.to_string(),
+            }),
+            e => Err(self.cgroup_err("freeze the sandbox")(e)),
+        }
     }
 
     fn resume(&self) -> Result<(), TierError> {

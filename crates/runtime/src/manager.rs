@@ -358,7 +358,7 @@ impl ManagerError {
             ManagerError::Spawn(e) | ManagerError::Tier { source: e, .. } => match e.kind() {
                 TierErrorKind::Invalid => ErrorKind::BadRequest,
                 TierErrorKind::Unsupported => ErrorKind::Unsupported,
-                TierErrorKind::Unavailable => ErrorKind::Unavailable,
+                TierErrorKind::Unavailable | TierErrorKind::Busy => ErrorKind::Unavailable,
                 TierErrorKind::Gone => ErrorKind::NotRunning,
                 // A daemon's sandboxes run the agent, never a one-shot
                 // command: only a broken tier says this.
