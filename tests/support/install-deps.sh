@@ -28,6 +28,7 @@ packages=(
     qemu-system-x86 # QEMU: the vm tier (crates/vm) and its peer in bench/vm.py
     e2fsprogs       # mkfs.ext4: the vm tier's disks; debugfs reads one back in crates/vm's tests
     cpio            # reads back the initramfs brig writes (crates/vm's tests)
+    libnss-myhostname # resolves *.localhost to loopback: E2B's domain path over HTTPS (serve_e2b.rs)
     # The code interpreter (crates/e2b/resources/code-interpreter), tested on
     # the host by crates/e2b/tests/code_interpreter.rs: its kernels and what
     # they need (bash_kernel itself comes from PyPI, into the test cache).

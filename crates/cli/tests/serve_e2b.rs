@@ -263,3 +263,136 @@ fn start_e2b(
     };
     (child, url, api, before, lines)
 }
+
+/// E2B's own connection path: `brig serve --e2b --e2b-domain` serves both
+/// planes over HTTPS, and the official Python and JS clients, given only
+/// `E2B_DOMAIN` (no `E2B_API_URL`, no `E2B_SANDBOX_URL`) and brig's local
+/// CA as a trusted certificate, create, run, move files, reach a port of
+/// the sandbox by `get_host` and kill (tests/e2b/domain_sdk.py,
+/// js_domain.mjs). A client that does not trust the CA is refused by
+/// TLS: the certificate is really checked.
+#[test]
+fn the_clients_need_only_e2b_domain_over_https() {
+    require_root!();
+    let resolved = std::net::ToSocketAddrs::to_socket_addrs(&("49983-x.brig.localhost", 443))
+        .map(|a| a.count())
+        .unwrap_or(0);
+    if resolved == 0 {
+        support::skip(
+            "names under brig.localhost do not resolve here: tests/support/install-deps.sh \
+             installs libnss-myhostname",
+        );
+        return;
+    }
+    let cache = brig_test_support::test_cache();
+    let python = cache.join("e2b-venv/bin/python");
+    let node_dir = cache.join("e2b-node");
+    if !python.exists() || !node_dir.join("node_modules/e2b").exists() {
+        support::skip(&format!(
+            "the E2B clients are missing from {}: tests/support/install-python-deps.sh and \
+             install-node-deps.sh install them",
+            cache.display()
+        ));
+        return;
+    }
+    let home = tempfile::tempdir().unwrap();
+    let (mut child, _url, api, before, lines) = start_e2b(
+        home.path(),
+        &[
+            "--e2b-domain",
+            "brig.localhost",
+            "--e2b-https",
+            "127.0.0.1:0",
+            "--prepare",
+            "none",
+        ],
+    );
+    std::thread::spawn(move || for _ in lines {});
+    // brig: e2b over https on ADDR: E2B_DOMAIN=D (trust the CA PATH)
+    let https = before
+        .iter()
+        .find(|l| l.starts_with("brig: e2b over https on "))
+        .unwrap_or_else(|| panic!("no https line in {before:?}"));
+    let domain = https
+        .split("E2B_DOMAIN=")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap()
+        .to_string();
+    assert!(domain.starts_with("brig.localhost:"), "{https}");
+    let ca = home.path().join("tls/brig.localhost/ca.pem");
+    assert!(https.contains(&ca.display().to_string()), "{https}");
+    let key = std::fs::read_to_string(home.path().join("local.key")).unwrap();
+    let key = brig_runtime::e2b_spelling(key.trim()).unwrap();
+
+    // The host's bundle with brig's CA: what a user's trust store holds
+    // once they have added it.
+    let bundle = home.path().join("bundle.pem");
+    let system = std::fs::read_to_string("/etc/ssl/certs/ca-certificates.crt").unwrap_or_default();
+    std::fs::write(&bundle, system + &std::fs::read_to_string(&ca).unwrap()).unwrap();
+    let scripts = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/e2b");
+    let client = |cmd: &mut std::process::Command| {
+        cmd.env("E2B_API_KEY", &key)
+            .env("E2B_DOMAIN", &domain)
+            .env("E2B_TEMPLATE", "host")
+            .env_remove("E2B_API_URL")
+            .env_remove("E2B_SANDBOX_URL")
+            .env_remove("E2B_DEBUG")
+            .output()
+            .unwrap()
+    };
+
+    let out = client(
+        std::process::Command::new(&python)
+            .arg(scripts.join("domain_sdk.py"))
+            .env("SSL_CERT_FILE", &bundle),
+    );
+    let stdout = support::text(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("12 passed, 0 failed"),
+        "domain_sdk.py:\n{stdout}\n{}",
+        support::text(&out.stderr)
+    );
+
+    // Node resolves the client from its own directory.
+    let js = node_dir.join(format!("{}-js_domain.mjs", std::process::id()));
+    std::fs::copy(scripts.join("js_domain.mjs"), &js).unwrap();
+    let out = client(
+        std::process::Command::new("node")
+            .arg(&js)
+            .current_dir(&node_dir)
+            .env("NODE_EXTRA_CA_CERTS", &ca),
+    );
+    let _ = std::fs::remove_file(&js);
+    let stdout = support::text(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("7 passed, 0 failed"),
+        "js_domain.mjs:\n{stdout}\n{}",
+        support::text(&out.stderr)
+    );
+
+    // Without brig's CA, the client refuses the daemon's certificate.
+    let out = client(
+        std::process::Command::new(&python)
+            .args(["-c", "from e2b import Sandbox; Sandbox.create('host')"])
+            .env("SSL_CERT_FILE", "/etc/ssl/certs/ca-certificates.crt"),
+    );
+    let stderr = support::text(&out.stderr);
+    assert!(!out.status.success(), "created without trusting the CA");
+    assert!(
+        stderr.to_lowercase().contains("certificate"),
+        "not refused by TLS:\n{stderr}"
+    );
+
+    // Every sandbox the clients made is gone.
+    let (status, listed) = {
+        let r = ureq::get(&format!("{api}/sandboxes"))
+            .set("X-API-KEY", &key)
+            .call()
+            .unwrap();
+        (r.status(), r.into_json::<serde_json::Value>().unwrap())
+    };
+    assert_eq!(status, 200);
+    assert_eq!(listed, serde_json::json!([]), "left running");
+    support::stop_daemon(&mut child);
+}

@@ -324,7 +324,11 @@ async fn create(
     })
     .await
     .map_err(E2bError::from)??;
-    Ok((StatusCode::CREATED, Json(wire::Sandbox::new(&sb))).into_response())
+    Ok((
+        StatusCode::CREATED,
+        Json(wire::Sandbox::new(&sb, state.domain())),
+    )
+        .into_response())
 }
 
 /// What an E2B create asked for beyond the sandbox itself: what the
@@ -556,7 +560,7 @@ async fn connect(
         }
         None => StatusCode::OK,
     };
-    Ok((status, Json(wire::Sandbox::new(&sb))).into_response())
+    Ok((status, Json(wire::Sandbox::new(&sb, state.domain()))).into_response())
 }
 
 /// After a resume that ended the sandbox's processes (a filesystem-only
@@ -593,7 +597,11 @@ async fn resume(
     })
     .await?;
     restart_after(&state, &sb, resumed).await?;
-    Ok((StatusCode::CREATED, Json(wire::Sandbox::new(&sb))).into_response())
+    Ok((
+        StatusCode::CREATED,
+        Json(wire::Sandbox::new(&sb, state.domain())),
+    )
+        .into_response())
 }
 
 /// A sandbox that ended during the call is not found, as it will be from
@@ -692,7 +700,9 @@ async fn info(
         Ok((manager.get(tenant, sid)?, manager.pause_mode(sid)))
     })
     .await?;
-    Ok(Json(Detail::with_pause(&sb, &record, true, paused)))
+    Ok(Json(
+        Detail::with_pause(&sb, &record, true, paused).in_domain(state.domain()),
+    ))
 }
 
 /// `GET /sandboxes/{id}/metrics?start=&end=` (unix seconds, both
@@ -890,6 +900,7 @@ async fn select(
 ) -> Result<(Vec<Detail>, Option<String>), E2bError> {
     let mine: Vec<Arc<E2bSandbox>> = state.sandboxes.of_tenant(&tenant);
     let manager = Arc::clone(&state.manager);
+    let domain = state.domain().map(str::to_string);
     blocking(move || {
         let mut rows: Vec<(Arc<E2bSandbox>, SandboxRecord)> = Vec::new();
         for sb in mine {
@@ -922,7 +933,7 @@ async fn select(
         rows.truncate(q.limit);
         let items = rows
             .iter()
-            .map(|(sb, r)| Detail::new(sb, r, false))
+            .map(|(sb, r)| Detail::new(sb, r, false).in_domain(domain.as_deref()))
             .collect();
         Ok::<_, ManagerError>((items, next))
     })

@@ -77,6 +77,11 @@ pub struct E2bState {
     pub(crate) users: Arc<Mutex<HashMap<serde_json::Value, (String, String)>>>,
     /// Template builds (`Template.build`), control/templates.rs.
     pub(crate) builds: Arc<control::templates::Builds>,
+    /// What clients set `E2B_DOMAIN` to, when the daemon serves both
+    /// planes on a domain of its own ([`domain_router`]): sandboxes carry
+    /// it as their `domain`, so `get_host(port)` names a host that reaches
+    /// the port.
+    domain: Option<Arc<str>>,
 }
 
 impl E2bState {
@@ -108,6 +113,7 @@ impl E2bState {
             sandboxes,
             users: Arc::default(),
             builds: Arc::default(),
+            domain: None,
         }
     }
 }
@@ -315,6 +321,46 @@ pub fn unauthorized_token() -> Response {
         })),
     )
         .into_response()
+}
+
+impl E2bState {
+    /// Serving on `domain` (`E2B_DOMAIN`: a DNS name, with `:port` unless
+    /// the listener is on 443).
+    pub fn with_domain(mut self, domain: &str) -> E2bState {
+        self.domain = Some(domain.into());
+        self
+    }
+
+    /// The `E2B_DOMAIN` of [`E2bState::with_domain`].
+    pub fn domain(&self) -> Option<&str> {
+        self.domain.as_deref()
+    }
+}
+
+/// Both planes behind one listener, told apart by host as on E2B's cloud:
+/// `api.{domain}` is the control plane (`https://api.{domain}`, where the
+/// clients send API calls when only `E2B_DOMAIN` is set), every other
+/// name the data plane (`{port}-{id}.{domain}`, routed by
+/// [`routing`]). The host's port, if any, plays no part.
+pub fn domain_router(state: E2bState, domain: &str) -> axum::Router {
+    let api_host = format!("api.{domain}");
+    let control = control_router(state.clone());
+    let data = data_router(state);
+    let dispatch = tower::service_fn(move |req: axum::extract::Request| {
+        let host = req
+            .headers()
+            .get(axum::http::header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .map(|h| h.rsplit_once(':').map_or(h, |(name, _port)| name))
+            .unwrap_or_default();
+        let plane = if host.eq_ignore_ascii_case(&api_host) {
+            control.clone()
+        } else {
+            data.clone()
+        };
+        tower::ServiceExt::oneshot(plane, req)
+    });
+    axum::Router::new().fallback_service(dispatch)
 }
 
 /// The control plane (`E2B_API_URL`).

@@ -205,6 +205,7 @@ pub fn probe() -> HostReport {
     ));
 
     features.extend(density_features(&DensityFacts::read()));
+    features.push(localhost_names_feature(resolve(LOCALHOST_PROBE)));
 
     let runsc_platforms = runsc.path.as_deref().map(runsc_platforms);
     let tiers = tiers(&features, &kvm, runsc_platforms.as_deref());
@@ -1936,6 +1937,49 @@ fn helper_feature(name: &'static str, tool: &Tool, purpose: &str, install: &str)
     }
 }
 
+/// A name under `localhost` of the kind `brig serve --e2b-domain
+/// brig.localhost` serves (`PORT-ID.brig.localhost`).
+const LOCALHOST_PROBE: &str = "49983-probe.brig.localhost";
+
+/// The addresses `name` resolves to here, as clients' resolvers
+/// (getaddrinfo) find them; empty if it does not resolve.
+fn resolve(name: &str) -> Vec<std::net::IpAddr> {
+    use std::net::ToSocketAddrs;
+    (name, 443)
+        .to_socket_addrs()
+        .map(|addrs| addrs.map(|a| a.ip()).collect())
+        .unwrap_or_default()
+}
+
+/// Whether names under `localhost` reach this host: what E2B's clients
+/// need when they are given only `E2B_DOMAIN` (docs/e2b.md).
+fn localhost_names_feature(found: Vec<std::net::IpAddr>) -> Feature {
+    const NAME: &str = "localhost-names";
+    const FIX: &str = "apt-get install libnss-myhostname (or use systemd-resolved); needed only \
+                       for `brig serve --e2b-domain brig.localhost`";
+    if found.is_empty() {
+        Feature::missing(
+            NAME,
+            false,
+            format!("{LOCALHOST_PROBE} does not resolve"),
+            FIX,
+        )
+    } else if found.iter().all(|ip| ip.is_loopback()) {
+        Feature::ok(
+            NAME,
+            false,
+            format!("names under localhost resolve to this host ({LOCALHOST_PROBE})"),
+        )
+    } else {
+        Feature::degraded(
+            NAME,
+            false,
+            format!("{LOCALHOST_PROBE} resolves to {found:?}, not only loopback"),
+            FIX,
+        )
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Tiers.
 
@@ -2578,5 +2622,18 @@ freezer	6	1	1
             json,
             r#"["kvm","pvm-kvm (cannot boot stock guests; TCG used)","tcg","none"]"#
         );
+    }
+
+    #[test]
+    fn localhost_names_must_all_be_loopback() {
+        use std::net::IpAddr;
+        let ips = |l: &[&str]| l.iter().map(|s| s.parse::<IpAddr>().unwrap()).collect();
+        assert_eq!(localhost_names_feature(vec![]).status, Status::Missing);
+        let ok = localhost_names_feature(ips(&["::1", "127.0.0.1"]));
+        assert_eq!(ok.status, Status::Ok);
+        assert!(ok.fix.is_none());
+        let off = localhost_names_feature(ips(&["127.0.0.1", "192.0.2.7"]));
+        assert_eq!(off.status, Status::Degraded);
+        assert!(off.fix.unwrap().contains("libnss-myhostname"));
     }
 }

@@ -27,6 +27,7 @@
 pub mod multipart;
 pub mod ports;
 pub mod publish;
+pub mod tls;
 
 use std::sync::{Arc, Weak};
 

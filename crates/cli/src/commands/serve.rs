@@ -23,7 +23,7 @@ use std::time::Duration;
 use anyhow::Context;
 use brig_api::{app, AppState};
 use brig_core::parse_duration;
-use brig_e2b::{control_router, data_router, E2bState};
+use brig_e2b::{control_router, data_router, domain_router, E2bState};
 use brig_jail::ProcessTier;
 use brig_runtime::manager::{ManagerConfig, OnStop, DEFAULT_MAX_TIMEOUT};
 use brig_runtime::pool::{self, PoolTarget};
@@ -107,6 +107,20 @@ pub struct ServeArgs {
     /// interpreter (E2B_SANDBOX_URL).
     #[arg(long, default_value = "127.0.0.1:49983", value_name = "ADDR:PORT")]
     e2b_sandbox: SocketAddr,
+    /// With --e2b, also serve both E2B planes over HTTPS on DOMAIN, as
+    /// E2B's cloud does, so that clients need only E2B_DOMAIN set
+    /// (docs/e2b.md): `api.DOMAIN` is the API, `PORT-ID.DOMAIN` a
+    /// sandbox's port. The certificate is signed by a CA this home keeps
+    /// ($BRIG_HOME/tls/DOMAIN/ca.pem), which can vouch for names under
+    /// DOMAIN only: trust it once. The names must resolve to this host:
+    /// names under `localhost` do with systemd-resolved or Debian's
+    /// libnss-myhostname (`brig doctor` checks). E.g. brig.localhost.
+    #[arg(long, value_name = "DOMAIN", requires = "e2b")]
+    e2b_domain: Option<String>,
+    /// Where --e2b-domain serves HTTPS. Clients reach it on this port:
+    /// E2B_DOMAIN is DOMAIN:PORT unless it is 443.
+    #[arg(long, default_value = "127.0.0.1:443", value_name = "ADDR:PORT")]
+    e2b_https: SocketAddr,
     /// Build these named templates in the background from the start, if
     /// they are not built yet (a first build takes minutes; its progress
     /// goes to the log), so the first client to ask for one does not wait:
@@ -141,6 +155,15 @@ pub struct ServeArgs {
     log_format: crate::log::LogFormat,
 }
 
+/// E2B's planes: the control plane (E2B_API_URL), the data plane
+/// (E2B_SANDBOX_URL), and both over HTTPS on a domain (E2B_DOMAIN).
+#[derive(Debug, Clone)]
+struct E2bListeners {
+    api: SocketAddr,
+    sandbox: SocketAddr,
+    domain: Option<(String, SocketAddr)>,
+}
+
 /// What serving needs, checked before anything starts.
 #[derive(Debug)]
 struct ServeConfig {
@@ -148,8 +171,8 @@ struct ServeConfig {
     home: PathBuf,
     manager: ManagerConfig,
     metrics_public: bool,
-    /// (control plane, data plane) when --e2b is given.
-    e2b: Option<(SocketAddr, SocketAddr)>,
+    /// What --e2b serves where.
+    e2b: Option<E2bListeners>,
     on_stop: OnStop,
     dns_upstream: Vec<SocketAddr>,
     /// Named templates to build in the background from the start.
@@ -218,6 +241,9 @@ impl ServeArgs {
                 names.to_vec()
             }
         };
+        if let Some(domain) = &self.e2b_domain {
+            brig_http::tls::check_domain(domain).context("--e2b-domain")?;
+        }
         Ok(ServeConfig {
             prepare,
             dns_upstream: self.dns_upstream,
@@ -225,7 +251,11 @@ impl ServeArgs {
             home,
             manager,
             metrics_public: self.metrics_public,
-            e2b: self.e2b.then_some((self.e2b_api, self.e2b_sandbox)),
+            e2b: self.e2b.then_some(E2bListeners {
+                api: self.e2b_api,
+                sandbox: self.e2b_sandbox,
+                domain: self.e2b_domain.map(|d| (d, self.e2b_https)),
+            }),
             mcp: self.mcp.then_some(self.mcp_template),
             on_stop: if self.keep_sandboxes {
                 OnStop::Keep
@@ -453,7 +483,7 @@ fn gateway_pin(run_dir: &std::path::Path, owner: &str) -> PathBuf {
 async fn serve(
     listen: SocketAddr,
     state: AppState,
-    e2b: Option<(SocketAddr, SocketAddr)>,
+    e2b: Option<E2bListeners>,
     mcp: Option<String>,
     on_stop: OnStop,
     claim: &HomeClaim,
@@ -463,7 +493,20 @@ async fn serve(
     let (main, addr) = bind(listen).await?;
     claim.listening_on(addr);
     let e2b = match e2b {
-        Some((api, sandbox)) => Some((bind(api).await?, bind(sandbox).await?)),
+        Some(e) => {
+            let https = match e.domain {
+                Some((domain, addr)) => {
+                    let listener = brig_http::listen(addr)
+                        .with_context(|| format!("cannot listen on {addr}"))?;
+                    let addr = listener
+                        .local_addr()
+                        .context("cannot read the listening address")?;
+                    Some((domain, (listener, addr)))
+                }
+                None => None,
+            };
+            Some((bind(e.api).await?, bind(e.sandbox).await?, https))
+        }
         None => None,
     };
     say!("brig: listening on http://{addr}");
@@ -479,8 +522,32 @@ async fn serve(
         }
     };
     let mut servers = tokio::task::JoinSet::new();
-    if let Some(((api, api_addr), (data, data_addr))) = e2b {
-        let e2b_state = E2bState::new(Arc::clone(&state.manager));
+    if let Some(((api, api_addr), (data, data_addr), https)) = e2b {
+        let mut e2b_state = E2bState::new(Arc::clone(&state.manager));
+        if let Some((domain, (listener, addr))) = https {
+            let home = state.manager.config().home.clone().unwrap_or_default();
+            let ca = brig_http::tls::LocalCa::open(&home.join("tls"), &domain)
+                .context("--e2b-domain: the local certificate authority")?;
+            let tls = ca.server_config().context("--e2b-domain")?;
+            // What the clients are given: the port is part of it unless
+            // it is HTTPS's own.
+            let e2b_domain = match addr.port() {
+                443 => domain.clone(),
+                port => format!("{domain}:{port}"),
+            };
+            e2b_state = e2b_state.with_domain(&e2b_domain);
+            say!(
+                "brig: e2b over https on {addr}: E2B_DOMAIN={e2b_domain} (trust the CA {})",
+                ca.cert_path().display()
+            );
+            let router = harden(domain_router(e2b_state.clone(), &domain), "e2b-https");
+            let stop = stopped.clone();
+            servers.spawn(async move {
+                brig_http::tls::serve(listener, tls, router, stop())
+                    .await
+                    .context("the E2B HTTPS server failed")
+            });
+        }
         say!("brig: e2b api on http://{api_addr}");
         say!("brig: e2b sandboxes on http://{data_addr}");
         let control = harden(control_router(e2b_state.clone()), "e2b-api");

@@ -212,7 +212,7 @@ pub(super) async fn fork(
                 });
                 match made {
                     Ok(sb) => ForkResult {
-                        sandbox: Some(wire::Sandbox::new(&sb)),
+                        sandbox: Some(wire::Sandbox::new(&sb, state.domain())),
                         error: None,
                     },
                     Err(e) => ForkResult {

@@ -267,7 +267,9 @@ pub struct Sandbox {
 }
 
 impl Sandbox {
-    pub fn new(sb: &E2bSandbox) -> Sandbox {
+    /// `domain`: the daemon's E2B domain, if it serves one
+    /// ([`crate::E2bState::domain`]).
+    pub fn new(sb: &E2bSandbox, domain: Option<&str>) -> Sandbox {
         Sandbox {
             template_id: sb.template.clone(),
             sandbox_id: sb.id.to_string(),
@@ -275,7 +277,7 @@ impl Sandbox {
             envd_version: ENVD_VERSION,
             envd_access_token: sb.access_token.clone(),
             traffic_access_token: sb.traffic_token.clone(),
-            domain: None,
+            domain: domain.map(str::to_string),
             alias: sb.template.clone(),
         }
     }
@@ -336,6 +338,12 @@ impl Detail {
     /// than `ListedSandbox`.
     pub fn new(sb: &E2bSandbox, record: &SandboxRecord, with_token: bool) -> Detail {
         Detail::with_pause(sb, record, with_token, None)
+    }
+
+    /// With the daemon's E2B domain, if it serves one.
+    pub fn in_domain(mut self, domain: Option<&str>) -> Detail {
+        self.domain = domain.map(str::to_string);
+        self
     }
 
     /// [`Detail::new`] of a sandbox paused as `paused` says.
