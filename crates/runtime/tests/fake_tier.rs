@@ -198,6 +198,25 @@ fn pause_and_resume_go_through_the_tier_and_a_paused_sandbox_refuses_work() {
     m.shutdown();
 }
 
+/// A pause the host did not get done in time (a v1 freezer that did not
+/// settle) is "try again", not a failure: the sandbox runs on, unharmed,
+/// and the next pause works.
+#[test]
+fn a_pause_the_tier_could_not_finish_says_try_again_and_leaves_the_sandbox_running() {
+    let s = Setup::new();
+    let m = s.manager(0);
+    let id = m.create(&s.tenant, CreateConfig::default()).unwrap().id;
+    s.tier.fail_pauses(1);
+    let err = m.pause(&s.tenant, &id).unwrap_err();
+    assert_eq!(err.kind(), brig_runtime::ErrorKind::Unavailable, "{err}");
+    let said = brig_runtime::chain(&err);
+    assert!(said.contains("try again"), "{said}");
+    assert_eq!(m.get(&s.tenant, &id).unwrap().state, SandboxState::Running);
+    assert_eq!(echo(&m, &s.tenant, &id, "still"), "still\n");
+    assert_eq!(m.pause(&s.tenant, &id).unwrap().state, SandboxState::Paused);
+    m.shutdown();
+}
+
 #[test]
 fn a_new_manager_adopts_what_the_last_one_kept_and_settles_the_rest() {
     let s = Setup::new();

@@ -64,6 +64,7 @@ pub struct FakeTier {
     dir: Arc<tempfile::TempDir>,
     state: Arc<Mutex<State>>,
     fail: Arc<AtomicUsize>,
+    fail_pauses: Arc<AtomicUsize>,
 }
 
 impl FakeTier {
@@ -74,7 +75,14 @@ impl FakeTier {
             dir: Arc::new(tempfile::tempdir().expect("a temporary directory")),
             state: Arc::default(),
             fail: Arc::default(),
+            fail_pauses: Arc::default(),
         }
+    }
+
+    /// Make the next `n` pauses fail as a freezer that did not settle
+    /// does ([`TierError::Busy`]), leaving the sandbox running.
+    pub fn fail_pauses(&self, n: usize) {
+        self.fail_pauses.store(n, Ordering::SeqCst);
     }
 
     /// Make the next `n` launches fail.
@@ -263,6 +271,18 @@ impl Instance for FakeInstance {
 
     fn pause(&self) -> Result<(), TierError> {
         self.tier.record(Call::Pause(self.id.clone()));
+        let busy = self
+            .tier
+            .fail_pauses
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if busy {
+            return Err(TierError::Busy {
+                id: self.id.clone(),
+                op: "pause the sandbox",
+                reason: "the fake tier was told to fail".into(),
+            });
+        }
         self.signal(rustix::process::Signal::STOP);
         self.set_paused(true);
         Ok(())
