@@ -412,7 +412,10 @@ impl Gateway {
         rtnl.add_route(route(GATEWAY_ADDR, 32, None))
             .and_then(|()| rtnl.add_route(route(Ipv4Addr::UNSPECIFIED, 0, Some(GATEWAY_ADDR))))
             .map_err(nl("route the sandbox's traffic to the gateway", false))?;
-        // The gateway's side: its address, and the way back to `addr`.
+        // The gateway's side: its address, and the way back to `addr`,
+        // replacing any route there is to it: `addr` is free here, but the
+        // link of a sandbox an earlier daemon gave it may still linger in
+        // the gateway (its namespace is freed lazily by the kernel).
         let mut gw = self.rtnl.lock().unwrap_or_else(|e| e.into_inner());
         let peer = gw
             .index(&link)
@@ -420,7 +423,7 @@ impl Gateway {
         gw.add_address(peer, GATEWAY_ADDR, 32)
             .and_then(|()| gw.up(peer))
             .and_then(|()| {
-                gw.add_route(Route {
+                gw.replace_route(Route {
                     dst: addr,
                     prefix: 32,
                     via: None,

@@ -13,7 +13,7 @@ use std::os::fd::RawFd;
 
 use netlink_packet_core::{
     NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL,
-    NLM_F_REQUEST,
+    NLM_F_REPLACE, NLM_F_REQUEST,
 };
 use netlink_packet_route::address::{AddressAttribute, AddressMessage};
 use netlink_packet_route::link::{
@@ -161,6 +161,16 @@ impl Rtnl {
 
     /// Add `route`, as `ip route add` would.
     pub fn add_route(&mut self, route: Route) -> io::Result<()> {
+        self.new_route(route, NLM_F_CREATE | NLM_F_EXCL)
+    }
+
+    /// [`Rtnl::add_route`], taking the destination over from a route
+    /// that already leads it elsewhere.
+    pub fn replace_route(&mut self, route: Route) -> io::Result<()> {
+        self.new_route(route, NLM_F_CREATE | NLM_F_REPLACE)
+    }
+
+    fn new_route(&mut self, route: Route, flags: u16) -> io::Result<()> {
         let mut msg = RouteMessage::default();
         let h = &mut msg.header;
         h.address_family = AddressFamily::Inet;
@@ -182,11 +192,8 @@ impl Rtnl {
         }
         msg.attributes.push(RouteAttribute::Oif(route.oif));
         msg.attributes.push(RouteAttribute::Table(route.table));
-        self.request(
-            RouteNetlinkMessage::NewRoute(msg),
-            NLM_F_CREATE | NLM_F_EXCL,
-        )
-        .map(drop)
+        self.request(RouteNetlinkMessage::NewRoute(msg), flags)
+            .map(drop)
     }
 
     /// A policy-routing rule: packets from `from`/`prefix` look up `table`.

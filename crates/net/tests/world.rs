@@ -925,3 +925,59 @@ fn dns_over_tcp_is_answered_by_the_same_rules() {
     let none = in_sandbox(&sb.netns, || lookup_tcp(GATEWAY_ADDR, &["allowed.test"]));
     assert_eq!(none, Some(vec![(ResponseCode::Refused, vec![])]));
 }
+
+/// A daemon that starts again on the gateway's pin may hand out the
+/// address of a sandbox the last one attached whose link has not gone yet
+/// (its namespace still dying): the new sandbox's link takes the address
+/// over instead of failing with "File exists", and the route to the
+/// address leads to the new link. The lingering link is made here by hand
+/// in the gateway's namespace, for the first address a gateway gives.
+#[test]
+fn an_address_whose_old_link_lingers_is_taken_over() {
+    let Some(world) = world("linger") else { return };
+    let in_gateway = |args: &'static [&'static str]| {
+        let f = OwnedFd::from(std::fs::File::open(&world.pin).unwrap());
+        std::thread::spawn(move || {
+            enter_fd(&f);
+            let out = std::process::Command::new("ip")
+                .args(args)
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "ip {args:?}: {out:?}");
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        })
+        .join()
+        .unwrap()
+    };
+    in_gateway(&[
+        "link",
+        "add",
+        "b-stale",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "b-stalepeer",
+    ]);
+    in_gateway(&["link", "set", "b-stale", "up"]);
+    in_gateway(&["route", "add", "10.88.0.2/32", "dev", "b-stale"]);
+    let new = world
+        .gateway
+        .attach("lingerb00001", Policy::default())
+        .expect("attach over a lingering link");
+    assert_eq!(
+        new.addr.to_string(),
+        "10.88.0.2",
+        "the test needs the first address"
+    );
+    let routes = in_gateway(&["-4", "route", "show"]);
+    let to_new: Vec<&str> = routes
+        .lines()
+        .filter(|l| l.starts_with("10.88.0.2 "))
+        .collect();
+    assert!(
+        to_new.len() == 1 && to_new[0].contains("b-lingerb00001"),
+        "{routes}"
+    );
+    in_gateway(&["link", "del", "b-stale"]);
+}
