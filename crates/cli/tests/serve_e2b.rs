@@ -267,7 +267,8 @@ fn start_e2b(
 /// E2B's own connection path: `brig serve --e2b --e2b-domain` serves both
 /// planes over HTTPS, and the official Python and JS clients, given only
 /// `E2B_DOMAIN` (no `E2B_API_URL`, no `E2B_SANDBOX_URL`) and brig's local
-/// CA as a trusted certificate, create, run, move files, reach a port of
+/// CA as a trusted certificate (Python: the current release and 2.48),
+/// create, run, move files, reach a port of
 /// the sandbox by `get_host` and kill (tests/e2b/domain_sdk.py,
 /// js_domain.mjs). A client that does not trust the CA is refused by
 /// TLS: the certificate is really checked.
@@ -287,7 +288,10 @@ fn the_clients_need_only_e2b_domain_over_https() {
     let cache = brig_test_support::test_cache();
     let python = cache.join("e2b-venv/bin/python");
     let node_dir = cache.join("e2b-node");
-    if !python.exists() || !node_dir.join("node_modules/e2b").exists() {
+    if !python.exists()
+        || !cache.join("e2b-venv-2.48/bin/python").exists()
+        || !node_dir.join("node_modules/e2b").exists()
+    {
         support::skip(&format!(
             "the E2B clients are missing from {}: tests/support/install-python-deps.sh and \
              install-node-deps.sh install them",
@@ -342,17 +346,21 @@ fn the_clients_need_only_e2b_domain_over_https() {
             .unwrap()
     };
 
-    let out = client(
-        std::process::Command::new(&python)
-            .arg(scripts.join("domain_sdk.py"))
-            .env("SSL_CERT_FILE", &bundle),
-    );
-    let stdout = support::text(&out.stdout);
-    assert!(
-        out.status.success() && stdout.contains("12 passed, 0 failed"),
-        "domain_sdk.py:\n{stdout}\n{}",
-        support::text(&out.stderr)
-    );
+    // The current client and the generation before it.
+    for venv in ["e2b-venv", "e2b-venv-2.48"] {
+        let python = cache.join(venv).join("bin/python");
+        let out = client(
+            std::process::Command::new(&python)
+                .arg(scripts.join("domain_sdk.py"))
+                .env("SSL_CERT_FILE", &bundle),
+        );
+        let stdout = support::text(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("12 passed, 0 failed"),
+            "domain_sdk.py with {venv}:\n{stdout}\n{}",
+            support::text(&out.stderr)
+        );
+    }
 
     // Node resolves the client from its own directory.
     let js = node_dir.join(format!("{}-js_domain.mjs", std::process::id()));
