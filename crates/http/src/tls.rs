@@ -23,7 +23,7 @@ use std::io;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
 use axum::extract::Request;
 use axum::http::header::HOST;
@@ -223,31 +223,9 @@ fn write_file(path: &Path, contents: &[u8], mode: u32) -> io::Result<()> {
 /// A day before `now` (clocks disagree a little) until 397 days after it
 /// (the longest validity TLS clients accept of a server certificate).
 fn set_validity(params: &mut CertificateParams, now: SystemTime) {
-    let day = |secs: u64| {
-        let (y, m, d) = civil_from_days((secs / 86_400) as i64);
-        rcgen::date_time_ymd(y, m, d)
-    };
-    let secs = now
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or(Duration::ZERO)
-        .as_secs();
-    params.not_before = day(secs.saturating_sub(86_400));
-    params.not_after = day(secs + 397 * 86_400);
-}
-
-/// The proleptic Gregorian date of a day count since 1970-01-01 (Howard
-/// Hinnant's algorithm).
-fn civil_from_days(days: i64) -> (i32, u8, u8) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u8;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u8;
-    let y = (yoe + era * 400 + i64::from(m <= 2)) as i32;
-    (y, m, d)
+    let now = time::OffsetDateTime::from(now);
+    params.not_before = now - time::Duration::days(1);
+    params.not_after = now + time::Duration::days(397);
 }
 
 /// How long a client has to finish its TLS handshake.
@@ -429,13 +407,5 @@ mod tests {
         rustls::pki_types::CertificateDer::from_pem_slice(pem)
             .unwrap()
             .to_vec()
-    }
-
-    #[test]
-    fn dates_are_the_calendars() {
-        assert_eq!(civil_from_days(0), (1970, 1, 1));
-        assert_eq!(civil_from_days(59), (1970, 3, 1));
-        assert_eq!(civil_from_days(11_016), (2000, 2, 29));
-        assert_eq!(civil_from_days(20_783), (2026, 11, 26));
     }
 }
