@@ -63,6 +63,7 @@ impl E2bError {
             ErrorKind::Forbidden => S::FORBIDDEN,
             ErrorKind::Unauthorized => S::UNAUTHORIZED,
             ErrorKind::Unsupported => S::NOT_IMPLEMENTED,
+            ErrorKind::NoSpace => S::INSUFFICIENT_STORAGE,
             ErrorKind::Unavailable => S::SERVICE_UNAVAILABLE,
             ErrorKind::Internal => {
                 tracing::error!("internal error: {message}");
