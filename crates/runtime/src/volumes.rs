@@ -42,6 +42,9 @@ pub const MIN_SIZE: u64 = 16 << 20;
 /// The largest volume.
 pub const MAX_SIZE: u64 = 1 << 40;
 
+/// The most volumes one tenant keeps.
+pub const MAX_PER_TENANT: usize = 100;
+
 /// The record attribute that lists a sandbox's volumes.
 pub const ATTR: &str = "volumes";
 
@@ -145,6 +148,13 @@ impl SandboxManager {
             });
         }
         let dir = self.volumes_dir()?;
+        if self.store().list_volumes(Some(tenant))?.len() >= MAX_PER_TENANT {
+            return Err(ManagerError::BadRequest {
+                reason: format!(
+                    "you have {MAX_PER_TENANT} volumes, the most a tenant keeps: remove one first"
+                ),
+            });
+        }
         fs::create_dir_all(&dir).map_err(io_err("create the volumes directory"))?;
         let info = VolumeInfo {
             id: format!("vol-{}", crate::store::random_alnum(20)),
