@@ -1712,6 +1712,9 @@ impl SandboxManager {
         }
         // Dropping a pre-made sandbox ends it and waits for its teardown.
         drop(self.pool.drain());
+        // Volumes whose sandboxes ended are unmounted now, not at the next
+        // start (those of sandboxes left running stay mounted).
+        self.release_volumes();
     }
 
     /// Pre-made sandboxes per template: (template, idle now, target).
