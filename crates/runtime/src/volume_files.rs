@@ -434,7 +434,6 @@ fn entry(name: &str, path: String, st: &rustix::fs::Stat, target: Option<String>
         libc::S_IFLNK => EntryKind::Symlink,
         _ => EntryKind::Unknown,
     };
-    #[allow(clippy::unnecessary_cast)]
     let ms = |s: i64, ns: u64| s * 1000 + (ns / 1_000_000) as i64;
     Entry {
         name: name.to_string(),
@@ -444,9 +443,9 @@ fn entry(name: &str, path: String, st: &rustix::fs::Stat, target: Option<String>
         mode: st.st_mode & 0o7777,
         uid: st.st_uid,
         gid: st.st_gid,
-        atime: ms(st.st_atime as i64, st.st_atime_nsec as u64),
-        mtime: ms(st.st_mtime as i64, st.st_mtime_nsec as u64),
-        ctime: ms(st.st_ctime as i64, st.st_ctime_nsec as u64),
+        atime: ms(st.st_atime, st.st_atime_nsec),
+        mtime: ms(st.st_mtime, st.st_mtime_nsec),
+        ctime: ms(st.st_ctime, st.st_ctime_nsec),
         target,
     }
 }

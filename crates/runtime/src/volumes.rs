@@ -579,7 +579,7 @@ impl Store {
             // Compared as digests: the time taken says nothing of the token.
             let same = sha2::Sha256::digest(info.token.as_bytes())
                 == sha2::Sha256::digest(token.as_bytes());
-            same.then(|| (TenantId(tenant), info))
+            same.then_some((TenantId(tenant), info))
         }))
     }
 
