@@ -9,20 +9,8 @@ mod support;
 
 use std::time::Duration;
 
-use support::{eventually, host_mounts_matching, ok, processes_of, signal, text, TestDaemon};
-
-/// Loop devices whose backing file is under `dir`.
-fn loop_devices_of(dir: &std::path::Path) -> Vec<String> {
-    let out = std::process::Command::new("losetup")
-        .arg("-a")
-        .output()
-        .unwrap();
-    text(&out.stdout)
-        .lines()
-        .filter(|l| l.contains(&*dir.to_string_lossy()))
-        .map(str::to_string)
-        .collect()
-}
+use brig_test_support::volume_leftovers;
+use support::{eventually, ok, processes_of, signal, text, TestDaemon};
 
 fn fails(out: std::process::Output, what: &str, says: &str) {
     assert!(
@@ -225,14 +213,10 @@ fn volumes_from_the_cli_across_a_daemon_crash() {
     );
     ok(d.brig(&["rm", "-f", s1, s2]), "rm both");
     assert!(
-        eventually(Duration::from_secs(10), || host_mounts_matching(
-            &volumes.to_string_lossy()
-        )
-        .is_empty()
-            && loop_devices_of(&volumes).is_empty()),
-        "left after the sandboxes ended: {:?} {:?}",
-        host_mounts_matching(&volumes.to_string_lossy()),
-        loop_devices_of(&volumes)
+        eventually(Duration::from_secs(10), || volume_leftovers(&volumes)
+            .is_empty()),
+        "left after the sandboxes ended: {:?}",
+        volume_leftovers(&volumes)
     );
 
     // A sandbox that dies while no daemon runs: the next daemon's
@@ -260,17 +244,13 @@ fn volumes_from_the_cli_across_a_daemon_crash() {
         signal(pid, libc::SIGKILL);
     }
     assert!(eventually(Duration::from_secs(10), || processes_of(&s3).is_empty()));
-    assert!(!host_mounts_matching(&volumes.to_string_lossy()).is_empty());
+    assert!(!volume_leftovers(&volumes).is_empty());
     let d = TestDaemon::start_with(home.path(), &flags);
     assert!(
-        eventually(Duration::from_secs(10), || host_mounts_matching(
-            &volumes.to_string_lossy()
-        )
-        .is_empty()
-            && loop_devices_of(&volumes).is_empty()),
-        "left after reconcile: {:?} {:?}",
-        host_mounts_matching(&volumes.to_string_lossy()),
-        loop_devices_of(&volumes)
+        eventually(Duration::from_secs(10), || volume_leftovers(&volumes)
+            .is_empty()),
+        "left after reconcile: {:?}",
+        volume_leftovers(&volumes)
     );
 
     // Removed: its image goes.

@@ -7,27 +7,6 @@ mod support;
 
 use support::{planes_with, root_or_skip};
 
-fn loop_devices_of(dir: &std::path::Path) -> Vec<String> {
-    let out = std::process::Command::new("losetup")
-        .arg("-a")
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .filter(|l| l.contains(&*dir.to_string_lossy()))
-        .map(str::to_string)
-        .collect()
-}
-
-fn mounts_of(dir: &std::path::Path) -> Vec<String> {
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap()
-        .lines()
-        .filter(|l| l.contains(&*dir.to_string_lossy()))
-        .map(str::to_string)
-        .collect()
-}
-
 #[test]
 fn python_sdk_volumes() {
     if !root_or_skip() {
@@ -54,12 +33,8 @@ fn python_sdk_volumes() {
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(stdout.contains("63 passed, 0 failed"), "{stdout}");
     // The script destroyed its volumes once its sandboxes were gone.
-    assert!(mounts_of(&dir).is_empty(), "{:?}", mounts_of(&dir));
-    assert!(
-        loop_devices_of(&dir).is_empty(),
-        "{:?}",
-        loop_devices_of(&dir)
-    );
+    let leftovers = brig_test_support::volume_leftovers(&dir);
+    assert!(leftovers.is_empty(), "{leftovers:?}");
     let left: Vec<_> = std::fs::read_dir(dir.join("volumes"))
         .unwrap()
         .flatten()

@@ -513,3 +513,56 @@ fn remove_at(dir: &OwnedFd, name: &str, shown: &str) -> Result<(), FileError> {
     }
     .map_err(|e| FileError::io("remove", shown, e.into()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_stay_under_the_root() {
+        assert_eq!(components("/a/./b//c/"), ["a", "b", "c"]);
+        assert_eq!(components("../../etc/passwd"), ["etc", "passwd"]);
+        assert_eq!(components("/a/../../b"), ["b"]);
+        assert!(components("/").is_empty());
+        assert_eq!(display("a/b/../c"), "/a/c");
+        assert!(check_path("a\0b").is_err());
+        assert!(check_path(&"x".repeat(4097)).is_err());
+        check_path(&"x".repeat(4096)).unwrap();
+    }
+
+    #[test]
+    fn ids_and_modes_are_bounded() {
+        let ok = Meta {
+            uid: Some(MAX_ID),
+            gid: Some(0),
+            mode: Some(0o7777),
+        };
+        ok.check().unwrap();
+        for bad in [
+            Meta {
+                uid: Some(MAX_ID + 1),
+                ..Meta::default()
+            },
+            Meta {
+                gid: Some(MAX_ID + 1),
+                ..Meta::default()
+            },
+            Meta {
+                mode: Some(0o10000),
+                ..Meta::default()
+            },
+        ] {
+            assert!(matches!(bad.check(), Err(FileError::Invalid(_))), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn errors_are_classified_for_clients() {
+        let kind = |errno| FileError::io("x", "/p", io::Error::from_raw_os_error(errno)).kind();
+        assert_eq!(kind(libc::ENOENT), ErrorKind::NotFound);
+        assert_eq!(kind(libc::EEXIST), ErrorKind::Conflict);
+        assert_eq!(kind(libc::ENOSPC), ErrorKind::NoSpace);
+        assert_eq!(kind(libc::ELOOP), ErrorKind::BadRequest);
+        assert_eq!(kind(libc::EIO), ErrorKind::Internal);
+    }
+}
