@@ -26,7 +26,7 @@ packages=(
     runsc           # gVisor: the gvisor tier (crates/gvisor) and its peer in bench/gvisor.py
     sqlite3         # crates/cli/tests/gvisor.rs and vm.rs edit a crashed daemon's store
     qemu-system-x86 # QEMU: the vm tier (crates/vm) and its peer in bench/vm.py
-    e2fsprogs       # mkfs.ext4: the vm tier's disks; debugfs reads one back in crates/vm's tests
+    e2fsprogs       # mkfs.ext4: the vm tier's disks and volumes; debugfs reads one back in crates/vm's tests
     cpio            # reads back the initramfs brig writes (crates/vm's tests)
     libnss-myhostname # resolves *.localhost to loopback: E2B's domain path over HTTPS (serve_e2b.rs)
     # The code interpreter (crates/e2b/resources/code-interpreter), tested on

@@ -30,6 +30,7 @@ fn launch(id: &SandboxId) -> Launch {
         limits: Limits::default(),
         allow_setuid: false,
         network: NetworkAttachment::Loopback,
+        volumes: Vec::new(),
     }
 }
 

@@ -76,6 +76,7 @@ impl ApiError {
             ErrorKind::Forbidden => (S::FORBIDDEN, "forbidden"),
             ErrorKind::Unauthorized => return ApiError::unauthorized(),
             ErrorKind::Unsupported => (S::NOT_IMPLEMENTED, "unsupported"),
+            ErrorKind::NoSpace => (S::INSUFFICIENT_STORAGE, "no_space"),
             ErrorKind::Unavailable => (S::SERVICE_UNAVAILABLE, "unavailable"),
             ErrorKind::Internal => {
                 tracing::error!("internal error: {message}");

@@ -43,6 +43,7 @@ pub mod secrets;
 pub mod snapshots;
 pub mod templates;
 pub mod tenants;
+pub mod volumes;
 
 use std::sync::{Arc, OnceLock};
 
@@ -124,6 +125,11 @@ pub fn app(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/pause", post(sandboxes::pause))
         .route("/v1/sandboxes/{id}/snapshots", post(snapshots::create))
         .route("/v1/sandboxes/{id}/fork", post(snapshots::fork))
+        .route("/v1/volumes", get(volumes::list).post(volumes::create))
+        .route(
+            "/v1/volumes/{volume}",
+            get(volumes::get).delete(volumes::delete),
+        )
         .route("/v1/snapshots", get(snapshots::list))
         .route(
             "/v1/snapshots/{snapshot}",

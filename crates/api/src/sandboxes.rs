@@ -62,6 +62,20 @@ pub struct CreateSandboxConfig {
     /// value. Never shown back.
     #[serde(default)]
     pub secrets: BTreeMap<String, String>,
+    /// Volumes to mount (see `volumes.rs`): `{"volume": ID_OR_NAME,
+    /// "path": "/mnt/data"}` each, on the process tier.
+    #[serde(default)]
+    pub volumes: Vec<VolumeMountRequest>,
+}
+
+/// One volume a create mounts.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeMountRequest {
+    /// The volume's id or name.
+    pub volume: String,
+    /// Where it appears inside: absolute, clean, not a system directory.
+    pub path: String,
 }
 
 /// What a create asked of its ports, checked before anything is made.
@@ -120,6 +134,14 @@ impl CreateSandboxConfig {
             network,
             secrets: self.secrets,
             isolation,
+            volumes: self
+                .volumes
+                .into_iter()
+                .map(|v| brig_runtime::VolumeRequest {
+                    volume: v.volume,
+                    path: v.path,
+                })
+                .collect(),
             ..CreateConfig::default()
         };
         let ports = PortsAsked {
@@ -165,6 +187,9 @@ pub struct SandboxView {
     /// made by another front-end).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ports: Option<serde_json::Value>,
+    /// The volumes it mounts: `[{"id", "name", "path"}]` (absent: none).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<brig_runtime::MountedVolume>,
 }
 
 impl From<SandboxRecord> for SandboxView {
@@ -189,6 +214,7 @@ impl From<SandboxRecord> for SandboxView {
                 })
             }),
             ports: r.attrs.get(crate::ports::ATTR).cloned(),
+            volumes: brig_runtime::volumes::mounted(&r.attrs),
             end: r.end.map(|cause| {
                 let mut v = serde_json::to_value(&cause).unwrap_or_default();
                 v["message"] = cause.describe().into();

@@ -22,6 +22,8 @@ const ROUTES: &[(&str, &[&str])] = &[
     ("/v1/sandboxes/{id}/fork", &["post"]),
     ("/v1/snapshots", &["get"]),
     ("/v1/snapshots/{snapshot}", &["get", "delete"]),
+    ("/v1/volumes", &["get", "post"]),
+    ("/v1/volumes/{volume}", &["get", "delete"]),
     ("/v1/sandboxes/{id}/metrics", &["get"]),
     ("/v1/sandboxes/{id}/metrics/series", &["get"]),
     ("/metrics", &["get"]),

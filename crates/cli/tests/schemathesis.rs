@@ -42,7 +42,11 @@ fn schemathesis_finds_no_server_error_and_no_mismatch_with_the_document() {
     let home = tempfile::tempdir().unwrap();
     // No pulls: a generated template name must not send the daemon to a
     // registry on the internet.
-    let (mut daemon, url, lines) = support::start_daemon(home.path(), &["--pull", "never"]);
+    let (mut daemon, url, lines) = support::start_daemon(
+        home.path(),
+        // Small volumes: every generated create that is valid makes one.
+        &["--pull", "never", "--volume-size", "16MiB"],
+    );
     // The daemon's log, shown if the run fails (a 5xx is logged there).
     let log = std::thread::spawn(move || lines.map_while(Result::ok).collect::<Vec<_>>());
     let key = std::fs::read_to_string(home.path().join("local.key")).unwrap();

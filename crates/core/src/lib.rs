@@ -16,10 +16,11 @@
 pub mod spec;
 pub mod tier;
 pub mod units;
+pub mod volume;
 
 pub use spec::{EnvVar, Limits, RunFile, SandboxId, SandboxSpec, SpecError, TemplateRef, UserSpec};
 pub use tier::{
     CommandFault, Ended, Instance, Isolation, Launch, NetworkAttachment, OneShot, Tier, TierError,
-    TierErrorKind, UnknownIsolation, Usage, WritableLayer,
+    TierErrorKind, UnknownIsolation, Usage, VolumeMount, WritableLayer,
 };
 pub use units::{parse_duration, parse_size, ByteSize, UnitError};

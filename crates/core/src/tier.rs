@@ -124,6 +124,24 @@ pub struct Launch {
     /// Let setuid programs (`sudo`) work inside.
     pub allow_setuid: bool,
     pub network: NetworkAttachment,
+    /// Volumes to mount inside, in order. The runtime has validated the
+    /// paths ([`VolumeMount`]); a tier that cannot mount them refuses
+    /// the launch with [`TierError::Unsupported`].
+    pub volumes: Vec<VolumeMount>,
+}
+
+/// A persistent volume mounted into a sandbox: a directory on the host
+/// (the volume's filesystem, mounted there by the runtime) made to appear
+/// at `path` inside, read-write, its files owned on disk by the ids the
+/// sandbox sees (the tier maps them to its own host range).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeMount {
+    /// The volume's name, for messages.
+    pub name: String,
+    /// Where the runtime mounted the volume on the host.
+    pub source: std::path::PathBuf,
+    /// Absolute, clean, not `/` nor a system directory.
+    pub path: String,
 }
 
 /// A sandbox's resource use now.

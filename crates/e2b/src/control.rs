@@ -23,6 +23,7 @@ mod snapshots;
 mod tags;
 pub mod templates;
 mod time;
+pub mod volumes;
 mod wire;
 
 use std::collections::BTreeMap;
@@ -75,6 +76,22 @@ pub fn router(state: E2bState) -> Router {
         .route("/sandboxes/{id}/snapshots", post(snapshots::create))
         .route("/sandboxes/{id}/fork", post(snapshots::fork))
         .route("/snapshots", get(snapshots::list))
+        .route("/volumes", post(volumes::create).get(volumes::list))
+        .route("/volumes/{id}", get(volumes::get).delete(volumes::delete))
+        .route(
+            "/volumecontent/{id}/path",
+            get(volumes::stat)
+                .patch(volumes::patch)
+                .delete(volumes::remove),
+        )
+        .route(
+            "/volumecontent/{id}/dir",
+            get(volumes::list_dir).post(volumes::make_dir),
+        )
+        .route(
+            "/volumecontent/{id}/file",
+            get(volumes::read_file).put(volumes::write_file),
+        )
         .route("/templates/{id}", axum::routing::delete(tags::delete))
         .route("/templates/tags", post(tags::assign).delete(tags::remove))
         .route("/templates/{id}/tags", get(tags::list))
@@ -318,7 +335,12 @@ async fn create(
         traffic_token,
     };
     let state2 = state.clone();
+    let mounts = req.volume_mounts.unwrap_or_default();
     let sb = tokio::task::spawn_blocking(move || -> Result<Arc<E2bSandbox>, E2bError> {
+        let config = CreateConfig {
+            volumes: volumes::requests(&state2.manager, &tenant, &mounts)?,
+            ..config
+        };
         let record = state2.manager.create(&tenant, config)?;
         register(&state2, tenant, record, wanted)
     })

@@ -70,6 +70,8 @@ fn node(dir: &Path, script: &str, p: &Planes, template: &str) -> Output {
         .current_dir(dir)
         .env("E2B_API_KEY", &p.f.key)
         .env("E2B_API_URL", format!("http://{}", p.api))
+        // Volume content requests go here, not to E2B_API_URL.
+        .env("E2B_VOLUME_API_URL", format!("http://{}", p.api))
         .env("E2B_SANDBOX_URL", format!("http://{}", p.data))
         .env("E2B_TEMPLATE", template)
         // Names of templates a script builds (js_template.mjs).
@@ -232,6 +234,34 @@ fn js_sdk_template_build() {
 }
 
 /// What the templates a script builds are named after: this process.
+/// `e2b` 2.51.0 runs tests/e2b/js_volumes.mjs on `host`, with volumes
+/// under a home of the test's own: Volume's calls, the content API and
+/// `volumeMounts`.
+#[test]
+fn js_sdk_volumes() {
+    if !root_or_skip() {
+        return;
+    }
+    let Some(dir) = node_modules("e2b", E2B_JS) else {
+        return;
+    };
+    let home = tempfile::tempdir().unwrap();
+    let volumes = home.path().to_path_buf();
+    let p = planes_with(|c| {
+        c.home = Some(volumes);
+        c.volume_size = 32 << 20;
+    });
+    let out = node(&dir, "js_volumes.mjs", &p, "host");
+    let log = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{log}");
+    assert!(log.contains("20 passed, 0 failed"), "{log}");
+    all_killed(&p, 1, &log);
+}
+
 fn template_prefix() -> String {
     format!("brigtestjs{}", std::process::id())
 }

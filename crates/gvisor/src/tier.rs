@@ -475,6 +475,9 @@ impl Tier for GvisorTier {
     }
 
     fn launch(&self, launch: &Launch) -> Result<Box<dyn Instance>, TierError> {
+        if !launch.volumes.is_empty() {
+            return Err(brig_core::volume::unsupported(Isolation::Gvisor));
+        }
         let dir = self.sandbox_dir(&launch.id);
         if dir.exists() {
             return Err(TierError::Invalid(format!(

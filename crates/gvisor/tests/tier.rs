@@ -52,6 +52,7 @@ fn launch(id: &SandboxId, template: TemplateRef) -> Launch {
         },
         allow_setuid: false,
         network: NetworkAttachment::Loopback,
+        volumes: Vec::new(),
     }
 }
 

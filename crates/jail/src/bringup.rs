@@ -855,6 +855,7 @@ mod tests {
             pooled_net: false,
             program_fd: false,
             stdio_fd: false,
+            volumes: &[],
         })
     }
 

@@ -41,6 +41,10 @@ pub enum JailError {
     CommandNotExecutable { command: String, errno: Errno },
     #[error("cannot enter working directory {path} in sandbox: {errno}")]
     Workdir { path: String, errno: Errno },
+    /// A volume could not be mounted (a bad path, a filesystem that cannot
+    /// be idmapped).
+    #[error("{0}")]
+    Volume(String),
 }
 
 impl JailError {

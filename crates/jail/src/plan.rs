@@ -330,6 +330,9 @@ pub struct PlanInput<'a> {
     pub program_fd: bool,
     /// The host sends a socket for the command's stdin and stdout (last).
     pub stdio_fd: bool,
+    /// Where volumes appear inside: the host sends each as a detached
+    /// (idmapped) mount, in this order, after the network's sysfs.
+    pub volumes: &'a [String],
 }
 
 /// Bytes of --disk per inode of a sandbox's tmpfs mounts.
@@ -687,6 +690,22 @@ impl Plan {
                 libc::MS_NOSUID | libc::MS_NOEXEC,
             );
         }
+        // Volumes last, over everything else: a volume under /tmp goes on
+        // the sandbox's /tmp. Their mount points are made on the way.
+        for path in input.volumes {
+            let mut prefix = String::new();
+            for part in path.split('/').filter(|p| !p.is_empty()) {
+                prefix.push('/');
+                prefix.push_str(part);
+                b.mkdir(&prefix, 0o755);
+            }
+            b.steps.push(Step::Attach {
+                what: "attach a volume",
+                index: next_fd,
+                target: b.at(path),
+            });
+            next_fd += 1;
+        }
         let mount_fds = next_fd;
         let program_fd = input.program_fd.then(|| {
             next_fd += 1;
@@ -890,6 +909,7 @@ mod tests {
             pooled_net: false,
             program_fd: false,
             stdio_fd: false,
+            volumes: &[],
         })
     }
 
@@ -1031,6 +1051,7 @@ mod tests {
             pooled_net: false,
             program_fd: false,
             stdio_fd: false,
+            volumes: &[],
         });
         let frozen: Vec<String> = plan
             .steps

@@ -202,6 +202,12 @@ pub struct Extras {
     /// Start the sandbox in this ready-made network namespace (one with a
     /// link to brig's gateway) instead of a fresh one with loopback only.
     pub net: Option<PooledNet>,
+    /// Host directories to mount read-write inside, at the paths given
+    /// (absolute and clean: [`brig_core::volume::check_paths`]). Each is
+    /// idmapped through the sandbox's user namespace, so its files are
+    /// stored under the ids the sandbox sees (uid 1000 inside is 1000 on
+    /// disk) whichever host range the sandbox has.
+    pub volumes: Vec<(PathBuf, String)>,
 }
 
 /// How a sandbox ended.
@@ -277,6 +283,9 @@ impl Sandbox {
         let layout = opts.host.layout(&spec.template);
         let identity = template::resolve_user(layout.root_on_host(), spec.user.as_ref())?;
         let staging = opts.staging();
+        let volume_paths: Vec<String> = extras.volumes.iter().map(|(_, p)| p.clone()).collect();
+        brig_core::volume::check_paths(volume_paths.iter().map(String::as_str))
+            .map_err(|e| JailError::Volume(e.to_string()))?;
         let plan = Plan::build(&PlanInput {
             spec,
             id: &id,
@@ -292,6 +301,7 @@ impl Sandbox {
             pooled_net: pooled.is_some(),
             program_fd: extras.program.is_some(),
             stdio_fd: extras.stdio.is_some(),
+            volumes: &volume_paths,
         });
         let mut plan = plan;
         plan.trace = trace.on;
@@ -484,6 +494,9 @@ impl Sandbox {
             // The namespace lives on in the init; our copies go.
             drop(net.ns);
             template_fds.push(net.sysfs);
+        }
+        for (source, _) in &extras.volumes {
+            template_fds.push(idmapped_volume(source, pid)?);
         }
         // In the order the plan expects: mounts, then program, then stdio.
         template_fds.extend(extras.program);
@@ -1347,6 +1360,19 @@ fn idmapped(lower: &Path, pid: libc::pid_t, read_only: bool) -> Result<OwnedFd, 
         }
     }
     Ok(tree)
+}
+
+/// A volume's host directory as a detached, writable mount idmapped
+/// through the sandbox's user namespace.
+fn idmapped_volume(source: &Path, pid: libc::pid_t) -> Result<OwnedFd, JailError> {
+    idmapped(source, pid, false).map_err(|e| match e {
+        JailError::HostCall { errno, .. } => JailError::Volume(format!(
+            "cannot mount the volume at {} into the sandbox: {}",
+            source.display(),
+            std::io::Error::from_raw_os_error(errno.0)
+        )),
+        other => other,
+    })
 }
 
 /// Read the error pipe to EOF: nothing means the command is executing.

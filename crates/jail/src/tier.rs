@@ -223,6 +223,11 @@ impl ProcessTier {
             id: Some(id.clone()),
             detach: true,
             net,
+            volumes: launch
+                .volumes
+                .iter()
+                .map(|v| (v.source.clone(), v.path.clone()))
+                .collect(),
         };
         let sandbox =
             Sandbox::spawn_with(&spec, &self.opts, extras).map_err(|e| from_jail(id, e))?;
@@ -419,9 +424,10 @@ fn command_error(id: &SandboxId, e: JailError) -> TierError {
             fault: CommandFault::NotExecutable,
             message: e.to_string(),
         },
-        JailError::Spec(_) | JailError::Template(_) | JailError::NoCpuController => {
-            TierError::Invalid(chain(&e))
-        }
+        JailError::Spec(_)
+        | JailError::Template(_)
+        | JailError::NoCpuController
+        | JailError::Volume(_) => TierError::Invalid(chain(&e)),
         JailError::Namespaces { .. }
         | JailError::Setup { .. }
         | JailError::Cgroup(_)

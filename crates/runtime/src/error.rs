@@ -41,6 +41,8 @@ pub enum ErrorKind {
     Unauthorized,
     /// This host cannot do it (no cgroup controller for it).
     Unsupported,
+    /// No room left: a volume is full (its size is its quota).
+    NoSpace,
     /// Not now: the daemon is shutting down, a template cannot be built.
     Unavailable,
     /// A bug or a failure of the host: logged, reported with its chain.

@@ -41,6 +41,8 @@ pub mod secrets;
 pub mod snapshots;
 pub mod store;
 pub mod tenants;
+pub mod volume_files;
+pub mod volumes;
 
 pub use error::{chain, ErrorKind};
 pub use events::{Event, EventKind};
@@ -59,3 +61,4 @@ pub use secrets::{SecretError, SecretInfo};
 pub use snapshots::SnapshotInfo;
 pub use store::{Store, StoreError, UnixMillis, DB_FILE, SCHEMA_VERSION};
 pub use tenants::{Tenant, TenantError, TenantId, DEFAULT_TENANT};
+pub use volumes::{MountedVolume, VolumeInfo, VolumeRequest};

@@ -122,6 +122,9 @@ pub struct ManagerConfig {
     /// Pull an image a create names that the store lacks (`brig serve
     /// --pull missing`); off: only images already there.
     pub pull_images: bool,
+    /// A volume's size when its create names none (`brig serve
+    /// --volume-size`; E2B's creates never name one).
+    pub volume_size: u64,
 }
 
 impl Default for ManagerConfig {
@@ -149,6 +152,7 @@ impl ManagerConfig {
             gateway: None,
             network_unavailable: None,
             pull_images: true,
+            volume_size: crate::volumes::DEFAULT_SIZE,
         }
     }
 }
@@ -194,6 +198,8 @@ pub struct CreateConfig {
     /// 60 s): its build starts in the background and the create fails at
     /// once with [`ManagerError::Preparing`] (see `prepare.rs`).
     pub wait_for_template: bool,
+    /// Volumes to mount, by id or name (the tenant's).
+    pub volumes: Vec<crate::volumes::VolumeRequest>,
 }
 
 impl Default for CreateConfig {
@@ -211,6 +217,7 @@ impl Default for CreateConfig {
             attrs: serde_json::Map::new(),
             secrets: BTreeMap::new(),
             wait_for_template: true,
+            volumes: Vec::new(),
         }
     }
 }
@@ -305,6 +312,20 @@ pub enum ManagerError {
     SnapshotNotFound { snapshot: String },
     #[error("sandbox {id} is being snapshotted already: try again when that is done")]
     Snapshotting { id: SandboxId },
+    #[error("no volume {volume} (of yours): volumes are named by their id or name")]
+    VolumeNotFound { volume: String },
+    #[error("a volume named {name} exists already: choose another name, or remove it first")]
+    VolumeExists { name: String },
+    #[error(
+        "volume {volume} is in use{}: remove it once nothing uses it",
+        if sandboxes.is_empty() { String::new() } else { format!(" by sandbox(es) {}", sandboxes.join(", ")) }
+    )]
+    VolumeInUse {
+        volume: String,
+        sandboxes: Vec<String>,
+    },
+    #[error("cannot {op}: {reason}")]
+    Volume { op: &'static str, reason: String },
     #[error("cannot {op}")]
     Image {
         op: &'static str,
@@ -367,7 +388,11 @@ impl ManagerError {
             ManagerError::NoTier { .. } => ErrorKind::Unsupported,
             ManagerError::SnapshotNotFound { .. } => ErrorKind::NotFound,
             ManagerError::Snapshotting { .. } => ErrorKind::Conflict,
-            ManagerError::Image { .. } => ErrorKind::Internal,
+            ManagerError::Image { .. } | ManagerError::Volume { .. } => ErrorKind::Internal,
+            ManagerError::VolumeNotFound { .. } => ErrorKind::NotFound,
+            ManagerError::VolumeExists { .. } | ManagerError::VolumeInUse { .. } => {
+                ErrorKind::Conflict
+            }
             ManagerError::TemplateNotAllowed { .. } => ErrorKind::Forbidden,
             ManagerError::Template { .. }
             | ManagerError::Preparing { .. }
@@ -549,6 +574,8 @@ pub struct SandboxManager {
     pub(crate) preparing: Arc<Mutex<crate::prepare::Preparing>>,
     /// Sandboxes being snapshotted now (`snapshots.rs`).
     pub(crate) snapshotting: Mutex<std::collections::HashSet<SandboxId>>,
+    /// Volumes creates and content requests use now (`volumes.rs`).
+    pub(crate) volumes_in_use: Mutex<crate::volumes::InUse>,
 }
 
 impl std::fmt::Debug for SandboxManager {
@@ -607,8 +634,10 @@ impl SandboxManager {
             exec_timeouts: Default::default(),
             preparing: Arc::default(),
             snapshotting: Mutex::default(),
+            volumes_in_use: Mutex::default(),
         });
         manager.readopt()?;
+        manager.reconcile_volumes();
 
         // The sweeper holds only a weak reference, so dropping the manager
         // without `shutdown` still lets it go.
@@ -982,6 +1011,7 @@ impl SandboxManager {
         spec.validate()?;
 
         let tier = Arc::clone(self.tier(req.isolation)?);
+        let volumes = self.resolve_volumes(tenant, &req.volumes)?;
         // The network: checked before anything is made. With a gateway
         // every sandbox is linked to it (`none` is then a policy like any
         // other), pre-made ones too.
@@ -1027,6 +1057,13 @@ impl SandboxManager {
             serde_json::to_value(&policy).unwrap_or_default(),
         );
         attrs.remove(crate::secrets::OWN_ATTR);
+        attrs.remove(crate::volumes::ATTR);
+        if !volumes.is_empty() {
+            attrs.insert(
+                crate::volumes::ATTR.into(),
+                serde_json::to_value(&volumes).unwrap_or_default(),
+            );
+        }
         if !own.is_empty() {
             attrs.insert(
                 crate::secrets::OWN_ATTR.into(),
@@ -1044,7 +1081,10 @@ impl SandboxManager {
             timeout,
             attrs: attrs.clone(),
         };
-        if req.isolation == Isolation::Process {
+        // Mounted on the host (and held) before the record says the
+        // sandbox uses them; a pre-made sandbox has none.
+        let (hold, mounts) = self.hold_volumes(req.isolation, &volumes)?;
+        if req.isolation == Isolation::Process && mounts.is_empty() {
             if let Some(mut warm) = self.claim(&spec)? {
                 // A pre-made sandbox: its id was picked when it was made;
                 // its record is written now, its policy set.
@@ -1079,9 +1119,9 @@ impl SandboxManager {
         };
         // The filler steps aside while a client waits on a spawn.
         self.waiting.fetch_add(1, Ordering::SeqCst);
-        let made = self.launch(&*tier, &id, &fresh, attachment);
+        let made = self.launch(&*tier, &id, &fresh, attachment, mounts);
         self.waiting.fetch_sub(1, Ordering::SeqCst);
-        match made {
+        let result = match made {
             Ok(warm) => {
                 if let Some(link) = &link {
                     install_ca(&warm.conn, link);
@@ -1092,7 +1132,10 @@ impl SandboxManager {
                 let _ = self.store().mark_dead(&id, None, &EndCause::CreateFailed);
                 Err(e)
             }
-        }
+        };
+        // The record is live now (or dead): the sweeper sees who uses them.
+        drop(hold);
+        result
     }
 
     /// `template` if this daemon lets clients use it: `host` always, a
@@ -1306,6 +1349,7 @@ impl SandboxManager {
         id: &SandboxId,
         spec: &SandboxSpec,
         network: NetworkAttachment,
+        volumes: Vec<brig_core::VolumeMount>,
     ) -> Result<Warm, ManagerError> {
         let launch = Launch {
             id: id.clone(),
@@ -1313,6 +1357,7 @@ impl SandboxManager {
             limits: spec.limits.clone(),
             allow_setuid: spec.allow_setuid,
             network,
+            volumes,
         };
         let instance = tier.launch(&launch).map_err(ManagerError::Spawn)?;
         let conn = self.connect(&*instance)?;
@@ -1417,7 +1462,7 @@ impl SandboxManager {
         let id = SandboxId::from_random(rand::random());
         let made = self.tier(Isolation::Process).and_then(|tier| {
             let (attachment, link) = self.link(&id, brig_net::Policy::none())?;
-            let mut warm = self.launch(&**tier, &id, &spec, attachment)?;
+            let mut warm = self.launch(&**tier, &id, &spec, attachment, Vec::new())?;
             if let Some(link) = &link {
                 install_ca(&warm.conn, link);
             }
@@ -1667,6 +1712,9 @@ impl SandboxManager {
         }
         // Dropping a pre-made sandbox ends it and waits for its teardown.
         drop(self.pool.drain());
+        // Volumes whose sandboxes ended are unmounted now, not at the next
+        // start (those of sandboxes left running stay mounted).
+        self.release_volumes();
     }
 
     /// Pre-made sandboxes per template: (template, idle now, target).
@@ -1875,6 +1923,7 @@ impl SandboxManager {
     /// is gone.
     fn sweep(&self) {
         self.collect_fork_snapshots();
+        self.release_volumes();
         let expired = match self.store().expired_sandboxes() {
             Ok(v) => v,
             Err(e) => {

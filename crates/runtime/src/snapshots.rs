@@ -297,6 +297,14 @@ impl SandboxManager {
             .and_then(|v| serde_json::from_value::<brig_net::Policy>(v.clone()).ok());
         let isolation = record.isolation.parse().unwrap_or_default();
         let labels = record.labels.clone();
+        // A fork mounts its parent's volumes (their files are not copied).
+        let volumes: Vec<crate::volumes::VolumeRequest> = crate::volumes::mounted(&record.attrs)
+            .into_iter()
+            .map(|v| crate::volumes::VolumeRequest {
+                volume: v.id,
+                path: v.path,
+            })
+            .collect();
         Ok(move |template| CreateConfig {
             template,
             limits: brig_core::Limits {
@@ -309,6 +317,7 @@ impl SandboxManager {
             allow_setuid,
             isolation,
             network: network.clone(),
+            volumes: volumes.clone(),
             ..CreateConfig::default()
         })
     }
@@ -435,13 +444,7 @@ impl ManagerError {
 
 /// `snap-` and 20 random lowercase letters and digits.
 fn new_id() -> String {
-    use rand::Rng;
-    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
-    let mut rng = rand::rngs::OsRng;
-    let tail: String = (0..20)
-        .map(|_| ALPHABET[rng.gen_range(0..ALPHABET.len())] as char)
-        .collect();
-    format!("snap-{tail}")
+    format!("snap-{}", crate::store::random_alnum(20))
 }
 
 /// One capture at a time per sandbox: a second is a conflict.

@@ -151,6 +151,20 @@ const MIGRATIONS: &[&str] = &[
     ) STRICT;
     CREATE UNIQUE INDEX snapshots_name ON snapshots(tenant_id, name) WHERE name IS NOT NULL;
     ",
+    // 9: volumes (volumes.rs): a tenant's persistent filesystems, each an
+    // image file under the home, named uniquely per tenant; `token` is the
+    // bearer token of its content API.
+    "
+    CREATE TABLE volumes (
+        id          TEXT PRIMARY KEY,
+        tenant_id   TEXT NOT NULL REFERENCES tenants(id),
+        name        TEXT NOT NULL,
+        size        INTEGER NOT NULL,
+        token       TEXT NOT NULL,
+        created_at  INTEGER NOT NULL,
+        UNIQUE (tenant_id, name)
+    ) STRICT;
+    ",
 ];
 
 /// The schema version this code writes and understands.
@@ -418,6 +432,17 @@ fn user_version(conn: &Connection) -> rusqlite::Result<u32> {
 pub(crate) fn random_hex_id() -> String {
     use rand::Rng;
     format!("{:012x}", rand::rngs::OsRng.gen::<u64>() & 0xffff_ffff_ffff)
+}
+
+/// `n` random lowercase letters and digits (snapshot and volume ids,
+/// volume tokens).
+pub(crate) fn random_alnum(n: usize) -> String {
+    use rand::Rng;
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+    let mut rng = rand::rngs::OsRng;
+    (0..n)
+        .map(|_| ALPHABET[rng.gen_range(0..ALPHABET.len())] as char)
+        .collect()
 }
 
 #[cfg(test)]

@@ -268,6 +268,7 @@ fn a_new_manager_adopts_what_the_last_one_kept_and_settles_the_rest() {
             limits: Limits::default(),
             allow_setuid: false,
             network: brig_core::NetworkAttachment::Loopback,
+            volumes: Vec::new(),
         })
         .unwrap()
         .release();

@@ -85,6 +85,24 @@ pub fn test_cache() -> PathBuf {
 /// Where scripts/test builds the named templates (`base`,
 /// `code-interpreter-v1`): `$BRIG_TEST_TEMPLATE_HOME`, else
 /// `home` in the [`test_cache`].
+/// What is left on the host of volumes under `dir`: mounts whose path
+/// mentions it, and loop devices backed by a file under it (`losetup -a`).
+pub fn volume_leftovers(dir: &std::path::Path) -> Vec<String> {
+    let needle = dir.to_string_lossy().into_owned();
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let loops = std::process::Command::new("losetup")
+        .arg("-a")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    mounts
+        .lines()
+        .chain(loops.lines())
+        .filter(|l| l.contains(&needle))
+        .map(str::to_string)
+        .collect()
+}
+
 pub fn template_home() -> PathBuf {
     match std::env::var_os("BRIG_TEST_TEMPLATE_HOME") {
         Some(h) => h.into(),

@@ -62,6 +62,7 @@ pub(crate) fn run(
         limits: spec.limits.clone(),
         allow_setuid: spec.allow_setuid,
         network: NetworkAttachment::Loopback,
+        volumes: Vec::new(),
     };
     let instance = tier.launch(&launch)?;
     let id = launch.id.clone();

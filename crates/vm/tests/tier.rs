@@ -147,6 +147,7 @@ fn a_guest_serves_its_agent_over_the_line_and_leaves_nothing() {
                 },
                 allow_setuid: false,
                 network: NetworkAttachment::Loopback,
+                volumes: Vec::new(),
             })
             .expect("launch");
         let pid = inst.pid().expect("QEMU's pid");
@@ -233,6 +234,7 @@ fn a_template_of_the_host_and_a_network_are_refused() {
             limits: Limits::default(),
             allow_setuid: false,
             network: NetworkAttachment::Loopback,
+            volumes: Vec::new(),
         })
         .unwrap_err();
     assert!(e.to_string().contains("root file system of its own"), "{e}");

@@ -539,6 +539,22 @@ pub fn ago(at: i64) -> String {
     format!("{} ago", span(now_millis() - at))
 }
 
+/// Bytes as people read them (1.5M).
+pub fn human_size(bytes: u64) -> String {
+    let units = ["B", "K", "M", "G", "T"];
+    let mut v = bytes as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < units.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes}B")
+    } else {
+        format!("{v:.1}{}", units[unit])
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -61,6 +61,11 @@ pub struct CreateArgs {
     /// sandbox never sees it.
     #[arg(long = "secret", value_name = "NAME[=VALUE]")]
     secret: Vec<String>,
+    /// Mount one of your volumes (`brig volume create`) at PATH inside
+    /// (repeatable): VOLUME is its name or id, PATH absolute, such as
+    /// /mnt/data. Process tier only.
+    #[arg(long = "volume", short = 'v', value_name = "VOLUME:PATH", value_parser = parse_volume)]
+    volume: Vec<(String, String)>,
     /// Let anyone reach its ports by host name
     /// (http://PORT-ID.localhost:7777/) without its traffic token.
     #[arg(long)]
@@ -68,6 +73,15 @@ pub struct CreateArgs {
     /// Print the whole sandbox as JSON instead of its id.
     #[arg(long)]
     json: bool,
+}
+
+/// `--volume VOLUME:PATH`, its path checked before anything is sent.
+pub(crate) fn parse_volume(s: &str) -> Result<(String, String), String> {
+    let (volume, path) = s
+        .split_once(':')
+        .ok_or_else(|| format!("{s:?}: expected VOLUME:PATH, such as data:/mnt/data"))?;
+    brig_core::volume::check_path(path).map_err(|e| e.to_string())?;
+    Ok((volume.to_string(), path.to_string()))
 }
 
 /// `--isolation`, checked before anything is sent.
@@ -107,6 +121,14 @@ impl CreateArgs {
         }
         if !self.publish.is_empty() {
             body["publish"] = json!(self.publish);
+        }
+        if !self.volume.is_empty() {
+            brig_core::volume::check_paths(self.volume.iter().map(|(_, p)| p.as_str()))?;
+            body["volumes"] = self
+                .volume
+                .iter()
+                .map(|(volume, path)| json!({ "volume": volume, "path": path }))
+                .collect();
         }
         if self.public_ports {
             body["public_ports"] = json!(true);

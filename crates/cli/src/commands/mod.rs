@@ -33,6 +33,7 @@ pub mod stats;
 pub mod template;
 pub mod tenants;
 pub mod top;
+pub mod volume;
 
 /// brig runs untrusted code in fast, strongly isolated sandboxes.
 #[derive(Debug, Parser)]
@@ -103,6 +104,9 @@ pub enum Command {
     /// Snapshot a sandbox's files, list and remove snapshots (start from
     /// one with `brig create --from-snapshot`).
     Snapshot(snapshot::SnapshotArgs),
+    /// Create, list and remove persistent volumes (mount one with `brig
+    /// create --volume NAME:/path`).
+    Volume(volume::VolumeArgs),
     /// New sandboxes from a sandbox's files as they are now; it runs on.
     Fork(fork::ForkArgs),
     /// Give a live sandbox more time, counted from now.
@@ -144,6 +148,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Tenants(args) => tenants::run(args),
         Command::Secrets(args) => secrets::run(args),
         Command::Snapshot(args) => snapshot::run(args),
+        Command::Volume(args) => volume::run(args),
         Command::Fork(args) => fork::run(args),
         Command::Extend(args) => extend::run(args),
         Command::Rm(args) => rm::run(args),

@@ -65,6 +65,10 @@ pub struct ServeArgs {
     /// [default: half the host's CPUs, at least 1].
     #[arg(long, value_name = "N|none")]
     default_cpus: Option<String>,
+    /// The size (the quota) of a volume created without one, such as
+    /// 512MiB; E2B's creates always get it [default: 1GiB].
+    #[arg(long, value_name = "SIZE")]
+    volume_size: Option<String>,
     /// Serve the Prometheus metrics at GET /metrics without an API key
     /// (for a scraper on a trusted network).
     #[arg(long)]
@@ -190,6 +194,23 @@ impl ServeArgs {
             None => DEFAULT_MAX_TIMEOUT,
         };
         manager.default_timeout = manager.default_timeout.min(manager.max_timeout);
+        if let Some(size) = &self.volume_size {
+            let bytes = brig_core::parse_size(size)
+                .context("--volume-size")?
+                .bytes();
+            let (min, max) = (
+                brig_runtime::volumes::MIN_SIZE,
+                brig_runtime::volumes::MAX_SIZE,
+            );
+            if !(min..=max).contains(&bytes) {
+                anyhow::bail!(
+                    "invalid --volume-size {size}: a volume is {} to {}",
+                    brig_core::ByteSize(min),
+                    brig_core::ByteSize(max)
+                );
+            }
+            manager.volume_size = bytes;
+        }
         match self.default_cpus.as_deref() {
             None => {}
             Some("none") => manager.default_cpus = None,

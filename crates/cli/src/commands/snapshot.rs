@@ -5,7 +5,7 @@
 
 use serde_json::Value;
 
-use super::client::{ago, Client};
+use super::client::{ago, human_size, Client};
 
 #[derive(Debug, clap::Args)]
 pub struct SnapshotArgs {
@@ -79,7 +79,7 @@ pub fn run(args: SnapshotArgs) -> anyhow::Result<i32> {
                     s["name"].as_str().unwrap_or("-"),
                     s["sandbox_id"].as_str().unwrap_or("?"),
                     s["template"].as_str().unwrap_or("?"),
-                    size(s["size_bytes"].as_u64().unwrap_or(0)),
+                    human_size(s["size_bytes"].as_u64().unwrap_or(0)),
                     s["created_at"].as_i64().map_or("-".into(), ago),
                 );
             }
@@ -94,20 +94,4 @@ pub fn run(args: SnapshotArgs) -> anyhow::Result<i32> {
         }
     }
     Ok(0)
-}
-
-/// Bytes as people read them (1.5M).
-fn size(bytes: u64) -> String {
-    let units = ["B", "K", "M", "G", "T"];
-    let mut v = bytes as f64;
-    let mut unit = 0;
-    while v >= 1024.0 && unit + 1 < units.len() {
-        v /= 1024.0;
-        unit += 1;
-    }
-    if unit == 0 {
-        format!("{bytes}B")
-    } else {
-        format!("{v:.1}{}", units[unit])
-    }
 }

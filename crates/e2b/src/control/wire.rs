@@ -63,6 +63,7 @@ impl E2bError {
             ErrorKind::Forbidden => S::FORBIDDEN,
             ErrorKind::Unauthorized => S::UNAUTHORIZED,
             ErrorKind::Unsupported => S::NOT_IMPLEMENTED,
+            ErrorKind::NoSpace => S::INSUFFICIENT_STORAGE,
             ErrorKind::Unavailable => S::SERVICE_UNAVAILABLE,
             ErrorKind::Internal => {
                 tracing::error!("internal error: {message}");
@@ -166,6 +167,8 @@ pub struct NewSandbox {
     pub network: Option<NetworkConfig>,
     /// Workload-identity tokens: refused until brig mints them.
     pub iam: Option<serde_json::Value>,
+    /// Volumes to mount, by name (`volumes.rs`).
+    pub volume_mounts: Option<Vec<super::volumes::VolumeMount>>,
 }
 
 /// `SandboxNetworkConfig`: a create's `network`, kept as given and shown
@@ -322,6 +325,8 @@ pub struct Detail {
     /// The network configuration as given (`SandboxDetail` only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub network: Option<NetworkConfig>,
+    /// The volumes it mounts, by name.
+    pub volume_mounts: Vec<super::volumes::VolumeMount>,
 }
 
 /// `SandboxLifecycle`: both keys are required when it is present.
@@ -391,6 +396,7 @@ impl Detail {
             }),
             allow_internet_access: with_token.then_some(sb.allow_internet_access),
             network: with_token.then(|| sb.network.clone()).flatten(),
+            volume_mounts: super::volumes::echoed(record),
         }
     }
 }

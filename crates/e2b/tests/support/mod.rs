@@ -41,6 +41,17 @@ impl Planes {
         script: &str,
         template: Option<&str>,
     ) -> std::process::Output {
+        self.run_sdk_script_with(python, script, template, &[])
+    }
+
+    /// [`Planes::run_sdk_script`] with more environment variables.
+    pub fn run_sdk_script_with(
+        &self,
+        python: &std::path::Path,
+        script: &str,
+        template: Option<&str>,
+        envs: &[(&str, &str)],
+    ) -> std::process::Output {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../../tests/e2b")
             .join(script);
@@ -48,12 +59,15 @@ impl Planes {
         cmd.arg(&path)
             .env("E2B_API_KEY", &self.f.key)
             .env("E2B_API_URL", format!("http://{}", self.api))
+            // Volume content requests go here, not to E2B_API_URL.
+            .env("E2B_VOLUME_API_URL", format!("http://{}", self.api))
             .env("E2B_SANDBOX_URL", format!("http://{}", self.data))
             .env_remove("E2B_DEBUG")
             .env_remove("E2B_DOMAIN");
         if let Some(t) = template {
             cmd.env("E2B_TEMPLATE", t);
         }
+        cmd.envs(envs.iter().copied());
         cmd.output().unwrap()
     }
 }

@@ -1,0 +1,45 @@
+//! E2B's volumes through the official Python client (tests/e2b/volumes_sdk.py)
+//! against both planes in process, on the process tier, with 32 MiB volumes
+//! under a home of the test's own; and after it, nothing of them left on
+//! the host: no mount, no loop device, no image.
+
+mod support;
+
+use support::{planes_with, root_or_skip};
+
+#[test]
+fn python_sdk_volumes() {
+    if !root_or_skip() {
+        return;
+    }
+    let Some(python) = support::venv_or_skip("e2b-venv") else {
+        return;
+    };
+    let home = tempfile::tempdir().unwrap();
+    let dir = home.path().to_path_buf();
+    let p = planes_with(|c| {
+        c.home = Some(dir.clone());
+        c.volume_size = 32 << 20;
+    });
+    let other = p.f.other_key.clone();
+    let out = p.run_sdk_script_with(
+        &python,
+        "volumes_sdk.py",
+        Some("host"),
+        &[("E2B_OTHER_API_KEY", &other)],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("63 passed, 0 failed"), "{stdout}");
+    // The script destroyed its volumes once its sandboxes were gone.
+    let leftovers = brig_test_support::volume_leftovers(&dir);
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    let left: Vec<_> = std::fs::read_dir(dir.join("volumes"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .filter(|n| n != "mnt")
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
