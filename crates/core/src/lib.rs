@@ -19,7 +19,7 @@ pub mod units;
 
 pub use spec::{EnvVar, Limits, RunFile, SandboxId, SandboxSpec, SpecError, TemplateRef, UserSpec};
 pub use tier::{
-    CommandFault, Ended, Instance, Isolation, Launch, NetworkAttachment, OneShot, Tier, TierError,
-    TierErrorKind, UnknownIsolation, Usage, WritableLayer,
+    Checkpoints, CommandFault, Ended, Instance, Isolation, Launch, NetworkAttachment, OneShot,
+    Tier, TierError, TierErrorKind, UnknownIsolation, Usage, WritableLayer,
 };
 pub use units::{parse_duration, parse_size, ByteSize, UnitError};

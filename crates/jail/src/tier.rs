@@ -511,12 +511,10 @@ impl Instance for ProcessInstance {
     fn pause(&self) -> Result<(), TierError> {
         let controls = self.controls()?;
         let err = match controls.freeze() {
-            Err(CgroupError::FreezeTimeout { .. }) => {
-                match controls.freeze() {
-                    Ok(()) => return Ok(()),
-                    Err(e) => e,
-                }
-            }
+            Err(CgroupError::FreezeTimeout { .. }) => match controls.freeze() {
+                Ok(()) => return Ok(()),
+                Err(e) => e,
+            },
             other => return other.map_err(self.cgroup_err("freeze the sandbox")),
         };
         match err {
