@@ -274,7 +274,13 @@ mod tests {
             return;
         }
         let dir = tempfile::tempdir().unwrap();
-        let err = prepare(dir.path(), &TemplateRef::Named("base".into()), 1 << 20, None).unwrap_err();
+        let err = prepare(
+            dir.path(),
+            &TemplateRef::Named("base".into()),
+            1 << 20,
+            None,
+        )
+        .unwrap_err();
         assert!(matches!(err, RootfsError::Unresolved(_)), "{err}");
         let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap();
         assert!(!mounts.contains(dir.path().to_str().unwrap()), "{mounts}");
