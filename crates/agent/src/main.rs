@@ -43,6 +43,7 @@ fn main() -> ExitCode {
             Ok(()) => vm::fail("the bring-up returned"),
             Err(message) => vm::fail(&message),
         },
+        [flag, name] if flag == "--identity" => return refresh_identity(name),
         [flag] if flag == "--version" => {
             println!("brig-agent {}", env!("CARGO_PKG_VERSION"));
             return ExitCode::SUCCESS;
@@ -51,7 +52,8 @@ fn main() -> ExitCode {
             eprintln!(
                 "usage: brig-agent [--stdio | --listen | --listen-at PATH | --vm-init]  (default: \
                  the connection is fd 3; --listen: fd 0 is a listening socket; --listen-at: \
-                 bind a unix socket at PATH; --vm-init: a vm-tier guest's init)"
+                 bind a unix socket at PATH; --vm-init: a vm-tier guest's init; --identity \
+                 HOSTNAME: a restored gvisor sandbox's new host name and machine id)"
             );
             return ExitCode::from(1);
         }
@@ -145,21 +147,53 @@ fn connected(stdio: bool) -> Result<Session, String> {
 /// (a stale one an earlier agent left is replaced). Only the sandbox's
 /// root may connect: the socket is made 0600.
 fn listen_at(path: &std::path::Path) -> Result<Session, String> {
-    let _ = std::fs::remove_file(path);
-    // Made 0600 by the umask at its creation (gVisor refuses a chmod of a
-    // socket it bound on the host), the umask restored for what the agent
-    // starts.
-    // SAFETY: umask takes an integer and cannot fail.
-    let old = unsafe { libc::umask(0o177) };
-    let bound = UnixListener::bind(path);
-    // SAFETY: as above.
-    unsafe { libc::umask(old) };
-    let listener = bound.map_err(|e| format!("cannot bind a socket at {}: {e}", path.display()))?;
+    let listener = session::bind_private(path)
+        .map_err(|e| format!("cannot bind a socket at {}: {e}", path.display()))?;
     // stdout and stderr stay the launcher's (the sandbox's log: the agent
     // writes there only why it ends); whatever else it left open stays out
     // of the agent's children.
     sys::cloexec_above_stderr().map_err(|e| format!("cannot set up descriptors: {e}"))?;
-    Session::listen(listener).map_err(|e| format!("cannot set up the event loop: {e}"))
+    Session::listen_at(listener, path.to_path_buf())
+        .map_err(|e| format!("cannot set up the event loop: {e}"))
+}
+
+/// `--identity HOSTNAME`: what the gvisor tier runs (`runsc exec`, with
+/// CAP_SYS_ADMIN for this process only) in a sandbox restored from a
+/// checkpoint, which comes back with its parent's identity: its own host
+/// name, and a new `/etc/machine-id` (random, from the kernel: gVisor's
+/// entropy comes from the host, fresh in every restored sandbox).
+fn refresh_identity(hostname: &str) -> ExitCode {
+    if let Err(e) = sys::set_hostname(hostname) {
+        eprintln!("brig-agent: cannot set the host name {hostname:?}: {e}");
+        return ExitCode::from(1);
+    }
+    let mut id = [0u8; 16];
+    // SAFETY: a buffer of 16 bytes, written by the kernel.
+    let n = unsafe { libc::getrandom(id.as_mut_ptr().cast(), id.len(), 0) };
+    if n != id.len() as isize {
+        eprintln!("brig-agent: cannot read random bytes for /etc/machine-id");
+        return ExitCode::from(1);
+    }
+    let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
+    // A root whose /etc is not the sandbox's own (the `host` template's,
+    // bound read-only) keeps the machine id it shows.
+    match std::fs::write("/etc/machine-id", format!("{hex}\n")) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::PermissionDenied
+                    | std::io::ErrorKind::ReadOnlyFilesystem
+                    | std::io::ErrorKind::NotFound
+            ) =>
+        {
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("brig-agent: cannot write /etc/machine-id: {e}");
+            ExitCode::from(1)
+        }
+    }
 }
 
 /// A session that serves hosts connecting to the socket on fd 0.

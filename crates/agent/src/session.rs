@@ -16,6 +16,7 @@ use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::os::unix::net::UnixListener;
+use std::path::PathBuf;
 
 use brig_protocol::message::{
     self, AttachRequest, Call, ConnectRequest, DataMsg, ErrorBody, ErrorCode, Event, ExecRequest,
@@ -135,6 +136,24 @@ enum Token {
     Forward(u32),
 }
 
+/// The file a `--listen-at` agent writes beside its socket once it has let
+/// go of it for a checkpoint.
+pub const RELEASED: &str = "released";
+
+/// Bind a unix socket at `path` (a stale one is replaced) that only the
+/// sandbox's root may connect to: made 0600 by the umask at its creation
+/// (gVisor refuses a chmod of a socket it bound on the host), the umask
+/// restored for what the agent starts.
+pub fn bind_private(path: &std::path::Path) -> io::Result<UnixListener> {
+    let _ = std::fs::remove_file(path);
+    // SAFETY: umask takes an integer and cannot fail.
+    let old = unsafe { libc::umask(0o177) };
+    let bound = UnixListener::bind(path);
+    // SAFETY: as above.
+    unsafe { libc::umask(old) };
+    bound
+}
+
 #[derive(Debug)]
 pub struct Session {
     /// The host's connection (read half, write half); `None` while no host
@@ -143,6 +162,9 @@ pub struct Session {
     /// With `--listen`: where the next host connects. A new connection
     /// replaces the current one; the host going away ends nothing.
     listener: Option<UnixListener>,
+    /// With `--listen-at`: the socket's path, which the agent lets go of
+    /// (SIGUSR2) for a checkpoint and binds again (SIGUSR1) after it.
+    listen_path: Option<PathBuf>,
     decoder: Decoder,
     out: Vec<u8>,
     peer_hello: bool,
@@ -172,7 +194,7 @@ impl Session {
     pub fn new(input: File, output: File) -> io::Result<Session> {
         sys::set_nonblocking(&input)?;
         sys::set_nonblocking(&output)?;
-        Self::build(Some((input, output)), None)
+        Self::build(Some((input, output)), None, None)
     }
 
     /// A session that outlives its connections: hosts connect to
@@ -181,13 +203,35 @@ impl Session {
     /// kept in its ring for the next host to re-attach to.
     pub fn listen(listener: UnixListener) -> io::Result<Session> {
         listener.set_nonblocking(true)?;
-        Self::build(None, Some(listener))
+        Self::build(None, Some(listener), None)
     }
 
-    fn build(conn: Option<(File, File)>, listener: Option<UnixListener>) -> io::Result<Session> {
+    /// As [`Session::listen`], on the socket the agent bound at `path`
+    /// (the gvisor tier). gVisor cannot checkpoint a sandbox holding a
+    /// host socket, so on SIGUSR2 the agent lets go of it — it drops the
+    /// host's connection (as when a host goes away: background processes
+    /// run on) and closes and removes its socket — and on SIGUSR1 binds
+    /// it again (the host sends it after the checkpoint, to the sandbox
+    /// and to each one restored from it).
+    pub fn listen_at(listener: UnixListener, path: PathBuf) -> io::Result<Session> {
+        listener.set_nonblocking(true)?;
+        Self::build(None, Some(listener), Some(path))
+    }
+
+    fn build(
+        conn: Option<(File, File)>,
+        listener: Option<UnixListener>,
+        listen_path: Option<PathBuf>,
+    ) -> io::Result<Session> {
+        let also: &[libc::c_int] = if listen_path.is_some() {
+            &[libc::SIGUSR1, libc::SIGUSR2]
+        } else {
+            &[]
+        };
         Ok(Session {
             conn,
             listener,
+            listen_path,
             decoder: Decoder::new(),
             out: Vec::new(),
             peer_hello: false,
@@ -197,7 +241,7 @@ impl Session {
             next_agent_stream: 2,
             procs: BTreeMap::new(),
             exited_unattached: VecDeque::new(),
-            sigchld: File::from(sys::sigchld_fd()?),
+            sigchld: File::from(sys::sigchld_fd(also)?),
             watches: Watches::default(),
             forwards: Forwards::default(),
             logs: Logs::default(),
@@ -239,6 +283,40 @@ impl Session {
         self.peer_hello = false;
         self.highest_host_stream = 0;
         self.next_agent_stream = 2;
+    }
+
+    /// Before a checkpoint: no host socket may be open in the sandbox.
+    /// Once closed, the agent says so with a file beside the socket
+    /// ([`RELEASED`]); the host removes both (gVisor lets the sandbox bind
+    /// a host socket, not remove it).
+    fn let_go(&mut self) {
+        let Some(path) = self.listen_path.clone() else {
+            return;
+        };
+        if self.conn.is_some() {
+            let _ = self.flush();
+            self.detach();
+        }
+        self.listener = None;
+        let released = path.with_file_name(RELEASED);
+        if let Err(e) = std::fs::write(&released, b"") {
+            eprintln!("brig-agent: cannot write {}: {e}", released.display());
+        }
+    }
+
+    /// After a checkpoint (in the sandbox checkpointed and in each one
+    /// restored from it): listen again.
+    fn bind_again(&mut self) {
+        let Some(path) = self.listen_path.clone() else {
+            return;
+        };
+        if self.listener.is_some() {
+            return;
+        }
+        match bind_private(&path).and_then(|l| l.set_nonblocking(true).map(|()| l)) {
+            Ok(listener) => self.listener = Some(listener),
+            Err(e) => eprintln!("brig-agent: cannot bind {} again: {e}", path.display()),
+        }
     }
 
     /// A host connects: it replaces the current one, if any.
@@ -449,8 +527,13 @@ impl Session {
 
     fn reap(&mut self) {
         // Drain the signalfd; the statuses come from waitpid.
-        let mut buf = [0u8; 1024];
-        while matches!(self.sigchld.read(&mut buf), Ok(n) if n > 0) {}
+        for signal in sys::read_signals(&mut self.sigchld) {
+            match signal as libc::c_int {
+                libc::SIGUSR2 => self.let_go(),
+                libc::SIGUSR1 => self.bind_again(),
+                _ => {}
+            }
+        }
         for (pid, status) in sys::reap_children() {
             if let Some(p) = self.procs.get_mut(&pid) {
                 p.status = Some(status);

@@ -101,10 +101,11 @@ pub fn poll(fds: &mut [libc::pollfd], timeout_ms: libc::c_int) -> io::Result<usi
     Ok(n as usize)
 }
 
-/// Block SIGCHLD and return a signalfd that becomes readable when a child
-/// changes state. Children started with std::process::Command get an empty
-/// signal mask again, so blocking here does not leak into them.
-pub fn sigchld_fd() -> io::Result<OwnedFd> {
+/// Block SIGCHLD (and `also`) and return a signalfd that becomes readable
+/// when a child changes state (or one of `also` arrives). Children started
+/// with std::process::Command get an empty signal mask again, so blocking
+/// here does not leak into them.
+pub fn sigchld_fd(also: &[libc::c_int]) -> io::Result<OwnedFd> {
     // SAFETY: sigset_t is plain data, all zeroes is a valid value, and
     // sigemptyset initialises it before use.
     let mut set: libc::sigset_t = unsafe { std::mem::zeroed() };
@@ -112,6 +113,24 @@ pub fn sigchld_fd() -> io::Result<OwnedFd> {
     unsafe {
         libc::sigemptyset(&mut set);
         libc::sigaddset(&mut set, libc::SIGCHLD);
+        for sig in also {
+            libc::sigaddset(&mut set, *sig);
+        }
+    }
+    // A handler that never runs (the signals stay blocked, read from the
+    // descriptor): as pid 1, a signal left at its default action would be
+    // dropped before it could be read (gVisor does so even when blocked).
+    extern "C" fn never(_: libc::c_int) {}
+    for sig in also {
+        // SAFETY: a zeroed sigaction is valid; the handler is a plain
+        // function that does nothing; the result is checked.
+        unsafe {
+            let mut act: libc::sigaction = std::mem::zeroed();
+            act.sa_sigaction = never as extern "C" fn(libc::c_int) as usize;
+            if libc::sigaction(*sig, &act, std::ptr::null_mut()) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
     }
     // SAFETY: `set` is valid; the old mask is not wanted (null is allowed).
     let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
@@ -533,4 +552,29 @@ pub fn power_off() -> io::Error {
         libc::reboot(libc::RB_POWER_OFF);
     }
     io::Error::last_os_error()
+}
+
+/// The signal numbers read from a signalfd (each `signalfd_siginfo` is
+/// 128 bytes, its first field the number), until it has no more.
+pub fn read_signals(fd: &mut std::fs::File) -> Vec<u32> {
+    use std::io::Read;
+    let mut signals = Vec::new();
+    let mut buf = [0u8; 128 * 8];
+    while let Ok(n) = fd.read(&mut buf) {
+        if n == 0 {
+            break;
+        }
+        signals.extend(
+            buf[..n]
+                .chunks_exact(128)
+                .map(|info| u32::from_ne_bytes([info[0], info[1], info[2], info[3]])),
+        );
+    }
+    signals
+}
+
+/// Set the UTS namespace's host name (needs CAP_SYS_ADMIN in it).
+pub fn set_hostname(name: &str) -> io::Result<()> {
+    // SAFETY: a pointer and length to bytes that outlive the call.
+    check(unsafe { libc::sethostname(name.as_ptr().cast(), name.len()) }).map(drop)
 }

@@ -20,7 +20,7 @@ pub mod volume;
 
 pub use spec::{EnvVar, Limits, RunFile, SandboxId, SandboxSpec, SpecError, TemplateRef, UserSpec};
 pub use tier::{
-    CommandFault, Ended, Instance, Isolation, Launch, NetworkAttachment, OneShot, Tier, TierError,
-    TierErrorKind, UnknownIsolation, Usage, VolumeMount, WritableLayer,
+    Checkpoints, CommandFault, Ended, Instance, Isolation, Launch, NetworkAttachment, OneShot,
+    Tier, TierError, TierErrorKind, UnknownIsolation, Usage, VolumeMount, WritableLayer,
 };
 pub use units::{parse_duration, parse_size, ByteSize, UnitError};

@@ -30,6 +30,7 @@
 use std::fmt;
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
+use std::path::Path;
 use std::str::FromStr;
 
 use crate::spec::{Limits, SandboxId, SandboxSpec, TemplateRef};
@@ -142,6 +143,19 @@ pub struct VolumeMount {
     pub source: std::path::PathBuf,
     /// Absolute, clean, not `/` nor a system directory.
     pub path: String,
+}
+
+/// What a tier keeps of a sandbox in a snapshot ([`Tier::checkpoints`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Checkpoints {
+    /// Its files only, where it has a writable layer the host can read
+    /// ([`Instance::writable_layer`]): processes and memory are not kept.
+    Files,
+    /// Its memory and processes as well as its files
+    /// ([`Instance::checkpoint`], [`Tier::restore`]), for a sandbox on
+    /// [`NetworkAttachment::Loopback`] only: the runtime gives one created
+    /// with no network no namespace, so that it can be checkpointed.
+    MemoryOnLoopback,
 }
 
 /// A sandbox's resource use now.
@@ -306,6 +320,27 @@ pub trait Tier: Send + Sync + fmt::Debug {
     /// host, so that reconcile can tell leftovers no record names.
     fn running(&self) -> Vec<SandboxId>;
 
+    /// What a snapshot of one of its sandboxes keeps.
+    fn checkpoints(&self) -> Checkpoints {
+        Checkpoints::Files
+    }
+
+    /// Start a sandbox from a checkpoint an [`Instance::checkpoint`] of this
+    /// tier wrote in `image`: its processes run on where they were, with
+    /// their memory and files; `launch` gives its id, template (the one the
+    /// checkpointed sandbox ran on), limits and network. Its identity is
+    /// its own (host name = its id, a new machine id, fresh kernel
+    /// entropy). Returns once the agent can be connected to; on error
+    /// nothing of it is left on the host. `image` is not needed after.
+    fn restore(&self, launch: &Launch, image: &Path) -> Result<Box<dyn Instance>, TierError> {
+        let _ = (launch, image);
+        Err(TierError::Unsupported {
+            tier: self.isolation(),
+            op: "restore a sandbox from a checkpoint",
+            reason: "this tier keeps files only in a snapshot (no memory or processes)".into(),
+        })
+    }
+
     /// Run `spec.command` in a fresh sandbox of `spec.template`, `limits`,
     /// env, workdir and user, wired to this process's stdin, stdout and
     /// stderr (a new terminal if `spec.tty`): `brig run`. The sandbox dies
@@ -375,6 +410,18 @@ pub trait Instance: Send + Sync + fmt::Debug {
         Err(TierError::Invalid(
             "this sandbox's tier keeps no writable layer the host can read, so its files \
              cannot be snapshotted (process-tier sandboxes can)"
+                .into(),
+        ))
+    }
+    /// Write the sandbox's memory, processes and files to `image` (an empty
+    /// directory) for [`Tier::restore`], and leave it running as it was
+    /// (paused if it was). Its agent lets go of every host connection for
+    /// the checkpoint: the caller connects again after. Tiers that cannot
+    /// say `Unsupported` (see [`Tier::checkpoints`]).
+    fn checkpoint(&self, image: &Path) -> Result<(), TierError> {
+        let _ = image;
+        Err(TierError::Invalid(
+            "this sandbox's tier cannot checkpoint memory and processes (the gvisor tier can)"
                 .into(),
         ))
     }

@@ -82,11 +82,12 @@ fn start(
         )),
         _ => None,
     };
-    let root =
-        rootfs::prepare(dir, &spec.template, spec.limits.disk.bytes()).map_err(|e| match e {
+    let root = rootfs::prepare(dir, &spec.template, spec.limits.disk.bytes(), None).map_err(
+        |e| match e {
             rootfs::RootfsError::Unresolved(_) => TierError::Invalid(e.to_string()),
             e => TierError::failed(id, "prepare its root filesystem", e),
-        })?;
+        },
+    )?;
     // The user, from the template's /etc/passwd (the host's for `host`).
     let passwd_root = if root.binds.iter().any(|b| b == Path::new("/etc")) {
         PathBuf::from("/")

@@ -61,9 +61,15 @@ pub struct Root {
     pub binds: Vec<PathBuf>,
 }
 
-/// The tmpfs and overlay of a sandbox in `dir`. On error what was mounted
-/// is unmounted again.
-pub fn prepare(dir: &Path, template: &TemplateRef, disk: u64) -> Result<Root, RootfsError> {
+/// The tmpfs and overlay of a sandbox in `dir`, its writable layer a copy
+/// of `seed` (what [`save_layer`] kept of a checkpointed sandbox's) if
+/// given. On error what was mounted is unmounted again.
+pub fn prepare(
+    dir: &Path,
+    template: &TemplateRef,
+    disk: u64,
+    seed: Option<&Path>,
+) -> Result<Root, RootfsError> {
     let upper = dir.join("upper");
     let root = dir.join("rootfs");
     fs::create_dir_all(&upper).map_err(io_err("create", &upper))?;
@@ -79,6 +85,12 @@ pub fn prepare(dir: &Path, template: &TemplateRef, disk: u64) -> Result<Root, Ro
         &format!("size={size},mode=0755"),
     )
     .map_err(io_err("mount the writable layer's tmpfs", &upper))?;
+    if let Some(seed) = seed {
+        if let Err(e) = copy_tree(seed, &upper) {
+            let _ = unmount(dir);
+            return Err(e);
+        }
+    }
     let made = match template {
         TemplateRef::Host => host_root(&upper),
         TemplateRef::Dir(path) => overlay(&upper, &root, std::slice::from_ref(path)),
@@ -135,8 +147,11 @@ fn host_root(upper: &Path) -> Result<Root, RootfsError> {
         let inside = root.join(p.trim_start_matches('/'));
         if meta.file_type().is_symlink() {
             let target = fs::read_link(host).map_err(io_err("read the link", host))?;
-            std::os::unix::fs::symlink(&target, &inside)
-                .map_err(io_err("recreate the link", &inside))?;
+            match std::os::unix::fs::symlink(&target, &inside) {
+                // A restored root has it already.
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                made => made.map_err(io_err("recreate the link", &inside))?,
+            }
         } else if meta.is_dir() {
             binds.push(host.to_path_buf());
         }
@@ -152,6 +167,43 @@ fn host_root(upper: &Path) -> Result<Root, RootfsError> {
             .map_err(io_err("make world-writable", &d))?;
     }
     Ok(Root { path: root, binds })
+}
+
+/// Copy the writable layer of the sandbox in `dir` (its overlay's upper,
+/// or the `host` template's root; not the overlay's work directory) to
+/// `to`, for [`prepare`] to seed another sandbox's with: every file with
+/// its owner, mode, times and extended attributes (overlay whiteouts and
+/// opaque marks too). Only while the sandbox is stopped.
+pub fn save_layer(dir: &Path, to: &Path) -> Result<(), RootfsError> {
+    let upper = dir.join("upper");
+    fs::create_dir_all(to).map_err(io_err("create", to))?;
+    let entries = fs::read_dir(&upper).map_err(io_err("read", &upper))?;
+    for e in entries.flatten() {
+        if e.file_name() != "work" {
+            copy_tree(&e.path(), &to.join(e.file_name()))?;
+        }
+    }
+    Ok(())
+}
+
+/// `cp -a` of `from` (a directory's contents) into `to`.
+fn copy_tree(from: &Path, to: &Path) -> Result<(), RootfsError> {
+    fs::create_dir_all(to).map_err(io_err("create", to))?;
+    let out = std::process::Command::new("cp")
+        .arg("-a")
+        .arg("--no-target-directory")
+        .arg(from)
+        .arg(to)
+        .output()
+        .map_err(io_err("run cp -a to copy a writable layer", to))?;
+    if !out.status.success() {
+        return Err(RootfsError::Io {
+            op: "copy a writable layer",
+            path: to.to_path_buf(),
+            source: io::Error::other(String::from_utf8_lossy(&out.stderr).trim().to_string()),
+        });
+    }
+    Ok(())
 }
 
 /// Unmount the overlay and the tmpfs of the sandbox in `dir` (lazily: a
@@ -222,7 +274,13 @@ mod tests {
             return;
         }
         let dir = tempfile::tempdir().unwrap();
-        let err = prepare(dir.path(), &TemplateRef::Named("base".into()), 1 << 20).unwrap_err();
+        let err = prepare(
+            dir.path(),
+            &TemplateRef::Named("base".into()),
+            1 << 20,
+            None,
+        )
+        .unwrap_err();
         assert!(matches!(err, RootfsError::Unresolved(_)), "{err}");
         let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap();
         assert!(!mounts.contains(dir.path().to_str().unwrap()), "{mounts}");

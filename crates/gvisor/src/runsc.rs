@@ -150,16 +150,47 @@ impl Runsc {
         log: File,
         pid_file: &Path,
     ) -> Result<(), RunscError> {
+        self.start_detached(id, bundle, network, None, log, pid_file)
+    }
+
+    /// As [`Runsc::run_detached`], from the checkpoint in `image` (`runsc
+    /// restore`): the sandbox's processes go on where the checkpoint
+    /// stopped them, in the root and mounts of `bundle`.
+    pub fn restore_detached(
+        &self,
+        id: &str,
+        bundle: &Path,
+        image: &Path,
+        log: File,
+        pid_file: &Path,
+    ) -> Result<(), RunscError> {
+        self.start_detached(id, bundle, "none", Some(image), log, pid_file)
+    }
+
+    fn start_detached(
+        &self,
+        id: &str,
+        bundle: &Path,
+        network: &str,
+        image: Option<&Path>,
+        log: File,
+        pid_file: &Path,
+    ) -> Result<(), RunscError> {
         let err = log.try_clone().map_err(|source| RunscError::Spawn {
             binary: self.binary.clone(),
             source,
         })?;
+        let mut cmd = self.command();
+        cmd.arg(format!("--network={network}"));
+        match image {
+            Some(image) => cmd
+                .arg("restore")
+                .arg(format!("--image-path={}", image.display())),
+            None => cmd.arg("run"),
+        };
         // runsc's own messages (why a create failed) go to stderr, which
         // is the log as well: read back on failure.
-        let status = self
-            .command()
-            .arg(format!("--network={network}"))
-            .arg("run")
+        let status = cmd
             .arg("--detach")
             .arg(format!("--bundle={}", bundle.display()))
             .arg(format!("--pid-file={}", pid_file.display()))
@@ -173,13 +204,49 @@ impl Runsc {
             })?;
         if !status.success() {
             return Err(RunscError::Failed {
-                op: "run",
+                op: if image.is_some() { "restore" } else { "run" },
                 id: id.to_string(),
                 status,
                 stderr: String::new(),
             });
         }
         Ok(())
+    }
+
+    /// Save the sandbox's state to `image` (`runsc checkpoint`): its
+    /// kernel, processes and memory. The sandbox is stopped after
+    /// (`--leave-running` in this runsc restores it in the foreground and
+    /// waits for it: brig restores it detached itself).
+    pub fn checkpoint(&self, id: &str, image: &Path) -> Result<(), RunscError> {
+        let path = format!("--image-path={}", image.display());
+        self.run(
+            "checkpoint",
+            id,
+            &[OsStr::new("checkpoint"), OsStr::new(&path), OsStr::new(id)],
+        )
+        .map(drop)
+    }
+
+    /// Send `signal` to the sandbox's init (the agent).
+    pub fn signal_init(&self, id: &str, signal: &str) -> Result<(), RunscError> {
+        self.run(
+            "kill",
+            id,
+            &[OsStr::new("kill"), OsStr::new(id), OsStr::new(signal)],
+        )
+        .map(drop)
+    }
+
+    /// Run `args` in the sandbox as root with CAP_SYS_ADMIN too (`runsc
+    /// exec --cap`), to its end; its stderr is in the error.
+    pub fn exec_admin(&self, id: &str, args: &[&str]) -> Result<(), RunscError> {
+        let mut all: Vec<&OsStr> = vec![
+            OsStr::new("exec"),
+            OsStr::new("--cap=CAP_SYS_ADMIN"),
+            OsStr::new(id),
+        ];
+        all.extend(args.iter().map(OsStr::new));
+        self.run("exec", id, &all).map(drop)
     }
 
     /// `runsc run` of `bundle` in the foreground, as the caller spawns it

@@ -26,12 +26,12 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use brig_core::{
-    Ended, Instance, Isolation, Launch, Limits, NetworkAttachment, SandboxId, Tier, TierError,
-    Usage,
+    Checkpoints, Ended, Instance, Isolation, Launch, Limits, NetworkAttachment, SandboxId, Tier,
+    TierError, Usage,
 };
 use brig_host::Hierarchy;
 
@@ -47,7 +47,17 @@ const AGENT_READY: Duration = Duration::from_secs(30);
 pub(crate) const STATE_FILE: &str = "state";
 const AGENT_DIR: &str = "agent";
 const AGENT_SOCKET: &str = "agent.sock";
+/// What the agent writes beside its socket once it let go of it (the
+/// agent's `session::RELEASED`).
+const AGENT_RELEASED: &str = "released";
 pub(crate) const LOG_FILE: &str = "log";
+/// In a checkpoint's directory: runsc's image of the sandbox (its kernel,
+/// processes and memory), and a copy of its writable layer (gVisor keeps
+/// the files of a gofer-served root on the host, outside its image).
+const CHECKPOINT_STATE: &str = "state";
+const CHECKPOINT_LAYER: &str = "layer";
+/// How long a checkpoint waits for the agent to let go of its socket.
+const AGENT_LET_GO: Duration = Duration::from_secs(10);
 
 /// How a [`GvisorTier`] is made.
 #[derive(Debug, Clone)]
@@ -239,7 +249,14 @@ impl GvisorTier {
         }
     }
 
-    fn start(&self, launch: &Launch, dir: &Path) -> Result<GvisorInstance, TierError> {
+    /// Launch `launch` in `dir`: a new sandbox, or one restored from the
+    /// checkpoint in `from`.
+    fn start(
+        &self,
+        launch: &Launch,
+        dir: &Path,
+        from: Option<&Path>,
+    ) -> Result<GvisorInstance, TierError> {
         let id = &launch.id;
         let io = |op: &'static str| move |e: std::io::Error| TierError::failed(id, op, e);
         let aside = self.dir.join(format!(".{id}"));
@@ -269,12 +286,24 @@ impl GvisorTier {
             }
         };
 
-        let root = rootfs::prepare(dir, &launch.template, launch.limits.disk.bytes()).map_err(
-            |e| match e {
-                rootfs::RootfsError::Unresolved(_) => TierError::Invalid(e.to_string()),
-                e => TierError::failed(id, "prepare its root filesystem", e),
-            },
-        )?;
+        if from.is_some() && netns.is_some() {
+            return Err(TierError::Invalid(
+                "a gvisor sandbox restored from a checkpoint has no network namespace (this \
+                 runsc checkpoints gVisor's loopback only): restore it with network none"
+                    .into(),
+            ));
+        }
+        let seed = from.map(|f| f.join(CHECKPOINT_LAYER));
+        let root = rootfs::prepare(
+            dir,
+            &launch.template,
+            launch.limits.disk.bytes(),
+            seed.as_deref(),
+        )
+        .map_err(|e| match e {
+            rootfs::RootfsError::Unresolved(_) => TierError::Invalid(e.to_string()),
+            e => TierError::failed(id, "prepare its root filesystem", e),
+        })?;
         let bundle_dir = dir.join("bundle");
         fs::create_dir_all(&bundle_dir).map_err(io("create its bundle"))?;
         let config = bundle::config(&BundleSpec {
@@ -310,10 +339,19 @@ impl GvisorTier {
         // net.core.rmem_default, which they take for the host's namespace.
         let network = if netns.is_some() { "host" } else { "none" };
         let pid_file = dir.join("pid");
-        if let Err(e) = self
-            .runsc
-            .run_detached(id.as_str(), &bundle_dir, network, log, &pid_file)
-        {
+        let started = match from {
+            Some(from) => self.runsc.restore_detached(
+                id.as_str(),
+                &bundle_dir,
+                &from.join(CHECKPOINT_STATE),
+                log,
+                &pid_file,
+            ),
+            None => self
+                .runsc
+                .run_detached(id.as_str(), &bundle_dir, network, log, &pid_file),
+        };
+        if let Err(e) = started {
             // runsc's stderr went to the log: its last lines say why.
             return Err(TierError::failed(
                 id,
@@ -321,23 +359,13 @@ impl GvisorTier {
                 format!("{e}: {}", log_tail(dir)),
             ));
         }
-        let pid = fs::read_to_string(&pid_file)
-            .ok()
-            .and_then(|p| p.trim().parse::<libc::pid_t>().ok())
-            .filter(|p| *p > 0)
-            .ok_or_else(|| {
-                TierError::failed(
-                    id,
-                    "start its agent",
-                    format!("runsc wrote no sandbox pid: {}", log_tail(dir)),
-                )
-            })?;
-        let start = start_time(pid).unwrap_or(0);
-        let tmp = dir.join(".state");
-        fs::write(&tmp, format!("{}\n{pid} {start}\n", self.owner))
-            .and_then(|()| fs::rename(&tmp, dir.join(STATE_FILE)))
-            .map_err(io("record its state"))?;
+        let pid = record_pid(id, dir, &self.owner)?;
         let instance = self.instance(id, dir, pid)?;
+        if from.is_some() {
+            // Its own identity, then its agent listens again.
+            instance.refresh_identity()?;
+            instance.wake_agent()?;
+        }
         instance.wait_for_agent()?;
         Ok(instance)
     }
@@ -351,8 +379,12 @@ impl GvisorTier {
         let pidfd = pidfd_open(pid).map_err(|e| TierError::failed(id, "watch its process", e))?;
         Ok(GvisorInstance {
             id: id.clone(),
-            pid,
-            pidfd,
+            process: Mutex::new(SandboxProcess {
+                pid,
+                pidfd: Arc::new(pidfd),
+            }),
+            loopback: !joins_netns(dir),
+            owner: self.owner.clone(),
             dir: dir.to_path_buf(),
             runsc: self.runsc.clone(),
             groups: Groups::new(&self.hierarchy, id),
@@ -360,6 +392,44 @@ impl GvisorTier {
             ended: Mutex::new(None),
         })
     }
+}
+
+/// The sandbox process's pid runsc wrote to `dir/pid`, recorded (with its
+/// start time) in `dir/state` for a later daemon.
+fn record_pid(id: &SandboxId, dir: &Path, owner: &str) -> Result<libc::pid_t, TierError> {
+    let pid = fs::read_to_string(dir.join("pid"))
+        .ok()
+        .and_then(|p| p.trim().parse::<libc::pid_t>().ok())
+        .filter(|p| *p > 0)
+        .ok_or_else(|| {
+            TierError::failed(
+                id,
+                "start its agent",
+                format!("runsc wrote no sandbox pid: {}", log_tail(dir)),
+            )
+        })?;
+    let start = start_time(pid).unwrap_or(0);
+    let tmp = dir.join(".state");
+    fs::write(&tmp, format!("{owner}\n{pid} {start}\n"))
+        .and_then(|()| fs::rename(&tmp, dir.join(STATE_FILE)))
+        .map_err(|e| TierError::failed(id, "record its state", e))?;
+    Ok(pid)
+}
+
+/// Whether the sandbox in `dir` runs in a network namespace of its own
+/// (its bundle names one): gVisor's host networking, which this runsc
+/// cannot checkpoint.
+fn joins_netns(dir: &Path) -> bool {
+    let Ok(text) = fs::read(dir.join("bundle").join("config.json")) else {
+        return false;
+    };
+    let Ok(config) = serde_json::from_slice::<serde_json::Value>(&text) else {
+        return false;
+    };
+    config["linux"]["namespaces"].as_array().is_some_and(|ns| {
+        ns.iter()
+            .any(|n| n["type"] == "network" && n.get("path").is_some())
+    })
 }
 
 /// Copy the agent where sandboxes can exec it (runsc maps binaries from
@@ -485,7 +555,34 @@ impl Tier for GvisorTier {
                 launch.id
             )));
         }
-        match self.start(launch, &dir) {
+        match self.start(launch, &dir, None) {
+            Ok(instance) => Ok(Box::new(instance)),
+            Err(e) => {
+                let _ = self.discard(&launch.id);
+                Err(e)
+            }
+        }
+    }
+
+    fn checkpoints(&self) -> Checkpoints {
+        Checkpoints::MemoryOnLoopback
+    }
+
+    fn restore(&self, launch: &Launch, image: &Path) -> Result<Box<dyn Instance>, TierError> {
+        let dir = self.sandbox_dir(&launch.id);
+        if dir.exists() {
+            return Err(TierError::Invalid(format!(
+                "sandbox {} exists already",
+                launch.id
+            )));
+        }
+        if !image.join(CHECKPOINT_STATE).is_dir() {
+            return Err(TierError::Invalid(format!(
+                "{} holds no gvisor checkpoint",
+                image.display()
+            )));
+        }
+        match self.start(launch, &dir, Some(image)) {
             Ok(instance) => Ok(Box::new(instance)),
             Err(e) => {
                 let _ = self.discard(&launch.id);
@@ -615,13 +712,23 @@ enum Phase {
     Done,
 }
 
+/// The sandbox process (gVisor's kernel) on the host: a checkpoint
+/// replaces it (runsc restores the sandbox in a new one).
+#[derive(Debug)]
+struct SandboxProcess {
+    pid: libc::pid_t,
+    pidfd: Arc<OwnedFd>,
+}
+
 /// One sandbox of the gvisor tier.
 #[derive(Debug)]
 pub struct GvisorInstance {
     id: SandboxId,
-    /// The sandbox process (gVisor's kernel) on the host.
-    pid: libc::pid_t,
-    pidfd: OwnedFd,
+    process: Mutex<SandboxProcess>,
+    /// Runs on gVisor's loopback (no namespace): it can be checkpointed.
+    loopback: bool,
+    /// Names the daemon in its state file.
+    owner: String,
     dir: PathBuf,
     runsc: Runsc,
     groups: Groups,
@@ -639,11 +746,12 @@ impl GvisorInstance {
     /// died, or [`AGENT_READY`] passed.
     fn wait_for_agent(&self) -> Result<(), TierError> {
         let deadline = Instant::now() + AGENT_READY;
+        let pidfd = self.pidfd();
         loop {
             if UnixStream::connect(self.socket()).is_ok() {
                 return Ok(());
             }
-            if pidfd_wait(&self.pidfd, Some(Duration::from_millis(2))) {
+            if pidfd_wait(&pidfd, Some(Duration::from_millis(2))) {
                 return Err(TierError::failed(
                     &self.id,
                     "start its agent",
@@ -661,6 +769,113 @@ impl GvisorInstance {
                 ));
             }
         }
+    }
+
+    fn pidfd(&self) -> Arc<OwnedFd> {
+        Arc::clone(&lock(&self.process).pidfd)
+    }
+
+    /// A sandbox restored from another's checkpoint has that one's host
+    /// name and machine id: its own, set by the agent's binary run with
+    /// CAP_SYS_ADMIN (which the agent itself does not hold).
+    fn refresh_identity(&self) -> Result<(), TierError> {
+        self.runsc
+            .exec_admin(
+                self.id.as_str(),
+                &[bundle::AGENT_BIN_INSIDE, "--identity", self.id.as_str()],
+            )
+            .map_err(self.runsc_err("give it its own host name and machine id"))
+    }
+
+    /// Tell the agent to bind its socket again (after a checkpoint).
+    fn wake_agent(&self) -> Result<(), TierError> {
+        self.runsc
+            .signal_init(self.id.as_str(), "USR1")
+            .map_err(self.runsc_err("wake its agent"))
+    }
+
+    /// Have the agent let go of its socket and the host's connection
+    /// (gVisor cannot save a host socket), and wait until it says it has
+    /// (a file beside the socket, which the sandbox may write but not
+    /// remove: the host removes both).
+    fn agent_let_go(&self) -> Result<(), TierError> {
+        let released = self.dir.join(AGENT_DIR).join(AGENT_RELEASED);
+        let _ = fs::remove_file(&released);
+        self.runsc
+            .signal_init(self.id.as_str(), "USR2")
+            .map_err(self.runsc_err("ask its agent to let go of its socket"))?;
+        let deadline = Instant::now() + AGENT_LET_GO;
+        while !released.exists() {
+            if Instant::now() > deadline {
+                let _ = self.wake_agent();
+                return Err(TierError::Busy {
+                    id: self.id.clone(),
+                    op: "checkpoint it",
+                    reason: format!(
+                        "its agent did not let go of its socket within {AGENT_LET_GO:?}: {}",
+                        log_tail(&self.dir)
+                    ),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let _ = fs::remove_file(&released);
+        let _ = fs::remove_file(self.socket());
+        Ok(())
+    }
+
+    /// The checkpoint of a running sandbox: `runsc checkpoint` stops it,
+    /// its files are copied while nothing runs, then it is restored in a
+    /// new sandbox process from its own image (this runsc's
+    /// `--leave-running` does the same, but waits in the foreground).
+    fn checkpoint_running(&self, image: &Path) -> Result<(), TierError> {
+        let id = self.id.as_str();
+        let state = image.join(CHECKPOINT_STATE);
+        fs::create_dir_all(&state)
+            .map_err(|e| TierError::failed(&self.id, "create the checkpoint's directory", e))?;
+        self.agent_let_go()?;
+        if let Err(e) = self.runsc.checkpoint(id, &state) {
+            // Still running as it was: its agent listens again.
+            let _ = self.wake_agent();
+            return Err(TierError::failed(&self.id, "checkpoint it", e));
+        }
+        let saved = rootfs::save_layer(&self.dir, &image.join(CHECKPOINT_LAYER))
+            .map_err(|e| TierError::failed(&self.id, "copy its files", e));
+        let back = self.restart_from(&state);
+        saved.and(back)
+    }
+
+    /// Bring the checkpointed (stopped) sandbox back from `state`.
+    fn restart_from(&self, state: &Path) -> Result<(), TierError> {
+        let id = self.id.as_str();
+        self.runsc
+            .delete(id)
+            .map_err(self.runsc_err("forget its stopped sandbox"))?;
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(LOG_FILE))
+            .map_err(|e| TierError::failed(&self.id, "open its log", e))?;
+        let pid_file = self.dir.join("pid");
+        let _ = fs::remove_file(&pid_file);
+        self.runsc
+            .restore_detached(id, &self.dir.join("bundle"), state, log, &pid_file)
+            .map_err(|e| {
+                TierError::failed(
+                    &self.id,
+                    "restore it after its checkpoint",
+                    format!("{e}: {}", log_tail(&self.dir)),
+                )
+            })?;
+        let pid = record_pid(&self.id, &self.dir, &self.owner)?;
+        let pidfd =
+            pidfd_open(pid).map_err(|e| TierError::failed(&self.id, "watch its process", e))?;
+        *lock(&self.process) = SandboxProcess {
+            pid,
+            pidfd: Arc::new(pidfd),
+        };
+        self.wake_agent()?;
+        self.wait_for_agent()
     }
 
     fn runsc_err(&self, op: &'static str) -> impl FnOnce(runsc::RunscError) -> TierError + '_ {
@@ -703,7 +918,7 @@ impl Instance for GvisorInstance {
     }
 
     fn pid(&self) -> Option<u32> {
-        u32::try_from(self.pid).ok()
+        u32::try_from(lock(&self.process).pid).ok()
     }
 
     fn connect_agent(&self) -> Result<UnixStream, TierError> {
@@ -770,6 +985,30 @@ impl Instance for GvisorInstance {
     /// The host's groups: gVisor's kernel keeps the memory size it booted
     /// with in its own /proc/meminfo, but what it may take is bounded by
     /// the new limit at once.
+    /// A paused sandbox is resumed for the checkpoint (its agent must let
+    /// go of its socket) and paused again after: its copies run.
+    fn checkpoint(&self, image: &Path) -> Result<(), TierError> {
+        if !self.loopback {
+            return Err(TierError::Unsupported {
+                tier: Isolation::Gvisor,
+                op: "checkpoint a sandbox with a network",
+                reason: "this runsc cannot checkpoint gVisor's host networking, which a sandbox \
+                         linked to the network runs on: create it with network none to \
+                         snapshot its memory"
+                    .into(),
+            });
+        }
+        let paused = self.is_paused()?;
+        if paused {
+            self.resume()?;
+        }
+        let made = self.checkpoint_running(image);
+        if paused {
+            self.pause()?;
+        }
+        made
+    }
+
     fn set_limits(&self, limits: &Limits) -> Result<(), TierError> {
         self.groups
             .set_limits(limits, CFS_PERIOD_US)
@@ -777,7 +1016,7 @@ impl Instance for GvisorInstance {
     }
 
     fn kill(&self) {
-        kill_pidfd(&self.pidfd);
+        kill_pidfd(&self.pidfd());
     }
 
     fn release(&self) {
@@ -790,7 +1029,7 @@ impl Instance for GvisorInstance {
     fn wait(&self) -> Result<Ended, TierError> {
         let mut state = lock(&self.state);
         if *state != Phase::Done {
-            pidfd_wait(&self.pidfd, None);
+            pidfd_wait(&self.pidfd(), None);
             // The sandbox process is not brig's child: its status is its
             // parent's (init's) to read.
             let oom = self

@@ -285,3 +285,222 @@ fn an_unresolved_template_is_refused_and_a_taken_id_too() {
     assert!(err.to_string().contains("resolve it"), "{err}");
     assert!(!Path::new("/run/brig/gvisor").join(id.as_str()).exists());
 }
+
+/// The loop every checkpoint test runs in the background: a counter and a
+/// random token held in the shell's memory (variables), written out each
+/// tick as "N TOKEN PID" for the test to read; SIGUSR1 draws a new token.
+const COUNTER: &str = "new() { tok=$(od -An -N8 -tx8 /dev/urandom | tr -d ' '); }; new; \
+                       trap new USR1; n=0; \
+                       while :; do n=$((n+1)); echo \"$n $tok $$\" > /tmp/counter.new; \
+                       mv /tmp/counter.new /tmp/counter; sleep 0.05; done";
+
+/// What the counter says now: (count, token, pid).
+fn counter(conn: &Connection) -> (u64, String, String) {
+    let (out, code) = sh(conn, "cat /tmp/counter");
+    assert_eq!(code, 0, "no counter: {out}");
+    let mut it = out.split_whitespace();
+    let n = it.next().unwrap().parse().unwrap();
+    (n, it.next().unwrap().into(), it.next().unwrap().into())
+}
+
+fn start_counter(conn: &Connection) {
+    let bg = conn
+        .exec(&ExecRequest {
+            argv: vec!["/bin/sh".into(), "-c".into(), COUNTER.into()],
+            background: true,
+            ..ExecRequest::default()
+        })
+        .unwrap();
+    drop(bg);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sh(conn, "cat /tmp/counter").1 != 0 {
+        assert!(Instant::now() < deadline, "the counter did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The count goes on from at least `from`.
+fn still_counting(conn: &Connection, from: u64) -> (u64, String) {
+    let (a, tok, _) = counter(conn);
+    std::thread::sleep(Duration::from_millis(300));
+    let (b, tok2, _) = counter(conn);
+    assert!(a >= from && b > a, "counting on from {from}: {a} then {b}");
+    assert_eq!(tok, tok2);
+    (b, tok)
+}
+
+#[test]
+fn a_checkpoint_keeps_processes_and_memory_and_its_restored_copies_diverge() {
+    let state = tempfile::tempdir().unwrap();
+    let Some(tier) = tier(state.path()) else {
+        return;
+    };
+    let Some(rootfs) = rootfs_or_skip() else {
+        return;
+    };
+    within(300, move || {
+        let id = SandboxId::from_random(rand::random());
+        let parent = tier
+            .launch(&launch(&id, TemplateRef::Dir(rootfs.clone())))
+            .expect("launch");
+        let old_pid = parent.pid().unwrap();
+        let conn = Connection::new(parent.connect_agent().unwrap()).expect("handshake");
+        start_counter(&conn);
+        let (out, code) = sh(
+            &conn,
+            "echo parent > /root/file; cat /etc/machine-id 2>/dev/null; true",
+        );
+        assert_eq!(code, 0, "{out}");
+        let parent_machine = out.trim().to_string();
+        let (before, token, _) = counter(&conn);
+
+        let image = tempfile::tempdir().unwrap();
+        parent.checkpoint(image.path()).expect("checkpoint");
+        // The agent let go of the host's connection for the checkpoint.
+        assert!(conn.ping().is_err(), "the old connection is closed");
+        let conn = Connection::new(parent.connect_agent().unwrap()).expect("handshake again");
+        assert_ne!(
+            parent.pid(),
+            Some(old_pid),
+            "runsc restored it in a new process"
+        );
+        assert!(
+            !Path::new(&format!("/proc/{old_pid}")).exists() || {
+                std::thread::sleep(Duration::from_secs(1));
+                !Path::new(&format!("/proc/{old_pid}")).exists()
+            }
+        );
+        let (at, tok) = still_counting(&conn, before);
+        assert_eq!(tok, token, "the parent's memory is intact");
+
+        // Two copies: the same processes and memory, their own identity.
+        let mut copies = Vec::new();
+        for _ in 0..2 {
+            let cid = SandboxId::from_random(rand::random());
+            let inst = tier
+                .restore(
+                    &launch(&cid, TemplateRef::Dir(rootfs.clone())),
+                    image.path(),
+                )
+                .expect("restore");
+            let c = Connection::new(inst.connect_agent().unwrap()).expect("handshake");
+            let (n, tok) = still_counting(&c, before);
+            assert_eq!(tok, token, "the restored memory is the parent's");
+            assert!(n >= before);
+            let (name, _) = sh(&c, "hostname");
+            assert_eq!(name.trim(), cid.as_str(), "its own host name");
+            let (file, _) = sh(&c, "cat /root/file");
+            assert_eq!(file.trim(), "parent", "the parent's files");
+            let (clock, _) = sh(&c, "date +%s");
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_secs();
+            let clock: u64 = clock.trim().parse().unwrap();
+            assert!(
+                clock.abs_diff(now) <= 5,
+                "its clock is the host's: {clock} vs {now}"
+            );
+            copies.push((cid, inst, c));
+        }
+        let machine = |c: &Connection| sh(c, "cat /etc/machine-id").0.trim().to_string();
+        let (ma, mb) = (machine(&copies[0].2), machine(&copies[1].2));
+        assert_eq!(ma.len(), 32, "{ma}");
+        assert_ne!(ma, mb, "each copy has its own machine id");
+        assert_ne!(ma, parent_machine);
+        let entropy = |c: &Connection| sh(c, "od -An -N16 -tx1 /dev/urandom").0;
+        assert_ne!(entropy(&copies[0].2), entropy(&copies[1].2));
+
+        // A write in one copy, to a file and to memory, is its own.
+        let a = &copies[0].2;
+        let (_, _, pid) = counter(a);
+        let (out, code) = sh(a, &format!("echo mine > /root/file; kill -USR1 {pid}"));
+        assert_eq!(code, 0, "{out}");
+        std::thread::sleep(Duration::from_millis(300));
+        assert_ne!(counter(a).1, token, "a new token in memory");
+        for other in [&copies[1].2, &conn] {
+            assert_eq!(counter(other).1, token, "the others keep theirs");
+            assert_eq!(sh(other, "cat /root/file").0.trim(), "parent");
+        }
+        assert_eq!(sh(a, "cat /root/file").0.trim(), "mine");
+        assert!(at > 0);
+
+        // A checkpoint is not needed once restored from.
+        drop(image);
+        still_counting(&copies[1].2, 0);
+
+        let mut ended = vec![(id.clone(), parent.pid().unwrap(), parent, conn)];
+        ended.extend(copies.into_iter().map(|(i, inst, c)| {
+            let pid = inst.pid().unwrap();
+            (i, pid, inst, c)
+        }));
+        for (i, pid, inst, c) in ended {
+            drop(c);
+            inst.kill();
+            inst.wait().expect("wait");
+            assert_gone(&i, pid);
+        }
+        assert_gone(&id, old_pid);
+    });
+}
+
+#[test]
+fn a_paused_sandbox_is_checkpointed_and_stays_paused_and_no_checkpoint_is_refused() {
+    let state = tempfile::tempdir().unwrap();
+    let Some(tier) = tier(state.path()) else {
+        return;
+    };
+    let Some(rootfs) = rootfs_or_skip() else {
+        return;
+    };
+    within(300, move || {
+        let id = SandboxId::from_random(rand::random());
+        let parent = tier
+            .launch(&launch(&id, TemplateRef::Dir(rootfs.clone())))
+            .expect("launch");
+        let conn = Connection::new(parent.connect_agent().unwrap()).expect("handshake");
+        start_counter(&conn);
+        let (frozen, token, _) = counter(&conn);
+        parent.pause().expect("pause");
+        drop(conn);
+        let image = tempfile::tempdir().unwrap();
+        parent
+            .checkpoint(image.path())
+            .expect("checkpoint a paused sandbox");
+        assert!(parent.is_paused().unwrap(), "it stays paused");
+
+        let cid = SandboxId::from_random(rand::random());
+        let copy = tier
+            .restore(
+                &launch(&cid, TemplateRef::Dir(rootfs.clone())),
+                image.path(),
+            )
+            .expect("restore");
+        let c = Connection::new(copy.connect_agent().unwrap()).expect("handshake");
+        let (_, tok) = still_counting(&c, frozen);
+        assert_eq!(tok, token);
+        drop(c);
+
+        parent.resume().expect("resume");
+        let conn = Connection::new(parent.connect_agent().unwrap()).expect("handshake");
+        still_counting(&conn, frozen);
+        drop(conn);
+        for inst in [parent, copy] {
+            inst.kill();
+            inst.wait().expect("wait");
+        }
+
+        // Not a checkpoint directory.
+        let err = match tier.restore(
+            &launch(
+                &SandboxId::from_random(rand::random()),
+                TemplateRef::Dir(rootfs),
+            ),
+            state.path(),
+        ) {
+            Err(e) => e,
+            Ok(_) => panic!("restored from nothing"),
+        };
+        assert!(err.to_string().contains("no gvisor checkpoint"), "{err}");
+    });
+}

@@ -86,6 +86,11 @@ struct Kept {
 }
 
 impl Lifecycle {
+    /// Whether it is paused now.
+    pub(crate) fn is_paused(&self) -> bool {
+        self.paused.is_some()
+    }
+
     /// What a daemon re-adopting `record`'s sandbox knows of it: what the
     /// record kept, and paused if the record says so (with the default
     /// time to live, if the pause itself was not kept).

@@ -43,8 +43,8 @@ use brig_agent_client::{
     Call, ClientError, Connection, ExecRequest, FileReader, LogReader, LogsRequest, Process, Reply,
 };
 use brig_core::{
-    EnvVar, Instance, Isolation, Launch, Limits, NetworkAttachment, SandboxId, SandboxSpec,
-    SpecError, TemplateRef, Tier, TierError, TierErrorKind,
+    Checkpoints, EnvVar, Instance, Isolation, Launch, Limits, NetworkAttachment, SandboxId,
+    SandboxSpec, SpecError, TemplateRef, Tier, TierError, TierErrorKind,
 };
 
 use crate::error::{chain, ErrorKind};
@@ -638,6 +638,7 @@ impl SandboxManager {
         });
         manager.readopt()?;
         manager.reconcile_volumes();
+        manager.collect_checkpoints();
 
         // The sweeper holds only a weak reference, so dropping the manager
         // without `shutdown` still lets it go.
@@ -815,6 +816,47 @@ impl SandboxManager {
         Ok(true)
     }
 
+    /// A new agent connection for live sandbox `id` (its agent let go of
+    /// the last one for a checkpoint): the sandbox is kept as a new
+    /// [`Live`] with it; holders of the old one see its connection closed.
+    /// A paused sandbox is thawed for the handshake only.
+    pub(crate) fn reconnect(
+        &self,
+        id: &SandboxId,
+        old: &Arc<Live>,
+        spec: &SandboxSpec,
+    ) -> Result<(), ManagerError> {
+        let paused = lock(&old.lifecycle).is_paused();
+        if paused {
+            old.instance.resume().map_err(|source| ManagerError::Tier {
+                id: id.clone(),
+                op: "thaw it to reconnect",
+                source,
+            })?;
+        }
+        let conn = self.connect(&*old.instance);
+        if paused {
+            old.instance.pause().map_err(|source| ManagerError::Tier {
+                id: id.clone(),
+                op: "freeze it again after reconnecting",
+                source,
+            })?;
+        }
+        let live = Arc::new(Live {
+            tenant: old.tenant.clone(),
+            conn: Arc::new(conn?),
+            instance: Arc::clone(&old.instance),
+            ending: Mutex::default(),
+            env: old.env.clone(),
+            lifecycle: Mutex::new(std::mem::take(&mut *lock(&old.lifecycle))),
+            adopted: old.adopted,
+            net: old.net.clone(),
+            _layers: self.snapshot_lease(&spec.template),
+        });
+        lock(&self.live).insert(id.clone(), live);
+        Ok(())
+    }
+
     /// Re-attach an adopted sandbox's network to this daemon's gateway:
     /// its address is read from its namespace, its policy from its record.
     /// Without a gateway, or if its address cannot be found, it runs on
@@ -942,7 +984,7 @@ impl SandboxManager {
     }
 
     /// The tier of `isolation`, if this daemon offers it.
-    fn tier(&self, isolation: Isolation) -> Result<&Arc<dyn Tier>, ManagerError> {
+    pub(crate) fn tier(&self, isolation: Isolation) -> Result<&Arc<dyn Tier>, ManagerError> {
         self.tiers
             .iter()
             .find(|t| t.isolation() == isolation)
@@ -986,13 +1028,35 @@ impl SandboxManager {
         if let Some(name) = &req.name {
             crate::sandboxes::check_name(name)?;
         }
-        // One of the tenant's snapshots, by id or name: its image.
         let mut req = req;
+        // One of the tenant's memory snapshots: restored on the tier that
+        // took it, from the template its sandbox ran on, with no network.
+        let checkpoint = self.checkpoint_template(tenant, &req.template)?;
+        if let Some(cp) = &checkpoint {
+            req.isolation = cp.isolation;
+            if req
+                .network
+                .as_ref()
+                .is_some_and(|p| p.mode != brig_net::Mode::None)
+            {
+                return Err(ManagerError::BadRequest {
+                    reason: "a sandbox restored from a memory snapshot has no network (its \
+                             processes were saved on loopback only): create it with network \
+                             mode none"
+                        .into(),
+                });
+            }
+            req.network = Some(brig_net::Policy::none());
+        }
+        // One of the tenant's snapshots of files, by id or name: its image.
         req.template = self.snapshot_template(tenant, req.template)?;
-        if !req.wait_for_template {
+        if checkpoint.is_none() && !req.wait_for_template {
             self.unless_preparing(&req.template)?;
         }
-        let (template, image) = self.allowed_template(req.template)?;
+        let (template, image) = match &checkpoint {
+            Some(cp) => (cp.template.clone(), None),
+            None => self.allowed_template(req.template)?,
+        };
         let mut limits = req.limits;
         if limits.cpus.is_none() {
             limits.cpus = self.config.default_cpus;
@@ -1104,8 +1168,12 @@ impl SandboxManager {
         let mut fresh = spec.clone();
         fresh.env.clear();
         // Its network namespace, linked to the gateway, before the spawn
-        // (a vm guest has no network device to link: loopback only).
-        let linked = if req.isolation == Isolation::Vm {
+        // (a vm guest has no network device to link: loopback only; nor
+        // has a sandbox with no network on a tier that can checkpoint
+        // memory on loopback only, so that it can be snapshotted).
+        let checkpointable = policy.mode == brig_net::Mode::None
+            && tier.checkpoints() == Checkpoints::MemoryOnLoopback;
+        let linked = if req.isolation == Isolation::Vm || checkpointable {
             Ok((NetworkAttachment::Loopback, None))
         } else {
             self.link(&id, policy)
@@ -1119,7 +1187,14 @@ impl SandboxManager {
         };
         // The filler steps aside while a client waits on a spawn.
         self.waiting.fetch_add(1, Ordering::SeqCst);
-        let made = self.launch(&*tier, &id, &fresh, attachment, mounts);
+        let made = self.launch(
+            &*tier,
+            &id,
+            &fresh,
+            attachment,
+            mounts,
+            checkpoint.as_ref().map(|c| c.image.as_path()),
+        );
         self.waiting.fetch_sub(1, Ordering::SeqCst);
         let result = match made {
             Ok(warm) => {
@@ -1340,9 +1415,9 @@ impl SandboxManager {
         Ok(Some(warm))
     }
 
-    /// Start the agent in a new sandbox `id` on `tier` and wait for its
-    /// handshake. Nothing is recorded: an error drops the instance, which
-    /// ends the sandbox.
+    /// Start the agent in a new sandbox `id` on `tier` (restored from the
+    /// checkpoint in `from`, if given) and wait for its handshake. Nothing
+    /// is recorded: an error drops the instance, which ends the sandbox.
     fn launch(
         &self,
         tier: &dyn Tier,
@@ -1350,6 +1425,7 @@ impl SandboxManager {
         spec: &SandboxSpec,
         network: NetworkAttachment,
         volumes: Vec<brig_core::VolumeMount>,
+        from: Option<&std::path::Path>,
     ) -> Result<Warm, ManagerError> {
         let launch = Launch {
             id: id.clone(),
@@ -1359,7 +1435,11 @@ impl SandboxManager {
             network,
             volumes,
         };
-        let instance = tier.launch(&launch).map_err(ManagerError::Spawn)?;
+        let instance = match from {
+            Some(from) => tier.restore(&launch, from),
+            None => tier.launch(&launch),
+        }
+        .map_err(ManagerError::Spawn)?;
         let conn = self.connect(&*instance)?;
         Ok(Warm {
             instance,
@@ -1462,7 +1542,7 @@ impl SandboxManager {
         let id = SandboxId::from_random(rand::random());
         let made = self.tier(Isolation::Process).and_then(|tier| {
             let (attachment, link) = self.link(&id, brig_net::Policy::none())?;
-            let mut warm = self.launch(&**tier, &id, &spec, attachment, Vec::new())?;
+            let mut warm = self.launch(&**tier, &id, &spec, attachment, Vec::new(), None)?;
             if let Some(link) = &link {
                 install_ca(&warm.conn, link);
             }
@@ -1947,10 +2027,13 @@ impl SandboxManager {
                 }
             }
         }
+        // A sandbox being checkpointed has let go of its agent's
+        // connection on purpose: the snapshot connects again.
+        let snapshotting = lock(&self.snapshotting).clone();
         let gone: Vec<Arc<Live>> = lock(&self.live)
-            .values()
-            .filter(|l| l.conn.is_closed())
-            .cloned()
+            .iter()
+            .filter(|(id, l)| l.conn.is_closed() && !snapshotting.contains(*id))
+            .map(|(_, l)| Arc::clone(l))
             .collect();
         for live in gone {
             // The teardown learns the agent's status (and an OOM kill).

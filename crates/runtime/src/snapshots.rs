@@ -16,18 +16,33 @@
 //! A fork is a hidden snapshot and N creates from it with the parent's
 //! settings; the snapshot is removed once no sandbox runs on it.
 //!
+//! What a snapshot keeps is the tier's to say ([`Tier::checkpoints`]): on
+//! a tier that checkpoints memory (gvisor), a snapshot is the sandbox's
+//! checkpoint ([`Instance::checkpoint`]: its processes, memory and files)
+//! in `$BRIG_HOME/checkpoints/<snapshot id>` (its record's image is
+//! `checkpoint:<snapshot id>`), and a create naming it restores it
+//! ([`Tier::restore`]) on that tier, from the template the sandbox ran
+//! on, with no network. A checkpoint is not needed once restored from: a
+//! fork's is removed as soon as its forks run, and deleting a snapshot
+//! others were restored from leaves them running.
+//!
 //! [`Instance::writable_layer`]: brig_core::Instance::writable_layer
+//! [`Instance::checkpoint`]: brig_core::Instance::checkpoint
+//! [`Tier::checkpoints`]: brig_core::Tier::checkpoints
+//! [`Tier::restore`]: brig_core::Tier::restore
 
 use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use brig_core::{SandboxId, SandboxSpec, TemplateRef};
+use std::sync::Arc;
+
+use brig_core::{Checkpoints, Isolation, SandboxId, SandboxSpec, TemplateRef};
 use brig_image::layer::Owners;
 use brig_image::{ImageConfig, ImageStore};
 use rusqlite::OptionalExtension;
 
-use crate::manager::{lock, CreateConfig, ManagerError, SandboxManager};
+use crate::manager::{lock, CreateConfig, Live, ManagerError, SandboxManager};
 use crate::sandboxes::SandboxRecord;
 use crate::store::{Store, StoreError, UnixMillis};
 use crate::TenantId;
@@ -43,6 +58,23 @@ const FORK_GRACE: Duration = Duration::from_secs(600);
 /// The most forks one request makes (E2B's limit).
 pub const MAX_FORKS: u32 = 100;
 
+/// A memory snapshot's record names its checkpoint so (`image`).
+const CHECKPOINT_PREFIX: &str = "checkpoint:";
+/// Checkpoints live in `$BRIG_HOME/checkpoints/<snapshot id>`: `image/` the
+/// tier's, `meta.json` what a restore needs besides.
+const CHECKPOINT_DIR: &str = "checkpoints";
+
+/// What a restore from a memory snapshot needs besides the tier's image.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub(crate) struct Checkpoint {
+    /// The tier that took it (and alone can restore it).
+    pub isolation: Isolation,
+    /// The resolved template its sandbox ran on.
+    pub template: TemplateRef,
+    #[serde(skip)]
+    pub image: PathBuf,
+}
+
 /// What is known of a snapshot.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct SnapshotInfo {
@@ -54,8 +86,12 @@ pub struct SnapshotInfo {
     pub sandbox_id: SandboxId,
     /// The template that sandbox was created from.
     pub template: String,
-    /// Bytes of its own layer (what the sandbox had written).
+    /// Bytes of its own layer (what the sandbox had written), or of its
+    /// checkpoint (memory, processes and written files).
     pub size_bytes: u64,
+    /// It keeps the sandbox's memory and processes (a checkpoint), not
+    /// only its files.
+    pub memory: bool,
     pub created_at: UnixMillis,
     /// How long the sandbox was frozen for the capture (this daemon's
     /// snapshots only).
@@ -109,11 +145,15 @@ impl SandboxManager {
     ) -> Result<SnapshotInfo, ManagerError> {
         let live = self.owned_live(tenant, id)?;
         let record = self.get(tenant, id)?;
-        let store = self.image_store()?;
         let spec: SandboxSpec =
             serde_json::from_value(record.spec.clone()).map_err(|e| ManagerError::BadRequest {
                 reason: format!("sandbox {id} has no spec this daemon can read: {e}"),
             })?;
+        let isolation: Isolation = record.isolation.parse().unwrap_or_default();
+        if self.tier(isolation)?.checkpoints() == Checkpoints::MemoryOnLoopback {
+            return self.checkpoint(tenant, id, &live, &record, spec, name, hidden);
+        }
+        let store = self.image_store()?;
         let (mut layers, base, config): (Vec<String>, Option<PathBuf>, ImageConfig) =
             match &spec.template {
                 TemplateRef::Layers { image, .. } => {
@@ -178,6 +218,7 @@ impl SandboxManager {
             sandbox_id: id.clone(),
             template: record.template.clone(),
             size_bytes: size,
+            memory: false,
             created_at: self.store().now(),
             frozen_ms: Some(frozen.as_millis() as u64),
             image,
@@ -186,7 +227,7 @@ impl SandboxManager {
         match replaced {
             Ok(old) => {
                 if let Some(old) = old {
-                    self.forget_image(&store, &old);
+                    self.forget(&old);
                 }
                 tracing::info!(
                     "sandbox {id}: snapshot {} ({} bytes, frozen {} ms)",
@@ -200,6 +241,193 @@ impl SandboxManager {
                 self.forget_image(&store, &info.image);
                 Err(e.into())
             }
+        }
+    }
+
+    /// A memory snapshot of `live` (see the module's notes): the tier's
+    /// checkpoint, then a new agent connection (the agent let go of the
+    /// last one for it).
+    #[allow(clippy::too_many_arguments)]
+    fn checkpoint(
+        &self,
+        tenant: &TenantId,
+        id: &SandboxId,
+        live: &Arc<Live>,
+        record: &SandboxRecord,
+        spec: SandboxSpec,
+        name: Option<String>,
+        hidden: bool,
+    ) -> Result<SnapshotInfo, ManagerError> {
+        let root = self.checkpoint_root()?;
+        let _busy = Busy::take(self, id)?;
+        let snap = new_id();
+        let dir = root.join(&snap);
+        let meta = Checkpoint {
+            isolation: record.isolation.parse().unwrap_or_default(),
+            template: spec.template.clone(),
+            image: PathBuf::new(),
+        };
+        let made = std::fs::create_dir_all(dir.join("image")).and_then(|()| {
+            std::fs::write(
+                dir.join("meta.json"),
+                serde_json::to_vec(&meta).unwrap_or_default(),
+            )
+        });
+        if let Err(e) = made {
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(ManagerError::Tier {
+                id: id.clone(),
+                op: "keep its checkpoint",
+                source: brig_core::TierError::failed(id, "create its directory", e),
+            });
+        }
+        let started = std::time::Instant::now();
+        let taken = {
+            // Paused or not, it stays so meanwhile.
+            let _lifecycle = lock(&live.lifecycle);
+            live.instance.checkpoint(&dir.join("image"))
+        };
+        let held = started.elapsed();
+        // Its agent let go of the connection (a failed checkpoint too may
+        // have): connect again.
+        let reconnected = if live.conn.is_closed() || taken.is_ok() {
+            self.reconnect(id, live, &spec)
+        } else {
+            Ok(())
+        };
+        if let Err(source) = taken {
+            let _ = std::fs::remove_dir_all(&dir);
+            reconnected?;
+            return Err(ManagerError::Tier {
+                id: id.clone(),
+                op: "checkpoint it",
+                source,
+            });
+        }
+        if let Err(e) = reconnected {
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(e);
+        }
+        let info = SnapshotInfo {
+            id: snap.clone(),
+            name,
+            sandbox_id: id.clone(),
+            template: record.template.clone(),
+            size_bytes: tree_size(&dir),
+            memory: true,
+            created_at: self.store().now(),
+            frozen_ms: Some(held.as_millis() as u64),
+            image: format!("{CHECKPOINT_PREFIX}{snap}"),
+        };
+        match self.store().insert_snapshot(tenant, &info, hidden) {
+            Ok(old) => {
+                if let Some(old) = old {
+                    self.forget(&old);
+                }
+                tracing::info!(
+                    "sandbox {id}: memory snapshot {snap} ({} bytes, checkpointed in {} ms)",
+                    info.size_bytes,
+                    held.as_millis()
+                );
+                Ok(info)
+            }
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Where checkpoints are kept: `$BRIG_HOME/checkpoints`.
+    fn checkpoint_root(&self) -> Result<PathBuf, ManagerError> {
+        let home = self
+            .config()
+            .home
+            .as_ref()
+            .ok_or_else(|| ManagerError::BadRequest {
+                reason: "snapshots need a home to keep them in: this daemon has none".into(),
+            })?;
+        Ok(home.join(CHECKPOINT_DIR))
+    }
+
+    /// A create's template, if it names one of `tenant`'s memory
+    /// snapshots (by id or name, or as a fork names it): what restoring it
+    /// needs.
+    pub(crate) fn checkpoint_template(
+        &self,
+        tenant: &TenantId,
+        template: &TemplateRef,
+    ) -> Result<Option<Checkpoint>, ManagerError> {
+        let (TemplateRef::Named(key) | TemplateRef::Image(key)) = template else {
+            return Ok(None);
+        };
+        let key = key.strip_prefix(CHECKPOINT_PREFIX).unwrap_or(key);
+        let Some(snap) = self.store().find_snapshot(tenant, key)? else {
+            return Ok(None);
+        };
+        let Some(snap_id) = snap.image.strip_prefix(CHECKPOINT_PREFIX) else {
+            return Ok(None);
+        };
+        let dir = self.checkpoint_root()?.join(snap_id);
+        let meta: Checkpoint = std::fs::read(dir.join("meta.json"))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .ok_or_else(|| ManagerError::BadRequest {
+                reason: format!(
+                    "snapshot {} has lost its checkpoint ({} is unreadable): delete it and take \
+                     another",
+                    snap.id,
+                    dir.display()
+                ),
+            })?;
+        Ok(Some(Checkpoint {
+            image: dir.join("image"),
+            ..meta
+        }))
+    }
+
+    /// Remove checkpoints no snapshot record names (a daemon that died
+    /// taking or deleting one left them); at start.
+    pub(crate) fn collect_checkpoints(&self) {
+        let Ok(root) = self.checkpoint_root() else {
+            return;
+        };
+        let Ok(entries) = std::fs::read_dir(&root) else {
+            return;
+        };
+        let mut known = std::collections::HashSet::new();
+        for hidden in [false, true] {
+            match self.store().list_snapshots(None, hidden) {
+                Ok(all) => known.extend(all.into_iter().map(|s| s.id)),
+                // Unsure what is kept: keep everything.
+                Err(_) => return,
+            }
+        }
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if !known.contains(&name) {
+                tracing::info!("removing checkpoint {name}: no snapshot names it");
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
+
+    /// Drop what a snapshot's record named: its checkpoint, or its image
+    /// (and prune what nothing uses).
+    fn forget(&self, image: &str) {
+        if let Some(snap) = image.strip_prefix(CHECKPOINT_PREFIX) {
+            if let Ok(root) = self.checkpoint_root() {
+                if let Err(e) = std::fs::remove_dir_all(root.join(snap)) {
+                    if e.kind() != std::io::ErrorKind::NotFound {
+                        tracing::warn!("cannot remove checkpoint {snap}: {e}");
+                    }
+                }
+            }
+            return;
+        }
+        match self.image_store() {
+            Ok(store) => self.forget_image(&store, image),
+            Err(e) => tracing::warn!("cannot remove snapshot image {image}: {e}"),
         }
     }
 
@@ -247,8 +475,7 @@ impl SandboxManager {
     ) -> Result<SnapshotInfo, ManagerError> {
         let info = self.snapshot_info(tenant, key)?;
         self.store().delete_snapshot(&info.id)?;
-        let store = self.image_store()?;
-        self.forget_image(&store, &info.image);
+        self.forget(&info.image);
         Ok(info)
     }
 
@@ -271,6 +498,10 @@ impl SandboxManager {
         let forks = (0..count)
             .map(|_| self.create(tenant, config(TemplateRef::Image(snap.image.clone()))))
             .collect();
+        // A checkpoint is not needed once restored from.
+        if snap.memory && self.store().delete_snapshot(&snap.id).is_ok() {
+            self.forget(&snap.image);
+        }
         Ok(forks)
     }
 
@@ -360,9 +591,6 @@ impl SandboxManager {
         if hidden.is_empty() {
             return;
         }
-        let Ok(store) = self.image_store() else {
-            return;
-        };
         let now = self.store().now();
         for snap in hidden {
             // A fork's creates may still be starting on it.
@@ -375,7 +603,7 @@ impl SandboxManager {
                 .map(|l| !l.is_empty())
                 .unwrap_or(true);
             if !used && self.store().delete_snapshot(&snap.id).is_ok() {
-                self.forget_image(&store, &snap.image);
+                self.forget(&snap.image);
             }
         }
     }
@@ -440,6 +668,21 @@ impl ManagerError {
         tracing::warn!("sandbox {id}: snapshot failed: {self}");
         self
     }
+}
+
+/// Bytes of the files under `dir`.
+fn tree_size(dir: &std::path::Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => tree_size(&e.path()),
+            Ok(t) if t.is_file() => e.metadata().map_or(0, |m| m.len()),
+            _ => 0,
+        })
+        .sum()
 }
 
 /// `snap-` and 20 random lowercase letters and digits.
@@ -582,6 +825,7 @@ fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SnapshotInfo> {
             )
         })?,
         template: r.get(3)?,
+        memory: r.get::<_, String>(4)?.starts_with(CHECKPOINT_PREFIX),
         image: r.get(4)?,
         size_bytes: r.get::<_, i64>(5)?.max(0) as u64,
         created_at: r.get(6)?,

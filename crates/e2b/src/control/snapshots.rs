@@ -7,10 +7,13 @@
 //! | `DELETE /templates/{snapshotID}` (`tags.rs`) | 204; 404 unknown (`delete_snapshot` returns False) |
 //! | `POST /sandboxes/{id}/fork` `{timeout?, count?}` | 201 `[{sandbox} or {error: {code, message}}]`, one per fork; 409 paused |
 //!
-//! A snapshot keeps the files (what the sandbox wrote, deleted or linked),
-//! not its processes or memory: whatever `memory` asks, a sandbox made
-//! from one starts fresh on those files, as E2B's filesystem snapshots
-//! do. Its id is the `templateID` a create names to start from it.
+//! What a snapshot keeps is the sandbox's tier's to say, whatever `memory`
+//! asks: on the process tier the files (what the sandbox wrote, deleted or
+//! linked), and a sandbox made from one starts fresh on those files, as
+//! E2B's filesystem snapshots do; on the gvisor tier (a sandbox without
+//! internet access) its processes and memory too, and a sandbox made from
+//! one runs on where it was. Its id is the `templateID` a create names to
+//! start from it.
 
 use std::sync::Arc;
 
@@ -30,7 +33,7 @@ use brig_runtime::SnapshotInfo;
 #[serde(rename_all = "camelCase")]
 struct SnapshotRequest {
     name: Option<String>,
-    /// Accepted and ignored: the process tier keeps files, not memory.
+    /// Accepted and ignored: the sandbox's tier decides what is kept.
     #[allow(dead_code)]
     memory: Option<bool>,
 }
