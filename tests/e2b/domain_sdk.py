@@ -9,7 +9,9 @@ E2B's cloud, and checks brig's certificate against SSL_CERT_FILE (the
 host's bundle with brig's local CA). E2B_TEMPLATE names the template.
 Covers: create (the sandbox's domain is the daemon's), commands, files,
 a background command, a port of the sandbox through `get_host(port)`
-over HTTPS, the API over HTTP/2, list, get_info, connect and kill.
+over HTTPS, the API over HTTP/2, list, get_info, connect and kill; a
+volume's content API (which the clients send to `https://api.{domain}`,
+with no E2B_VOLUME_API_URL) and the volume mounted in a sandbox.
 
 Prints one line per check and `N passed, 0 failed` at the end.
 """
@@ -19,7 +21,7 @@ import ssl
 import time
 
 import httpx
-from e2b import Sandbox
+from e2b import Sandbox, Volume
 
 from sdk_checks import check, summary
 
@@ -27,7 +29,7 @@ domain = os.environ["E2B_DOMAIN"]
 template = os.environ.get("E2B_TEMPLATE", "base")
 check(
     "only E2B_DOMAIN points at brig",
-    not os.environ.get("E2B_API_URL") and not os.environ.get("E2B_SANDBOX_URL"),
+    not any(os.environ.get(v) for v in ("E2B_API_URL", "E2B_SANDBOX_URL", "E2B_VOLUME_API_URL")),
 )
 tls = ssl.create_default_context(cafile=os.environ["SSL_CERT_FILE"])
 
@@ -80,4 +82,17 @@ try:
 finally:
     sbx.kill()
 check("killed", not Sandbox.kill(sbx.sandbox_id))
+
+vol = Volume.create(f"domain-{os.getpid()}")
+try:
+    vol.write_file("/hello.txt", "through the volume api")
+    check("a volume's content api over https", vol.read_file("/hello.txt") == "through the volume api")
+    user = Sandbox.create(template, timeout=120, volume_mounts={"/mnt/data": vol})
+    try:
+        r = user.commands.run("cat /mnt/data/hello.txt")
+        check("the volume mounted in a sandbox", r.stdout == "through the volume api", r.stdout)
+    finally:
+        user.kill()
+finally:
+    check("the volume destroyed", Volume.destroy(vol.volume_id))
 summary()

@@ -270,7 +270,8 @@ fn start_e2b(
 /// CA as a trusted certificate (Python: the current release and 2.48),
 /// create, run, move files, reach a port of
 /// the sandbox by `get_host` and kill (tests/e2b/domain_sdk.py,
-/// js_domain.mjs). A client that does not trust the CA is refused by
+/// js_domain.mjs), and use a volume through its content API. A client
+/// that does not trust the CA is refused by
 /// TLS: the certificate is really checked.
 #[test]
 fn the_clients_need_only_e2b_domain_over_https() {
@@ -356,7 +357,7 @@ fn the_clients_need_only_e2b_domain_over_https() {
         );
         let stdout = support::text(&out.stdout);
         assert!(
-            out.status.success() && stdout.contains("12 passed, 0 failed"),
+            out.status.success() && stdout.contains("15 passed, 0 failed"),
             "domain_sdk.py with {venv}:\n{stdout}\n{}",
             support::text(&out.stderr)
         );

@@ -1166,33 +1166,35 @@ impl HostTrace {
 /// mount a small one there, once per boot. It holds only locks and an
 /// empty mount point, and is shared by every brig on the host.
 fn ensure_tmpfs(dir: &Path) -> Result<(), JailError> {
-    const TMPFS_MAGIC: i64 = 0x0102_1994;
     fs::create_dir_all(dir).map_err(|source| JailError::Host {
         op: "create the runtime directory",
         path: dir.to_path_buf(),
         source,
     })?;
     let cpath = CString::new(dir.as_os_str().as_bytes()).expect("runtime path has no NUL");
-    // SAFETY: statfs is plain old data, filled by the call.
-    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
-    // SAFETY: valid path and out-pointer.
-    if unsafe { libc::statfs(cpath.as_ptr(), &mut st) } == 0 && st.f_type as i64 == TMPFS_MAGIC {
-        // Ours (a mount of its own, not /run's tmpfs) but made by an older
-        // brig with room for fewer sandboxes (a daemon's sandbox keeps a
-        // page there): grow it in place, keeping what is in it.
-        let size = st.f_blocks as u64 * st.f_bsize as u64;
-        if size < RUNTIME_TMPFS_BYTES && is_mount_point(dir) {
-            // SAFETY: constant strings; remounting our own tmpfs.
-            unsafe {
-                libc::mount(
-                    c"brig-run".as_ptr(),
-                    cpath.as_ptr(),
-                    c"tmpfs".as_ptr(),
-                    libc::MS_REMOUNT | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-                    c"mode=0755,size=256m".as_ptr().cast(),
-                )
-            };
-        }
+    if on_tmpfs(&cpath) {
+        return grow_tmpfs(dir, &cpath);
+    }
+    // Two brigs starting at once (a daemon and `brig run`, tests side by
+    // side on a fresh machine) would both find no tmpfs and both mount
+    // one: the second would hide what the first's sandboxes keep there.
+    // One at a time, under a lock beside the directory, and look again.
+    let lock_path = dir.with_extension("lock");
+    let lock = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|source| JailError::Host {
+            op: "open the runtime directory's lock",
+            path: lock_path.clone(),
+            source,
+        })?;
+    // SAFETY: flock on a descriptor we own; released when `lock` closes.
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } < 0 {
+        return Err(os_err("lock the runtime directory")(Errno::last()));
+    }
+    if on_tmpfs(&cpath) {
         return Ok(());
     }
     // SAFETY: constant strings; mounting a fresh tmpfs on our own directory.
@@ -1209,6 +1211,42 @@ fn ensure_tmpfs(dir: &Path) -> Result<(), JailError> {
         return Err(os_err("mount a tmpfs on the runtime directory /run/brig")(
             Errno::last(),
         ));
+    }
+    drop(lock);
+    Ok(())
+}
+
+/// Whether `path` is on a tmpfs (its own, or /run's).
+fn on_tmpfs(path: &CString) -> bool {
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    // SAFETY: statfs is plain old data, filled by the call.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: valid path and out-pointer.
+    unsafe { libc::statfs(path.as_ptr(), &mut st) == 0 && st.f_type as i64 == TMPFS_MAGIC }
+}
+
+/// Ours (a mount of its own, not /run's tmpfs) but made by an older brig
+/// with room for fewer sandboxes (a daemon's sandbox keeps a page there):
+/// grow it in place, keeping what is in it.
+fn grow_tmpfs(dir: &Path, cpath: &CString) -> Result<(), JailError> {
+    // SAFETY: statfs is plain old data, filled by the call.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: valid path and out-pointer.
+    if unsafe { libc::statfs(cpath.as_ptr(), &mut st) } != 0 {
+        return Ok(());
+    }
+    let size = st.f_blocks as u64 * st.f_bsize as u64;
+    if size < RUNTIME_TMPFS_BYTES && is_mount_point(dir) {
+        // SAFETY: constant strings; remounting our own tmpfs.
+        unsafe {
+            libc::mount(
+                c"brig-run".as_ptr(),
+                cpath.as_ptr(),
+                c"tmpfs".as_ptr(),
+                libc::MS_REMOUNT | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                c"mode=0755,size=256m".as_ptr().cast(),
+            )
+        };
     }
     Ok(())
 }
@@ -1432,5 +1470,48 @@ fn failure_to_error(f: Failure, plan: &Plan) -> JailError {
             step: stage.describe().into(),
             errno: f.errno,
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// brigs starting at once on a host whose runtime directory is on disk
+    /// mount one tmpfs there, not one each: a second would hide what the
+    /// first's sandboxes keep in it.
+    #[test]
+    fn brigs_starting_at_once_mount_the_runtime_tmpfs_once() {
+        if !brig_test_support::root_or_skip() {
+            return;
+        }
+        let base = tempfile::tempdir_in("/var/tmp").unwrap();
+        let base_path = CString::new(base.path().as_os_str().as_bytes()).unwrap();
+        if on_tmpfs(&base_path) {
+            brig_test_support::skip("/var/tmp is a tmpfs here: nothing to mount over");
+            return;
+        }
+        let dir = base.path().join("run");
+        // Without the lock, about one run in three stacks mounts here.
+        let starts: Vec<_> = (0..8)
+            .map(|_| {
+                let dir = dir.clone();
+                std::thread::spawn(move || ensure_tmpfs(&dir))
+            })
+            .collect();
+        let results: Vec<_> = starts.into_iter().map(|t| t.join().unwrap()).collect();
+        let target = dir.to_str().unwrap().to_string();
+        let mounts = fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .filter(|l| l.split(' ').nth(4) == Some(target.as_str()))
+            .count();
+        let cdir = CString::new(target.as_bytes()).unwrap();
+        // SAFETY: unmounting the test's own mounts, one at a time.
+        while unsafe { libc::umount2(cdir.as_ptr(), libc::MNT_DETACH) } == 0 {}
+        for r in results {
+            r.unwrap();
+        }
+        assert_eq!(mounts, 1, "tmpfs mounts stacked on {target}");
     }
 }
