@@ -10,13 +10,16 @@ the default, or `vm`). Covers: a sandbox created with metadata
 {"brig.isolation": TIER} runs under its tier's kernel (gVisor's, or the vm
 guest's own Linux), not the host's; commands.run (stdout, stderr, exit
 codes, a background command); files.write / read / list; the metadata is
-shown back; an unknown tier is refused at create. A vm sandbox is created
+shown back; an unknown tier is refused at create. On gvisor: a memory
+snapshot (a process keeps running, with its memory, in a sandbox created
+from it; the parent runs on). A vm sandbox is created
 without internet access: the tier has no network yet.
 
 Prints one line per check and `N passed, 0 failed` at the end.
 """
 
 import os
+import time
 
 from e2b import CommandExitException, Sandbox, SandboxException
 
@@ -58,6 +61,40 @@ try:
           info.metadata)
 finally:
     sbx.kill()
+
+if tier == "gvisor":
+    # A memory snapshot: a process whose token lives only in its memory
+    # runs on in a sandbox created from the snapshot.
+    parent = Sandbox.create(
+        template, metadata={"brig.isolation": tier}, allow_internet_access=False, timeout=120
+    )
+    try:
+        parent.commands.run(
+            "exec bash -c 'tok=$$-$RANDOM$RANDOM; n=0; "
+            "while :; do n=$((n+1)); echo \"$tok $n\" > /tmp/state; sleep 0.2; done'",
+            background=True,
+        )
+        time.sleep(1)
+        before = parent.files.read("/tmp/state").split()
+        snap = parent.create_snapshot()
+        check("a snapshot of a gvisor sandbox", snap.snapshot_id.startswith("snap-"), snap)
+        child = Sandbox.create(snap.snapshot_id, allow_internet_access=False, timeout=120)
+        try:
+            time.sleep(1)
+            after = child.files.read("/tmp/state").split()
+            check(
+                "its process runs on from the snapshot, with its memory",
+                after[0] == before[0] and int(after[1]) > int(before[1]),
+                (before, after),
+            )
+        finally:
+            child.kill()
+        time.sleep(0.5)
+        later = parent.files.read("/tmp/state").split()
+        check("and the parent runs on", later[0] == before[0] and int(later[1]) > int(before[1]),
+              (before, later))
+    finally:
+        parent.kill()
 
 raises(
     "an unknown tier is refused",

@@ -414,7 +414,7 @@ fn e2b_clients_pick_gvisor_with_a_metadata_key() {
             "none",
         ],
     );
-    let Some(stdout) = daemon.run_tier_sdk("host", "gvisor", 13) else {
+    let Some(stdout) = daemon.run_tier_sdk("host", "gvisor", 16) else {
         return;
     };
     // Killed through E2B: nothing of it stays.
