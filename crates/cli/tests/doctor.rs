@@ -49,6 +49,8 @@ const FEATURES: &[&str] = &[
     "namespaces_max",
     "nr_open",
     "cgroup_favordynmods",
+    // Whether `brig serve --e2b-domain brig.localhost`'s names resolve.
+    "localhost-names",
 ];
 
 fn doctor(args: &[&str], path: Option<&str>) -> Output {

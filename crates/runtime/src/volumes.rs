@@ -242,7 +242,13 @@ impl SandboxManager {
         requests
             .iter()
             .map(|r| {
-                let info = self.volume(tenant, &r.volume)?;
+                // The create is what is not found: its request is wrong.
+                let info = self.volume(tenant, &r.volume).map_err(|e| match e {
+                    ManagerError::VolumeNotFound { .. } => ManagerError::BadRequest {
+                        reason: e.to_string(),
+                    },
+                    e => e,
+                })?;
                 Ok(MountedVolume {
                     id: info.id,
                     name: info.name,
