@@ -187,7 +187,8 @@ fn volumes_from_the_cli_across_a_daemon_crash() {
             "/v1/sandboxes",
             Some(serde_json::json!({"volumes": [{"volume": "data", "path": "/mnt/d"}]}))
         ),
-        404
+        400,
+        "a create naming another tenant's volume is refused as one naming none"
     );
 
     // A crash: the sandboxes keep their mounts, the files stay.
