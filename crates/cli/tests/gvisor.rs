@@ -85,11 +85,15 @@ fn assert_nothing_left(id: &str) {
         "runsc state left: {:?}",
         state()
     );
-    for c in ["memory", "pids", "cpu", "cpuacct", "freezer", "cpuset", ""] {
-        let d = Path::new("/sys/fs/cgroup")
-            .join(c)
-            .join("brig-gvisor")
-            .join(id);
+    // Every hierarchy runsc may have made a group in (`name=systemd`
+    // included), and the v2 root.
+    let hierarchies = std::fs::read_dir("/sys/fs/cgroup")
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .chain([Path::new("/sys/fs/cgroup").to_path_buf()]);
+    for h in hierarchies {
+        let d = h.join("brig-gvisor").join(id);
         assert!(!d.exists(), "cgroup left: {}", d.display());
     }
 }

@@ -143,20 +143,26 @@ impl Groups {
     /// left when runsc's own state is gone too). Missing groups are fine.
     pub fn remove(&self) {
         let mut dirs: Vec<PathBuf> = Vec::new();
-        for c in [
-            "memory", "pids", "cpu", "cpuacct", "freezer", "cpuset", "devices", "blkio",
-        ] {
-            let Some(mount) = self.hierarchy.mount(c).map(Path::to_path_buf).or_else(|| {
-                // runsc makes groups in every v1 controller it finds, not
-                // only those brig uses.
-                let p = Path::new("/sys/fs/cgroup").join(c);
-                p.is_dir().then_some(p)
-            }) else {
-                continue;
-            };
+        // runsc makes groups in every v1 hierarchy it finds, not only the
+        // controllers brig uses (`name=systemd`, net_cls, perf_event…), and
+        // a restored sandbox's `runsc delete` leaves some behind: look in
+        // each hierarchy mounted under /sys/fs/cgroup (a co-mounted pair's
+        // name links, `cpu -> cpu,cpuacct`, are the same directory once).
+        let mounts = fs::read_dir("/sys/fs/cgroup")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .chain(
+                ["memory", "pids", "cpu", "freezer"]
+                    .iter()
+                    .filter_map(|c| self.hierarchy.mount(c).map(Path::to_path_buf)),
+            );
+        for mount in mounts {
             let d = mount.join(CGROUP_PARENT).join(self.id.as_str());
-            if d.is_dir() && !dirs.contains(&d) {
-                dirs.push(d);
+            let Ok(real) = d.canonicalize() else { continue };
+            if real.is_dir() && !dirs.contains(&real) {
+                dirs.push(real);
             }
         }
         brig_host::cgroup::kill_and_remove(&dirs);
