@@ -517,8 +517,12 @@ async fn serve(
         Some(e) => {
             let https = match e.domain {
                 Some((domain, addr)) => {
-                    let listener = brig_http::listen(addr)
-                        .with_context(|| format!("cannot listen on {addr}"))?;
+                    let listener = brig_http::listen(addr).with_context(|| {
+                        format!(
+                            "cannot listen on {addr} for --e2b-domain's HTTPS: choose another \
+                             address with --e2b-https (clients then set E2B_DOMAIN=DOMAIN:PORT)"
+                        )
+                    })?;
                     let addr = listener
                         .local_addr()
                         .context("cannot read the listening address")?;
