@@ -93,6 +93,38 @@ if tier == "gvisor":
         later = parent.files.read("/tmp/state").split()
         check("and the parent runs on", later[0] == before[0] and int(later[1]) > int(before[1]),
               (before, later))
+
+        # fork(count=2): two copies of the running parent, memory included,
+        # each on its own from then on.
+        forks = parent.fork(count=2)
+        try:
+            check("fork(count=2) of a gvisor sandbox: two sandboxes", len(forks) == 2, forks)
+            time.sleep(1)
+            states = [f.files.read("/tmp/state").split() for f in forks]
+            check(
+                "each fork's process runs on with the parent's memory",
+                all(s[0] == before[0] and int(s[1]) > int(later[1]) for s in states),
+                (later, states),
+            )
+            forks[0].commands.run("echo only-in-fork-0 > /tmp/mine")
+            others = [forks[1], parent]
+            check(
+                "a file written in one fork is in neither the other nor the parent",
+                all(not o.files.exists("/tmp/mine") for o in others),
+            )
+            forks[0].commands.run("pkill -f 'to[k]=' || true")
+            time.sleep(0.6)
+            a = forks[0].files.read("/tmp/state")
+            time.sleep(0.6)
+            stopped = forks[0].files.read("/tmp/state") == a
+            moving = forks[1].files.read("/tmp/state") != states[1]
+            check("a process ended in one fork runs on in the other", stopped and moving,
+                  (stopped, moving))
+            names = {f.commands.run("hostname").stdout.strip() for f in forks}
+            check("each fork has a host name of its own", len(names) == 2, names)
+        finally:
+            for f in forks:
+                f.kill()
     finally:
         parent.kill()
 

@@ -1003,3 +1003,78 @@ fn pip_installs_from_an_allowed_index_and_from_nothing_else() {
     );
     assert!(!String::from_utf8_lossy(&refused.stdout).contains("42"));
 }
+
+/// The same policy on the gvisor tier: a `--network allow` gvisor sandbox
+/// (its netns is the one the gateway polices, gVisor's netstack on the
+/// inside) reaches the allowed name and nothing else, gets the tenant's
+/// secret injected over TLS and plain HTTP without seeing it, its refused
+/// connections are logged at the gateway, and a live change to `none`
+/// applies to the next connection.
+#[test]
+fn a_gvisor_sandbox_is_held_to_its_policy_too() {
+    require_root!();
+    if !support::tier_or_skip("gvisor") {
+        return;
+    }
+    let world = NetWorld::build("gvisor");
+    let home = tempfile::tempdir().unwrap();
+    let (mut daemon, url, lines) = serve(home.path(), &[], Some(world.ca_file()));
+    drain(lines);
+    let h = home.path();
+    const SECRET: &str = "gvisor-s3cret-0123456789";
+    set_secret(h, &url, "tok", SECRET);
+    let id = ok(
+        brig(
+            h,
+            &url,
+            &[
+                "create",
+                "--isolation",
+                "gvisor",
+                "--network",
+                "allow",
+                "--allow",
+                "allowed.test",
+                "--inject",
+                "allowed.test:Authorization=Bearer ${secrets.tok}",
+            ],
+        ),
+        "create --isolation gvisor --network allow",
+    );
+    let id = id.trim();
+    let tls = "https://allowed.test:8443/";
+    let plain = "http://allowed.test:8080/";
+    let other = "http://other.test:8080/";
+    let by_address = "http://203.0.113.11:8080/";
+    let got = fetch_flat(h, &url, id, &[tls, plain, other, by_address]);
+    assert!(!got.contains(SECRET), "the sandbox saw the secret: {got}");
+    let want = bearer_sha256(SECRET);
+    for u in [tls, plain] {
+        let l = line(&got, u);
+        assert!(l.contains(" 200 "), "{l}");
+        assert!(
+            l.contains(&format!("auth-sha256: {want}")),
+            "{u} got no secret: {l}"
+        );
+    }
+    assert!(line(&got, other).contains("ERR"), "{got}");
+    assert!(line(&got, by_address).contains("ERR"), "{got}");
+
+    let log = ok(
+        brig(h, &url, &["net", id, "--connections"]),
+        "net --connections",
+    );
+    assert!(log.contains("allowed 203.0.113.10"), "{log}");
+    assert!(log.contains("denied  203.0.113.11:8080"), "{log}");
+    let kernel = ok(brig(h, &url, &["exec", id, "--", "dmesg"]), "dmesg");
+    assert!(kernel.contains("gVisor"), "not gVisor's kernel: {kernel}");
+
+    ok(
+        brig(h, &url, &["net", id, "--network", "none"]),
+        "net --network none",
+    );
+    let got = fetch_flat(h, &url, id, &[plain]);
+    assert!(line(&got, plain).contains("ERR"), "{got}");
+    ok(brig(h, &url, &["rm", "-f", id]), "rm");
+    support::stop_daemon(&mut daemon.0);
+}

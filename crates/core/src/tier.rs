@@ -320,6 +320,12 @@ pub trait Tier: Send + Sync + fmt::Debug {
     /// host, so that reconcile can tell leftovers no record names.
     fn running(&self) -> Vec<SandboxId>;
 
+    /// Whether it mounts volumes ([`Launch::volumes`]); one that does not
+    /// is never asked to (the runtime refuses the create first).
+    fn mounts_volumes(&self) -> bool {
+        false
+    }
+
     /// What a snapshot of one of its sandboxes keeps.
     fn checkpoints(&self) -> Checkpoints {
         Checkpoints::Files

@@ -116,9 +116,10 @@ pub fn unsupported(tier: crate::Isolation) -> crate::TierError {
     crate::TierError::Unsupported {
         tier,
         op: "mount volumes",
-        reason: "volumes are mounted on the process tier only: create the sandbox with \
-                 isolation process, or without volumes"
-            .into(),
+        reason:
+            "volumes are mounted on the process and gvisor tiers only: create the sandbox with \
+                 isolation process or gvisor, or without volumes"
+                .into(),
     }
 }
 

@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
-use brig_core::{Limits, SandboxId};
+use brig_core::{Limits, SandboxId, VolumeMount};
 use serde_json::{json, Value};
 
 /// Where the agent's directory appears inside the sandbox: its socket
@@ -99,6 +99,11 @@ pub struct BundleSpec<'a> {
     pub netns: Option<&'a str>,
     /// The host's CPU count, to turn a CPU limit into a quota.
     pub cfs_period_us: u64,
+    /// Volumes, each its host mount shown read-write at its path, last so
+    /// that they go over what the template has there. No user namespace
+    /// maps ids here: the gofer creates files with the ids the sandbox
+    /// sees, as a volume stores them.
+    pub volumes: &'a [VolumeMount],
 }
 
 /// The `config.json` of a sandbox.
@@ -149,6 +154,12 @@ pub fn config(b: &BundleSpec<'_>) -> Value {
             gid,
         } => (args.to_vec(), env.clone(), *cwd, *uid, *gid),
     };
+    for v in b.volumes {
+        mounts.push(
+            json!({"destination": v.path, "type": "bind", "source": v.source,
+                           "options": ["rbind", "rw", "nosuid", "nodev"]}),
+        );
+    }
     // Root keeps a container root's capabilities; another user none (as
     // the process tier's commands).
     let caps: Vec<&str> = if uid == 0 { caps } else { Vec::new() };
@@ -196,12 +207,32 @@ pub fn config(b: &BundleSpec<'_>) -> Value {
         },
         "root": {"path": b.root, "readonly": false},
         "mounts": mounts,
+        // Where its volumes are, for a later daemon that adopts it
+        // ([`volume_paths`]).
+        "annotations": {
+            VOLUMES_ANNOTATION: b.volumes.iter().map(|v| v.path.as_str()).collect::<Vec<_>>().join(","),
+        },
         "linux": {
             "namespaces": namespaces,
             "cgroupsPath": format!("/{CGROUP_PARENT}/{}", b.id),
             "resources": resources,
         },
     })
+}
+
+/// The `config.json` annotation listing a sandbox's volume paths.
+const VOLUMES_ANNOTATION: &str = "org.brig.volumes";
+
+/// The volume paths a sandbox's `config.json` names (none if it names
+/// none or cannot be read).
+pub fn volume_paths(config: &Value) -> Vec<String> {
+    config["annotations"][VOLUMES_ANNOTATION]
+        .as_str()
+        .unwrap_or_default()
+        .split(',')
+        .filter(|p| !p.is_empty())
+        .map(str::to_string)
+        .collect()
 }
 
 #[cfg(test)]
@@ -222,6 +253,7 @@ mod tests {
             allow_setuid: false,
             netns,
             cfs_period_us: 100_000,
+            volumes: &[],
         })
     }
 

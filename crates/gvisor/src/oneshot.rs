@@ -124,6 +124,7 @@ fn start(
         allow_setuid: spec.allow_setuid,
         netns: netns.as_deref(),
         cfs_period_us: CFS_PERIOD_US,
+        volumes: &[],
     });
     fs::write(
         bundle_dir.join("config.json"),

@@ -318,6 +318,7 @@ impl GvisorTier {
             allow_setuid: launch.allow_setuid,
             netns: netns.as_deref(),
             cfs_period_us: CFS_PERIOD_US,
+            volumes: &launch.volumes,
         });
         fs::write(
             bundle_dir.join("config.json"),
@@ -377,13 +378,15 @@ impl GvisorTier {
         pid: libc::pid_t,
     ) -> Result<GvisorInstance, TierError> {
         let pidfd = pidfd_open(pid).map_err(|e| TierError::failed(id, "watch its process", e))?;
+        let config = bundle_config(dir);
         Ok(GvisorInstance {
             id: id.clone(),
             process: Mutex::new(SandboxProcess {
                 pid,
                 pidfd: Arc::new(pidfd),
             }),
-            loopback: !joins_netns(dir),
+            loopback: !joins_netns(&config),
+            volumes: bundle::volume_paths(&config),
             owner: self.owner.clone(),
             dir: dir.to_path_buf(),
             runsc: self.runsc.clone(),
@@ -419,17 +422,19 @@ fn record_pid(id: &SandboxId, dir: &Path, owner: &str) -> Result<libc::pid_t, Ti
 /// Whether the sandbox in `dir` runs in a network namespace of its own
 /// (its bundle names one): gVisor's host networking, which this runsc
 /// cannot checkpoint.
-fn joins_netns(dir: &Path) -> bool {
-    let Ok(text) = fs::read(dir.join("bundle").join("config.json")) else {
-        return false;
-    };
-    let Ok(config) = serde_json::from_slice::<serde_json::Value>(&text) else {
-        return false;
-    };
+fn joins_netns(config: &serde_json::Value) -> bool {
     config["linux"]["namespaces"].as_array().is_some_and(|ns| {
         ns.iter()
             .any(|n| n["type"] == "network" && n.get("path").is_some())
     })
+}
+
+/// The `config.json` of the sandbox in `dir` (null if unreadable).
+fn bundle_config(dir: &Path) -> serde_json::Value {
+    fs::read(dir.join("bundle").join("config.json"))
+        .ok()
+        .and_then(|text| serde_json::from_slice(&text).ok())
+        .unwrap_or_default()
 }
 
 /// Copy the agent where sandboxes can exec it (runsc maps binaries from
@@ -544,10 +549,11 @@ impl Tier for GvisorTier {
         Isolation::Gvisor
     }
 
+    fn mounts_volumes(&self) -> bool {
+        true
+    }
+
     fn launch(&self, launch: &Launch) -> Result<Box<dyn Instance>, TierError> {
-        if !launch.volumes.is_empty() {
-            return Err(brig_core::volume::unsupported(Isolation::Gvisor));
-        }
         let dir = self.sandbox_dir(&launch.id);
         if dir.exists() {
             return Err(TierError::Invalid(format!(
@@ -575,6 +581,15 @@ impl Tier for GvisorTier {
                 "sandbox {} exists already",
                 launch.id
             )));
+        }
+        if !launch.volumes.is_empty() {
+            return Err(TierError::Unsupported {
+                tier: Isolation::Gvisor,
+                op: "mount volumes into a sandbox restored from a memory snapshot",
+                reason: "its processes resume with the mounts they had when it was \
+                         snapshotted: create it without volumes"
+                    .into(),
+            });
         }
         if !image.join(CHECKPOINT_STATE).is_dir() {
             return Err(TierError::Invalid(format!(
@@ -727,6 +742,8 @@ pub struct GvisorInstance {
     process: Mutex<SandboxProcess>,
     /// Runs on gVisor's loopback (no namespace): it can be checkpointed.
     loopback: bool,
+    /// Where volumes are mounted in it (then it cannot be checkpointed).
+    volumes: Vec<String>,
     /// Names the daemon in its state file.
     owner: String,
     dir: PathBuf,
@@ -996,6 +1013,17 @@ impl Instance for GvisorInstance {
                          linked to the network runs on: create it with network none to \
                          snapshot its memory"
                     .into(),
+            });
+        }
+        if !self.volumes.is_empty() {
+            return Err(TierError::Unsupported {
+                tier: Isolation::Gvisor,
+                op: "checkpoint a sandbox with volumes",
+                reason: format!(
+                    "its volumes ({}) live outside it and would not be in the snapshot: \
+                     snapshot a gvisor sandbox created without volumes",
+                    self.volumes.join(", ")
+                ),
             });
         }
         let paused = self.is_paused()?;

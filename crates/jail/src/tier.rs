@@ -291,6 +291,10 @@ impl Tier for ProcessTier {
         Isolation::Process
     }
 
+    fn mounts_volumes(&self) -> bool {
+        true
+    }
+
     fn launch(&self, launch: &Launch) -> Result<Box<dyn Instance>, TierError> {
         let dir = self.dir(&launch.id);
         if dir.exists() {

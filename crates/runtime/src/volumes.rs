@@ -274,11 +274,18 @@ impl SandboxManager {
                 Vec::new(),
             ));
         }
-        if isolation != Isolation::Process {
+        if !self.tier(isolation)?.mounts_volumes() {
+            let offer: Vec<String> = self
+                .tiers()
+                .into_iter()
+                .filter(|&t| self.tier(t).is_ok_and(|t| t.mounts_volumes()))
+                .map(|t| t.to_string())
+                .collect();
             return Err(ManagerError::BadRequest {
                 reason: format!(
-                    "the {isolation} tier cannot mount volumes yet: volumes are mounted on the \
-                     process tier only (create the sandbox with isolation process)"
+                    "the {isolation} tier cannot mount volumes: create the sandbox with \
+                     isolation {}, or without volumes",
+                    offer.join(" or ")
                 ),
             });
         }
