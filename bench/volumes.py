@@ -19,6 +19,10 @@ Rows:
                      rootfs
   brig layer         the sandbox's writable layer (overlay over tmpfs), /root
   bwrap tmpfs        bwrap --tmpfs /tmp (its writable place)
+  brig gvisor volume the same brig volume in a gvisor sandbox (a bind mount
+                     runsc's gofer serves), where runsc is installed
+  runsc ext4 bind    a bare `runsc run` of the same rootfs with the peer's
+                     ext4 directory bind-mounted, the platform brig uses
 
 A `brig serve` on a fresh home runs sandboxes of the test rootfs
 (BRIG_TEST_ROOTFS) as a `dir:` template, with no network. Medians in ms;
@@ -28,6 +32,7 @@ the ratio of each pair; summary in target/bench/volumes-<time>/summary.txt.
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -65,7 +70,11 @@ def main():
     ap.add_argument("--runs", type=int, default=7)
     ap.add_argument("--files", type=int, default=3000)
     ap.add_argument("--brig")
+    ap.add_argument("--no-gvisor", action="store_true", help="skip the gvisor rows")
     args = ap.parse_args()
+    runsc = None if args.no_gvisor else shutil.which("runsc")
+    if not runsc and not args.no_gvisor:
+        log("runsc is not installed (apt-get install runsc): no gvisor rows")
     rootfs = Path(os.environ.get("BRIG_TEST_ROOTFS",
                                  Path.home() / ".cache/brig-test/rootfs-bookworm-minbase"))
     if not (rootfs / "bin/sh").exists():
@@ -80,6 +89,8 @@ def main():
     out_dir.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="brig-bench-volumes-"))
     results = {"brig volume": [], "bwrap ext4 bind": [], "brig layer": [], "bwrap tmpfs": []}
+    if runsc:
+        results.update({"brig gvisor volume": [], "runsc ext4 bind": []})
     daemon = None
     mnt = work / "ext4"
     try:
@@ -100,6 +111,19 @@ def main():
             "volumes": [{"volume": "bench", "path": "/mnt/vol"}]})
         sid = sb["id"]
         brig_exec(brig, daemon, home, sid, gen)
+        gid = None
+        if runsc:
+            gid = daemon.call("POST", "/v1/sandboxes", {
+                "template": f"dir:{rootfs}", "isolation": "gvisor", "network": {"mode": "none"},
+                "disk": "2G", "memory": "1G", "timeout": "30m",
+                "volumes": [{"volume": "bench", "path": "/mnt/vol"}]})["id"]
+            brig_exec(brig, daemon, home, gid, gen)
+            # The platform brig runs gvisor on, for the peer too.
+            doctor = json.loads(subprocess.run(
+                [str(brig), "doctor", "--json"], stdout=subprocess.PIPE, text=True).stdout or "{}")
+            found = re.search(r"on the (\w+) platform", doctor.get("tiers", {}).get("gvisor_detail", ""))
+            platform = found.group(1) if found else "ptrace"
+            log(f"gvisor rows on the {platform} platform")
 
         def bwrap(dest_args, dest):
             p = subprocess.run(
@@ -111,6 +135,31 @@ def main():
                 sys.exit(f"volumes.py: bwrap failed: {p.stderr}")
             return int(p.stdout.split()[-1]) / 1000
 
+        def runsc_bind(n):
+            bundle = work / f"runsc{n}"
+            bundle.mkdir()
+            spec = {
+                "ociVersion": "1.0.2",
+                "process": {"user": {"uid": 0, "gid": 0}, "cwd": "/",
+                            "args": ["sh", "-c", gen + " && " + RUN.format(dest="/mnt/vol/r")],
+                            "env": ["PATH=/usr/bin:/bin"], "capabilities": {}},
+                "root": {"path": str(rootfs), "readonly": True}, "hostname": "peer",
+                "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"},
+                           {"destination": "/tmp", "type": "tmpfs", "source": "tmpfs"},
+                           {"destination": "/mnt/vol", "type": "bind", "source": str(mnt),
+                            "options": ["rbind", "rw"]}],
+                "linux": {"namespaces": [{"type": "pid"}, {"type": "mount"}, {"type": "ipc"},
+                                         {"type": "uts"}]},
+            }
+            (bundle / "config.json").write_text(json.dumps(spec))
+            p = subprocess.run([runsc, f"--root={work}/runsc-root", f"--platform={platform}",
+                                "--network=none", "run", f"--bundle={bundle}", f"peer{n}"],
+                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+            if p.returncode != 0:
+                sys.exit(f"volumes.py: runsc failed: {p.stderr[-500:]}")
+            return int(p.stdout.split()[-1]) / 1000
+
         for i in range(args.runs):
             log(f"run {i + 1}/{args.runs}")
             results["brig volume"].append(
@@ -120,7 +169,14 @@ def main():
             results["brig layer"].append(
                 int(brig_exec(brig, daemon, home, sid, RUN.format(dest="/root")).split()[-1]) / 1000)
             results["bwrap tmpfs"].append(bwrap([], "/tmp"))
+            if gid:
+                results["brig gvisor volume"].append(
+                    int(brig_exec(brig, daemon, home, gid, RUN.format(dest="/mnt/vol/g")).split()[-1])
+                    / 1000)
+                results["runsc ext4 bind"].append(runsc_bind(i))
         daemon.call("DELETE", f"/v1/sandboxes/{sid}")
+        if gid:
+            daemon.call("DELETE", f"/v1/sandboxes/{gid}")
         time.sleep(1.5)
         daemon.call("DELETE", "/v1/volumes/bench")
     finally:
@@ -137,6 +193,9 @@ def main():
     lines.append(f"  brig volume / bwrap ext4 bind: {med['brig volume'] / med['bwrap ext4 bind']:.2f}")
     lines.append(f"  brig layer / bwrap tmpfs:      {med['brig layer'] / med['bwrap tmpfs']:.2f}")
     lines.append(f"  brig volume / brig layer:      {med['brig volume'] / med['brig layer']:.2f}")
+    if "runsc ext4 bind" in med:
+        lines.append(f"  brig gvisor volume / runsc ext4 bind: "
+                     f"{med['brig gvisor volume'] / med['runsc ext4 bind']:.2f}")
     text = "\n".join(lines)
     print(text)
     (out_dir / "summary.txt").write_text(text + "\n")
