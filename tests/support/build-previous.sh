@@ -38,7 +38,23 @@ work=$(mktemp -d "$cache/previous-build.XXXXXX")
 trap 'rm -rf "$work"' EXIT
 git -C "$repo" archive "$commit" | tar -x -C "$work"
 echo "build-previous: building brig at ${commit:0:12} (once per machine)" >&2
-# Its own lock file and dependency versions, as it was released.
+# Its own lock file and dependency versions, as it was released, but this
+# tree's debug profile (how much debug info: it changes no behaviour), so
+# that the dependencies both trees share, compiled alike, are not compiled
+# again: the build's target directory starts as hard links to this tree's
+# compiled units (a unit compiled alike has the same file names in both
+# and is used as it is; one compiled differently gets names of its own).
+# About a third of the units are then compiled rather than all of them.
+if ! grep -q '^\[profile\.dev' "$work/Cargo.toml"; then
+    awk '/^\[/{keep = /^\[profile\.dev/} keep' Cargo.toml >>"$work/Cargo.toml"
+fi
+main_target=${CARGO_TARGET_DIR:-$repo/target}/debug
+if [ -d "$main_target/deps" ]; then
+    mkdir -p "$work/target/debug"
+    for d in deps build .fingerprint; do
+        [ -d "$main_target/$d" ] && cp -al "$main_target/$d" "$work/target/debug/"
+    done
+fi
 (cd "$work" && CARGO_TARGET_DIR="$work/target" cargo build --locked -p brig -p brig-agent >&2)
 tmp=$dest.tmp
 rm -rf "$tmp"
