@@ -62,6 +62,17 @@ try:
 finally:
     sbx.kill()
 
+def state(sandbox):
+    """The loop's "TOKEN N" (it truncates the file before each write: a read
+    may land between the two)."""
+    for _ in range(50):
+        fields = sandbox.files.read("/tmp/state").split()
+        if len(fields) == 2:
+            return fields
+        time.sleep(0.05)
+    raise AssertionError("/tmp/state never held a token and a count")
+
+
 if tier == "gvisor":
     # A memory snapshot: a process whose token lives only in its memory
     # runs on in a sandbox created from the snapshot.
@@ -75,13 +86,13 @@ if tier == "gvisor":
             background=True,
         )
         time.sleep(1)
-        before = parent.files.read("/tmp/state").split()
+        before = state(parent)
         snap = parent.create_snapshot()
         check("a snapshot of a gvisor sandbox", snap.snapshot_id.startswith("snap-"), snap)
         child = Sandbox.create(snap.snapshot_id, allow_internet_access=False, timeout=120)
         try:
             time.sleep(1)
-            after = child.files.read("/tmp/state").split()
+            after = state(child)
             check(
                 "its process runs on from the snapshot, with its memory",
                 after[0] == before[0] and int(after[1]) > int(before[1]),
@@ -90,7 +101,7 @@ if tier == "gvisor":
         finally:
             child.kill()
         time.sleep(0.5)
-        later = parent.files.read("/tmp/state").split()
+        later = state(parent)
         check("and the parent runs on", later[0] == before[0] and int(later[1]) > int(before[1]),
               (before, later))
 
@@ -100,7 +111,7 @@ if tier == "gvisor":
         try:
             check("fork(count=2) of a gvisor sandbox: two sandboxes", len(forks) == 2, forks)
             time.sleep(1)
-            states = [f.files.read("/tmp/state").split() for f in forks]
+            states = [state(f) for f in forks]
             check(
                 "each fork's process runs on with the parent's memory",
                 all(s[0] == before[0] and int(s[1]) > int(later[1]) for s in states),
@@ -114,10 +125,10 @@ if tier == "gvisor":
             )
             forks[0].commands.run("pkill -f 'to[k]=' || true")
             time.sleep(0.6)
-            a = forks[0].files.read("/tmp/state")
+            a = state(forks[0])
             time.sleep(0.6)
-            stopped = forks[0].files.read("/tmp/state") == a
-            moving = forks[1].files.read("/tmp/state") != states[1]
+            stopped = state(forks[0]) == a
+            moving = state(forks[1]) != states[1]
             check("a process ended in one fork runs on in the other", stopped and moving,
                   (stopped, moving))
             names = {f.commands.run("hostname").stdout.strip() for f in forks}

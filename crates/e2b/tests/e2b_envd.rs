@@ -21,11 +21,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use base64::Engine;
-use brig_core::SandboxId;
+use brig_core::{Isolation, SandboxId};
 use brig_e2b::{E2bSandbox, E2bState};
 use brig_test_support::{manager_fixture, serve, ManagerFixture};
 use serde_json::{json, Value};
-use support::{create, root_or_skip};
+use support::{create_on, root_or_skip};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
@@ -42,8 +42,12 @@ struct Env {
 }
 
 async fn env() -> Env {
-    let f = manager_fixture(|_| {});
-    let id = create(&f).await;
+    env_on(manager_fixture(|_| {}), Isolation::Process).await
+}
+
+/// [`env`] with its sandbox on the tier `isolation` of `f`.
+async fn env_on(f: ManagerFixture, isolation: Isolation) -> Env {
+    let id = create_on(&f, isolation).await;
     let tenant = f.manager.authenticate(&f.key).unwrap().tenant;
     let state = E2bState::new(Arc::clone(&f.manager));
     state.sandboxes.insert(E2bSandbox {
@@ -1106,6 +1110,32 @@ async fn run_envd_sdk(venv: &str, version: &str, checks: usize) {
 #[tokio::test(flavor = "multi_thread")]
 async fn official_python_sdk() {
     run_envd_sdk("e2b-venv", "2.63.0", 116).await;
+}
+
+/// The same suite, unchanged, against a sandbox on the gvisor tier: the
+/// same agent answers under gVisor's kernel, so every check holds there.
+#[tokio::test(flavor = "multi_thread")]
+async fn official_python_sdk_on_gvisor() {
+    if !root_or_skip() {
+        return;
+    }
+    let Some(python) = sdk_python_in("e2b-venv") else {
+        return;
+    };
+    let Some(f) = brig_test_support::gvisor_manager_fixture(|_| {}) else {
+        return;
+    };
+    let e = env_on(f, Isolation::Gvisor).await;
+    let kernel = support::sh(&e.f, &e.id, "dmesg | head -1").await;
+    assert!(kernel.contains("gVisor"), "not under gVisor: {kernel}");
+    let out = run_script(python, "envd_sdk.py", &e, Duration::from_secs(400)).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(
+        stdout.lines().any(|l| l == "116 passed, 0 failed"),
+        "{stdout}"
+    );
 }
 
 /// The older generation, e2b 2.48 (the v1 create path; no

@@ -8,6 +8,8 @@
 use std::path::{Path, PathBuf};
 
 use brig_core::{Limits, SandboxId, VolumeMount};
+
+use crate::compat::{Compat, STATX_SHIM_INSIDE};
 use serde_json::{json, Value};
 
 /// Where the agent's directory appears inside the sandbox: its socket
@@ -104,6 +106,9 @@ pub struct BundleSpec<'a> {
     /// maps ids here: the gofer creates files with the ids the sandbox
     /// sees, as a volume stores them.
     pub volumes: &'a [VolumeMount],
+    /// The statx shim and the `/etc/ld.so.preload` naming it
+    /// ([`crate::compat`]).
+    pub compat: Option<&'a Compat>,
 }
 
 /// The `config.json` of a sandbox.
@@ -154,6 +159,14 @@ pub fn config(b: &BundleSpec<'_>) -> Value {
             gid,
         } => (args.to_vec(), env.clone(), *cwd, *uid, *gid),
     };
+    if let Some(c) = b.compat {
+        mounts.push(
+            json!({"destination": STATX_SHIM_INSIDE, "type": "bind", "source": c.shim,
+                           "options": ["rbind", "ro", "nosuid", "nodev"]}),
+        );
+        mounts.push(json!({"destination": "/etc/ld.so.preload", "type": "bind",
+                           "source": c.preload, "options": ["rbind", "ro", "nosuid", "nodev"]}));
+    }
     for v in b.volumes {
         mounts.push(
             json!({"destination": v.path, "type": "bind", "source": v.source,
@@ -254,6 +267,7 @@ mod tests {
             netns,
             cfs_period_us: 100_000,
             volumes: &[],
+            compat: None,
         })
     }
 

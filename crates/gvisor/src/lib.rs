@@ -19,7 +19,9 @@
 //!                                    agent.sock, bound by brig-agent inside
 //!                                    (runsc --host-uds=create), dialled by
 //!                                    the daemon
-//! /run/brig/gvisor/<id>/upper        tmpfs (the disk limit): the writable layer
+//! /run/brig/gvisor/<id>/upper        tmpfs (the disk limit): the writable layer,
+//!                                    and compat/ (the statx shim and the
+//!                                    /etc/ld.so.preload naming it: [`compat`])
 //! /run/brig/gvisor/<id>/rootfs       overlay: the template under that layer
 //! /run/brig/gvisor/<id>/bundle/      config.json
 //! /run/brig/gvisor/runsc/            runsc --root: runsc's own state
@@ -34,11 +36,11 @@
 //!
 //! `brig run --isolation gvisor` crosses the same boundary
 //! ([`brig_core::Tier::run`], `oneshot.rs`): `runsc run` of the command on
-//! the caller's stdio. What is not here yet: a terminal for it (`-t`),
-//! checkpoint, restore and fork.
+//! the caller's stdio. What is not here yet: a terminal for it (`-t`).
 
 pub mod bundle;
 pub mod cgroup;
+pub mod compat;
 mod oneshot;
 pub mod rootfs;
 pub mod runsc;

@@ -107,6 +107,7 @@ fn start(
         env.push(format!("HOME={home}"));
     }
     let cwd = spec.workdir.clone().unwrap_or_else(|| "/".into());
+    let compat = crate::compat::install(dir, &root).map_err(io("install its statx shim"))?;
     let bundle_dir = dir.join("bundle");
     fs::create_dir_all(&bundle_dir).map_err(io("create its bundle"))?;
     let config = bundle::config(&BundleSpec {
@@ -125,6 +126,7 @@ fn start(
         netns: netns.as_deref(),
         cfs_period_us: CFS_PERIOD_US,
         volumes: &[],
+        compat: Some(&compat),
     });
     fs::write(
         bundle_dir.join("config.json"),

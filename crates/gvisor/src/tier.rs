@@ -304,6 +304,7 @@ impl GvisorTier {
             rootfs::RootfsError::Unresolved(_) => TierError::Invalid(e.to_string()),
             e => TierError::failed(id, "prepare its root filesystem", e),
         })?;
+        let compat = crate::compat::install(dir, &root).map_err(io("install its statx shim"))?;
         let bundle_dir = dir.join("bundle");
         fs::create_dir_all(&bundle_dir).map_err(io("create its bundle"))?;
         let config = bundle::config(&BundleSpec {
@@ -319,6 +320,7 @@ impl GvisorTier {
             netns: netns.as_deref(),
             cfs_period_us: CFS_PERIOD_US,
             volumes: &launch.volumes,
+            compat: Some(&compat),
         });
         fs::write(
             bundle_dir.join("config.json"),

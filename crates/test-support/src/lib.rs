@@ -182,6 +182,8 @@ pub fn agent_in_sandbox(
     (sandbox, ours)
 }
 
+#[cfg(feature = "gvisor")]
+pub use fixture::gvisor_manager_fixture;
 #[cfg(feature = "runtime")]
 pub use fixture::{manager_fixture, ManagerFixture};
 
@@ -221,6 +223,40 @@ mod fixture {
 
     /// A [`ManagerFixture`] whose manager is configured by `tweak` first.
     pub fn manager_fixture(tweak: impl FnOnce(&mut ManagerConfig)) -> ManagerFixture {
+        fixture_with(tweak, |_, _| Vec::new())
+    }
+
+    /// A [`ManagerFixture`] that offers the gvisor tier too, as `brig
+    /// serve` does where runsc is installed; `None` (a printed skip) where
+    /// it is not.
+    #[cfg(feature = "gvisor")]
+    pub fn gvisor_manager_fixture(
+        tweak: impl FnOnce(&mut ManagerConfig),
+    ) -> Option<ManagerFixture> {
+        let Some(runsc) = brig_gvisor::find_runsc() else {
+            super::skip("runsc is not installed (apt-get install runsc): no gvisor tier to test");
+            return None;
+        };
+        Some(fixture_with(tweak, |home, owner| {
+            let tier = brig_gvisor::GvisorTier::new(brig_gvisor::GvisorConfig {
+                runsc,
+                run_dir: std::path::PathBuf::from("/run/brig"),
+                state_dir: home.to_path_buf(),
+                agent: super::agent_bin().to_path_buf(),
+                owner: owner.to_string(),
+                platform: None,
+            })
+            .expect("prepare the gvisor tier");
+            vec![Arc::new(tier) as Arc<dyn brig_core::Tier>]
+        }))
+    }
+
+    /// A fixture on the process tier and the tiers `more` makes (given the
+    /// home and the daemon's owner name).
+    fn fixture_with(
+        tweak: impl FnOnce(&mut ManagerConfig),
+        more: impl FnOnce(&std::path::Path, &str) -> Vec<Arc<dyn brig_core::Tier>>,
+    ) -> ManagerFixture {
         let home = tempfile::tempdir().unwrap();
         let store = Store::open_in(home.path()).unwrap();
         let key = store.ensure_initial_key().unwrap().unwrap();
@@ -235,7 +271,9 @@ mod fixture {
         let owner = store.path().display().to_string();
         let tier = brig_jail::ProcessTier::new(super::agent_bin().to_path_buf(), &owner)
             .expect("prepare the process tier");
-        let manager = SandboxManager::start(store, config, vec![Arc::new(tier)]).unwrap();
+        let mut tiers: Vec<Arc<dyn brig_core::Tier>> = vec![Arc::new(tier)];
+        tiers.extend(more(home.path(), &owner));
+        let manager = SandboxManager::start(store, config, tiers).unwrap();
         ManagerFixture {
             home,
             manager,

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use brig_agent_client::ExecRequest;
-use brig_core::SandboxId;
+use brig_core::{Isolation, SandboxId};
 use brig_e2b::{control_router, data_router, E2bState};
 use brig_runtime::{CreateConfig, ManagerConfig, SandboxState};
 use brig_test_support::{manager_fixture, serve, ManagerFixture};
@@ -136,13 +136,21 @@ pub fn venv_or_skip(name: &str) -> Option<PathBuf> {
 /// A new sandbox of the fixture's first tenant, with the defaults (the
 /// `host` template); its id.
 pub async fn create(f: &ManagerFixture) -> String {
+    create_on(f, Isolation::Process).await
+}
+
+/// [`create`] on the tier `isolation` (the fixture must offer it).
+pub async fn create_on(f: &ManagerFixture, isolation: Isolation) -> String {
     let manager = Arc::clone(&f.manager);
     let tenant = manager.authenticate(&f.key).unwrap().tenant;
-    let record =
-        tokio::task::spawn_blocking(move || manager.create(&tenant, CreateConfig::default()))
-            .await
-            .unwrap()
-            .expect("create a sandbox");
+    let config = CreateConfig {
+        isolation,
+        ..CreateConfig::default()
+    };
+    let record = tokio::task::spawn_blocking(move || manager.create(&tenant, config))
+        .await
+        .unwrap()
+        .expect("create a sandbox");
     assert_eq!(record.state, SandboxState::Running, "{record:?}");
     record.id.to_string()
 }
