@@ -52,7 +52,9 @@ def plain(text):
     """Without ANSI colours (IPython colours its tracebacks, as upstream's do)."""
     return re.sub(r"\x1b\[[0-9;]*m", "", text)
 
-sbx = Sandbox.create(envs={"A": "1"}, metadata={"ci": "yes"})
+# BRIG_ISOLATION: the same suite on another tier (brig's metadata key).
+tier = {"brig.isolation": os.environ["BRIG_ISOLATION"]} if os.environ.get("BRIG_ISOLATION") else {}
+sbx = Sandbox.create(envs={"A": "1"}, metadata={"ci": "yes", **tier})
 try:
     # ---- create: ready at once, env vars, user ----
     # No wait, no retry: the first call must find the server up.

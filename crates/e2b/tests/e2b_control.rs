@@ -943,6 +943,45 @@ fn code_interpreter_v1_is_ready_when_create_answers() {
     assert!(p.state.sandboxes.is_empty(), "{stdout}");
 }
 
+/// The official code-interpreter client's whole `run_code` suite,
+/// unchanged, on a gvisor sandbox (`brig.isolation`): the template's
+/// Jupyter server and kernels under gVisor's kernel.
+#[test]
+fn the_code_interpreter_suite_runs_on_gvisor() {
+    if !root_or_skip() {
+        return;
+    }
+    let Some(python) = support::venv_or_skip("e2b-venv") else {
+        return;
+    };
+    if let Err(e) = brig_template::ensure(
+        &template_home(),
+        "code-interpreter-v1",
+        brig_template::Progress::Lines,
+    ) {
+        let why = format!("cannot build the code-interpreter-v1 template: {e}");
+        brig_test_support::skip(&why);
+        return;
+    }
+    let Some(p) = support::gvisor_planes_with(|c| c.home = Some(template_home())) else {
+        return;
+    };
+    let out = p.run_sdk_script_with(
+        &python,
+        "code_interpreter_sdk.py",
+        None,
+        &[("BRIG_ISOLATION", "gvisor")],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.lines().any(|l| l == "76 passed, 0 failed"),
+        "want \"76 passed, 0 failed\": {stdout}"
+    );
+    assert!(p.state.sandboxes.is_empty(), "{stdout}");
+}
+
 /// Run `script` with `sh -c` in the sandbox as root; its stdout.
 fn sh_in(p: &Planes, id: &str, script: &str) -> String {
     let sb = p.state.sandboxes.get(id).unwrap();

@@ -15,8 +15,9 @@ use crate::rootfs::Root;
 /// The shared object, built from `statx_compat.c` by build.rs.
 pub const STATX_SHIM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/brig-statx.so"));
 
-/// Where sandboxes see it.
-pub const STATX_SHIM_INSIDE: &str = "/run/brig-agent/statx.so";
+/// Where sandboxes see it: readable by every user (the agent's directory,
+/// 0700, is root's alone; a user's programs could not load it there).
+pub const STATX_SHIM_INSIDE: &str = "/run/brig-statx.so";
 
 /// The preload's files of one sandbox, on the host.
 #[derive(Debug, Clone)]

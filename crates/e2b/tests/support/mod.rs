@@ -77,7 +77,17 @@ pub fn planes() -> Planes {
 }
 
 pub fn planes_with(tweak: impl FnOnce(&mut ManagerConfig)) -> Planes {
-    let f = manager_fixture(tweak);
+    planes_of(manager_fixture(tweak))
+}
+
+/// [`planes_with`] on a manager that offers the gvisor tier too (E2B
+/// clients pick it with the metadata key `brig.isolation`); `None` (a
+/// printed skip) where runsc is missing.
+pub fn gvisor_planes_with(tweak: impl FnOnce(&mut ManagerConfig)) -> Option<Planes> {
+    brig_test_support::gvisor_manager_fixture(tweak).map(planes_of)
+}
+
+fn planes_of(f: ManagerFixture) -> Planes {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
