@@ -478,6 +478,8 @@ impl Finished {
     /// The program's JSON report: the last stdout line that parses.
     fn report(&self) -> Option<serde_json::Value> {
         self.stdout.lines().rev().find_map(|l| {
+            // On a terminal the line may follow other output.
+            let l = l.find("{\"program\"").map_or(l, |at| &l[at..]);
             serde_json::from_str::<serde_json::Value>(l.trim())
                 .ok()
                 .filter(|v| v.get("program").is_some())
@@ -521,41 +523,52 @@ fn launch_run(
 
 /// Start `cmd` (a brig that runs [`UPLOAD`] in a sandbox) and feed it the
 /// program's binary on stdin.
-fn launch(mut cmd: Command, program: &str) -> Launch {
+fn launch(cmd: Command, program: &str) -> Launch {
+    launch_with(cmd, program, true, true)
+}
+
+/// [`launch`], with the program fed on stdin only if `feed`, and stdout
+/// and stderr captured only if `capture` (else they stay as `cmd` has
+/// them: a terminal).
+fn launch_with(mut cmd: Command, program: &str, feed: bool, capture: bool) -> Launch {
     let exe = programs_dir().join(program);
     let binary = std::fs::read(&exe).unwrap_or_else(|e| panic!("read {}: {e}", exe.display()));
     if let Ok(mark) = std::env::var("BRIG_HOSTILE_SECCOMP_MARK") {
         cmd.env("BRIG_SECCOMP_MARK", mark);
     }
-    let mut child = cmd
-        .env(CANARY_ENV, "host-secret-that-must-not-leak")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn brig");
-    let mut stdin = child.stdin.take().unwrap();
-    std::thread::spawn(move || {
-        // A sandbox that fails early closes the pipe; its exit tells why.
-        let _ = stdin.write_all(&binary);
-    });
-    let stdout = child.stdout.take().unwrap();
+    cmd.env(CANARY_ENV, "host-secret-that-must-not-leak");
+    if feed {
+        cmd.stdin(Stdio::piped());
+    }
+    if capture {
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    }
+    let mut child = cmd.spawn().expect("spawn brig");
+    if let Some(mut stdin) = child.stdin.take() {
+        std::thread::spawn(move || {
+            // A sandbox that fails early closes the pipe; its exit tells why.
+            let _ = stdin.write_all(&binary);
+        });
+    }
     let (tx, lines) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
+    if let Some(stdout) = child.stdout.take() {
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
             }
-        }
-    });
-    let mut err = child.stderr.take().unwrap();
+        });
+    }
     let (tx, stderr) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut s = String::new();
-        let _ = err.read_to_string(&mut s);
-        let _ = tx.send(s);
-    });
+    if let Some(mut err) = child.stderr.take() {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = err.read_to_string(&mut s);
+            let _ = tx.send(s);
+        });
+    }
     Launch {
         child,
         lines,
@@ -974,6 +987,9 @@ struct Daemon {
     child: Child,
     url: String,
     e2b_api: Option<String>,
+    /// The E2B data plane (`host:port`) and each E2B sandbox's envd token.
+    e2b_sandboxes: Option<String>,
+    tokens: std::sync::Mutex<std::collections::HashMap<String, String>>,
     key: String,
     home: tempfile::TempDir,
     log: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
@@ -1006,6 +1022,12 @@ impl Daemon {
                 break a.to_string();
             }
         });
+        let e2b_sandboxes = e2b.then(|| loop {
+            let line = lines.next().expect("brig serve exited").unwrap();
+            if let Some(a) = line.strip_prefix("brig: e2b sandboxes on http://") {
+                break a.to_string();
+            }
+        });
         let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
         let sink = std::sync::Arc::clone(&log);
         std::thread::spawn(move || {
@@ -1021,6 +1043,8 @@ impl Daemon {
             child,
             url,
             e2b_api,
+            e2b_sandboxes,
+            tokens: Default::default(),
             key,
             home,
             log,
@@ -1047,10 +1071,17 @@ impl Daemon {
                 })
                 .into_json()
                 .expect("E2B create's answer");
-            return reply["sandboxID"]
+            let id = reply["sandboxID"]
                 .as_str()
                 .unwrap_or_else(|| panic!("no sandboxID in {reply}"))
                 .to_string();
+            if let Some(token) = reply["envdAccessToken"].as_str() {
+                self.tokens
+                    .lock()
+                    .unwrap()
+                    .insert(id.clone(), token.to_string());
+            }
+            return id;
         }
         let out = self
             .brig()
@@ -1085,6 +1116,27 @@ impl Daemon {
             .args(["--", "/bin/sh", "-c", upload, "sh"])
             .args(program_args);
         launch(cmd, case.program)
+    }
+
+    /// An E2B sandbox's envd: the data plane's address and its token.
+    fn envd(&self, sandbox: &str) -> (String, String) {
+        let plane = self.e2b_sandboxes.clone().expect("an E2B daemon");
+        let token = self.tokens.lock().unwrap()[sandbox].clone();
+        (plane, token)
+    }
+
+    /// Put `program` at /tmp/h in `sandbox` (as `user` in the E2B modes),
+    /// through `brig exec -i`; what went wrong, if anything.
+    fn upload(&self, mode: Mode, sandbox: &str, program: &str) -> Option<String> {
+        let mut cmd = self.brig();
+        cmd.args(["exec", "-i"]);
+        if mode.e2b() {
+            cmd.args(["-u", "user"]);
+        }
+        cmd.arg(sandbox)
+            .args(["--", "/bin/sh", "-c", "cat > /tmp/h && chmod +x /tmp/h"]);
+        let done = launch(cmd, program).finish(Duration::from_secs(60));
+        (done.code != Some(0)).then(|| format!("uploading {program} failed: {}", done.describe()))
     }
 
     /// Delete `sandbox`; what went wrong, if anything.
@@ -1471,6 +1523,746 @@ fn run_cross_sandbox(mode: Mode) {
     );
 }
 
+// ---------------------------------------------------------------------------
+// A real terminal: `tiocsti` with a host pty as brig's controlling terminal.
+
+/// How the host pty is given to brig.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TtyUse {
+    /// `-t`: the pty is brig's stdin, stdout, stderr and controlling
+    /// terminal; the sandbox gets a pty of its own that brig relays.
+    Relayed,
+    /// No `-t`: the program arrives on a pipe (stdin), and the pty is
+    /// brig's stdout, stderr and controlling terminal — what a user's
+    /// `brig run -i -- prog < file` in an interactive shell does. brig
+    /// passes its stdout and stderr to the sandbox as they are.
+    Output,
+}
+
+/// A host pseudo-terminal held by the harness: the master, where the
+/// "user's terminal emulator" would be, and the slave, brig's terminal.
+/// Everything the master receives is collected.
+struct HostTerminal {
+    master: std::os::fd::OwnedFd,
+    slave: std::os::fd::OwnedFd,
+    output: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// What a process on the host could notice about its terminal.
+#[derive(Debug, PartialEq, Eq)]
+struct TerminalState {
+    /// iflag, oflag, cflag, lflag, ispeed, ospeed.
+    flags: [u32; 6],
+    cc: Vec<u8>,
+    /// rows, cols.
+    window: (u16, u16),
+    line_discipline: i32,
+    exclusive: i32,
+}
+
+impl HostTerminal {
+    fn open() -> HostTerminal {
+        use std::os::fd::{AsRawFd, FromRawFd};
+        // SAFETY: posix_openpt/grantpt/unlockpt/ptsname_r on our own fd
+        // and a live buffer.
+        let (master, slave) = unsafe {
+            let m = libc::posix_openpt(libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC);
+            assert!(m >= 0, "posix_openpt: {}", std::io::Error::last_os_error());
+            let master = std::os::fd::OwnedFd::from_raw_fd(m);
+            assert_eq!(libc::grantpt(m), 0);
+            assert_eq!(libc::unlockpt(m), 0);
+            let mut name = [0 as libc::c_char; 64];
+            assert_eq!(libc::ptsname_r(m, name.as_mut_ptr(), name.len()), 0);
+            let s = libc::open(
+                name.as_ptr(),
+                libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC,
+            );
+            assert!(
+                s >= 0,
+                "open the pty slave: {}",
+                std::io::Error::last_os_error()
+            );
+            (master, std::os::fd::OwnedFd::from_raw_fd(s))
+        };
+        // A known window size, to see whether it changes.
+        let ws = libc::winsize {
+            ws_row: 40,
+            ws_col: 100,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        };
+        // SAFETY: TIOCSWINSZ reads one winsize; master is ours.
+        unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCSWINSZ, &ws) };
+        let output = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (sink, done) = (std::sync::Arc::clone(&output), std::sync::Arc::clone(&stop));
+        let fd = master.as_raw_fd();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 16384];
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                let mut p = libc::pollfd {
+                    fd,
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: one live pollfd; the master outlives this thread's
+                // use of it (HostTerminal's drop sets `stop` first and waits
+                // out one poll period before closing).
+                if unsafe { libc::poll(&mut p, 1, 50) } <= 0 || p.revents & libc::POLLIN == 0 {
+                    if p.revents & (libc::POLLHUP | libc::POLLERR) != 0 {
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                    continue;
+                }
+                // SAFETY: reading into a stack buffer.
+                let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+                if n > 0 {
+                    sink.lock().unwrap().extend_from_slice(&buf[..n as usize]);
+                }
+            }
+        });
+        HostTerminal {
+            master,
+            slave,
+            output,
+            stop,
+        }
+    }
+
+    /// `--host-tty DEV:RDEV`: how the program recognises this terminal.
+    fn identity(&self) -> String {
+        use std::os::fd::AsRawFd;
+        // SAFETY: an all-zero stat is a valid out-parameter.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: our open slave and a valid out-pointer.
+        assert_eq!(unsafe { libc::fstat(self.slave.as_raw_fd(), &mut st) }, 0);
+        format!("{}:{}", st.st_dev, st.st_rdev)
+    }
+
+    fn state(&self) -> TerminalState {
+        use std::os::fd::AsRawFd;
+        let fd = self.slave.as_raw_fd();
+        // SAFETY: termios/winsize are plain old data filled by the calls on
+        // our open slave.
+        unsafe {
+            let mut t: libc::termios = std::mem::zeroed();
+            libc::tcgetattr(fd, &mut t);
+            let mut ws: libc::winsize = std::mem::zeroed();
+            libc::ioctl(fd, libc::TIOCGWINSZ, &mut ws);
+            let mut ld: libc::c_int = -1;
+            libc::ioctl(fd, libc::TIOCGETD, &mut ld);
+            const TIOCGEXCL: libc::c_ulong = 0x8004_5440;
+            let mut excl: libc::c_int = -1;
+            libc::ioctl(fd, TIOCGEXCL, &mut excl);
+            TerminalState {
+                flags: [
+                    t.c_iflag,
+                    t.c_oflag,
+                    t.c_cflag,
+                    t.c_lflag,
+                    libc::cfgetispeed(&t),
+                    libc::cfgetospeed(&t),
+                ],
+                cc: t.c_cc.to_vec(),
+                window: (ws.ws_row, ws.ws_col),
+                line_discipline: ld,
+                exclusive: excl,
+            }
+        }
+    }
+
+    /// `cmd` with this terminal as its controlling terminal, stdout and
+    /// stderr (and stdin when `Relayed`).
+    fn attach(&self, cmd: &mut Command, how: TtyUse) {
+        let dup = || Stdio::from(self.slave.try_clone().expect("dup the pty slave"));
+        cmd.stdout(dup()).stderr(dup());
+        if how == TtyUse::Relayed {
+            cmd.stdin(dup());
+        }
+        // SAFETY: setsid and ioctl are async-signal-safe; fd 1 is the
+        // slave, dup2'd by Command before this runs.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::setsid() < 0 || libc::ioctl(1, libc::TIOCSCTTY, 0) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+
+    /// Type `bytes` on the keyboard.
+    fn type_in(&self, bytes: &[u8]) {
+        use std::os::fd::AsRawFd;
+        let mut rest = bytes;
+        while !rest.is_empty() {
+            // SAFETY: writing from a live slice to our master.
+            let n =
+                unsafe { libc::write(self.master.as_raw_fd(), rest.as_ptr().cast(), rest.len()) };
+            if n < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.raw_os_error() == Some(libc::EINTR) {
+                    continue;
+                }
+                panic!("type into the host pty: {e}");
+            }
+            rest = &rest[n as usize..];
+        }
+    }
+
+    fn output(&self) -> String {
+        String::from_utf8_lossy(&self.output.lock().unwrap()).into_owned()
+    }
+
+    /// Wait until the terminal has shown `needle`.
+    fn wait_for(&self, needle: &str, limit: Duration) -> bool {
+        eventually(limit, || self.output().contains(needle))
+    }
+
+    /// After brig has exited: what the sandbox left behind on the host
+    /// terminal, compared with `before`.
+    fn damage(&self, before: &TerminalState) -> Vec<String> {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut problems = Vec::new();
+        let after = self.state();
+        if after != *before {
+            problems.push(format!(
+                "the host terminal's state changed: {before:?} -> {after:?}"
+            ));
+        }
+        // Anything waiting in the host terminal's input queue would be read
+        // by the user's shell next. Canonical mode hides a partial line
+        // from FIONREAD and read: switch to non-canonical (which releases
+        // it) and read without waiting.
+        let fd = self.slave.as_raw_fd();
+        // SAFETY: termios filled by tcgetattr; ioctl/read on our slave
+        // with a live buffer.
+        let pending = unsafe {
+            let mut t: libc::termios = std::mem::zeroed();
+            libc::tcgetattr(fd, &mut t);
+            let saved = t;
+            t.c_lflag &= !libc::ICANON;
+            t.c_cc[libc::VMIN] = 0;
+            t.c_cc[libc::VTIME] = 0;
+            libc::tcsetattr(fd, libc::TCSANOW, &t);
+            let mut buf = [0u8; 4096];
+            let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
+            libc::tcsetattr(fd, libc::TCSANOW, &saved);
+            buf[..n.max(0) as usize].to_vec()
+        };
+        if !pending.is_empty() {
+            problems.push(format!(
+                "INJECTED: the host terminal's input queue holds {:?}",
+                String::from_utf8_lossy(&pending)
+            ));
+        }
+        // Output must still flow (TCOOFF stops it until TCOON).
+        let path = format!("/proc/self/fd/{fd}");
+        match std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+            .open(&path)
+        {
+            Ok(mut w) => {
+                let wrote = w.write(b"brig-hostile-still-flows\n");
+                if !matches!(wrote, Ok(n) if n > 0)
+                    || !self.wait_for("brig-hostile-still-flows", Duration::from_secs(3))
+                {
+                    problems.push(format!(
+                        "the host terminal's output no longer flows ({wrote:?})"
+                    ));
+                }
+            }
+            Err(e) => problems.push(format!("cannot reopen the host terminal: {e}")),
+        }
+        problems
+    }
+}
+
+impl Drop for HostTerminal {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The shell line that receives the program through the terminal
+/// (base64, one line at a time, ended by ^D) and runs it.
+const UPLOAD_TTY: &str =
+    "stty -echo && echo BRIG-HOSTILE-READY && base64 -d > /tmp/h && chmod +x /tmp/h && exec /tmp/h \"$@\"";
+
+/// Start `cmd` on `term` and, for `brig run -t`, type the program in.
+fn launch_on_terminal(
+    mut cmd: Command,
+    term: &HostTerminal,
+    how: TtyUse,
+    program: &str,
+    typed: bool,
+) -> Launch {
+    term.attach(&mut cmd, how);
+    let launch = launch_with(cmd, program, how == TtyUse::Output, false);
+    if typed {
+        use base64::Engine as _;
+        assert!(
+            term.wait_for("BRIG-HOSTILE-READY", Duration::from_secs(30)),
+            "the sandbox's shell never got ready: {}",
+            term.output()
+        );
+        let binary = std::fs::read(programs_dir().join(program)).expect("read the program");
+        let text = base64::engine::general_purpose::STANDARD.encode(binary);
+        let mut typed = String::with_capacity(text.len() + text.len() / 76 + 4);
+        for chunk in text.as_bytes().chunks(76) {
+            typed.push_str(std::str::from_utf8(chunk).unwrap());
+            typed.push('\n');
+        }
+        typed.push('\u{4}');
+        term.type_in(typed.as_bytes());
+    }
+    launch
+}
+
+/// `tiocsti` with a real terminal in `mode`, the host pty used `how`.
+fn run_terminal_case(mode: Mode, how: TtyUse) {
+    let template = mode.template();
+    let Some(template_arg) = prerequisites(template) else {
+        return;
+    };
+    let case = case("tiocsti", mode);
+    programs_dir();
+    let mut daemon = (!matches!(mode, Mode::Run(_))).then(|| Daemon::start(mode.e2b()));
+    let watch = HostWatch::start(template);
+    let term = HostTerminal::open();
+    let before = term.state();
+    let id = run_id("tiocsti");
+    let host_tty = term.identity();
+    let args = program_args(&case, mode, &id, &["--host-tty", &host_tty]);
+    let limit = case.within + Duration::from_secs(30);
+    let mut daemon_problems = Vec::new();
+    let run = match &mut daemon {
+        None => {
+            let mut cmd = brig();
+            cmd.arg("run")
+                .arg("--template")
+                .arg(&template_arg)
+                .args(case.run_args());
+            let upload = match how {
+                TtyUse::Relayed => {
+                    cmd.arg("-t");
+                    UPLOAD_TTY
+                }
+                TtyUse::Output => {
+                    cmd.arg("-i");
+                    UPLOAD
+                }
+            };
+            cmd.args(["--", "/bin/sh", "-c", upload, "sh"]).args(&args);
+            launch_on_terminal(cmd, &term, how, "tiocsti", how == TtyUse::Relayed).finish(limit)
+        }
+        Some(d) => {
+            let sandbox = d.create(mode, &case);
+            daemon_problems.extend(d.upload(mode, &sandbox, "tiocsti"));
+            let mut cmd = d.brig();
+            cmd.args(["exec", "-t", "--timeout", case.timeout]);
+            if mode.e2b() {
+                cmd.args(["-u", "user"]);
+            }
+            cmd.arg(&sandbox).arg("--");
+            if mode == Mode::E2bRoot {
+                cmd.args(["sudo", "-n"]);
+            }
+            cmd.arg("/tmp/h").args(&args);
+            let run = launch_on_terminal(cmd, &term, how, "tiocsti", false).finish(limit);
+            daemon_problems.extend(d.still_answers(&sandbox));
+            daemon_problems.extend(d.remove(&sandbox));
+            daemon_problems.extend(d.problems());
+            run
+        }
+    };
+    // With -t everything the sandbox said came through the host terminal.
+    let run = Finished {
+        stdout: format!("{}\n{}", run.stdout, term.output()),
+        ..run
+    };
+    let mut host = watch.finish(&[&id]);
+    host.extend(term.damage(&before));
+    eprintln!(
+        "tiocsti on a terminal ({how:?}) in {}: {}",
+        mode.describe(),
+        run.describe()
+    );
+
+    let mut failures = Vec::new();
+    if run.hung {
+        failures.push(format!("brig did not finish within {limit:?}"));
+    }
+    if run.code != Some(0) {
+        failures.push(format!("expected exit 0, got {:?}", run.code));
+    }
+    match run.report() {
+        None => failures.push("no JSON report on the terminal".into()),
+        Some(r) => {
+            if r["escaped"] != serde_json::Value::Bool(false) {
+                failures.push(format!("ESCAPED: {}", r["detail"]));
+            }
+            let detail = r["detail"].as_str().unwrap_or_default();
+            // The program must really have had a terminal, and the one
+            // this run means.
+            let expected = match how {
+                TtyUse::Relayed => "stdin is a terminal of the sandbox's own devpts",
+                TtyUse::Output => "stdout is the caller's host terminal, passed through",
+            };
+            if !detail.contains(expected) {
+                failures.push(format!("the report does not say {expected:?}"));
+            }
+        }
+    }
+    failures.extend(daemon_problems.into_iter().map(|p| format!("DAEMON: {p}")));
+    failures.extend(host.into_iter().map(|p| format!("HOST: {p}")));
+    assert!(
+        failures.is_empty(),
+        "tiocsti on a terminal ({how:?}) in {}:\n  {}\n{}",
+        mode.describe(),
+        failures.join("\n  "),
+        run.describe()
+    );
+}
+
+/// `tiocsti` where a terminal really exists: `brig run -t` and `brig run`
+/// with the caller's terminal as stdout (both templates), `brig exec -t`
+/// in each daemon mode (the native `/pty` session).
+mod terminal {
+    use super::{run_terminal_case, Mode, Template, TtyUse};
+
+    #[test]
+    fn host_template_tty() {
+        run_terminal_case(Mode::Run(Template::Host), TtyUse::Relayed)
+    }
+    #[test]
+    fn host_template_caller_terminal() {
+        run_terminal_case(Mode::Run(Template::Host), TtyUse::Output)
+    }
+    #[test]
+    fn dir_template_tty() {
+        run_terminal_case(Mode::Run(Template::Dir), TtyUse::Relayed)
+    }
+    #[test]
+    fn dir_template_caller_terminal() {
+        run_terminal_case(Mode::Run(Template::Dir), TtyUse::Output)
+    }
+    #[test]
+    fn daemon_tty() {
+        run_terminal_case(Mode::Daemon, TtyUse::Relayed)
+    }
+    #[test]
+    fn e2b_user_tty() {
+        run_terminal_case(Mode::E2bUser, TtyUse::Relayed)
+    }
+    #[test]
+    fn e2b_root_tty() {
+        run_terminal_case(Mode::E2bRoot, TtyUse::Relayed)
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The file API raced by the sandbox (`file_race`).
+
+/// Names the file API writes under the raced path; none may appear in the
+/// host directories the race's symlinks name.
+const RACE_NAMES: &[&str] = &["up", "up2", "f", "brig-hostile-race"];
+const RACE_HOST_DIRS: &[&str] = &["/", "/root", "/var/tmp", "/proc/1/root"];
+
+/// One file-API request's outcome: its status, or how it failed to
+/// return.
+fn answered(r: Result<ureq::Response, ureq::Error>) -> Result<(u16, String), String> {
+    match r {
+        Ok(resp) => {
+            let status = resp.status();
+            let mut body = String::new();
+            let _ = resp.into_reader().take(1 << 20).read_to_string(&mut body);
+            Ok((status, body))
+        }
+        Err(ureq::Error::Status(s, resp)) => Ok((s, resp.into_string().unwrap_or_default())),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Drive every file-API operation on paths under `/tmp/race/d` `rounds`
+/// times while `file_race` swaps it. Returns problems (a request that did
+/// not return, a download carrying a host canary) and the status tally.
+fn race_file_api(
+    d: &Daemon,
+    mode: Mode,
+    sandbox: &str,
+    rounds: usize,
+) -> (Vec<String>, std::collections::BTreeMap<String, usize>) {
+    let agent = ureq::AgentBuilder::new()
+        .timeout(Duration::from_secs(20))
+        .build();
+    let base = format!("{}/v1/sandboxes/{sandbox}", d.url);
+    let auth = format!("Bearer {}", d.key);
+    let mut problems = Vec::new();
+    let mut tally = std::collections::BTreeMap::new();
+    let mut note = |op: &str, r: Result<(u16, String), String>, problems: &mut Vec<String>| match r
+    {
+        Ok((status, body)) => {
+            if body.contains(CANARY) || body.contains(CANARY_CONTENT.trim()) {
+                problems.push(format!("{op} answered the host canary: {body}"));
+            }
+            if status >= 500 {
+                problems.push(format!("{op}: {status} {body}"));
+            }
+            *tally.entry(format!("{op} {status}")).or_insert(0) += 1;
+        }
+        Err(e) => problems.push(format!("{op} did not return: {e}")),
+    };
+    let e2b = mode.e2b().then(|| d.envd(sandbox));
+    for round in 0..rounds {
+        let upload = format!("brig-hostile-race {round}\n");
+        let q = |p: &str| format!("path={}", urlencode(p));
+        let get = |url: String| agent.get(&url).set("Authorization", &auth).call();
+        note(
+            "upload d/up",
+            answered(
+                agent
+                    .put(&format!("{base}/files?{}", q("/tmp/race/d/up")))
+                    .set("Authorization", &auth)
+                    .send_bytes(upload.as_bytes()),
+            ),
+            &mut problems,
+        );
+        note(
+            "upload d/f",
+            answered(
+                agent
+                    .put(&format!("{base}/files?{}", q("/tmp/race/d/f")))
+                    .set("Authorization", &auth)
+                    .send_bytes(upload.as_bytes()),
+            ),
+            &mut problems,
+        );
+        note(
+            "download d/f",
+            answered(get(format!("{base}/files?{}", q("/tmp/race/d/f")))),
+            &mut problems,
+        );
+        note(
+            "download d",
+            answered(get(format!("{base}/files?{}", q("/tmp/race/d")))),
+            &mut problems,
+        );
+        note(
+            "download cand-ffifo",
+            answered(get(format!("{base}/files?{}", q("/tmp/race/cand-ffifo")))),
+            &mut problems,
+        );
+        note(
+            "list d",
+            answered(get(format!(
+                "{base}/files/list?{}&depth=2",
+                q("/tmp/race/d")
+            ))),
+            &mut problems,
+        );
+        note(
+            "stat d/f",
+            answered(get(format!("{base}/files/stat?{}", q("/tmp/race/d/f")))),
+            &mut problems,
+        );
+        note(
+            "rename d/up",
+            answered(
+                agent
+                    .post(&format!("{base}/files/rename"))
+                    .set("Authorization", &auth)
+                    .send_json(
+                        serde_json::json!({"from": "/tmp/race/d/up", "to": "/tmp/race/d/up2"}),
+                    ),
+            ),
+            &mut problems,
+        );
+        note(
+            "mkdir d/brig-hostile-race",
+            answered(
+                agent
+                    .post(&format!("{base}/files/mkdir"))
+                    .set("Authorization", &auth)
+                    .send_json(serde_json::json!({"path": "/tmp/race/d/brig-hostile-race"})),
+            ),
+            &mut problems,
+        );
+        note(
+            "remove d/up2",
+            answered(
+                agent
+                    .delete(&format!("{base}/files?{}", q("/tmp/race/d/up2")))
+                    .set("Authorization", &auth)
+                    .call(),
+            ),
+            &mut problems,
+        );
+        note(
+            "remove d/brig-hostile-race",
+            answered(
+                agent
+                    .delete(&format!(
+                        "{base}/files?{}&recursive=true",
+                        q("/tmp/race/d/brig-hostile-race")
+                    ))
+                    .set("Authorization", &auth)
+                    .call(),
+            ),
+            &mut problems,
+        );
+        // A watch streams until the client leaves: its headers must come
+        // back; dropping the response ends it.
+        if round % 5 == 0 {
+            let w = agent
+                .get(&format!("{base}/files/watch?{}", q("/tmp/race/d")))
+                .set("Authorization", &auth)
+                .call();
+            let w = match w {
+                Ok(r) => Ok((r.status(), String::new())),
+                Err(ureq::Error::Status(s, _)) => Ok((s, String::new())),
+                Err(e) => Err(e.to_string()),
+            };
+            note("watch d", w, &mut problems);
+        }
+        // envd's own /files as E2B's `user` (raw HTTP, as the SDKs send it).
+        if let Some((plane, token)) = &e2b {
+            let envd = |m: &str, p: &str| {
+                agent
+                    .request(m, &format!("http://{plane}/files?{}&username=user", q(p)))
+                    .set("E2b-Sandbox-Id", sandbox)
+                    .set("E2b-Sandbox-Port", "49983")
+                    .set("X-Access-Token", token)
+            };
+            note(
+                "envd upload d/up",
+                answered(envd("POST", "/tmp/race/d/up").send_bytes(upload.as_bytes())),
+                &mut problems,
+            );
+            note(
+                "envd upload d/f",
+                answered(envd("POST", "/tmp/race/d/f").send_bytes(upload.as_bytes())),
+                &mut problems,
+            );
+            note(
+                "envd download d/f",
+                answered(envd("GET", "/tmp/race/d/f").call()),
+                &mut problems,
+            );
+            note(
+                "envd download d",
+                answered(envd("GET", "/tmp/race/d").call()),
+                &mut problems,
+            );
+        }
+    }
+    (problems, tally)
+}
+
+fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b'/' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// Which of the race's names exist in the host directories its symlinks
+/// name.
+fn race_names_on_host() -> Vec<String> {
+    RACE_HOST_DIRS
+        .iter()
+        .flat_map(|dir| RACE_NAMES.iter().map(move |n| Path::new(dir).join(n)))
+        .filter(|p| p.symlink_metadata().is_ok())
+        .map(|p| p.display().to_string())
+        .collect()
+}
+
+/// `file_race` in a daemon sandbox while the harness drives the file API
+/// on the paths it swaps.
+fn run_file_api_case(mode: Mode) {
+    let template = mode.template();
+    if prerequisites(template).is_none() {
+        return;
+    }
+    let case = case("file_race", mode);
+    programs_dir();
+    let mut d = Daemon::start(mode.e2b());
+    let watch = HostWatch::start(template);
+    let before = race_names_on_host();
+    let sandbox = d.create(mode, &case);
+    let id = run_id("file_race");
+    let args = program_args(&case, mode, &id, &["race", "--seconds", "600"]);
+    let racer = d.exec(mode, &sandbox, &case, &args);
+    let ready = racer.next_line(Duration::from_secs(30));
+    let mut failures = Vec::new();
+    if !ready.as_deref().is_some_and(|l| l.contains("\"ready\"")) {
+        failures.push(format!("file_race did not get ready: {ready:?}"));
+    }
+    let (problems, tally) = race_file_api(&d, mode, &sandbox, 40);
+    // The racer's report: it runs until its deadline; end it by deleting
+    // the sandbox after checking that it still answers.
+    let mut daemon_problems: Vec<String> = d.still_answers(&sandbox).into_iter().collect();
+    daemon_problems.extend(d.remove(&sandbox));
+    let run = racer.finish(Duration::from_secs(20));
+    daemon_problems.extend(d.problems());
+    let mut host = watch.finish(&[&id]);
+    let after = race_names_on_host();
+    if after != before {
+        host.push(format!(
+            "the race's names appeared on the host: {before:?} -> {after:?}"
+        ));
+    }
+    eprintln!(
+        "file_race in {}: {tally:?}\n{}\n--- daemon log\n{}",
+        mode.describe(),
+        run.describe(),
+        d.log()
+    );
+    failures.extend(problems.into_iter().map(|p| format!("API: {p}")));
+    // The race must really have raced: requests got through to every
+    // kind of answer, not only errors.
+    if !tally
+        .iter()
+        .any(|(k, n)| k.starts_with("upload d/up 200") && *n > 0)
+    {
+        failures.push(format!(
+            "no upload ever succeeded, so nothing was raced: {tally:?}"
+        ));
+    }
+    failures.extend(daemon_problems.into_iter().map(|p| format!("DAEMON: {p}")));
+    failures.extend(host.into_iter().map(|p| format!("HOST: {p}")));
+    assert!(
+        failures.is_empty(),
+        "file_race in {}:\n  {}\n{tally:?}",
+        mode.describe(),
+        failures.join("\n  ")
+    );
+}
+
+/// The daemon's file API (native, and envd's `/files` as `user` in the
+/// E2B modes) on paths a hostile program swaps for symlinks, FIFOs and
+/// devices.
+mod file_api {
+    use super::{run_file_api_case, Mode};
+
+    #[test]
+    fn daemon() {
+        run_file_api_case(Mode::Daemon)
+    }
+    #[test]
+    fn e2b_user() {
+        run_file_api_case(Mode::E2bUser)
+    }
+}
+
 /// One test per program and mode.
 macro_rules! hostile_tests {
     ($($program:ident),* $(,)?) => {
@@ -1480,7 +2272,7 @@ macro_rules! hostile_tests {
         hostile_tests!(@mode e2b_user, super::Mode::E2bUser; $($program),*);
         hostile_tests!(@mode e2b_root, super::Mode::E2bRoot; $($program),*);
         /// Every program in tests/hostile/src/bin has a test here.
-        const PROGRAMS: &[&str] = &[$(stringify!($program),)* "cross_sandbox"];
+        const PROGRAMS: &[&str] = &[$(stringify!($program),)* "cross_sandbox", "file_race"];
     };
     (@mode $module:ident, $mode:expr; $($program:ident),*) => {
         mod $module {

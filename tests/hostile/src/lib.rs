@@ -98,6 +98,15 @@ impl Report {
     /// verdict: the harness reads it from the JSON (and from brig's status
     /// where the sandbox kills the program).
     pub fn finish(mut self) -> ! {
+        self.print();
+        // SAFETY: _exit ends the process at once; nothing in these programs
+        // relies on destructors or atexit handlers.
+        unsafe { libc::_exit(0) }
+    }
+
+    /// Print the final line without exiting, for a program whose last act
+    /// must come after its report (tiocsti stops its terminal's output).
+    pub fn print(&mut self) {
         if seccomp_mark().is_some() {
             use std::sync::atomic::Ordering::Relaxed;
             self.note(format!(
@@ -109,10 +118,6 @@ impl Report {
         let mut out = std::io::stdout().lock();
         let _ = writeln!(out, "{}", self.to_json());
         let _ = out.flush();
-        drop(out);
-        // SAFETY: _exit ends the process at once; nothing in these programs
-        // relies on destructors or atexit handlers.
-        unsafe { libc::_exit(0) }
     }
 }
 
