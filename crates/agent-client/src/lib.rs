@@ -58,8 +58,7 @@ use brig_protocol::ResetCode;
 
 pub use brig_protocol::message::{
     Call, ChangeKind, Entry, ErrorCode, ExecRequest, FileKind, LogsRequest, ProcessInfo, PtySize,
-    LOG_KEEP, MAX_EXEC_REQUEST, MAX_META,
-};
+    LOG_KEEP, MAX_EXEC_REQUEST, MAX_META, FileOwner};
 pub use call::Reply;
 pub use connection::Connection;
 pub use files::FileReader;

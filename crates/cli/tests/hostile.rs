@@ -2207,11 +2207,25 @@ fn run_file_api_case(mode: Mode) {
         failures.push(format!("file_race did not get ready: {ready:?}"));
     }
     let (problems, tally) = race_file_api(&d, mode, &sandbox, 40);
-    // The racer's report: it runs until its deadline; end it by deleting
-    // the sandbox after checking that it still answers.
+    // Tell the racer to stop (a file it looks for) and take its report:
+    // what reached the FIFOs and the device it reads.
+    let stop = ureq::put(&format!(
+        "{}/v1/sandboxes/{sandbox}/files?path=/tmp/race-stop",
+        d.url
+    ))
+    .set("Authorization", &format!("Bearer {}", d.key))
+    .send_bytes(b"stop");
+    if let Err(e) = stop {
+        failures.push(format!("uploading /tmp/race-stop failed: {e}"));
+    }
+    let run = racer.finish(Duration::from_secs(30));
+    match run.report() {
+        Some(r) if r["escaped"] == serde_json::Value::Bool(false) => {}
+        Some(r) => failures.push(format!("ESCAPED: {}", r["detail"])),
+        None => failures.push("file_race printed no final report".into()),
+    }
     let mut daemon_problems: Vec<String> = d.still_answers(&sandbox).into_iter().collect();
     daemon_problems.extend(d.remove(&sandbox));
-    let run = racer.finish(Duration::from_secs(20));
     daemon_problems.extend(d.problems());
     let mut host = watch.finish(&[&id]);
     let after = race_names_on_host();
@@ -2247,6 +2261,78 @@ fn run_file_api_case(mode: Mode) {
     );
 }
 
+/// E2B's `user` writing through envd's `/files` where the sandbox's root
+/// planted a hard link and a symlink to a root-owned file in the user's
+/// home: the kernel refuses both, as it would refuse `user` writing them
+/// in a shell; a new file is the user's from the start.
+fn run_e2b_user_writes(mode: Mode) {
+    let template = mode.template();
+    if prerequisites(template).is_none() {
+        return;
+    }
+    let case = case("file_race", mode);
+    let mut d = Daemon::start(true);
+    let sandbox = d.create(mode, &case);
+    let sh = |user: &str, script: &str| {
+        let out = d
+            .brig()
+            .args(["exec", "-u", user, &sandbox, "--", "/bin/sh", "-c", script])
+            .output()
+            .expect("run brig exec");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).trim().to_string(),
+        )
+    };
+    let (code, _) = sh(
+        "root",
+        "printf 'root-owned\\n' > /etc/brig-hostile-root && chmod 644 /etc/brig-hostile-root \
+         && ln /etc/brig-hostile-root /home/user/hard \
+         && ln -s /etc/brig-hostile-root /home/user/soft",
+    );
+    assert_eq!(code, Some(0), "planting the links failed");
+    let (plane, token) = d.envd(&sandbox);
+    let upload = |path: &str| {
+        answered(
+            ureq::post(&format!(
+                "http://{plane}/files?path={}&username=user",
+                urlencode(path)
+            ))
+            .set("E2b-Sandbox-Id", &sandbox)
+            .set("E2b-Sandbox-Port", "49983")
+            .set("X-Access-Token", &token)
+            .timeout(Duration::from_secs(30))
+            .send_bytes(b"written by user through the API\n"),
+        )
+    };
+    let mut failures = Vec::new();
+    for path in ["/home/user/hard", "/home/user/soft", "/etc/brig-hostile-new"] {
+        match upload(path) {
+            Ok((status, body)) if (400..500).contains(&status) => {
+                eprintln!("upload {path} as user: {status} {body}")
+            }
+            other => failures.push(format!(
+                "upload {path} as user was not refused: {other:?}"
+            )),
+        }
+    }
+    match upload("/home/user/new") {
+        Ok((200, _)) => {}
+        other => failures.push(format!("upload /home/user/new as user: {other:?}")),
+    }
+    let (_, target) = sh("root", "cat /etc/brig-hostile-root; stat -c %u:%g /etc/brig-hostile-root");
+    if target != "root-owned\n0:0" {
+        failures.push(format!("the root-owned file changed: {target:?}"));
+    }
+    let (_, new) = sh("root", "stat -c %u:%g /home/user/new; test -e /etc/brig-hostile-new || echo absent");
+    if new != "1000:1000\nabsent" {
+        failures.push(format!("/home/user/new is not user's, or /etc got a file: {new:?}"));
+    }
+    failures.extend(d.remove(&sandbox));
+    failures.extend(d.problems());
+    assert!(failures.is_empty(), "{}\n{}", failures.join("\n"), d.log());
+}
+
 /// The daemon's file API (native, and envd's `/files` as `user` in the
 /// E2B modes) on paths a hostile program swaps for symlinks, FIFOs and
 /// devices.
@@ -2260,6 +2346,10 @@ mod file_api {
     #[test]
     fn e2b_user() {
         run_file_api_case(Mode::E2bUser)
+    }
+    #[test]
+    fn e2b_user_writes_as_user() {
+        super::run_e2b_user_writes(Mode::E2bUser)
     }
 }
 

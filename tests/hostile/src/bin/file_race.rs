@@ -7,8 +7,9 @@
 //! writing succeeds), and a symlink to a device (`/dev/zero`); it also
 //! tries to make a real device node there (mknod).
 //!
-//! `race --seconds N` prints a ready line, swaps for N seconds, then
-//! reports. The harness (`crates/cli/tests/hostile.rs`, `file_api` tests)
+//! `race --seconds N` prints a ready line, swaps for N seconds or until
+//! the harness uploads `/tmp/race-stop`, then reports (writes that reached
+//! a FIFO or the device: it reads them all the while). The harness (`crates/cli/tests/hostile.rs`, `file_api` tests)
 //! judges: every request returned (none blocked on the FIFO), nothing of
 //! the host was written or read (canary files unchanged, nothing new in the
 //! host's `/`, `/root`, `/var/tmp`, no download carrying the canary), and
@@ -19,11 +20,14 @@
 //! canary's content, or this program finds a planted host canary.
 
 use std::ffi::CString;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
 use brig_hostile::{cstr, errno, errno_name, Args, Report, CANARY};
 
 const BASE: &str = "/tmp/race";
+/// The harness uploads this file when it is done.
+const STOP: &str = "/tmp/race-stop";
 
 fn main() {
     let args = Args::get();
@@ -43,9 +47,18 @@ fn main() {
     } else {
         report.note(format!("mknod of a device: {}", errno_name(errno())));
     }
-    // Keep both FIFOs open for reading (non-blocking), so that an open for
+    // A device whose writes can be seen: a pty of our own, its slave
+    // linked where `d/f` may be swapped to.
+    let pty = open_pty();
+    match &pty {
+        Ok((_, n)) => {
+            let _ = std::os::unix::fs::symlink(format!("/dev/pts/{n}"), format!("{BASE}/cand-fdev"));
+        }
+        Err(e) => report.note(format!("no pty to watch: {}", errno_name(*e))),
+    }
+    // Keep the FIFOs open for reading (non-blocking), so that an open for
     // writing that lands on one succeeds instead of failing with ENXIO.
-    let _readers: Vec<_> = ["fifo", "dfifo/f"]
+    let readers: Vec<_> = ["fifo", "ffifo", "dfifo/f"]
         .iter()
         .filter_map(|f| {
             brig_hostile::open(
@@ -68,9 +81,9 @@ fn main() {
     ];
     let file_candidates = ["file", "ffifo", "fdev"];
     let until = Instant::now() + Duration::from_secs(seconds);
-    let (mut swaps, mut failed) = (0u64, 0u64);
+    let (mut swaps, mut failed, mut leaked) = (0u64, 0u64, 0u64);
     let mut i = 0usize;
-    while Instant::now() < until {
+    while Instant::now() < until && std::fs::symlink_metadata(STOP).is_err() {
         let c = dir_candidates[i % dir_candidates.len()];
         // Swap d with the candidate, and back a moment later: d is each
         // kind in turn, mostly a real directory.
@@ -90,6 +103,20 @@ fn main() {
             }
         }
         i += 1;
+        // Whatever the API wrote into a FIFO or the device arrives here.
+        for fd in readers.iter().map(|r| r.as_raw_fd()).chain(pty.as_ref().ok().map(|(m, _)| m.as_raw_fd())) {
+            let mut buf = [0u8; 4096];
+            // SAFETY: a non-blocking read into a stack buffer.
+            let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
+            if n > 0 {
+                leaked += n as u64;
+            }
+        }
+    }
+    if leaked > 0 {
+        report.escape(format!(
+            "the file API wrote {leaked} bytes into a FIFO or a device (it must refuse anything but a regular file)"
+        ));
     }
     report.note(format!("{swaps} swaps ({failed} failed)"));
     // The host's canary content showing up here would mean the API read a
@@ -123,7 +150,6 @@ fn prepare() -> std::io::Result<()> {
     symlink("/root", format!("{BASE}/cand-hostroot-link"))?;
     symlink("/var/tmp", format!("{BASE}/cand-vartmp-link"))?;
     symlink("/dev/zero", format!("{BASE}/cand-dev-link"))?;
-    symlink("/dev/zero", format!("{BASE}/cand-fdev"))?;
     std::fs::write(format!("{BASE}/cand-file"), b"sandbox-other-file\n")?;
     std::fs::create_dir_all(format!("{BASE}/cand-dfifo"))?;
     for f in ["cand-fifo", "cand-ffifo", "cand-dfifo/f"] {
@@ -150,4 +176,25 @@ fn exchange(a: &str, b: &str) -> bool {
             2,
         ) == 0
     }
+}
+
+/// A pty pair of the sandbox's devpts: the master (non-blocking) and the
+/// slave's number.
+fn open_pty() -> Result<(OwnedFd, u32), i32> {
+    let master = brig_hostile::open("/dev/ptmx", libc::O_RDWR | libc::O_NOCTTY | libc::O_NONBLOCK)?;
+    let unlock: libc::c_int = 0;
+    let mut n: libc::c_uint = 0;
+    // SAFETY: TIOCSPTLCK reads an int, TIOCGPTN writes one.
+    unsafe {
+        if libc::ioctl(master.as_raw_fd(), libc::TIOCSPTLCK, &unlock) < 0
+            || libc::ioctl(master.as_raw_fd(), libc::TIOCGPTN, &mut n) < 0
+        {
+            return Err(errno());
+        }
+    }
+    // The slave must stay open somewhere for the master to read: keep one
+    // (leaked on purpose, for the program's life).
+    let slave = brig_hostile::open(&format!("/dev/pts/{n}"), libc::O_RDWR | libc::O_NOCTTY)?;
+    std::mem::forget(slave);
+    Ok((master, n))
 }
