@@ -2306,27 +2306,37 @@ fn run_e2b_user_writes(mode: Mode) {
         )
     };
     let mut failures = Vec::new();
-    for path in ["/home/user/hard", "/home/user/soft", "/etc/brig-hostile-new"] {
+    for path in [
+        "/home/user/hard",
+        "/home/user/soft",
+        "/etc/brig-hostile-new",
+    ] {
         match upload(path) {
             Ok((status, body)) if (400..500).contains(&status) => {
                 eprintln!("upload {path} as user: {status} {body}")
             }
-            other => failures.push(format!(
-                "upload {path} as user was not refused: {other:?}"
-            )),
+            other => failures.push(format!("upload {path} as user was not refused: {other:?}")),
         }
     }
     match upload("/home/user/new") {
         Ok((200, _)) => {}
         other => failures.push(format!("upload /home/user/new as user: {other:?}")),
     }
-    let (_, target) = sh("root", "cat /etc/brig-hostile-root; stat -c %u:%g /etc/brig-hostile-root");
+    let (_, target) = sh(
+        "root",
+        "cat /etc/brig-hostile-root; stat -c %u:%g /etc/brig-hostile-root",
+    );
     if target != "root-owned\n0:0" {
         failures.push(format!("the root-owned file changed: {target:?}"));
     }
-    let (_, new) = sh("root", "stat -c %u:%g /home/user/new; test -e /etc/brig-hostile-new || echo absent");
+    let (_, new) = sh(
+        "root",
+        "stat -c %u:%g /home/user/new; test -e /etc/brig-hostile-new || echo absent",
+    );
     if new != "1000:1000\nabsent" {
-        failures.push(format!("/home/user/new is not user's, or /etc got a file: {new:?}"));
+        failures.push(format!(
+            "/home/user/new is not user's, or /etc got a file: {new:?}"
+        ));
     }
     failures.extend(d.remove(&sandbox));
     failures.extend(d.problems());

@@ -506,13 +506,9 @@ async fn upload_raw(
             } else {
                 Box::new(reader)
             };
-            Ok(ctx.manager().write_file_as(
-                &ctx.sandbox.tenant,
-                ctx.id(),
-                &p,
-                reader,
-                user.owner(),
-            ))
+            Ok(ctx
+                .manager()
+                .write_file_as(&ctx.sandbox.tenant, ctx.id(), &p, reader, user.owner()))
         })
         .await;
     match result {

@@ -52,7 +52,8 @@ fn main() {
     let pty = open_pty();
     match &pty {
         Ok((_, n)) => {
-            let _ = std::os::unix::fs::symlink(format!("/dev/pts/{n}"), format!("{BASE}/cand-fdev"));
+            let _ =
+                std::os::unix::fs::symlink(format!("/dev/pts/{n}"), format!("{BASE}/cand-fdev"));
         }
         Err(e) => report.note(format!("no pty to watch: {}", errno_name(*e))),
     }
@@ -104,7 +105,11 @@ fn main() {
         }
         i += 1;
         // Whatever the API wrote into a FIFO or the device arrives here.
-        for fd in readers.iter().map(|r| r.as_raw_fd()).chain(pty.as_ref().ok().map(|(m, _)| m.as_raw_fd())) {
+        for fd in readers
+            .iter()
+            .map(|r| r.as_raw_fd())
+            .chain(pty.as_ref().ok().map(|(m, _)| m.as_raw_fd()))
+        {
             let mut buf = [0u8; 4096];
             // SAFETY: a non-blocking read into a stack buffer.
             let n = unsafe { libc::read(fd, buf.as_mut_ptr().cast(), buf.len()) };
@@ -181,7 +186,10 @@ fn exchange(a: &str, b: &str) -> bool {
 /// A pty pair of the sandbox's devpts: the master (non-blocking) and the
 /// slave's number.
 fn open_pty() -> Result<(OwnedFd, u32), i32> {
-    let master = brig_hostile::open("/dev/ptmx", libc::O_RDWR | libc::O_NOCTTY | libc::O_NONBLOCK)?;
+    let master = brig_hostile::open(
+        "/dev/ptmx",
+        libc::O_RDWR | libc::O_NOCTTY | libc::O_NONBLOCK,
+    )?;
     let unlock: libc::c_int = 0;
     let mut n: libc::c_uint = 0;
     // SAFETY: TIOCSPTLCK reads an int, TIOCGPTN writes one.
