@@ -260,13 +260,35 @@ enum Mode {
     E2bUser,
     /// The same, after `sudo` to the sandbox's root.
     E2bRoot,
+    /// A daemon sandbox of another tier (`brig create --isolation gvisor`
+    /// on the host template, `vm` on the test rootfs), then `brig exec`
+    /// as in `Daemon`.
+    Tier(Isolation),
+}
+
+/// The tiers besides the process tier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Isolation {
+    Gvisor,
+    Vm,
+}
+
+impl Isolation {
+    fn name(self) -> &'static str {
+        match self {
+            Isolation::Gvisor => "gvisor",
+            Isolation::Vm => "vm",
+        }
+    }
 }
 
 impl Mode {
     fn template(self) -> Template {
         match self {
             Mode::Run(t) => t,
-            Mode::Daemon => Template::Host,
+            Mode::Daemon | Mode::Tier(Isolation::Gvisor) => Template::Host,
+            // The guest boots an image of a directory template.
+            Mode::Tier(Isolation::Vm) => Template::Dir,
             Mode::E2bUser | Mode::E2bRoot => Template::Base,
         }
     }
@@ -278,6 +300,7 @@ impl Mode {
             Mode::Daemon => "daemon",
             Mode::E2bUser => "e2b-user",
             Mode::E2bRoot => "e2b-root",
+            Mode::Tier(t) => t.name(),
         }
     }
 
@@ -287,6 +310,7 @@ impl Mode {
             Mode::Daemon => "a daemon sandbox".into(),
             Mode::E2bUser => "an E2B sandbox as user".into(),
             Mode::E2bRoot => "an E2B sandbox as root (sudo)".into(),
+            Mode::Tier(t) => format!("a daemon sandbox of the {} tier", t.name()),
         }
     }
 
@@ -297,6 +321,15 @@ impl Mode {
 
 /// Root, a sandbox-capable host and the template; `None` means skip (the
 /// reason is already printed).
+fn mode_prerequisites(mode: Mode) -> Option<String> {
+    if let Mode::Tier(t) = mode {
+        if !support::tier_or_skip(t.name()) {
+            return None;
+        }
+    }
+    prerequisites(mode.template())
+}
+
 fn prerequisites(template: Template) -> Option<String> {
     if support::euid() != 0 {
         support::skip(&format!(
@@ -651,6 +684,12 @@ fn program_args(case: &Case, mode: Mode, id: &str, extra: &[&str]) -> Vec<String
         "--mode".to_string(),
         mode.program_arg().to_string(),
         format!("--run-id={id}"),
+        // How the own-kernel tiers' programs tell they are not on the host.
+        "--host-kernel".to_string(),
+        std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .unwrap_or_default()
+            .trim()
+            .to_string(),
     ]);
     // The matrix script's attribution pass (a knockout build of brig).
     if let Ok(mark) = std::env::var("BRIG_HOSTILE_SECCOMP_MARK") {
@@ -1083,9 +1122,15 @@ impl Daemon {
             }
             return id;
         }
-        let out = self
-            .brig()
-            .args(["create", "--timeout", "5m"])
+        let mut cmd = self.brig();
+        cmd.args(["create", "--timeout", "5m"]);
+        if let Mode::Tier(t) = mode {
+            cmd.args(["--isolation", t.name()]);
+            if let Some(template) = mode.template().brig_arg() {
+                cmd.args(["--template", &template]);
+            }
+        }
+        let out = cmd
             .args(&case.limits)
             .output()
             .expect("run brig create");
@@ -1256,7 +1301,7 @@ fn host_addresses() -> Vec<String> {
 /// Run one program in one mode and check everything.
 fn run_case(program: &'static str, mode: Mode) {
     let template = mode.template();
-    let Some(template_arg) = prerequisites(template) else {
+    let Some(template_arg) = mode_prerequisites(mode) else {
         return;
     };
     let case = case(program, mode);
@@ -1435,7 +1480,7 @@ fn disk_fill_bounds(report: Option<&serde_json::Value>, disk: u64) -> Vec<String
 /// its whole sandbox must go.
 fn run_cross_sandbox(mode: Mode) {
     let template = mode.template();
-    let Some(template_arg) = prerequisites(template) else {
+    let Some(template_arg) = mode_prerequisites(mode) else {
         return;
     };
     let case = case("cross_sandbox", mode);
@@ -1826,7 +1871,7 @@ fn launch_on_terminal(
 /// `tiocsti` with a real terminal in `mode`, the host pty used `how`.
 fn run_terminal_case(mode: Mode, how: TtyUse) {
     let template = mode.template();
-    let Some(template_arg) = prerequisites(template) else {
+    let Some(template_arg) = mode_prerequisites(mode) else {
         return;
     };
     let case = case("tiocsti", mode);
@@ -2371,6 +2416,7 @@ macro_rules! hostile_tests {
         hostile_tests!(@mode daemon, super::Mode::Daemon; $($program),*);
         hostile_tests!(@mode e2b_user, super::Mode::E2bUser; $($program),*);
         hostile_tests!(@mode e2b_root, super::Mode::E2bRoot; $($program),*);
+        hostile_tests!(@mode gvisor, super::Mode::Tier(super::Isolation::Gvisor); $($program),*);
         /// Every program in tests/hostile/src/bin has a test here.
         const PROGRAMS: &[&str] = &[$(stringify!($program),)* "cross_sandbox", "file_race"];
     };

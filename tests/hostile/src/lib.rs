@@ -188,6 +188,8 @@ impl Args {
             "--host-port",
             "--host-addr",
             "--seccomp-mark",
+            "--host-kernel",
+            "--host-tty",
         ];
         let mut out = Vec::new();
         let mut it = self.args.iter();
@@ -214,8 +216,10 @@ impl Args {
             Some("daemon") => Mode::Daemon,
             Some("e2b-user") => Mode::E2bUser,
             Some("e2b-root") => Mode::E2bRoot,
+            Some("gvisor") => Mode::Gvisor,
+            Some("vm") => Mode::Vm,
             Some(other) => {
-                eprintln!("unknown --mode {other}: run, daemon, e2b-user or e2b-root");
+                eprintln!("unknown --mode {other}: run, daemon, e2b-user, e2b-root, gvisor or vm");
                 std::process::exit(2);
             }
         }
@@ -251,13 +255,28 @@ pub enum Mode {
     /// The same E2B sandbox after `sudo` to the sandbox's root: the
     /// container-root capability set ([`ROOT_CAPS`]) in effect.
     E2bRoot,
+    /// A daemon sandbox of the gvisor tier: the program's system calls are
+    /// answered by gVisor's kernel (brig's seccomp policy is not applied
+    /// inside; gVisor refuses or implements each call itself).
+    Gvisor,
+    /// A daemon sandbox of the vm tier: the program runs on the guest's
+    /// own kernel, in a QEMU guest; what it does to that kernel stays in
+    /// the guest, and the harness checks that the host is untouched.
+    Vm,
 }
 
 impl Mode {
     /// Whether no_new_privs is set on the program: everywhere but E2B
     /// sandboxes, whose user needs setuid `sudo`.
     pub fn no_new_privs(self) -> bool {
-        matches!(self, Mode::Run | Mode::Daemon)
+        matches!(self, Mode::Run | Mode::Daemon | Mode::Gvisor | Mode::Vm)
+    }
+
+    /// Whether another kernel than the host's answers the program's calls
+    /// (gVisor's, or the guest's): then brig's own seccomp policy and
+    /// namespaces are not what stands between it and the host.
+    pub fn own_kernel(self) -> bool {
+        matches!(self, Mode::Gvisor | Mode::Vm)
     }
 
     /// Whether the sandbox has a network interface by design: a daemon's
@@ -316,6 +335,10 @@ pub fn guard_destructive(program: &'static str, args: &Args) {
     }
     match in_initial_userns() {
         Some(false) => {}
+        // gVisor's kernel and a vm guest's show their own initial user
+        // namespace: there the sign of a sandbox is another kernel than
+        // the host's (the harness passes the host's release).
+        Some(true) if args.mode().own_kernel() && on_another_kernel(args) => {}
         Some(true) => {
             let mut r = Report::new(program);
             r.escape("running in the initial user namespace (uid_map is the identity): not sandboxed, refusing to attack the host");
@@ -327,6 +350,14 @@ pub fn guard_destructive(program: &'static str, args: &Args) {
             r.finish()
         }
     }
+}
+
+/// Whether this kernel's release differs from the host's, as the harness
+/// gave it (`--host-kernel`).
+fn on_another_kernel(args: &Args) -> bool {
+    let here = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    args.value("--host-kernel")
+        .is_some_and(|host| !here.trim().is_empty() && here.trim() != host)
 }
 
 /// The calling thread's errno.
