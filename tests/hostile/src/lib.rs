@@ -355,9 +355,17 @@ pub fn guard_destructive(program: &'static str, args: &Args) {
 /// Whether this kernel's release differs from the host's, as the harness
 /// gave it (`--host-kernel`).
 fn on_another_kernel(args: &Args) -> bool {
-    let here = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    // uname: gVisor has no /proc/sys/kernel/osrelease.
+    // SAFETY: an all-zero utsname is valid; uname fills it.
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: u is a valid out-pointer.
+    if unsafe { libc::uname(&mut u) } != 0 {
+        return false;
+    }
+    // SAFETY: the kernel NUL-terminates release.
+    let here = unsafe { std::ffi::CStr::from_ptr(u.release.as_ptr()) }.to_string_lossy();
     args.value("--host-kernel")
-        .is_some_and(|host| !here.trim().is_empty() && here.trim() != host)
+        .is_some_and(|host| !here.is_empty() && here != host.as_str())
 }
 
 /// The calling thread's errno.
