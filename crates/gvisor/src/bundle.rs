@@ -123,8 +123,10 @@ pub fn config(b: &BundleSpec<'_>) -> Value {
                            "options": ["rbind", "ro", "nosuid", "nodev"]}));
     }
     for (path, stand_in) in b.masks {
-        mounts.push(json!({"destination": path, "type": "bind", "source": stand_in,
-                           "options": ["bind", "ro", "nosuid", "nodev", "noexec"]}));
+        mounts.push(
+            json!({"destination": path, "type": "bind", "source": stand_in,
+                           "options": ["bind", "ro", "nosuid", "nodev", "noexec"]}),
+        );
     }
     let (args, env, cwd, uid, gid) = match &b.init {
         Init::Agent { dir, bin } => {

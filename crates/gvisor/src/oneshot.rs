@@ -113,7 +113,7 @@ fn start(
         id,
         root: &root.path,
         binds: &root.binds,
-            masks: &root.masks,
+        masks: &root.masks,
         init: Init::Command {
             args: &spec.command,
             env,
