@@ -1344,7 +1344,7 @@ fn open_write(st: &mut Stream, req: &WriteRequest) {
     }
     // ...as the requesting user, if one is named: the kernel decides what
     // that user may open, through whatever links the path holds.
-    let identity = match req.owner {
+    let _identity = match req.owner {
         Some(o) => match sys::FsIdentity::assume(o.uid, o.gid) {
             Ok(i) => Some(i),
             Err(e) => {

@@ -2159,7 +2159,7 @@ fn race_file_api(
     for round in 0..rounds {
         let upload = format!("brig-hostile-race {round}\n");
         let q = |p: &str| format!("path={}", urlencode(p));
-        let get = |url: String| agent.get(&url).set("Authorization", &auth).call();
+        let get = |url: String| answered(agent.get(&url).set("Authorization", &auth).call());
         note(
             "upload d/up",
             answered(
@@ -2182,30 +2182,27 @@ fn race_file_api(
         );
         note(
             "download d/f",
-            answered(get(format!("{base}/files?{}", q("/tmp/race/d/f")))),
+            get(format!("{base}/files?{}", q("/tmp/race/d/f"))),
             &mut problems,
         );
         note(
             "download d",
-            answered(get(format!("{base}/files?{}", q("/tmp/race/d")))),
+            get(format!("{base}/files?{}", q("/tmp/race/d"))),
             &mut problems,
         );
         note(
             "download cand-ffifo",
-            answered(get(format!("{base}/files?{}", q("/tmp/race/cand-ffifo")))),
+            get(format!("{base}/files?{}", q("/tmp/race/cand-ffifo"))),
             &mut problems,
         );
         note(
             "list d",
-            answered(get(format!(
-                "{base}/files/list?{}&depth=2",
-                q("/tmp/race/d")
-            ))),
+            get(format!("{base}/files/list?{}&depth=2", q("/tmp/race/d"))),
             &mut problems,
         );
         note(
             "stat d/f",
-            answered(get(format!("{base}/files/stat?{}", q("/tmp/race/d/f")))),
+            get(format!("{base}/files/stat?{}", q("/tmp/race/d/f"))),
             &mut problems,
         );
         note(

@@ -198,7 +198,7 @@ fn mask_root_only(upper: &Path, trees: &[&str]) -> Result<Vec<(PathBuf, PathBuf)
     fs::write(&file, b"").map_err(io_err("create", &file))?;
     fs::create_dir_all(&dir).map_err(io_err("create", &dir))?;
     for p in [&file, &dir] {
-        fs::set_permissions(p, fs::Permissions::from_mode(0)).map_err(io_err("restrict", p))?;
+        fs::set_permissions(p, fs::Permissions::from_mode(0o000)).map_err(io_err("restrict", p))?;
     }
     let mut masks = Vec::new();
     let mut todo: Vec<PathBuf> = trees.iter().map(PathBuf::from).collect();
