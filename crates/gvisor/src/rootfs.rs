@@ -184,6 +184,10 @@ fn host_root(upper: &Path) -> Result<Root, RootfsError> {
 /// everyone; scanning them at every create would cost about a second.
 pub const MASKED_TREES: &[&str] = &["/etc"];
 
+/// The stand-ins' names in the sandbox's tmpfs (beside its root).
+const MASK_FILE: &str = ".masked-file";
+const MASK_DIR: &str = ".masked-dir";
+
 /// gVisor's sandbox root reads the host's files through runsc's gofer,
 /// which runs as host root: where the process tier's sandbox root is an
 /// unmapped uid to the host's root-only files (`/etc/shadow` 0640
@@ -194,7 +198,7 @@ pub const MASKED_TREES: &[&str] = &["/etc"];
 /// is what the sandbox sees. A directory masked is not descended.
 fn mask_root_only(upper: &Path, trees: &[&str]) -> Result<Vec<(PathBuf, PathBuf)>, RootfsError> {
     use std::os::unix::fs::PermissionsExt;
-    let (file, dir) = (upper.join(".masked-file"), upper.join(".masked-dir"));
+    let (file, dir) = (upper.join(MASK_FILE), upper.join(MASK_DIR));
     fs::write(&file, b"").map_err(io_err("create", &file))?;
     fs::create_dir_all(&dir).map_err(io_err("create", &dir))?;
     for p in [&file, &dir] {
@@ -236,7 +240,10 @@ pub fn save_layer(dir: &Path, to: &Path) -> Result<(), RootfsError> {
     fs::create_dir_all(to).map_err(io_err("create", to))?;
     let entries = fs::read_dir(&upper).map_err(io_err("read", &upper))?;
     for e in entries.flatten() {
-        if e.file_name() != "work" {
+        // Not the overlay's work directory, nor the stand-ins of
+        // `mask_root_only` (made again by the next prepare).
+        let name = e.file_name();
+        if name != "work" && name != MASK_FILE && name != MASK_DIR {
             copy_tree(&e.path(), &to.join(e.file_name()))?;
         }
     }
