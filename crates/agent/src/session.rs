@@ -1335,7 +1335,10 @@ fn open_write(st: &mut Stream, req: &WriteRequest) {
         // As in open_read: a FIFO or terminal must not block the loop.
         .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
         .mode(req.mode.unwrap_or(0o644))
-        .append(req.append);
+        .append(req.append)
+        // O_TRUNC is ignored for a FIFO or a terminal (POSIX), so a
+        // truncating open harms only a regular file, the one meant.
+        .truncate(!req.append);
     // Look first, so that a device or FIFO is not even opened...
     if let Ok(m) = std::fs::metadata(&req.path) {
         if !m.is_file() && !m.is_dir() {
@@ -1363,16 +1366,11 @@ fn open_write(st: &mut Stream, req: &WriteRequest) {
     };
     // ...and judge what was opened, not the name: the sandbox may have
     // swapped the path for a FIFO (held open for reading) or a symlink to
-    // a device since the look above. Truncate only a regular file.
+    // a device since the look above.
     match file.metadata() {
         Ok(m) if m.is_file() => {}
         Ok(_) => return st.reply(&not_a_regular_file("write", &req.path)),
         Err(e) => return st.reply(&files::io_error("write", &req.path, &e)),
-    }
-    if !req.append {
-        if let Err(e) = file.set_len(0) {
-            return st.reply(&files::io_error("truncate", &req.path, &e));
-        }
     }
     if let Some(mode) = req.mode {
         // An existing file keeps its mode on open; apply the requested one.
