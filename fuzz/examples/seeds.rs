@@ -187,6 +187,7 @@ fn main() {
                 path: "/tmp/f".into(),
                 mode: Some(0o600),
                 append: true,
+                owner: None,
             }),
         ),
     );

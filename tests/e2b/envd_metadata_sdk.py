@@ -77,9 +77,18 @@ try:
 except InvalidArgumentException:
     check("invalid metadata is refused", True)
 
-info = sbx.files.write(f"{base}/theirs.txt", "x", user="nobody")
-stat = sbx.files.get_info(f"{base}/theirs.txt")
+# A write as a user is that user's own: into a directory they may write
+# (/tmp), owned by them; into root's directory, refused as the kernel
+# would refuse them.
+theirs = f"/tmp/theirs-{uuid.uuid4().hex[:8]}.txt"
+info = sbx.files.write(theirs, "x", user="nobody")
+stat = sbx.files.get_info(theirs)
 check("written as nobody: owned by nobody", (stat.owner, stat.group) == ("nobody", "nogroup"), stat)
+try:
+    sbx.files.write(f"{base}/theirs.txt", "x", user="nobody")
+    check("nobody may not write into root's directory", False)
+except Exception as e:  # the SDK's permission error
+    check("nobody may not write into root's directory", "permission denied" in str(e).lower(), e)
 mkdir = sbx.files.get_info(base)
 check("a directory envd made: owner named", mkdir.owner == "root", mkdir)
 

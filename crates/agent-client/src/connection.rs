@@ -500,12 +500,26 @@ impl Connection {
         mode: Option<u32>,
         append: bool,
     ) -> Result<u64, ClientError> {
+        self.write_file_as(path, contents, mode, append, None)
+    }
+
+    /// [`Connection::write_file`], opening the file as `owner` (see
+    /// [`message::WriteRequest::owner`]) when given.
+    pub fn write_file_as(
+        &self,
+        path: &str,
+        contents: impl Read,
+        mode: Option<u32>,
+        append: bool,
+        owner: Option<message::FileOwner>,
+    ) -> Result<u64, ClientError> {
         let handle = self.shared.open(
             StreamClass::FILE_WRITE,
             message::encode_header(&message::WriteRequest {
                 path: path.into(),
                 mode,
                 append,
+                owner,
             }),
         )?;
         crate::files::write(&handle, path, contents)

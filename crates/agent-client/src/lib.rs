@@ -57,8 +57,8 @@ pub mod watch;
 use brig_protocol::ResetCode;
 
 pub use brig_protocol::message::{
-    Call, ChangeKind, Entry, ErrorCode, ExecRequest, FileKind, LogsRequest, ProcessInfo, PtySize,
-    LOG_KEEP, MAX_EXEC_REQUEST, MAX_META,
+    Call, ChangeKind, Entry, ErrorCode, ExecRequest, FileKind, FileOwner, LogsRequest, ProcessInfo,
+    PtySize, LOG_KEEP, MAX_EXEC_REQUEST, MAX_META,
 };
 pub use call::Reply;
 pub use connection::Connection;

@@ -1334,23 +1334,44 @@ fn open_write(st: &mut Stream, req: &WriteRequest) {
         .create(true)
         // As in open_read: a FIFO or terminal must not block the loop.
         .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
-        .mode(req.mode.unwrap_or(0o644));
-    if req.append {
-        opts.append(true);
-    } else {
-        opts.truncate(true);
-    }
-    // Truncation happens at open, so look first: a device or FIFO is
-    // refused before anything is done to it.
+        .mode(req.mode.unwrap_or(0o644))
+        .append(req.append)
+        // O_TRUNC is ignored for a FIFO or a terminal (POSIX), so a
+        // truncating open harms only a regular file, the one meant.
+        .truncate(!req.append);
+    // Look first, so that a device or FIFO is not even opened...
     if let Ok(m) = std::fs::metadata(&req.path) {
         if !m.is_file() && !m.is_dir() {
             return st.reply(&not_a_regular_file("write", &req.path));
         }
     }
+    // ...as the requesting user, if one is named: the kernel decides what
+    // that user may open, through whatever links the path holds.
+    let _identity = match req.owner {
+        Some(o) => match sys::FsIdentity::assume(o.uid, o.gid) {
+            Ok(i) => Some(i),
+            Err(e) => {
+                return st.reply(&files::io_error(
+                    &format!("write as uid {} to", o.uid),
+                    &req.path,
+                    &e,
+                ))
+            }
+        },
+        None => None,
+    };
     let file = match opts.open(&req.path) {
         Ok(f) => f,
         Err(e) => return st.reply(&files::io_error("write", &req.path, &e)),
     };
+    // ...and judge what was opened, not the name: the sandbox may have
+    // swapped the path for a FIFO (held open for reading) or a symlink to
+    // a device since the look above.
+    match file.metadata() {
+        Ok(m) if m.is_file() => {}
+        Ok(_) => return st.reply(&not_a_regular_file("write", &req.path)),
+        Err(e) => return st.reply(&files::io_error("write", &req.path, &e)),
+    }
     if let Some(mode) = req.mode {
         // An existing file keeps its mode on open; apply the requested one.
         if let Err(e) = file.set_permissions(std::fs::Permissions::from_mode(mode)) {

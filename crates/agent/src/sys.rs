@@ -448,6 +448,57 @@ pub fn remove_xattr(path: &str, name: &str) -> io::Result<()> {
     Ok(())
 }
 
+/// The calling thread's filesystem identity switched to `uid`:`gid` with
+/// no supplementary groups, until dropped: files it opens or creates
+/// meanwhile are checked and owned as that user's. Raw syscalls, so only
+/// this thread changes (glibc's wrappers would change every thread). From
+/// root, a non-zero fsuid also clears the file capabilities (DAC override,
+/// fowner...) from the effective set; going back to 0 restores them.
+#[derive(Debug)]
+pub struct FsIdentity {
+    groups: Vec<libc::gid_t>,
+}
+
+impl FsIdentity {
+    pub fn assume(uid: u32, gid: u32) -> io::Result<FsIdentity> {
+        // SAFETY: getgroups with a zero size only counts.
+        let n = check(unsafe { libc::getgroups(0, std::ptr::null_mut()) })?;
+        let mut groups = vec![0 as libc::gid_t; n as usize];
+        // SAFETY: the buffer holds `n` gids.
+        let n = check(unsafe { libc::getgroups(n, groups.as_mut_ptr()) })?;
+        groups.truncate(n as usize);
+        let identity = FsIdentity { groups };
+        // SAFETY: plain integer arguments; a null list with size 0.
+        unsafe {
+            if libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            libc::syscall(libc::SYS_setfsgid, gid);
+            libc::syscall(libc::SYS_setfsuid, uid);
+            // Both calls answer the previous value and cannot fail
+            // visibly: ask again (an invalid id changes nothing) to see
+            // whether they took.
+            let now_gid = libc::syscall(libc::SYS_setfsgid, u32::MAX) as u32;
+            let now_uid = libc::syscall(libc::SYS_setfsuid, u32::MAX) as u32;
+            if (now_uid, now_gid) != (uid, gid) {
+                return Err(io::Error::from_raw_os_error(libc::EPERM));
+            }
+        }
+        Ok(identity)
+    }
+}
+
+impl Drop for FsIdentity {
+    fn drop(&mut self) {
+        // SAFETY: as in assume; the saved list is live for the call.
+        unsafe {
+            libc::syscall(libc::SYS_setfsuid, libc::geteuid());
+            libc::syscall(libc::SYS_setfsgid, libc::getegid());
+            libc::syscall(libc::SYS_setgroups, self.groups.len(), self.groups.as_ptr());
+        }
+    }
+}
+
 /// Become `uid`:`gid` with supplementary `groups`, in a child between fork
 /// and exec. Only async-signal-safe calls, no allocation: `groups` was
 /// built before the fork. Groups first, then the gid, then the uid, since

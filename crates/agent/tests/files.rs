@@ -20,6 +20,7 @@ fn write(agent: &mut Agent, path: &str, bytes: &[u8], append: bool) -> support::
         path: path.into(),
         mode: Some(0o600),
         append,
+        owner: None,
     };
     let id = agent.open(StreamClass::FILE_WRITE, &req);
     agent.send_bytes(id, bytes);

@@ -95,6 +95,67 @@ impl Drop for RawTerminal {
     }
 }
 
+/// The caller's terminals that a sandbox is handed as they are (`brig run`
+/// without `-t` passes its stdout and stderr, a terminal in an
+/// interactive shell): their state before the sandbox, put back on drop.
+/// A process may change its own terminal (TCSETS, TIOCSWINSZ, TIOCEXCL,
+/// stopping output with TCOOFF); once the sandbox has ended, none of that
+/// may stay with the user's shell. (TIOCSTI and TIOCSETD never reach the
+/// terminal: the seccomp filter refuses them.)
+#[derive(Debug)]
+pub struct CallerTerminals {
+    saved: Vec<(RawFd, libc::termios, libc::winsize)>,
+}
+
+impl CallerTerminals {
+    /// Note the state of each of stdin, stdout and stderr that is a
+    /// terminal (each terminal once).
+    pub fn save() -> Self {
+        let mut saved: Vec<(RawFd, libc::termios, libc::winsize)> = Vec::new();
+        let mut seen = Vec::new();
+        for fd in [0, 1, 2] {
+            // SAFETY: termios, winsize and stat are plain old data filled by
+            // the calls on a standard descriptor.
+            unsafe {
+                let mut st: libc::stat = std::mem::zeroed();
+                let mut t: libc::termios = std::mem::zeroed();
+                let mut ws: libc::winsize = std::mem::zeroed();
+                if libc::isatty(fd) != 1
+                    || libc::fstat(fd, &mut st) != 0
+                    || libc::tcgetattr(fd, &mut t) != 0
+                    || seen.contains(&(st.st_dev, st.st_rdev))
+                {
+                    continue;
+                }
+                libc::ioctl(fd, libc::TIOCGWINSZ, &mut ws);
+                seen.push((st.st_dev, st.st_rdev));
+                saved.push((fd, t, ws));
+            }
+        }
+        CallerTerminals { saved }
+    }
+}
+
+impl Drop for CallerTerminals {
+    fn drop(&mut self) {
+        for (fd, t, ws) in &self.saved {
+            // SAFETY: restoring what we saved, on the same descriptors.
+            unsafe {
+                libc::ioctl(*fd, libc::TIOCNXCL);
+                libc::tcflow(*fd, libc::TCOON);
+                libc::tcsetattr(*fd, libc::TCSANOW, t);
+                let mut now: libc::winsize = std::mem::zeroed();
+                if libc::ioctl(*fd, libc::TIOCGWINSZ, &mut now) == 0
+                    && (now.ws_row, now.ws_col, now.ws_xpixel, now.ws_ypixel)
+                        != (ws.ws_row, ws.ws_col, ws.ws_xpixel, ws.ws_ypixel)
+                {
+                    libc::ioctl(*fd, libc::TIOCSWINSZ, ws);
+                }
+            }
+        }
+    }
+}
+
 /// The caller's terminal with echo off (a secret being typed), restored on
 /// drop.
 #[derive(Debug)]

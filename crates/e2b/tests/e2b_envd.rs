@@ -1274,13 +1274,18 @@ async fn entry_owners_symlinks_and_metadata() {
     }
     let e = env().await;
     let fs = |m: &str| format!("/filesystem.Filesystem/{m}");
-    // Both of a sandbox's writable places: /tmp and the root's layer.
-    for dir in ["/tmp/meta", "/root/meta"] {
+    // Both of a sandbox's writable places: /tmp and the root's layer (as
+    // root: a write as a user is checked as that user's, and nobody may
+    // not enter /root).
+    for (dir, user, group) in [
+        ("/tmp/meta", "nobody", "nogroup"),
+        ("/root/meta", "root", "root"),
+    ] {
         let path = format!("{dir}/a.txt");
         let r = upload(
             &e,
             &path,
-            "nobody",
+            user,
             &[("X-Metadata-Author", "mish"), ("x-metadata-tag", "a b")],
             b"hello",
         )
@@ -1308,22 +1313,22 @@ async fn entry_owners_symlinks_and_metadata() {
         assert_eq!(entry["metadata"], want, "{dir}: {entry}");
         assert_eq!(
             (&entry["owner"], &entry["group"]),
-            (&json!("nobody"), &json!("nogroup")),
+            (&json!(user), &json!(group)),
             "{entry}"
         );
         let (s, body) = e.unary(&fs("ListDir"), json!({ "path": dir })).await;
         assert_eq!(s, 200, "{body}");
         assert_eq!(body["entries"][0]["metadata"], want, "{body}");
         // Overwriting replaces the whole set: fewer keys, then none.
-        let r = upload(&e, &path, "nobody", &[("x-metadata-tag", "b")], b"x").await;
+        let r = upload(&e, &path, user, &[("x-metadata-tag", "b")], b"x").await;
         assert_eq!(r.json().await[0]["metadata"], json!({"tag": "b"}));
-        let r = upload(&e, &path, "nobody", &[], b"y").await;
+        let r = upload(&e, &path, user, &[], b"y").await;
         let body = r.json().await;
         assert!(body[0].get("metadata").is_none(), "{body}");
         let (_, body) = e.unary(&fs("Stat"), json!({ "path": path })).await;
         assert!(body["entry"].get("metadata").is_none(), "{body}");
         // Move keeps it, and says so.
-        upload(&e, &path, "nobody", &[("x-metadata-stage", "moved")], b"z").await;
+        upload(&e, &path, user, &[("x-metadata-stage", "moved")], b"z").await;
         let to = format!("{dir}/b.txt");
         let (s, body) = e
             .unary(&fs("Move"), json!({"source": path, "destination": to}))
@@ -1448,7 +1453,7 @@ async fn watch_events_include_entries() {
     let r = upload(
         &e,
         "/tmp/w/new.txt",
-        "nobody",
+        "root",
         &[("x-metadata-k", "v")],
         b"hi",
     )
@@ -1461,8 +1466,7 @@ async fn watch_events_include_entries() {
             break ev.clone();
         }
     };
-    // The entry as stat'ed when the event was sent: the file may not be
-    // chowned to nobody yet, but it has an owner.
+    // The entry as stat'ed when the event was sent: it has an owner.
     let entry = &event["entry"];
     assert_eq!(entry["path"], "/tmp/w/new.txt", "{event}");
     assert_eq!(entry["type"], "FILE_TYPE_FILE", "{event}");

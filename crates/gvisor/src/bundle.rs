@@ -92,6 +92,9 @@ pub struct BundleSpec<'a> {
     /// Host directories shown read-only at the same path (the `host`
     /// template).
     pub binds: &'a [PathBuf],
+    /// Entries under `binds` covered by an empty stand-in (host path,
+    /// stand-in): see `rootfs::mask_root_only`.
+    pub masks: &'a [(PathBuf, PathBuf)],
     /// What the sandbox's first process is.
     pub init: Init<'a>,
     pub limits: &'a Limits,
@@ -128,6 +131,12 @@ pub fn config(b: &BundleSpec<'_>) -> Value {
     for dir in b.binds {
         mounts.push(json!({"destination": dir, "type": "bind", "source": dir,
                            "options": ["rbind", "ro", "nosuid", "nodev"]}));
+    }
+    for (path, stand_in) in b.masks {
+        mounts.push(
+            json!({"destination": path, "type": "bind", "source": stand_in,
+                           "options": ["bind", "ro", "nosuid", "nodev", "noexec"]}),
+        );
     }
     let (args, env, cwd, uid, gid) = match &b.init {
         Init::Agent { dir, bin } => {
@@ -258,6 +267,7 @@ mod tests {
             id,
             root: Path::new("/run/brig/gvisor/x/rootfs"),
             binds: &[],
+            masks: &[],
             init: Init::Agent {
                 dir: Path::new("/run/brig/gvisor/x/agent"),
                 bin: Path::new("/var/lib/brig/gvisor/brig-agent"),

@@ -114,6 +114,7 @@ fn start(
         id,
         root: &root.path,
         binds: &root.binds,
+        masks: &root.masks,
         init: Init::Command {
             args: &spec.command,
             env,

@@ -59,6 +59,9 @@ fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> Roo
 pub struct Root {
     pub path: PathBuf,
     pub binds: Vec<PathBuf>,
+    /// What covers the host's root-only files under those binds: (host
+    /// path, empty file or directory to bind over it).
+    pub masks: Vec<(PathBuf, PathBuf)>,
 }
 
 /// The tmpfs and overlay of a sandbox in `dir`, its writable layer a copy
@@ -132,6 +135,7 @@ fn overlay(upper: &Path, root: &Path, lowers: &[PathBuf]) -> Result<Root, Rootfs
     Ok(Root {
         path: root.to_path_buf(),
         binds: Vec::new(),
+        masks: Vec::new(),
     })
 }
 
@@ -156,6 +160,7 @@ fn host_root(upper: &Path) -> Result<Root, RootfsError> {
             binds.push(host.to_path_buf());
         }
     }
+    let masks = mask_root_only(upper, MASKED_TREES)?;
     for d in ["tmp", "root", "run", "home", "var/tmp"] {
         let d = root.join(d);
         fs::create_dir_all(&d).map_err(io_err("create", &d))?;
@@ -166,7 +171,63 @@ fn host_root(upper: &Path) -> Result<Root, RootfsError> {
         fs::set_permissions(&d, fs::Permissions::from_mode(0o1777))
             .map_err(io_err("make world-writable", &d))?;
     }
-    Ok(Root { path: root, binds })
+    Ok(Root {
+        path: root,
+        binds,
+        masks,
+    })
+}
+
+/// Host trees whose root-only entries are masked in a `host`-template
+/// sandbox: where a host keeps its secrets (shadow, private keys, service
+/// credentials). `/usr` and `/lib` hold the system's programs, readable by
+/// everyone; scanning them at every create would cost about a second.
+pub const MASKED_TREES: &[&str] = &["/etc"];
+
+/// The stand-ins' names in the sandbox's tmpfs (beside its root).
+const MASK_FILE: &str = ".masked-file";
+const MASK_DIR: &str = ".masked-dir";
+
+/// gVisor's sandbox root reads the host's files through runsc's gofer,
+/// which runs as host root: where the process tier's sandbox root is an
+/// unmapped uid to the host's root-only files (`/etc/shadow` 0640
+/// root:shadow), gVisor's would read them. So every entry under `trees`
+/// that others may not read (a file without o+r, a directory without o+r
+/// or o+x) is covered by an empty file or directory made in `upper` (the
+/// sandbox's tmpfs, gone with it): what an unprivileged reader sees of it
+/// is what the sandbox sees. A directory masked is not descended.
+fn mask_root_only(upper: &Path, trees: &[&str]) -> Result<Vec<(PathBuf, PathBuf)>, RootfsError> {
+    use std::os::unix::fs::PermissionsExt;
+    let (file, dir) = (upper.join(MASK_FILE), upper.join(MASK_DIR));
+    fs::write(&file, b"").map_err(io_err("create", &file))?;
+    fs::create_dir_all(&dir).map_err(io_err("create", &dir))?;
+    for p in [&file, &dir] {
+        fs::set_permissions(p, fs::Permissions::from_mode(0o000)).map_err(io_err("restrict", p))?;
+    }
+    let mut masks = Vec::new();
+    let mut todo: Vec<PathBuf> = trees.iter().map(PathBuf::from).collect();
+    while let Some(d) = todo.pop() {
+        let Ok(entries) = fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let Ok(meta) = e.path().symlink_metadata() else {
+                continue;
+            };
+            let mode = meta.permissions().mode();
+            if meta.is_dir() {
+                if mode & 0o005 != 0o005 {
+                    masks.push((e.path(), dir.clone()));
+                } else {
+                    todo.push(e.path());
+                }
+            } else if meta.is_file() && mode & 0o004 == 0 {
+                masks.push((e.path(), file.clone()));
+            }
+        }
+    }
+    masks.sort();
+    Ok(masks)
 }
 
 /// Copy the writable layer of the sandbox in `dir` (its overlay's upper,
@@ -179,7 +240,10 @@ pub fn save_layer(dir: &Path, to: &Path) -> Result<(), RootfsError> {
     fs::create_dir_all(to).map_err(io_err("create", to))?;
     let entries = fs::read_dir(&upper).map_err(io_err("read", &upper))?;
     for e in entries.flatten() {
-        if e.file_name() != "work" {
+        // Not the overlay's work directory, nor the stand-ins of
+        // `mask_root_only` (made again by the next prepare).
+        let name = e.file_name();
+        if name != "work" && name != MASK_FILE && name != MASK_DIR {
             copy_tree(&e.path(), &to.join(e.file_name()))?;
         }
     }

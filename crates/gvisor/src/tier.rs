@@ -311,6 +311,7 @@ impl GvisorTier {
             id,
             root: &root.path,
             binds: &root.binds,
+            masks: &root.masks,
             init: bundle::Init::Agent {
                 dir: &dir.join(AGENT_DIR),
                 bin: self.agent()?,

@@ -311,6 +311,20 @@ pub struct WriteRequest {
     /// Append instead of truncating.
     #[serde(default)]
     pub append: bool,
+    /// Open (and create) the file as this user rather than as the agent:
+    /// the kernel's permission checks for that uid and gid apply (a file
+    /// the user may not write is refused, a symlink or hard link to one
+    /// does not help), and a new file is theirs from the start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owner: Option<FileOwner>,
+}
+
+/// A user of the sandbox, by ids, for [`WriteRequest::owner`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileOwner {
+    pub uid: u32,
+    pub gid: u32,
 }
 
 /// Watch a directory for changes. Header of a `WATCH` stream.

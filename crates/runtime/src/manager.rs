@@ -1748,8 +1748,22 @@ impl SandboxManager {
         path: &str,
         contents: impl std::io::Read,
     ) -> Result<u64, ManagerError> {
+        self.write_file_as(tenant, id, path, contents, None)
+    }
+
+    /// [`Manager::write_file`] as a user of the sandbox: the agent opens
+    /// (and creates) the file with that user's uid and gid, so the
+    /// kernel's permission checks are that user's.
+    pub fn write_file_as(
+        &self,
+        tenant: &TenantId,
+        id: &SandboxId,
+        path: &str,
+        contents: impl std::io::Read,
+        owner: Option<brig_agent_client::FileOwner>,
+    ) -> Result<u64, ManagerError> {
         let conn = self.connection(tenant, id)?;
-        conn.write_file(path, contents, None, false)
+        conn.write_file_as(path, contents, None, false, owner)
             .map_err(agent_err(id))
     }
 

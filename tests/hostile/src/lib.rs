@@ -98,6 +98,15 @@ impl Report {
     /// verdict: the harness reads it from the JSON (and from brig's status
     /// where the sandbox kills the program).
     pub fn finish(mut self) -> ! {
+        self.print();
+        // SAFETY: _exit ends the process at once; nothing in these programs
+        // relies on destructors or atexit handlers.
+        unsafe { libc::_exit(0) }
+    }
+
+    /// Print the final line without exiting, for a program whose last act
+    /// must come after its report (tiocsti stops its terminal's output).
+    pub fn print(&mut self) {
         if seccomp_mark().is_some() {
             use std::sync::atomic::Ordering::Relaxed;
             self.note(format!(
@@ -109,10 +118,6 @@ impl Report {
         let mut out = std::io::stdout().lock();
         let _ = writeln!(out, "{}", self.to_json());
         let _ = out.flush();
-        drop(out);
-        // SAFETY: _exit ends the process at once; nothing in these programs
-        // relies on destructors or atexit handlers.
-        unsafe { libc::_exit(0) }
     }
 }
 
@@ -183,6 +188,8 @@ impl Args {
             "--host-port",
             "--host-addr",
             "--seccomp-mark",
+            "--host-kernel",
+            "--host-tty",
         ];
         let mut out = Vec::new();
         let mut it = self.args.iter();
@@ -209,8 +216,10 @@ impl Args {
             Some("daemon") => Mode::Daemon,
             Some("e2b-user") => Mode::E2bUser,
             Some("e2b-root") => Mode::E2bRoot,
+            Some("gvisor") => Mode::Gvisor,
+            Some("vm") => Mode::Vm,
             Some(other) => {
-                eprintln!("unknown --mode {other}: run, daemon, e2b-user or e2b-root");
+                eprintln!("unknown --mode {other}: run, daemon, e2b-user, e2b-root, gvisor or vm");
                 std::process::exit(2);
             }
         }
@@ -246,13 +255,28 @@ pub enum Mode {
     /// The same E2B sandbox after `sudo` to the sandbox's root: the
     /// container-root capability set ([`ROOT_CAPS`]) in effect.
     E2bRoot,
+    /// A daemon sandbox of the gvisor tier: the program's system calls are
+    /// answered by gVisor's kernel (brig's seccomp policy is not applied
+    /// inside; gVisor refuses or implements each call itself).
+    Gvisor,
+    /// A daemon sandbox of the vm tier: the program runs on the guest's
+    /// own kernel, in a QEMU guest; what it does to that kernel stays in
+    /// the guest, and the harness checks that the host is untouched.
+    Vm,
 }
 
 impl Mode {
     /// Whether no_new_privs is set on the program: everywhere but E2B
     /// sandboxes, whose user needs setuid `sudo`.
     pub fn no_new_privs(self) -> bool {
-        matches!(self, Mode::Run | Mode::Daemon)
+        matches!(self, Mode::Run | Mode::Daemon | Mode::Gvisor | Mode::Vm)
+    }
+
+    /// Whether another kernel than the host's answers the program's calls
+    /// (gVisor's, or the guest's): then brig's own seccomp policy and
+    /// namespaces are not what stands between it and the host.
+    pub fn own_kernel(self) -> bool {
+        matches!(self, Mode::Gvisor | Mode::Vm)
     }
 
     /// Whether the sandbox has a network interface by design: a daemon's
@@ -309,6 +333,13 @@ pub fn guard_destructive(program: &'static str, args: &Args) {
         eprintln!("{program}: refusing to run without --armed (it exhausts or changes the machine it runs on)");
         std::process::exit(2);
     }
+    // gVisor's kernel and a vm guest's show their own initial user
+    // namespace (or none: a guest kernel may lack them): there the sign of
+    // a sandbox is another kernel than the host's (the harness passes the
+    // host's release).
+    if args.mode().own_kernel() && on_another_kernel(args) {
+        return;
+    }
     match in_initial_userns() {
         Some(false) => {}
         Some(true) => {
@@ -322,6 +353,22 @@ pub fn guard_destructive(program: &'static str, args: &Args) {
             r.finish()
         }
     }
+}
+
+/// Whether this kernel's release differs from the host's, as the harness
+/// gave it (`--host-kernel`).
+fn on_another_kernel(args: &Args) -> bool {
+    // uname: gVisor has no /proc/sys/kernel/osrelease.
+    // SAFETY: an all-zero utsname is valid; uname fills it.
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    // SAFETY: u is a valid out-pointer.
+    if unsafe { libc::uname(&mut u) } != 0 {
+        return false;
+    }
+    // SAFETY: the kernel NUL-terminates release.
+    let here = unsafe { std::ffi::CStr::from_ptr(u.release.as_ptr()) }.to_string_lossy();
+    args.value("--host-kernel")
+        .is_some_and(|host| !here.is_empty() && here != host.as_str())
 }
 
 /// The calling thread's errno.

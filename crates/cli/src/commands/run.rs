@@ -322,6 +322,11 @@ pub fn run(args: RunArgs) -> anyhow::Result<i32> {
         libc::SIGQUIT,
         libc::SIGWINCH,
     ])?;
+    // Without -t the sandbox gets brig's stdout and stderr as they are —
+    // the caller's terminal, in an interactive shell. Whatever it does to
+    // that terminal (termios, window size, exclusive mode, stopped output)
+    // is undone when it has ended (dropped last, after the sandbox).
+    let _terminals = tty::CallerTerminals::save();
     // The network before the sandbox; dropped only after it has ended.
     let net = network.start(&mut spec)?;
     let attachment = net

@@ -368,7 +368,10 @@ pub async fn upload(
     let (paths, meta) = (written.clone(), metadata.clone());
     let finished = ctx
         .blocking(move |ctx| {
-            ctx.chown(&user, &paths)?;
+            // The files were written as the user (`User::owner`): a new
+            // one is theirs already, and one they may not write was
+            // refused by the kernel. (A chown by name afterwards would
+            // follow whatever the sandbox swapped into the path meanwhile.)
             // Always, even with no metadata: an overwrite replaces the
             // file's whole metadata set (truncating keeps xattrs).
             paths
@@ -505,7 +508,7 @@ async fn upload_raw(
             };
             Ok(ctx
                 .manager()
-                .write_file(&ctx.sandbox.tenant, ctx.id(), &p, reader))
+                .write_file_as(&ctx.sandbox.tenant, ctx.id(), &p, reader, user.owner()))
         })
         .await;
     match result {
@@ -572,7 +575,7 @@ async fn upload_multipart(
             make_parent(ctx, &u, &p)?;
             Ok(ctx
                 .manager()
-                .write_file(&ctx.sandbox.tenant, ctx.id(), &p, reader))
+                .write_file_as(&ctx.sandbox.tenant, ctx.id(), &p, reader, u.owner()))
         });
         // Feed and write at once; the feeder drops `tx` when the part ends.
         let feed = async move {

@@ -225,6 +225,15 @@ pub struct User {
 }
 
 impl User {
+    /// Whom the agent writes files as for this user: nobody in particular
+    /// for root (the agent is root), else the user's uid and gid.
+    pub fn owner(&self) -> Option<brig_agent_client::FileOwner> {
+        (self.uid != 0).then_some(brig_agent_client::FileOwner {
+            uid: self.uid,
+            gid: self.gid,
+        })
+    }
+
     /// envd's path rule (reference §3.5): `~` and relative paths are under
     /// the user's home; an empty path is the home itself.
     pub fn resolve(&self, path: &str) -> String {
