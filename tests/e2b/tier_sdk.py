@@ -10,10 +10,10 @@ the default, or `vm`). Covers: a sandbox created with metadata
 {"brig.isolation": TIER} runs under its tier's kernel (gVisor's, or the vm
 guest's own Linux), not the host's; commands.run (stdout, stderr, exit
 codes, a background command); files.write / read / list; the metadata is
-shown back; an unknown tier is refused at create. On gvisor: a memory
-snapshot (a process keeps running, with its memory, in a sandbox created
-from it; the parent runs on). A vm sandbox is created
-without internet access: the tier has no network yet.
+shown back; an unknown tier is refused at create; a memory snapshot (a
+process keeps running, with its memory, in a sandbox created from it; the
+parent runs on). A vm sandbox is created without internet access: the
+tier has no network yet.
 
 Prints one line per check and `N passed, 0 failed` at the end.
 """
@@ -62,7 +62,27 @@ try:
 finally:
     sbx.kill()
 
-if tier == "gvisor":
+
+def state(sbx):
+    """The token and count the loop last wrote, or None."""
+    try:
+        return sbx.files.read("/tmp/state").split() or None
+    except Exception:
+        return None
+
+
+def until(probe, timeout=30):
+    """probe()'s first truthy answer within `timeout` seconds (TCG is slow), or None."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        got = probe()
+        if got:
+            return got
+        time.sleep(0.3)
+    return None
+
+
+if tier in ("gvisor", "vm"):
     # A memory snapshot: a process whose token lives only in its memory
     # runs on in a sandbox created from the snapshot.
     parent = Sandbox.create(
@@ -74,25 +94,21 @@ if tier == "gvisor":
             "while :; do n=$((n+1)); echo \"$tok $n\" > /tmp/state; sleep 0.2; done'",
             background=True,
         )
-        time.sleep(1)
-        before = parent.files.read("/tmp/state").split()
+        before = until(lambda: state(parent))
         snap = parent.create_snapshot()
-        check("a snapshot of a gvisor sandbox", snap.snapshot_id.startswith("snap-"), snap)
+        check(f"a snapshot of a {tier} sandbox", snap.snapshot_id.startswith("snap-"), snap)
         child = Sandbox.create(snap.snapshot_id, allow_internet_access=False, timeout=120)
         try:
-            time.sleep(1)
-            after = child.files.read("/tmp/state").split()
+            after = until(lambda: (s := state(child)) and int(s[1]) > int(before[1]) and s)
             check(
                 "its process runs on from the snapshot, with its memory",
-                after[0] == before[0] and int(after[1]) > int(before[1]),
+                after and after[0] == before[0],
                 (before, after),
             )
         finally:
             child.kill()
-        time.sleep(0.5)
-        later = parent.files.read("/tmp/state").split()
-        check("and the parent runs on", later[0] == before[0] and int(later[1]) > int(before[1]),
-              (before, later))
+        later = until(lambda: (s := state(parent)) and int(s[1]) > int(before[1]) and s)
+        check("and the parent runs on", later and later[0] == before[0], (before, later))
     finally:
         parent.kill()
 

@@ -746,36 +746,6 @@ fn an_e2b_gvisor_sandbox_survives_a_daemon_restart() {
     assert_nothing_left(&id);
 }
 
-/// A counter and a random token held in a shell's memory (variables),
-/// written out each tick as "N TOKEN PID"; SIGUSR1 draws a new token.
-const COUNTER: &str = "new() { tok=$(od -An -N8 -tx8 /dev/urandom | tr -d ' '); }; new; \
-                       trap new USR1; n=0; \
-                       while :; do n=$((n+1)); echo \"$n $tok $$\" > /tmp/counter.new; \
-                       mv /tmp/counter.new /tmp/counter; sleep 0.05; done";
-
-/// The counter of sandbox `id` goes on (two reads 300 ms apart): its
-/// count then and its token.
-fn counting(daemon: &Daemon, id: &str) -> (u64, String) {
-    let read = || -> (u64, String, String) {
-        let out = ok(
-            daemon.brig(&["exec", id, "--", "cat", "/tmp/counter"]),
-            "read the counter",
-        );
-        let mut it = out.split_whitespace();
-        (
-            it.next().unwrap().parse().unwrap(),
-            it.next().unwrap().into(),
-            it.next().unwrap().into(),
-        )
-    };
-    let (a, tok, _) = read();
-    std::thread::sleep(Duration::from_millis(300));
-    let (b, tok2, _) = read();
-    assert!(b > a, "{id}: the counter goes on: {a} then {b}");
-    assert_eq!(tok, tok2, "{id}");
-    (b, tok)
-}
-
 /// Memory snapshots of a gvisor sandbox through the CLI: `snapshot
 /// create` keeps its processes and memory, `create --from-snapshot` and
 /// `fork` restore them (each copy with its own host name and machine id,
@@ -800,7 +770,15 @@ fn memory_snapshots_restores_and_forks_of_a_gvisor_sandbox() {
         "none",
     ]);
     let parent = parent.trim().to_string();
-    brig(&["exec", &parent, "--background", "--", "sh", "-c", COUNTER]);
+    brig(&[
+        "exec",
+        &parent,
+        "--background",
+        "--",
+        "sh",
+        "-c",
+        support::COUNTER,
+    ]);
     assert!(
         eventually(Duration::from_secs(10), || daemon
             .brig(&["exec", &parent, "--", "cat", "/tmp/counter"])
@@ -816,7 +794,7 @@ fn memory_snapshots_restores_and_forks_of_a_gvisor_sandbox() {
         "-c",
         "echo parent > /root/file",
     ]);
-    let (before, token) = counting(&daemon, &parent);
+    let (before, token) = support::counting(&daemon, &parent);
 
     let snap = brig(&["snapshot", "create", &parent, "--name", "warm"]);
     let snap = snap.trim().to_string();
@@ -827,7 +805,7 @@ fn memory_snapshots_restores_and_forks_of_a_gvisor_sandbox() {
     let checkpoint = home.path().join("checkpoints").join(&snap);
     assert!(checkpoint.is_dir(), "its checkpoint is kept");
     // The parent runs on, its memory intact, reachable as before.
-    let (_, tok) = counting(&daemon, &parent);
+    let (_, tok) = support::counting(&daemon, &parent);
     assert_eq!(tok, token);
 
     let child = brig(&["create", "--from-snapshot", "warm"]);
@@ -838,7 +816,7 @@ fn memory_snapshots_restores_and_forks_of_a_gvisor_sandbox() {
     let copies: Vec<&String> = std::iter::once(&child).chain(&forks).collect();
     let mut machine_ids = Vec::new();
     for id in &copies {
-        let (n, tok) = counting(&daemon, id);
+        let (n, tok) = support::counting(&daemon, id);
         assert!(n >= before, "{id}: restored where it was");
         assert_eq!(tok, token, "{id}: the parent's memory");
         assert_eq!(brig(&["exec", id, "--", "hostname"]).trim(), id.as_str());
@@ -877,16 +855,16 @@ fn memory_snapshots_restores_and_forks_of_a_gvisor_sandbox() {
         &format!("echo fork0 > /root/file; kill -USR1 {pid}"),
     ]);
     std::thread::sleep(Duration::from_millis(300));
-    assert_ne!(counting(&daemon, &forks[0]).1, token);
+    assert_ne!(support::counting(&daemon, &forks[0]).1, token);
     for id in [&forks[1], &child, &parent] {
-        assert_eq!(counting(&daemon, id).1, token, "{id}");
+        assert_eq!(support::counting(&daemon, id).1, token, "{id}");
         assert_eq!(brig(&["exec", id, "--", "cat", "/root/file"]), "parent\n");
     }
 
     // Deleting the snapshot leaves the sandboxes restored from it running.
     brig(&["snapshot", "rm", "warm"]);
     assert!(!checkpoint.exists(), "its checkpoint is gone");
-    counting(&daemon, &child);
+    support::counting(&daemon, &child);
     let gone = daemon.brig(&["create", "--from-snapshot", "warm"]);
     assert!(!gone.status.success());
 
@@ -894,7 +872,7 @@ fn memory_snapshots_restores_and_forks_of_a_gvisor_sandbox() {
     daemon.kill9();
     let daemon = Daemon::start(home.path());
     for id in &copies {
-        counting(&daemon, id);
+        support::counting(&daemon, id);
     }
 
     // A sandbox with a network: refused, saying what to do.

@@ -588,7 +588,9 @@ fn brig_run_runs_one_command_in_a_guest() {
 /// The official E2B Python SDK on a vm sandbox (tests/e2b/tier_sdk.py, as
 /// gvisor.rs runs it on gvisor): picked with the metadata key
 /// `brig.isolation`, created without internet access; commands, files, a
-/// background command, the guest's own kernel; nothing left after its kill.
+/// background command, the guest's own kernel; a memory snapshot
+/// (`create_snapshot`, `Sandbox.create(snapshot_id)`: a process runs on
+/// with its memory; the parent too); nothing left after its kill.
 #[test]
 fn e2b_clients_pick_vm_with_a_metadata_key() {
     let Some(template) = ready() else { return };
@@ -605,7 +607,7 @@ fn e2b_clients_pick_vm_with_a_metadata_key() {
             "none",
         ],
     );
-    let Some(stdout) = daemon.run_tier_sdk(&template, "vm", 13) else {
+    let Some(stdout) = daemon.run_tier_sdk(&template, "vm", 16) else {
         return;
     };
     let id = stdout
@@ -613,4 +615,165 @@ fn e2b_clients_pick_vm_with_a_metadata_key() {
         .find_map(|l| l.strip_prefix("sandbox "))
         .expect("the script names its sandbox");
     assert_nothing_left(id);
+}
+
+/// Memory snapshots of a vm sandbox through the CLI: `snapshot create`
+/// keeps the machine (its processes, memory and disk), `create
+/// --from-snapshot` and `fork` restore it (each copy with its own host
+/// name, machine id, random numbers and the host's clock; its files and
+/// memory its own from then on), the parent runs on; restored guests
+/// survive a `kill -9` of the daemon; a deleted snapshot leaves the
+/// sandboxes restored from it running and its files gone; nothing is left
+/// after.
+#[test]
+fn memory_snapshots_restores_and_forks_of_a_vm_sandbox() {
+    let Some(template) = ready() else { return };
+    let home = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start(home.path());
+    let brig = |args: &[&str]| ok(daemon.brig(args), &args.join(" "));
+    let parent = create(&daemon, &template, &["--memory", "256M"]);
+    brig(&[
+        "exec",
+        &parent,
+        "--background",
+        "--",
+        "sh",
+        "-c",
+        support::COUNTER,
+    ]);
+    assert!(
+        eventually(Duration::from_secs(20), || daemon
+            .brig(&["exec", &parent, "--", "cat", "/tmp/counter"])
+            .status
+            .success()),
+        "the counter did not start"
+    );
+    brig(&[
+        "exec",
+        &parent,
+        "--",
+        "sh",
+        "-c",
+        "echo parent > /root/file",
+    ]);
+    let (before, token) = support::counting(&daemon, &parent);
+
+    let snap = brig(&["snapshot", "create", &parent, "--name", "warm"]);
+    let snap = snap.trim().to_string();
+    let listed: serde_json::Value =
+        serde_json::from_str(&brig(&["snapshot", "ls", "--json", "--sandbox", &parent])).unwrap();
+    assert_eq!(listed[0]["memory"], true, "{listed}");
+    let checkpoint = home.path().join("checkpoints").join(&snap);
+    for f in ["memory", "disk.ext4", "machine.json"] {
+        assert!(checkpoint.join("image").join(f).is_file(), "{f} kept");
+    }
+    let (_, tok) = support::counting(&daemon, &parent);
+    assert_eq!(tok, token, "the parent runs on");
+
+    let child = brig(&["create", "--from-snapshot", "warm"]);
+    let child = child.trim().to_string();
+    let forks = brig(&["fork", &parent, "-n", "2"]);
+    let forks: Vec<String> = forks.lines().map(String::from).collect();
+    assert_eq!(forks.len(), 2, "{forks:?}");
+    let copies: Vec<&String> = std::iter::once(&child).chain(&forks).collect();
+    // The test rootfs has none; a booted guest keeps what its template has.
+    let mut machine_ids = vec![brig(&[
+        "exec",
+        &parent,
+        "--",
+        "sh",
+        "-c",
+        "cat /etc/machine-id 2>/dev/null; true",
+    ])];
+    let mut random = Vec::new();
+    for id in &copies {
+        let (n, tok) = support::counting(&daemon, id);
+        assert!(n >= before, "{id}: restored where it was");
+        assert_eq!(tok, token, "{id}: the parent's memory");
+        assert_eq!(brig(&["exec", id, "--", "hostname"]).trim(), id.as_str());
+        assert_eq!(brig(&["exec", id, "--", "cat", "/root/file"]), "parent\n");
+        machine_ids.push(brig(&["exec", id, "--", "cat", "/etc/machine-id"]));
+        random.push(brig(&[
+            "exec",
+            id,
+            "--",
+            "od",
+            "-An",
+            "-N16",
+            "-tx1",
+            "/dev/urandom",
+        ]));
+        let clock: u64 = brig(&["exec", id, "--", "date", "+%s"])
+            .trim()
+            .parse()
+            .unwrap();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        assert!(clock.abs_diff(now) <= 5, "{id}: clock {clock}, host {now}");
+    }
+    machine_ids.sort();
+    machine_ids.dedup();
+    assert_eq!(machine_ids.len(), 4, "each its own machine id");
+    random.sort();
+    random.dedup();
+    assert_eq!(random.len(), 3, "each copy's random numbers its own");
+    // A fork's checkpoint is gone once its forks run.
+    let kept: Vec<_> = std::fs::read_dir(home.path().join("checkpoints"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(kept, vec![std::ffi::OsString::from(&snap)]);
+
+    // A write in one fork, to a file and to memory, is its own.
+    let pid = brig(&["exec", &forks[0], "--", "cat", "/tmp/counter"]);
+    let pid = pid.split_whitespace().nth(2).unwrap().to_string();
+    brig(&[
+        "exec",
+        &forks[0],
+        "--",
+        "sh",
+        "-c",
+        &format!("echo fork0 > /root/file; kill -USR1 {pid}"),
+    ]);
+    // The shell takes the signal once its `sleep` ends: a tick or two.
+    let redrawn = eventually(Duration::from_secs(20), || {
+        let out = ok(
+            daemon.brig(&["exec", &forks[0], "--", "cat", "/tmp/counter"]),
+            "read the counter",
+        );
+        out.split_whitespace().nth(1) != Some(token.as_str())
+    });
+    assert!(redrawn, "the fork's token did not change");
+    assert_ne!(support::counting(&daemon, &forks[0]).1, token);
+    for id in [&forks[1], &child, &parent] {
+        assert_eq!(support::counting(&daemon, id).1, token, "{id}");
+        assert_eq!(brig(&["exec", id, "--", "cat", "/root/file"]), "parent\n");
+    }
+
+    // Deleting the snapshot leaves the sandboxes restored from it running.
+    brig(&["snapshot", "rm", "warm"]);
+    assert!(!checkpoint.exists(), "its checkpoint is gone");
+    support::counting(&daemon, &child);
+    assert!(!daemon
+        .brig(&["create", "--from-snapshot", "warm"])
+        .status
+        .success());
+
+    // Restored guests outlive the daemon like any other.
+    daemon.kill9();
+    let daemon = Daemon::start(home.path());
+    for id in &copies {
+        support::counting(&daemon, id);
+    }
+    drop(daemon);
+    for id in copies.iter().map(|s| s.as_str()).chain([parent.as_str()]) {
+        assert_nothing_left(id);
+    }
+    let left: Vec<_> = std::fs::read_dir(home.path().join("checkpoints"))
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "checkpoints left: {left:?}");
 }

@@ -403,3 +403,43 @@ pub fn ok(out: Output, what: &str) -> String {
     );
     text(&out.stdout)
 }
+
+/// A counter and a random token held in a shell's memory (variables),
+/// written out each tick as "N TOKEN PID"; SIGUSR1 draws a new token.
+pub const COUNTER: &str = "new() { tok=$(od -An -N8 -tx8 /dev/urandom | tr -d ' '); }; new; \
+                       trap new USR1; n=0; \
+                       while :; do n=$((n+1)); echo \"$n $tok $$\" > /tmp/counter.new; \
+                       mv /tmp/counter.new /tmp/counter; sleep 0.05; done";
+
+/// The counter of sandbox `id` goes on (read again every 300 ms until it
+/// moved, up to 20 s): its count then and its token.
+pub fn counting(daemon: &TestDaemon, id: &str) -> (u64, String) {
+    let read = || -> (u64, String, String) {
+        let out = ok(
+            daemon.brig(&["exec", id, "--", "cat", "/tmp/counter"]),
+            "read the counter",
+        );
+        let mut it = out.split_whitespace();
+        (
+            it.next().unwrap().parse().unwrap(),
+            it.next().unwrap().into(),
+            it.next().unwrap().into(),
+        )
+    };
+    let (a, tok, _) = read();
+    // A tick is a few milliseconds on the host's kernel, hundreds under
+    // an emulated guest's on a loaded host.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        std::thread::sleep(Duration::from_millis(300));
+        let (b, tok2, _) = read();
+        assert_eq!(tok, tok2, "{id}");
+        if b > a {
+            return (b, tok);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{id}: the counter goes on: {a} then {b}"
+        );
+    }
+}
