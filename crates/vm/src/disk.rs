@@ -244,6 +244,26 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_sparse_copy_keeps_the_data_and_the_holes() {
+        use std::os::unix::fs::FileExt;
+        let dir = tempfile::tempdir().unwrap();
+        let (from, to) = (dir.path().join("a"), dir.path().join("b"));
+        let f = fs::File::create(&from).unwrap();
+        f.set_len(64 << 20).unwrap();
+        f.write_all_at(b"head", 0).unwrap();
+        f.write_all_at(&[7u8; 8192], 32 << 20).unwrap();
+        f.write_all_at(b"tail", (64 << 20) - 4).unwrap();
+        drop(f);
+        copy_sparse(&from, &to).unwrap();
+        let (a, b) = (fs::read(&from).unwrap(), fs::read(&to).unwrap());
+        assert!(a == b, "the same bytes");
+        let blocks = fs::metadata(&to).unwrap().blocks() * 512;
+        assert!(blocks < 1 << 20, "holes kept: {blocks} bytes allocated");
+        // Never over an existing file.
+        assert!(copy_sparse(&from, &to).is_err());
+    }
+
+    #[test]
     fn the_host_template_is_refused_with_a_reason() {
         let dir = tempfile::tempdir().unwrap();
         let e = template_image(dir.path(), &TemplateRef::Host).unwrap_err();

@@ -256,6 +256,42 @@ mod tests {
         assert!(guest.join().unwrap(), "the guest heard Close");
     }
 
+    /// A renewal goes out whole on a line of its own, and returns on the
+    /// guest's `Renewed` with its nonce (a stale one is not enough).
+    #[test]
+    fn a_renewal_waits_for_the_guest_to_say_it_is_done() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("agent.sock");
+        let listener = UnixListener::bind(&sock).unwrap();
+        let guest = thread::spawn(move || {
+            let (s, _) = listener.accept().unwrap();
+            let mut u = Unstuffer::new();
+            let mut buf = [0u8; 4096];
+            let mut got = None;
+            while got.is_none() {
+                let n = (&s).read(&mut buf).unwrap();
+                u.feed(&buf[..n], |p| {
+                    if let Packet::Renew(r) = p {
+                        got = Some(r);
+                    }
+                });
+            }
+            let r = got.unwrap();
+            let mut out = Vec::new();
+            Packet::Renewed(r.nonce.wrapping_add(1)).encode_into(&mut out);
+            Packet::Renewed(r.nonce).encode_into(&mut out);
+            (&s).write_all(&out).unwrap();
+            r
+        });
+        let before = std::time::SystemTime::now();
+        renew(&sock, "sbx-1", Duration::from_secs(10)).unwrap();
+        let r = guest.join().unwrap();
+        assert_eq!(r.hostname, "sbx-1");
+        let sent = std::time::UNIX_EPOCH + Duration::from_nanos(r.time_ns);
+        assert!(sent >= before - Duration::from_secs(1), "the host's clock");
+        assert_ne!(r.entropy, [0u8; 32]);
+    }
+
     #[test]
     fn a_guest_that_never_answers_times_out() {
         let dir = tempfile::tempdir().unwrap();

@@ -192,6 +192,7 @@ fn send_with_fd(stream: &UnixStream, bytes: &[u8], fd: BorrowedFd<'_>) -> io::Re
 mod tests {
     use super::*;
     use std::io::Read;
+    use std::os::fd::FromRawFd;
     use std::os::unix::net::UnixListener;
 
     /// A scripted QEMU: the greeting, then for each request the lines
@@ -242,6 +243,70 @@ mod tests {
             .collect();
         assert_eq!(lines[0], json!({"execute": "qmp_capabilities"}));
         assert_eq!(lines[1], json!({"execute": "query-status"}));
+    }
+
+    /// `getfd` carries the descriptor; a migration is waited for through
+    /// `query-migrate` until completed, and its failure says QEMU's reason.
+    #[test]
+    fn a_descriptor_rides_with_getfd_and_migrations_are_waited_for() {
+        let dir = tempfile::tempdir().unwrap();
+        let listener = UnixListener::bind(dir.path().join("qmp.sock")).unwrap();
+        let peer = std::thread::spawn(move || {
+            let (s, _) = listener.accept().unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            (&s).write_all(b"{\"QMP\": {}}\n{\"return\": {}}\n")
+                .unwrap();
+            let mut caps = [0u8; 64];
+            let _ = (&s).read(&mut caps).unwrap();
+            // The getfd line, with its descriptor.
+            let mut buf = [0u8; 256];
+            let mut iov = libc::iovec {
+                iov_base: buf.as_mut_ptr().cast(),
+                iov_len: buf.len(),
+            };
+            let mut control = [0u8; 64];
+            // SAFETY: a zeroed msghdr pointing at buffers that outlive
+            // the call.
+            let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+            msg.msg_iov = &mut iov;
+            msg.msg_iovlen = 1;
+            msg.msg_control = control.as_mut_ptr().cast();
+            msg.msg_controllen = control.len() as _;
+            // SAFETY: recvmsg into the buffers above; the header is read
+            // only if the kernel wrote one.
+            let fd = unsafe {
+                let n = libc::recvmsg(s.as_raw_fd(), &mut msg, 0);
+                assert!(n > 0);
+                let c = libc::CMSG_FIRSTHDR(&msg);
+                assert!(!c.is_null(), "no descriptor came");
+                std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<RawFd>())
+            };
+            // SAFETY: the descriptor the kernel just gave this process.
+            let mut f = unsafe { std::fs::File::from_raw_fd(fd) };
+            let mut text = String::new();
+            f.read_to_string(&mut text).unwrap();
+            (&s).write_all(b"{\"return\": {}}\n").unwrap();
+            for answer in [
+                "{\"return\": {\"status\": \"active\"}}\n",
+                "{\"return\": {\"status\": \"completed\"}}\n",
+                "{\"return\": {\"status\": \"failed\", \"error-desc\": \"disk full\"}}\n",
+            ] {
+                let _ = (&s).read(&mut buf).unwrap();
+                (&s).write_all(answer.as_bytes()).unwrap();
+            }
+            text
+        });
+        let file = dir.path().join("memory");
+        std::fs::write(&file, "the descriptor's file").unwrap();
+        let f = std::fs::File::open(&file).unwrap();
+        let mut q = Qmp::connect(&dir.path().join("qmp.sock")).unwrap();
+        q.pass_fd("brig-save", std::os::fd::AsFd::as_fd(&f))
+            .unwrap();
+        q.wait_for_migration(Duration::from_secs(10)).unwrap();
+        let e = q.wait_for_migration(Duration::from_secs(10)).unwrap_err();
+        assert!(e.to_string().contains("disk full"), "{e}");
+        let text = peer.join().unwrap();
+        assert_eq!(text, "the descriptor's file");
     }
 
     #[test]
