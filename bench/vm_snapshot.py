@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vm import HELLO, READY, REPO, VM_HOME, Daemon, log, ms, packet  # noqa: E402
+from vm import HELLO, READY, REPO, VM_HOME, Daemon, log, ms, packet, ready  # noqa: E402
 
 MEMORY = "512M"
 
@@ -234,21 +234,8 @@ def main():
     ap.add_argument("--brig", help="a built brig (default: cargo build --release)")
     ap.add_argument("--out", help="where the samples go")
     args = ap.parse_args()
-    if os.geteuid() != 0:
-        raise SystemExit("bench/vm_snapshot.py needs root (QEMU as its own uid, cgroups)")
-    qemu = shutil.which("qemu-system-x86_64")
-    if not qemu:
-        raise SystemExit("QEMU is not installed: apt-get install qemu-system-x86")
-    rootfs = os.environ.get("BRIG_TEST_ROOTFS")
-    if not rootfs or not Path(rootfs, "bin/sh").exists():
-        raise SystemExit("BRIG_TEST_ROOTFS is not set (tests/support/build-rootfs.sh builds it)")
-    template = f"dir:{rootfs}"
+    qemu, rootfs, template, brig = ready("bench/vm_snapshot.py", args.brig)
     sizes = [int(s) for s in args.sizes.split(",")]
-    brig = args.brig
-    if not brig:
-        log("building brig (release)")
-        subprocess.run(["cargo", "build", "--release", "-p", "brig"], cwd=REPO, check=True)
-        brig = str(REPO / "target/release/brig")
     out = Path(args.out or REPO / "target/bench" / time.strftime("vm-snapshot-%Y%m%d-%H%M%S"))
     out.mkdir(parents=True, exist_ok=True)
 

@@ -20,6 +20,14 @@
 //!    guest's agent answers on its line (`line.rs`): the kernel booted,
 //!    loaded its modules, mounted the root and started the agent.
 //!
+//! A restore ([`VmTier::restore`]) is a launch whose disk is a copy of the
+//! checkpoint's, whose machine (RAM, vCPUs) is the saved one, and whose
+//! QEMU waits for the saved state (`-incoming defer -S`) instead of
+//! booting: step 5 loads it through a descriptor, runs it and renews the
+//! guest's identity (`VmInstance::load`). A checkpoint
+//! ([`VmInstance::checkpoint`]): stop, migrate to a file through a
+//! descriptor, copy the disk, cont (`VmInstance::save`).
+//!
 //! Ending one ([`VmInstance::kill`], then `wait`): SIGKILL to QEMU (the
 //! guest, its memory and its devices go with it), then its groups and its
 //! directory (sockets, disk, logs).

@@ -85,6 +85,22 @@ fn tier() -> Option<VmTier> {
     )
 }
 
+/// A guest of the test rootfs: 256 MiB, a 64 MiB disk, no network.
+fn launch(id: &SandboxId, rootfs: &Path) -> Launch {
+    Launch {
+        id: id.clone(),
+        template: TemplateRef::Dir(rootfs.to_path_buf()),
+        limits: Limits {
+            memory: ByteSize::mib(256),
+            disk: ByteSize::mib(64),
+            ..Limits::default()
+        },
+        allow_setuid: false,
+        network: NetworkAttachment::Loopback,
+        volumes: Vec::new(),
+    }
+}
+
 fn sh(conn: &Connection, script: &str) -> (String, i32) {
     let p = conn
         .exec(&ExecRequest {
@@ -140,20 +156,7 @@ fn a_guest_serves_its_agent_over_the_line_and_leaves_nothing() {
     };
     within(300, move || {
         let id = SandboxId::from_random(rand::random());
-        let inst = tier
-            .launch(&Launch {
-                id: id.clone(),
-                template: TemplateRef::Dir(rootfs),
-                limits: Limits {
-                    memory: ByteSize::mib(256),
-                    disk: ByteSize::mib(64),
-                    ..Limits::default()
-                },
-                allow_setuid: false,
-                network: NetworkAttachment::Loopback,
-                volumes: Vec::new(),
-            })
-            .expect("launch");
+        let inst = tier.launch(&launch(&id, &rootfs)).expect("launch");
         let pid = inst.pid().expect("QEMU's pid");
         assert!(tier.running().contains(&id));
         let conn = Connection::new(inst.connect_agent().unwrap()).expect("handshake");
@@ -276,18 +279,7 @@ fn a_checkpoint_restores_twice_with_processes_memory_and_own_identities() {
         return;
     };
     within(600, move || {
-        let launch = |id: &SandboxId| Launch {
-            id: id.clone(),
-            template: TemplateRef::Dir(rootfs.clone()),
-            limits: Limits {
-                memory: ByteSize::mib(256),
-                disk: ByteSize::mib(64),
-                ..Limits::default()
-            },
-            allow_setuid: false,
-            network: NetworkAttachment::Loopback,
-            volumes: Vec::new(),
-        };
+        let launch = |id: &SandboxId| launch(id, &rootfs);
         let parent_id = SandboxId::from_random(rand::random());
         let parent = tier.launch(&launch(&parent_id)).expect("launch");
         let conn = Connection::new(parent.connect_agent().unwrap()).expect("handshake");
