@@ -17,7 +17,7 @@
 //! settings; the snapshot is removed once no sandbox runs on it.
 //!
 //! What a snapshot keeps is the tier's to say ([`Tier::checkpoints`]): on
-//! a tier that checkpoints memory (gvisor), a snapshot is the sandbox's
+//! a tier that checkpoints memory (gvisor, vm), a snapshot is the sandbox's
 //! checkpoint ([`Instance::checkpoint`]: its processes, memory and files)
 //! in `$BRIG_HOME/checkpoints/<snapshot id>` (its record's image is
 //! `checkpoint:<snapshot id>`), and a create naming it restores it
