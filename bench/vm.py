@@ -173,6 +173,25 @@ def ms(xs):
     return statistics.median(xs) * 1000
 
 
+def ready(script, brig):
+    """What a vm bench needs, or exit saying what is missing: QEMU, the
+    test rootfs and its `dir:` template, a built brig (release unless
+    given)."""
+    if os.geteuid() != 0:
+        raise SystemExit(f"{script} needs root (QEMU as its own uid, cgroups)")
+    qemu = shutil.which("qemu-system-x86_64")
+    if not qemu:
+        raise SystemExit("QEMU is not installed: apt-get install qemu-system-x86")
+    rootfs = os.environ.get("BRIG_TEST_ROOTFS")
+    if not rootfs or not Path(rootfs, "bin/sh").exists():
+        raise SystemExit("BRIG_TEST_ROOTFS is not set (tests/support/build-rootfs.sh builds it)")
+    if not brig:
+        log("building brig (release)")
+        subprocess.run(["cargo", "build", "--release", "-p", "brig"], cwd=REPO, check=True)
+        brig = str(REPO / "target/release/brig")
+    return qemu, rootfs, f"dir:{rootfs}", brig
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=8)
@@ -180,20 +199,7 @@ def main():
     ap.add_argument("--brig", help="a built brig (default: cargo build --release)")
     ap.add_argument("--out", help="where the samples go")
     args = ap.parse_args()
-    if os.geteuid() != 0:
-        raise SystemExit("bench/vm.py needs root (QEMU as its own uid, cgroups)")
-    qemu = shutil.which("qemu-system-x86_64")
-    if not qemu:
-        raise SystemExit("QEMU is not installed: apt-get install qemu-system-x86")
-    rootfs = os.environ.get("BRIG_TEST_ROOTFS")
-    if not rootfs or not Path(rootfs, "bin/sh").exists():
-        raise SystemExit("BRIG_TEST_ROOTFS is not set (tests/support/build-rootfs.sh builds it)")
-    template = f"dir:{rootfs}"
-    brig = args.brig
-    if not brig:
-        log("building brig (release)")
-        subprocess.run(["cargo", "build", "--release", "-p", "brig"], cwd=REPO, check=True)
-        brig = str(REPO / "target/release/brig")
+    qemu, rootfs, template, brig = ready("bench/vm.py", args.brig)
     out = Path(args.out or REPO / "target/bench" / time.strftime("vm-%Y%m%d-%H%M%S"))
     out.mkdir(parents=True, exist_ok=True)
 

@@ -10,10 +10,10 @@ the default, or `vm`). Covers: a sandbox created with metadata
 {"brig.isolation": TIER} runs under its tier's kernel (gVisor's, or the vm
 guest's own Linux), not the host's; commands.run (stdout, stderr, exit
 codes, a background command); files.write / read / list; the metadata is
-shown back; an unknown tier is refused at create. On gvisor: a memory
-snapshot (a process keeps running, with its memory, in a sandbox created
-from it; the parent runs on). A vm sandbox is created
-without internet access: the tier has no network yet.
+shown back; an unknown tier is refused at create; a memory snapshot (a
+process keeps running, with its memory, in a sandbox created from it; the
+parent runs on). A vm sandbox is created without internet access: the
+tier has no network yet.
 
 Prints one line per check and `N passed, 0 failed` at the end.
 """
@@ -62,18 +62,29 @@ try:
 finally:
     sbx.kill()
 
-def state(sandbox):
-    """The loop's "TOKEN N" (it truncates the file before each write: a read
-    may land between the two)."""
-    for _ in range(50):
-        fields = sandbox.files.read("/tmp/state").split()
-        if len(fields) == 2:
-            return fields
-        time.sleep(0.05)
-    raise AssertionError("/tmp/state never held a token and a count")
+
+def state(sbx):
+    """The token and count the loop last wrote, or None (it truncates the
+    file before each write: a read may land between the two)."""
+    try:
+        fields = sbx.files.read("/tmp/state").split()
+        return fields if len(fields) == 2 else None
+    except Exception:
+        return None
 
 
-if tier == "gvisor":
+def until(probe, timeout=30):
+    """probe()'s first truthy answer within `timeout` seconds (TCG is slow), or None."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        got = probe()
+        if got:
+            return got
+        time.sleep(0.3)
+    return None
+
+
+if tier in ("gvisor", "vm"):
     # A memory snapshot: a process whose token lives only in its memory
     # runs on in a sandbox created from the snapshot.
     parent = Sandbox.create(
@@ -85,36 +96,34 @@ if tier == "gvisor":
             "while :; do n=$((n+1)); echo \"$tok $n\" > /tmp/state; sleep 0.2; done'",
             background=True,
         )
-        time.sleep(1)
-        before = state(parent)
+        before = until(lambda: state(parent))
         snap = parent.create_snapshot()
-        check("a snapshot of a gvisor sandbox", snap.snapshot_id.startswith("snap-"), snap)
+        check(f"a snapshot of a {tier} sandbox", snap.snapshot_id.startswith("snap-"), snap)
         child = Sandbox.create(snap.snapshot_id, allow_internet_access=False, timeout=120)
         try:
-            time.sleep(1)
-            after = state(child)
+            after = until(lambda: (s := state(child)) and int(s[1]) > int(before[1]) and s)
             check(
                 "its process runs on from the snapshot, with its memory",
-                after[0] == before[0] and int(after[1]) > int(before[1]),
+                after and after[0] == before[0],
                 (before, after),
             )
         finally:
             child.kill()
-        time.sleep(0.5)
-        later = state(parent)
-        check("and the parent runs on", later[0] == before[0] and int(later[1]) > int(before[1]),
-              (before, later))
+        later = until(lambda: (s := state(parent)) and int(s[1]) > int(before[1]) and s)
+        check("and the parent runs on", later and later[0] == before[0], (before, later))
 
         # fork(count=2): two copies of the running parent, memory included,
         # each on its own from then on.
         forks = parent.fork(count=2)
         try:
-            check("fork(count=2) of a gvisor sandbox: two sandboxes", len(forks) == 2, forks)
-            time.sleep(1)
-            states = [state(f) for f in forks]
+            check(f"fork(count=2) of a {tier} sandbox: two sandboxes", len(forks) == 2, forks)
+            states = [
+                until(lambda f=f: (s := state(f)) and int(s[1]) > int(later[1]) and s)
+                for f in forks
+            ]
             check(
                 "each fork's process runs on with the parent's memory",
-                all(s[0] == before[0] and int(s[1]) > int(later[1]) for s in states),
+                all(s and s[0] == before[0] for s in states),
                 (later, states),
             )
             forks[0].commands.run("echo only-in-fork-0 > /tmp/mine")
@@ -124,11 +133,10 @@ if tier == "gvisor":
                 all(not o.files.exists("/tmp/mine") for o in others),
             )
             forks[0].commands.run("pkill -f 'to[k]=' || true")
-            time.sleep(0.6)
-            a = state(forks[0])
-            time.sleep(0.6)
+            a = until(lambda: state(forks[0]))
+            time.sleep(1)
             stopped = state(forks[0]) == a
-            moving = state(forks[1]) != states[1]
+            moving = until(lambda: (s := state(forks[1])) and s != states[1])
             check("a process ended in one fork runs on in the other", stopped and moving,
                   (stopped, moving))
             names = {f.commands.run("hostname").stdout.strip() for f in forks}

@@ -167,18 +167,27 @@ fn refresh_identity(hostname: &str) -> ExitCode {
         eprintln!("brig-agent: cannot set the host name {hostname:?}: {e}");
         return ExitCode::from(1);
     }
+    match write_machine_id() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("brig-agent: cannot write /etc/machine-id: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// A new `/etc/machine-id`: 16 random bytes from the kernel, in hex. A
+/// root whose /etc is not the sandbox's own (the `host` template's, bound
+/// read-only) keeps the machine id it shows.
+pub(crate) fn write_machine_id() -> std::io::Result<()> {
     let mut id = [0u8; 16];
     // SAFETY: a buffer of 16 bytes, written by the kernel.
     let n = unsafe { libc::getrandom(id.as_mut_ptr().cast(), id.len(), 0) };
     if n != id.len() as isize {
-        eprintln!("brig-agent: cannot read random bytes for /etc/machine-id");
-        return ExitCode::from(1);
+        return Err(std::io::Error::last_os_error());
     }
     let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
-    // A root whose /etc is not the sandbox's own (the `host` template's,
-    // bound read-only) keeps the machine id it shows.
     match std::fs::write("/etc/machine-id", format!("{hex}\n")) {
-        Ok(()) => ExitCode::SUCCESS,
         Err(e)
             if matches!(
                 e.kind(),
@@ -187,12 +196,9 @@ fn refresh_identity(hostname: &str) -> ExitCode {
                     | std::io::ErrorKind::NotFound
             ) =>
         {
-            ExitCode::SUCCESS
+            Ok(())
         }
-        Err(e) => {
-            eprintln!("brig-agent: cannot write /etc/machine-id: {e}");
-            ExitCode::from(1)
-        }
+        r => r,
     }
 }
 

@@ -629,3 +629,48 @@ pub fn set_hostname(name: &str) -> io::Result<()> {
     // SAFETY: a pointer and length to bytes that outlive the call.
     check(unsafe { libc::sethostname(name.as_ptr().cast(), name.len()) }).map(drop)
 }
+
+/// Mix `bytes` into the kernel's entropy pool, credited, then force its
+/// random generator to reseed from the pool (`RNDADDENTROPY`,
+/// `RNDRESEEDCRNG`): a guest restored from a snapshot stops producing its
+/// parent's random numbers. Needs CAP_SYS_ADMIN.
+pub fn add_entropy_and_reseed(bytes: &[u8; 32]) -> io::Result<()> {
+    const RNDADDENTROPY: libc::c_ulong = 0x4008_5203;
+    const RNDRESEEDCRNG: libc::c_ulong = 0x5207;
+    /// `struct rand_pool_info` with its buffer.
+    #[repr(C)]
+    struct PoolInfo {
+        entropy_count: libc::c_int,
+        buf_size: libc::c_int,
+        buf: [u8; 32],
+    }
+    let info = PoolInfo {
+        entropy_count: 256,
+        buf_size: 32,
+        buf: *bytes,
+    };
+    let random = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/urandom")?;
+    // SAFETY: ioctls on a descriptor we hold, with a struct that outlives
+    // the call (the first) and no argument (the second).
+    unsafe {
+        check(libc::ioctl(
+            random.as_raw_fd(),
+            RNDADDENTROPY,
+            &info as *const PoolInfo,
+        ))?;
+        check(libc::ioctl(random.as_raw_fd(), RNDRESEEDCRNG))?;
+    }
+    Ok(())
+}
+
+/// Set the wall clock to `ns` since the Unix epoch.
+pub fn set_realtime(ns: u64) -> io::Result<()> {
+    let ts = libc::timespec {
+        tv_sec: (ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (ns % 1_000_000_000) as libc::c_long,
+    };
+    // SAFETY: a timespec that outlives the call.
+    check(unsafe { libc::clock_settime(libc::CLOCK_REALTIME, &ts) }).map(drop)
+}

@@ -212,6 +212,26 @@ fn cmdline_value(key: &str) -> Option<String> {
     })
 }
 
+/// A restored guest's own identity (`brig_protocol::serial`'s `Renew`):
+/// the host's clock, fresh randomness, its host name and a new machine
+/// id. What fails is said on the console; the rest is still done.
+fn renew(r: &serial::Renewal) {
+    let steps: [(&str, io::Result<()>); 4] = [
+        ("set the clock", sys::set_realtime(r.time_ns)),
+        (
+            "reseed the kernel's random generator",
+            sys::add_entropy_and_reseed(&r.entropy),
+        ),
+        ("set the host name", sys::set_hostname(&r.hostname)),
+        ("write a new /etc/machine-id", crate::write_machine_id()),
+    ];
+    for (what, done) in steps {
+        if let Err(e) = done {
+            eprintln!("brig-agent (vm init): cannot {what} after a restore: {e}");
+        }
+    }
+}
+
 /// Joins the host's connection (packets on the port) to the agent's socket.
 /// One host connection at a time: a `Hello` replaces the current one,
 /// exactly as a new connection to a listening agent does.
@@ -273,7 +293,13 @@ impl Relay {
                 }
             }
             Packet::Close => self.end_current(),
-            Packet::Ready(_) => {}
+            Packet::Renew(r) => {
+                renew(&r);
+                let mut out = Vec::new();
+                Packet::Renewed(r.nonce).encode_into(&mut out);
+                let _ = lock(&self.writer).write_all(&out);
+            }
+            Packet::Ready(_) | Packet::Renewed(_) => {}
         }
     }
 

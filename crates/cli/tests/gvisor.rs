@@ -779,36 +779,6 @@ fn an_e2b_gvisor_sandbox_survives_a_daemon_restart() {
     assert_nothing_left(&id);
 }
 
-/// A counter and a random token held in a shell's memory (variables),
-/// written out each tick as "N TOKEN PID"; SIGUSR1 draws a new token.
-const COUNTER: &str = "new() { tok=$(od -An -N8 -tx8 /dev/urandom | tr -d ' '); }; new; \
-                       trap new USR1; n=0; \
-                       while :; do n=$((n+1)); echo \"$n $tok $$\" > /tmp/counter.new; \
-                       mv /tmp/counter.new /tmp/counter; sleep 0.05; done";
-
-/// The counter of sandbox `id` goes on (two reads 300 ms apart): its
-/// count then and its token.
-fn counting(daemon: &Daemon, id: &str) -> (u64, String) {
-    let read = || -> (u64, String, String) {
-        let out = ok(
-            daemon.brig(&["exec", id, "--", "cat", "/tmp/counter"]),
-            "read the counter",
-        );
-        let mut it = out.split_whitespace();
-        (
-            it.next().unwrap().parse().unwrap(),
-            it.next().unwrap().into(),
-            it.next().unwrap().into(),
-        )
-    };
-    let (a, tok, _) = read();
-    std::thread::sleep(Duration::from_millis(300));
-    let (b, tok2, _) = read();
-    assert!(b > a, "{id}: the counter goes on: {a} then {b}");
-    assert_eq!(tok, tok2, "{id}");
-    (b, tok)
-}
-
 /// Memory snapshots of a gvisor sandbox through the CLI: `snapshot
 /// create` keeps its processes and memory, `create --from-snapshot` and
 /// `fork` restore them (each copy with its own host name and machine id,
@@ -833,102 +803,7 @@ fn memory_snapshots_restores_and_forks_of_a_gvisor_sandbox() {
         "none",
     ]);
     let parent = parent.trim().to_string();
-    brig(&["exec", &parent, "--background", "--", "sh", "-c", COUNTER]);
-    assert!(
-        eventually(Duration::from_secs(10), || daemon
-            .brig(&["exec", &parent, "--", "cat", "/tmp/counter"])
-            .status
-            .success()),
-        "the counter did not start"
-    );
-    brig(&[
-        "exec",
-        &parent,
-        "--",
-        "sh",
-        "-c",
-        "echo parent > /root/file",
-    ]);
-    let (before, token) = counting(&daemon, &parent);
-
-    let snap = brig(&["snapshot", "create", &parent, "--name", "warm"]);
-    let snap = snap.trim().to_string();
-    let listed: Value =
-        serde_json::from_str(&brig(&["snapshot", "ls", "--json", "--sandbox", &parent])).unwrap();
-    assert_eq!(listed[0]["id"], snap.as_str(), "{listed}");
-    assert_eq!(listed[0]["memory"], true, "{listed}");
-    let checkpoint = home.path().join("checkpoints").join(&snap);
-    assert!(checkpoint.is_dir(), "its checkpoint is kept");
-    // The parent runs on, its memory intact, reachable as before.
-    let (_, tok) = counting(&daemon, &parent);
-    assert_eq!(tok, token);
-
-    let child = brig(&["create", "--from-snapshot", "warm"]);
-    let child = child.trim().to_string();
-    let forks = brig(&["fork", &parent, "-n", "2"]);
-    let forks: Vec<String> = forks.lines().map(String::from).collect();
-    assert_eq!(forks.len(), 2, "{forks:?}");
-    let copies: Vec<&String> = std::iter::once(&child).chain(&forks).collect();
-    let mut machine_ids = Vec::new();
-    for id in &copies {
-        let (n, tok) = counting(&daemon, id);
-        assert!(n >= before, "{id}: restored where it was");
-        assert_eq!(tok, token, "{id}: the parent's memory");
-        assert_eq!(brig(&["exec", id, "--", "hostname"]).trim(), id.as_str());
-        assert_eq!(brig(&["exec", id, "--", "cat", "/root/file"]), "parent\n");
-        machine_ids.push(brig(&["exec", id, "--", "cat", "/etc/machine-id"]));
-        let clock: u64 = brig(&["exec", id, "--", "date", "+%s"])
-            .trim()
-            .parse()
-            .unwrap();
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_secs();
-        assert!(clock.abs_diff(now) <= 5, "{id}: clock {clock}, host {now}");
-    }
-    machine_ids.sort();
-    machine_ids.dedup();
-    assert_eq!(machine_ids.len(), 3, "each copy its own machine id");
-    // A fork's checkpoint is gone once its forks run.
-    let kept: Vec<_> = std::fs::read_dir(home.path().join("checkpoints"))
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name())
-        .collect();
-    assert_eq!(kept, vec![std::ffi::OsString::from(&snap)]);
-
-    // A write in one fork, to a file and to memory, is its own.
-    let pid = brig(&["exec", &forks[0], "--", "cat", "/tmp/counter"]);
-    let pid = pid.split_whitespace().nth(2).unwrap().to_string();
-    brig(&[
-        "exec",
-        &forks[0],
-        "--",
-        "sh",
-        "-c",
-        &format!("echo fork0 > /root/file; kill -USR1 {pid}"),
-    ]);
-    std::thread::sleep(Duration::from_millis(300));
-    assert_ne!(counting(&daemon, &forks[0]).1, token);
-    for id in [&forks[1], &child, &parent] {
-        assert_eq!(counting(&daemon, id).1, token, "{id}");
-        assert_eq!(brig(&["exec", id, "--", "cat", "/root/file"]), "parent\n");
-    }
-
-    // Deleting the snapshot leaves the sandboxes restored from it running.
-    brig(&["snapshot", "rm", "warm"]);
-    assert!(!checkpoint.exists(), "its checkpoint is gone");
-    counting(&daemon, &child);
-    let gone = daemon.brig(&["create", "--from-snapshot", "warm"]);
-    assert!(!gone.status.success());
-
-    // Restored sandboxes outlive the daemon like any other.
-    daemon.kill9();
-    let daemon = Daemon::start(home.path());
-    for id in &copies {
-        counting(&daemon, id);
-    }
+    let (daemon, copies) = support::memory_snapshots_through_the_cli(daemon, home.path(), &parent);
 
     // A sandbox with a network: refused, saying what to do.
     let networked = ok(

@@ -588,7 +588,9 @@ fn brig_run_runs_one_command_in_a_guest() {
 /// The official E2B Python SDK on a vm sandbox (tests/e2b/tier_sdk.py, as
 /// gvisor.rs runs it on gvisor): picked with the metadata key
 /// `brig.isolation`, created without internet access; commands, files, a
-/// background command, the guest's own kernel; nothing left after its kill.
+/// background command, the guest's own kernel; a memory snapshot
+/// (`create_snapshot`, `Sandbox.create(snapshot_id)`: a process runs on
+/// with its memory; the parent too); nothing left after its kill.
 #[test]
 fn e2b_clients_pick_vm_with_a_metadata_key() {
     let Some(template) = ready() else { return };
@@ -605,7 +607,7 @@ fn e2b_clients_pick_vm_with_a_metadata_key() {
             "none",
         ],
     );
-    let Some(stdout) = daemon.run_tier_sdk(&template, "vm", 13) else {
+    let Some(stdout) = daemon.run_tier_sdk(&template, "vm", 21) else {
         return;
     };
     let id = stdout
@@ -613,4 +615,29 @@ fn e2b_clients_pick_vm_with_a_metadata_key() {
         .find_map(|l| l.strip_prefix("sandbox "))
         .expect("the script names its sandbox");
     assert_nothing_left(id);
+}
+
+/// Memory snapshots of a vm sandbox through the CLI: `snapshot create`
+/// keeps the machine (its processes, memory and disk), `create
+/// --from-snapshot` and `fork` restore it (each copy with its own host
+/// name, machine id, random numbers and the host's clock; its files and
+/// memory its own from then on), the parent runs on; restored guests
+/// survive a `kill -9` of the daemon; a deleted snapshot leaves the
+/// sandboxes restored from it running and its files gone; nothing is left
+/// after.
+#[test]
+fn memory_snapshots_restores_and_forks_of_a_vm_sandbox() {
+    let Some(template) = ready() else { return };
+    let home = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start(home.path());
+    let parent = create(&daemon, &template, &["--memory", "256M"]);
+    let (daemon, copies) = support::memory_snapshots_through_the_cli(daemon, home.path(), &parent);
+    drop(daemon);
+    for id in copies.iter().map(|s| s.as_str()).chain([parent.as_str()]) {
+        assert_nothing_left(id);
+    }
+    let left: Vec<_> = std::fs::read_dir(home.path().join("checkpoints"))
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "checkpoints left: {left:?}");
 }

@@ -421,13 +421,14 @@ pub trait Instance: Send + Sync + fmt::Debug {
     }
     /// Write the sandbox's memory, processes and files to `image` (an empty
     /// directory) for [`Tier::restore`], and leave it running as it was
-    /// (paused if it was). Its agent lets go of every host connection for
-    /// the checkpoint: the caller connects again after. Tiers that cannot
+    /// (paused if it was). Its agent may let go of every host connection
+    /// for the checkpoint (gvisor's does; a vm guest's connection
+    /// survives): the caller connects again after. Tiers that cannot
     /// say `Unsupported` (see [`Tier::checkpoints`]).
     fn checkpoint(&self, image: &Path) -> Result<(), TierError> {
         let _ = image;
         Err(TierError::Invalid(
-            "this sandbox's tier cannot checkpoint memory and processes (the gvisor tier can)"
+            "this sandbox's tier cannot checkpoint memory and processes (the gvisor and vm tiers can)"
                 .into(),
         ))
     }

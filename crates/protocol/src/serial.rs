@@ -18,6 +18,16 @@
 //! | [`Packet::Ready`] | the same nonce | guest | the agent listens; what follows is this connection's |
 //! | [`Packet::Data`] | bytes | both | the agent protocol's bytes, in order |
 //! | [`Packet::Close`] | none | both | this connection ended |
+//! | [`Packet::Renew`] | nonce, host time, entropy, host name | host | a restored guest's new identity (below); answer `Renewed` |
+//! | [`Packet::Renewed`] | the same nonce | guest | done |
+//!
+//! A guest restored from a memory snapshot comes back as its parent was:
+//! its host name, machine id, kernel random state and clock. `Renew`
+//! gives it its own: the host's time (ns since the epoch) for its clock,
+//! 32 random bytes the guest mixes into its kernel's pool before forcing
+//! a reseed, and its host name (the guest writes a new machine id too).
+//! It belongs to no connection: the host sends it on a line of its own,
+//! the current connection (if any) is left alone.
 //!
 //! The host discards everything before the `Ready` carrying its own nonce
 //! (output meant for a predecessor), and the guest hands what came before
@@ -40,6 +50,19 @@ const HELLO: u8 = 1;
 const READY: u8 = 2;
 const DATA: u8 = 3;
 const CLOSE: u8 = 4;
+const RENEW: u8 = 5;
+const RENEWED: u8 = 6;
+
+/// A restored guest's identity ([`Packet::Renew`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Renewal {
+    pub nonce: u64,
+    /// The host's clock: nanoseconds since the Unix epoch.
+    pub time_ns: u64,
+    /// Host randomness for the guest kernel's pool.
+    pub entropy: [u8; 32],
+    pub hostname: String,
+}
 
 /// One packet on the line.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -48,6 +71,8 @@ pub enum Packet {
     Ready(u64),
     Data(Vec<u8>),
     Close,
+    Renew(Renewal),
+    Renewed(u64),
 }
 
 impl Packet {
@@ -58,6 +83,15 @@ impl Packet {
             Packet::Ready(n) => encode(READY, &n.to_le_bytes(), out),
             Packet::Data(d) => encode(DATA, d, out),
             Packet::Close => encode(CLOSE, &[], out),
+            Packet::Renew(r) => {
+                let mut p = Vec::with_capacity(48 + r.hostname.len());
+                p.extend_from_slice(&r.nonce.to_le_bytes());
+                p.extend_from_slice(&r.time_ns.to_le_bytes());
+                p.extend_from_slice(&r.entropy);
+                p.extend_from_slice(r.hostname.as_bytes());
+                encode(RENEW, &p, out)
+            }
+            Packet::Renewed(n) => encode(RENEWED, &n.to_le_bytes(), out),
         }
     }
 
@@ -69,6 +103,13 @@ impl Packet {
             READY => Some(Packet::Ready(nonce()?)),
             DATA => Some(Packet::Data(payload.to_vec())),
             CLOSE if payload.is_empty() => Some(Packet::Close),
+            RENEW if payload.len() >= 48 => Some(Packet::Renew(Renewal {
+                nonce: u64::from_le_bytes(payload[..8].try_into().ok()?),
+                time_ns: u64::from_le_bytes(payload[8..16].try_into().ok()?),
+                entropy: payload[16..48].try_into().ok()?,
+                hostname: String::from_utf8(payload[48..].to_vec()).ok()?,
+            })),
+            RENEWED => Some(Packet::Renewed(nonce()?)),
             _ => None,
         }
     }
@@ -168,6 +209,13 @@ mod tests {
             Packet::Ready(7),
             Packet::Data((0..=255).collect()),
             Packet::Close,
+            Packet::Renew(Renewal {
+                nonce: 9,
+                time_ns: 0xC0C0_DBDB,
+                entropy: [END; 32],
+                hostname: "sbx-1".into(),
+            }),
+            Packet::Renewed(9),
         ];
         let mut wire = Vec::new();
         for p in &packets {

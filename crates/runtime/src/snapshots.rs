@@ -17,7 +17,7 @@
 //! settings; the snapshot is removed once no sandbox runs on it.
 //!
 //! What a snapshot keeps is the tier's to say ([`Tier::checkpoints`]): on
-//! a tier that checkpoints memory (gvisor), a snapshot is the sandbox's
+//! a tier that checkpoints memory (gvisor, vm), a snapshot is the sandbox's
 //! checkpoint ([`Instance::checkpoint`]: its processes, memory and files)
 //! in `$BRIG_HOME/checkpoints/<snapshot id>` (its record's image is
 //! `checkpoint:<snapshot id>`), and a create naming it restores it
@@ -670,8 +670,10 @@ impl ManagerError {
     }
 }
 
-/// Bytes of the files under `dir`.
+/// Bytes the files under `dir` take on disk (a vm checkpoint's disk is
+/// sparse: its size says nothing of what it holds).
 fn tree_size(dir: &std::path::Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
     let Ok(entries) = std::fs::read_dir(dir) else {
         return 0;
     };
@@ -679,7 +681,7 @@ fn tree_size(dir: &std::path::Path) -> u64 {
         .flatten()
         .map(|e| match e.file_type() {
             Ok(t) if t.is_dir() => tree_size(&e.path()),
-            Ok(t) if t.is_file() => e.metadata().map_or(0, |m| m.len()),
+            Ok(t) if t.is_file() => e.metadata().map_or(0, |m| m.blocks() * 512),
             _ => 0,
         })
         .sum()

@@ -150,6 +150,60 @@ pub fn writable(path: &Path, size: u64) -> Result<(), DiskError> {
     mkfs(path, None, size.max(MIN_DISK))
 }
 
+/// Copy the disk `from` to a new file `to`, holes kept: only the blocks
+/// written are read and written (a snapshot's disk, a restore's).
+pub fn copy_sparse(from: &Path, to: &Path) -> Result<(), DiskError> {
+    use std::os::fd::AsRawFd;
+    let src = fs::File::open(from).map_err(io_err("open", from))?;
+    let len = src.metadata().map_err(io_err("read", from))?.len();
+    let dst = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(to)
+        .map_err(io_err("create", to))?;
+    dst.set_len(len).map_err(io_err("size", to))?;
+    let mut at: i64 = 0;
+    while (at as u64) < len {
+        // SAFETY: lseek on a descriptor we hold.
+        let data = unsafe { libc::lseek(src.as_raw_fd(), at, libc::SEEK_DATA) };
+        if data < 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::ENXIO) {
+                break; // holes to the end
+            }
+            return Err(io_err("read", from)(e));
+        }
+        // SAFETY: as above.
+        let hole = unsafe { libc::lseek(src.as_raw_fd(), data, libc::SEEK_HOLE) };
+        if hole < 0 {
+            return Err(io_err("read", from)(io::Error::last_os_error()));
+        }
+        let (mut off_in, mut off_out) = (data, data);
+        while off_in < hole {
+            // SAFETY: copy_file_range between descriptors we hold, with
+            // offsets it advances.
+            let n = unsafe {
+                libc::copy_file_range(
+                    src.as_raw_fd(),
+                    &mut off_in,
+                    dst.as_raw_fd(),
+                    &mut off_out,
+                    (hole - off_in) as usize,
+                    0,
+                )
+            };
+            if n < 0 {
+                return Err(io_err("copy to", to)(io::Error::last_os_error()));
+            }
+            if n == 0 {
+                break;
+            }
+        }
+        at = hole;
+    }
+    Ok(())
+}
+
 fn cstr(p: &Path) -> CString {
     CString::new(p.as_os_str().as_bytes()).unwrap_or_default()
 }
@@ -188,6 +242,26 @@ fn unmount(at: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sparse_copy_keeps_the_data_and_the_holes() {
+        use std::os::unix::fs::FileExt;
+        let dir = tempfile::tempdir().unwrap();
+        let (from, to) = (dir.path().join("a"), dir.path().join("b"));
+        let f = fs::File::create(&from).unwrap();
+        f.set_len(64 << 20).unwrap();
+        f.write_all_at(b"head", 0).unwrap();
+        f.write_all_at(&[7u8; 8192], 32 << 20).unwrap();
+        f.write_all_at(b"tail", (64 << 20) - 4).unwrap();
+        drop(f);
+        copy_sparse(&from, &to).unwrap();
+        let (a, b) = (fs::read(&from).unwrap(), fs::read(&to).unwrap());
+        assert!(a == b, "the same bytes");
+        let blocks = fs::metadata(&to).unwrap().blocks() * 512;
+        assert!(blocks < 1 << 20, "holes kept: {blocks} bytes allocated");
+        // Never over an existing file.
+        assert!(copy_sparse(&from, &to).is_err());
+    }
 
     #[test]
     fn the_host_template_is_refused_with_a_reason() {

@@ -28,7 +28,21 @@
 //! /run/brig/vm/<id>/qmp.sock        QEMU's control socket
 //! /run/brig/vm/<id>/console.log     the guest's console; qemu.log (its stderr), qemu.pid
 //! /sys/fs/cgroup/.../brig-vm/<id>   QEMU's cgroups
+//! <checkpoint>/memory               a memory snapshot (the runtime's
+//!                                   $BRIG_HOME/checkpoints/<snap>/image/):
+//!                                   the machine's state and RAM as QEMU
+//!                                   migrates them; disk.ext4, the writable
+//!                                   disk then (sparse); machine.json, its
+//!                                   RAM, vCPUs and template image
 //! ```
+//!
+//! A memory snapshot ([`brig_core::Instance::checkpoint`]) stops the
+//! machine, migrates it to a file through a descriptor passed over QMP,
+//! copies its disk and lets it run on; a restore
+//! ([`brig_core::Tier::restore`]) starts QEMU waiting for that state
+//! (`-incoming defer`), loads it, runs it, and gives the guest its own
+//! identity over its line (`brig_protocol::serial`'s `Renew`: clock,
+//! kernel entropy, host name, machine id). See `tier.rs`.
 //!
 //! A guest outlives the daemon: QEMU is detached, parented by nobody brig
 //! runs, and a later daemon finds it by its directory
@@ -38,9 +52,11 @@
 //! Under TCG (hosts without hardware virtualization, these machines) a
 //! guest boots in seconds; with KVM in a fraction of one. What is not here
 //! yet: networking (a guest has no NIC: the tier refuses a network
-//! attachment), memory snapshots, restore and fork, a terminal for `brig
-//! run --isolation vm` (`oneshot.rs`: a command on the caller's stdio),
-//! live memory changes.
+//! attachment), copy-on-write sharing of a snapshot's memory between the
+//! sandboxes restored from it (QEMU 7.2 opens a file-backed RAM
+//! read-write even when mapped private: each restore loads its own copy),
+//! a terminal for `brig run --isolation vm` (`oneshot.rs`: a command on
+//! the caller's stdio), live memory changes.
 
 pub mod cgroup;
 pub mod disk;

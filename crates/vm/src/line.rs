@@ -48,29 +48,82 @@ pub struct Connected {
 /// `timeout` for the guest to answer (a guest still booting answers when
 /// its agent is up).
 pub fn connect(socket: &Path, timeout: Duration) -> Result<Connected, LineError> {
-    let line = UnixStream::connect(socket).map_err(|source| LineError::Dial {
+    let line = dial(socket)?;
+    let nonce: u64 = rand::random();
+    let (unstuffer, after) =
+        exchange(&line, &Packet::Hello(nonce), &Packet::Ready(nonce), timeout)?;
+    let (ours, theirs) = UnixStream::pair()?;
+    let (line_in, ours_out) = (line.try_clone()?, ours.try_clone()?);
+    thread::Builder::new()
+        .name("vm-line-in".into())
+        .spawn(move || from_guest(line_in, ours_out, unstuffer, after))?;
+    let line_out = line.try_clone()?;
+    thread::Builder::new()
+        .name("vm-line-out".into())
+        .spawn(move || to_guest(ours, line_out))?;
+    Ok(Connected {
+        stream: theirs,
+        line,
+    })
+}
+
+/// Give a guest restored from a memory snapshot its own identity
+/// (`brig_protocol::serial`'s `Renew`: the host's clock, 32 random bytes,
+/// `hostname`) on a line of its own, and wait up to `timeout` for it to
+/// say it is done.
+pub fn renew(socket: &Path, hostname: &str, timeout: Duration) -> Result<(), LineError> {
+    let line = dial(socket)?;
+    let nonce: u64 = rand::random();
+    let time_ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let renewal = serial::Renewal {
+        nonce,
+        time_ns,
+        entropy: rand::random(),
+        hostname: hostname.to_owned(),
+    };
+    exchange(
+        &line,
+        &Packet::Renew(renewal),
+        &Packet::Renewed(nonce),
+        timeout,
+    )?;
+    let _ = line.shutdown(Shutdown::Both);
+    Ok(())
+}
+
+fn dial(socket: &Path) -> Result<UnixStream, LineError> {
+    UnixStream::connect(socket).map_err(|source| LineError::Dial {
         path: socket.display().to_string(),
         source,
-    })?;
-    let nonce: u64 = rand::random();
-    let mut hello = Vec::new();
-    Packet::Hello(nonce).encode_into(&mut hello);
-    (&line).write_all(&hello)?;
+    })
+}
 
-    // Until the guest's Ready: earlier bytes are output meant for a
-    // predecessor, or the tail of one's packets.
+/// Send `ask`, then drop everything until `answer`: earlier bytes are
+/// output meant for a predecessor, or the tail of one's packets. Returns
+/// the reader's state and the packets that came after the answer.
+fn exchange(
+    line: &UnixStream,
+    ask: &Packet,
+    answer: &Packet,
+    timeout: Duration,
+) -> Result<(Unstuffer, Vec<Packet>), LineError> {
+    let mut out = Vec::new();
+    ask.encode_into(&mut out);
+    (&*line).write_all(&out)?;
     let deadline = Instant::now() + timeout;
     let mut unstuffer = Unstuffer::new();
     let mut buf = vec![0u8; 64 * 1024];
     let mut after: Vec<Packet> = Vec::new();
-    let mut ready = false;
-    while !ready {
+    let mut answered = false;
+    while !answered {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(LineError::Timeout(timeout));
         }
         line.set_read_timeout(Some(left))?;
-        let n = match (&line).read(&mut buf) {
+        let n = match (&*line).read(&mut buf) {
             Ok(0) => return Err(LineError::Closed),
             Ok(n) => n,
             Err(e)
@@ -85,28 +138,15 @@ pub fn connect(socket: &Path, timeout: Duration) -> Result<Connected, LineError>
             Err(e) => return Err(e.into()),
         };
         unstuffer.feed(&buf[..n], |p| {
-            if ready {
+            if answered {
                 after.push(p);
-            } else if p == Packet::Ready(nonce) {
-                ready = true;
+            } else if &p == answer {
+                answered = true;
             }
         });
     }
     line.set_read_timeout(None)?;
-
-    let (ours, theirs) = UnixStream::pair()?;
-    let (line_in, ours_out) = (line.try_clone()?, ours.try_clone()?);
-    thread::Builder::new()
-        .name("vm-line-in".into())
-        .spawn(move || from_guest(line_in, ours_out, unstuffer, after))?;
-    let line_out = line.try_clone()?;
-    thread::Builder::new()
-        .name("vm-line-out".into())
-        .spawn(move || to_guest(ours, line_out))?;
-    Ok(Connected {
-        stream: theirs,
-        line,
-    })
+    Ok((unstuffer, after))
 }
 
 /// The guest's packets to the runtime's stream, until either ends.
@@ -198,7 +238,7 @@ mod tests {
                         Packet::Data(d.to_ascii_uppercase()).encode_into(&mut replies)
                     }
                     Packet::Close => closed = true,
-                    Packet::Ready(_) => {}
+                    _ => {}
                 });
                 (&s).write_all(&replies).unwrap();
             }
@@ -214,6 +254,42 @@ mod tests {
         );
         drop(c.stream);
         assert!(guest.join().unwrap(), "the guest heard Close");
+    }
+
+    /// A renewal goes out whole on a line of its own, and returns on the
+    /// guest's `Renewed` with its nonce (a stale one is not enough).
+    #[test]
+    fn a_renewal_waits_for_the_guest_to_say_it_is_done() {
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("agent.sock");
+        let listener = UnixListener::bind(&sock).unwrap();
+        let guest = thread::spawn(move || {
+            let (s, _) = listener.accept().unwrap();
+            let mut u = Unstuffer::new();
+            let mut buf = [0u8; 4096];
+            let mut got = None;
+            while got.is_none() {
+                let n = (&s).read(&mut buf).unwrap();
+                u.feed(&buf[..n], |p| {
+                    if let Packet::Renew(r) = p {
+                        got = Some(r);
+                    }
+                });
+            }
+            let r = got.unwrap();
+            let mut out = Vec::new();
+            Packet::Renewed(r.nonce.wrapping_add(1)).encode_into(&mut out);
+            Packet::Renewed(r.nonce).encode_into(&mut out);
+            (&s).write_all(&out).unwrap();
+            r
+        });
+        let before = std::time::SystemTime::now();
+        renew(&sock, "sbx-1", Duration::from_secs(10)).unwrap();
+        let r = guest.join().unwrap();
+        assert_eq!(r.hostname, "sbx-1");
+        let sent = std::time::UNIX_EPOCH + Duration::from_nanos(r.time_ns);
+        assert!(sent >= before - Duration::from_secs(1), "the host's clock");
+        assert_ne!(r.entropy, [0u8; 32]);
     }
 
     #[test]

@@ -75,6 +75,9 @@ pub struct Machine<'a> {
     /// The sandbox's directory: QEMU's sockets, console and pid file.
     pub dir: &'a Path,
     pub hostname: &'a str,
+    /// Start paused, waiting for a saved machine's state
+    /// (`migrate-incoming` over QMP) instead of booting.
+    pub incoming: bool,
 }
 
 /// The kernel's command line: the console on the first serial port (kept
@@ -165,6 +168,10 @@ pub fn args(m: &Machine) -> Vec<OsString> {
         "-pidfile".into(),
         dir("qemu.pid"),
     ]);
+    if m.incoming {
+        // Stays paused once the state is in, until brig says `cont`.
+        a.extend(["-incoming".into(), "defer".into(), "-S".into()]);
+    }
     a.into_iter().map(OsString::from).collect()
 }
 
@@ -187,6 +194,7 @@ mod tests {
             disk: &dir.join("disk.ext4"),
             dir: &dir,
             hostname: "x",
+            incoming: false,
         };
         let a: Vec<String> = args(&m)
             .into_iter()

@@ -20,6 +20,14 @@
 //!    guest's agent answers on its line (`line.rs`): the kernel booted,
 //!    loaded its modules, mounted the root and started the agent.
 //!
+//! A restore ([`VmTier::restore`]) is a launch whose disk is a copy of the
+//! checkpoint's, whose machine (RAM, vCPUs) is the saved one, and whose
+//! QEMU waits for the saved state (`-incoming defer -S`) instead of
+//! booting: step 5 loads it through a descriptor, runs it and renews the
+//! guest's identity (`VmInstance::load`). A checkpoint
+//! ([`VmInstance::checkpoint`]): stop, migrate to a file through a
+//! descriptor, copy the disk, cont (`VmInstance::save`).
+//!
 //! Ending one ([`VmInstance::kill`], then `wait`): SIGKILL to QEMU (the
 //! guest, its memory and its devices go with it), then its groups and its
 //! directory (sockets, disk, logs).
@@ -36,8 +44,8 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use brig_core::{
-    Ended, Instance, Isolation, Launch, Limits, NetworkAttachment, SandboxId, Tier, TierError,
-    Usage,
+    Checkpoints, Ended, Instance, Isolation, Launch, Limits, NetworkAttachment, SandboxId, Tier,
+    TierError, Usage,
 };
 use brig_host::Hierarchy;
 
@@ -343,7 +351,13 @@ impl VmTier {
         Ok(uid)
     }
 
-    fn start(&self, launch: &Launch, dir: &Path, uid: u32) -> Result<VmInstance, TierError> {
+    fn start(
+        &self,
+        launch: &Launch,
+        dir: &Path,
+        uid: u32,
+        from: Option<&Saved>,
+    ) -> Result<VmInstance, TierError> {
         let id = &launch.id;
         let io = |op: &'static str| move |e: std::io::Error| TierError::failed(id, op, e);
         if !matches!(launch.network, NetworkAttachment::Loopback) {
@@ -353,7 +367,8 @@ impl VmTier {
                 reason: "the vm tier has no network yet: create it with network none".into(),
             });
         }
-        let memory = launch.limits.memory.bytes();
+        // A restored machine is the saved one: its RAM and vCPUs.
+        let memory = from.map_or(launch.limits.memory.bytes(), |s| s.memory_mib << 20);
         if memory < MIN_MEMORY {
             return Err(TierError::Invalid(format!(
                 "a vm sandbox needs at least {} MiB of memory (its kernel's and the agent's)",
@@ -376,15 +391,31 @@ impl VmTier {
             .mode(0o700)
             .create(&self.disks)
             .map_err(io("create the disks' directory"))?;
-        disk::writable(&writable, launch.limits.disk.bytes())
-            .map_err(|e| TierError::failed(id, "make its writable disk", e))?;
+        if let Some(saved) = from {
+            if image.file_name() != Some(saved.image.as_os_str()) {
+                return Err(TierError::Invalid(format!(
+                    "snapshot cannot be restored: its template's disk image changed since it \
+                     was taken (it ran on {}, the template is now {}); take a new snapshot",
+                    saved.image.display(),
+                    image.display()
+                )));
+            }
+            disk::copy_sparse(&saved.dir.join(SAVED_DISK), &writable)
+                .map_err(|e| TierError::failed(id, "copy its snapshot's disk", e))?;
+        } else {
+            disk::writable(&writable, launch.limits.disk.bytes())
+                .map_err(|e| TierError::failed(id, "make its writable disk", e))?;
+        }
         // QEMU owns its directory and what it writes there, nothing else.
         for p in [dir, writable.as_path()] {
             std::os::unix::fs::chown(p, Some(uid), Some(uid)).map_err(io("hand over its files"))?;
         }
 
         // 3. Its groups: the guest's memory plus QEMU's own.
-        let cpus = launch.limits.cpus.map_or(1, |c| c.ceil().max(1.0) as u32);
+        let cpus = from.map_or_else(
+            || launch.limits.cpus.map_or(1, |c| c.ceil().max(1.0) as u32),
+            |s| s.cpus,
+        );
         let groups = Groups::new(&self.hierarchy, id);
         let procs = groups
             .create(&Bounds {
@@ -430,6 +461,7 @@ impl VmTier {
             disk: Path::new("/proc/self/fd/7"),
             dir: Path::new("/proc/self/fd/6"),
             hostname: id.as_str(),
+            incoming: from.is_some(),
         };
         // What QEMU says (why it refused to start) goes to its log.
         let log = File::create(dir.join("qemu.log")).map_err(io("create its log"))?;
@@ -477,6 +509,9 @@ impl VmTier {
             .and_then(|()| fs::rename(&tmp, dir.join(STATE_FILE)))
             .map_err(io("record its state"))?;
         let instance = self.instance(id, dir, pid)?;
+        if let Some(saved) = from {
+            instance.load(saved)?;
+        }
         instance.wait_for_agent()?;
         Ok(instance)
     }
@@ -736,12 +771,13 @@ fn teardown(groups: &Groups, id: &SandboxId, dir: &Path, disk: &Path) -> Result<
     removed.map_err(|e| TierError::failed(id, "remove its directory", e))
 }
 
-impl Tier for VmTier {
-    fn isolation(&self) -> Isolation {
-        Isolation::Vm
-    }
-
-    fn launch(&self, launch: &Launch) -> Result<Box<dyn Instance>, TierError> {
+impl VmTier {
+    /// A new guest: booted, or restored `from` a checkpoint.
+    fn create(
+        &self,
+        launch: &Launch,
+        from: Option<&Saved>,
+    ) -> Result<Box<dyn Instance>, TierError> {
         if !launch.volumes.is_empty() {
             return Err(brig_core::volume::unsupported(Isolation::Vm));
         }
@@ -754,7 +790,7 @@ impl Tier for VmTier {
         }
         let started = self
             .make_dir(&launch.id, &dir)
-            .and_then(|uid| self.start(launch, &dir, uid));
+            .and_then(|uid| self.start(launch, &dir, uid, from));
         match started {
             Ok(instance) => Ok(Box::new(instance)),
             Err(e) => {
@@ -762,6 +798,75 @@ impl Tier for VmTier {
                 Err(e)
             }
         }
+    }
+}
+
+/// A checkpoint's files (in the directory the runtime gives
+/// [`Instance::checkpoint`]).
+const SAVED_MEMORY: &str = "memory";
+const SAVED_DISK: &str = "disk.ext4";
+const SAVED_MACHINE: &str = "machine.json";
+/// The most vCPUs a saved machine may name.
+const MAX_CPUS: u32 = 64;
+/// How long saving or loading a machine's state may take (TCG, a loaded
+/// host, a large guest).
+const MIGRATION_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// What a checkpoint says of its machine: a restore must be the same one.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct Saved {
+    memory_mib: u64,
+    cpus: u32,
+    /// The template's disk image's file name (in the images directory).
+    image: PathBuf,
+    #[serde(skip)]
+    dir: PathBuf,
+}
+
+impl Saved {
+    fn read(dir: &Path) -> Result<Saved, TierError> {
+        let file = dir.join(SAVED_MACHINE);
+        let bad = |why: String| {
+            TierError::Invalid(format!(
+                "{} is not a vm checkpoint ({why}): delete the snapshot and take another",
+                dir.display()
+            ))
+        };
+        let text = fs::read(&file).map_err(|e| bad(format!("{}: {e}", file.display())))?;
+        let mut saved: Saved =
+            serde_json::from_slice(&text).map_err(|e| bad(format!("{}: {e}", file.display())))?;
+        if !(1..=MAX_CPUS).contains(&saved.cpus) || (saved.memory_mib << 20) < MIN_MEMORY {
+            return Err(bad(format!(
+                "a machine of {} vCPUs and {} MiB",
+                saved.cpus, saved.memory_mib
+            )));
+        }
+        saved.dir = dir.to_path_buf();
+        Ok(saved)
+    }
+}
+
+impl Tier for VmTier {
+    fn isolation(&self) -> Isolation {
+        Isolation::Vm
+    }
+
+    fn launch(&self, launch: &Launch) -> Result<Box<dyn Instance>, TierError> {
+        self.create(launch, None)
+    }
+
+    /// A memory snapshot is the whole machine: its devices' state and RAM
+    /// as QEMU migrates them, and its writable disk.
+    fn checkpoints(&self) -> Checkpoints {
+        Checkpoints::MemoryOnLoopback
+    }
+
+    /// A new QEMU of the saved machine (its RAM and vCPUs: `launch`'s
+    /// memory limit is not used), on a copy of its disk, loads the saved
+    /// state, runs on, and is given its own identity (see `load`).
+    fn restore(&self, launch: &Launch, image: &Path) -> Result<Box<dyn Instance>, TierError> {
+        let saved = Saved::read(image)?;
+        self.create(launch, Some(&saved))
     }
 
     fn adopt(&self, id: &SandboxId) -> Result<Option<Box<dyn Instance>>, TierError> {
@@ -906,6 +1011,136 @@ impl VmInstance {
         }
     }
 
+    /// QMP, once QEMU listens (a QEMU just started may not yet).
+    fn qmp_when_up(&self) -> Result<Qmp, TierError> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            match self.qmp() {
+                Err(TierError::Failed { .. }) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                r => return r,
+            }
+        }
+    }
+
+    /// Restore (step 5 of a launch from a checkpoint): the saved state
+    /// into this QEMU (started `-incoming defer -S`) through a descriptor
+    /// (QEMU's seccomp filter forbids the `exec:` transport's fork, and
+    /// 7.2 has no `file:` one), then run, then the guest's own identity
+    /// over its line (the relay in its init answers `Renew`: the host's
+    /// clock, fresh kernel randomness, host name, machine id). Its agent
+    /// needs nothing else: the port shows no host while the old line is
+    /// gone, and the next `Hello` is a connection like any other.
+    fn load(&self, saved: &Saved) -> Result<(), TierError> {
+        let failed = |op: &'static str| {
+            let dir = self.dir.clone();
+            let id = self.id.clone();
+            move |e: &dyn std::fmt::Display| {
+                TierError::failed(
+                    &id,
+                    op,
+                    format!(
+                        "{e}; QEMU says: {}; the guest's console says: {}",
+                        tail(&dir.join("qemu.log")),
+                        tail(&dir.join("console.log"))
+                    ),
+                )
+            }
+        };
+        let memory = File::open(saved.dir.join(SAVED_MEMORY))
+            .map_err(|e| TierError::failed(&self.id, "open its snapshot's memory", e))?;
+        let mut q = self.qmp_when_up()?;
+        let load = failed("load its snapshot's memory");
+        q.pass_fd("brig-load", std::os::fd::AsFd::as_fd(&memory))
+            .and_then(|()| {
+                q.execute(
+                    "migrate-incoming",
+                    Some(serde_json::json!({ "uri": "fd:brig-load" })),
+                )
+            })
+            .and_then(|_| q.wait_for_migration(MIGRATION_TIMEOUT))
+            .map_err(|e| load(&chain(&e)))?;
+        drop(memory);
+        q.execute("cont", None)
+            .map_err(|e| failed("run the restored machine")(&chain(&e)))?;
+        drop(q);
+        line::renew(
+            &self.dir.join("agent.sock"),
+            self.id.as_str(),
+            self.boot_timeout,
+        )
+        .map_err(|e| failed("give the restored guest its identity")(&chain(&e)))
+    }
+
+    /// The machine as a restore must make it again: its RAM (its group's
+    /// limit, which brig set), its vCPUs (its command line), its
+    /// template's image (descriptor 5).
+    fn machine(&self) -> Result<Saved, TierError> {
+        let memory = self
+            .groups
+            .usage()
+            .memory_limit_bytes
+            .saturating_sub(self.overhead);
+        let cmdline = fs::read(format!("/proc/{}/cmdline", self.pid)).unwrap_or_default();
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        let cpus = args
+            .iter()
+            .position(|a| *a == b"-smp")
+            .and_then(|i| std::str::from_utf8(args.get(i + 1)?).ok()?.parse().ok());
+        let image = fs::read_link(format!("/proc/{}/fd/5", self.pid))
+            .ok()
+            .and_then(|p| p.file_name().map(PathBuf::from));
+        match (cpus, image) {
+            (Some(cpus), Some(image)) if memory > 0 => Ok(Saved {
+                memory_mib: memory >> 20,
+                cpus,
+                image,
+                dir: PathBuf::new(),
+            }),
+            _ => Err(TierError::failed(
+                &self.id,
+                "describe its machine",
+                "its QEMU's memory limit, vCPUs or template image cannot be read",
+            )),
+        }
+    }
+
+    /// The machine's state, RAM and disk into `image` (QEMU stopped; see
+    /// [`Instance::checkpoint`]).
+    fn save(&self, q: &mut Qmp, image: &Path) -> Result<(), TierError> {
+        let machine = self.machine()?;
+        let io = |op: &'static str| move |e: std::io::Error| TierError::failed(&self.id, op, e);
+        let memory = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(image.join(SAVED_MEMORY))
+            .map_err(io("create its checkpoint's memory file"))?;
+        // QEMU's default cap (32 MiB/s) is for live migration over a
+        // network; the machine is stopped and the file local.
+        q.execute(
+            "migrate-set-parameters",
+            Some(serde_json::json!({ "max-bandwidth": 1u64 << 40 })),
+        )
+        .and_then(|_| q.pass_fd("brig-save", std::os::fd::AsFd::as_fd(&memory)))
+        .and_then(|()| {
+            q.execute(
+                "migrate",
+                Some(serde_json::json!({ "uri": "fd:brig-save" })),
+            )
+        })
+        .and_then(|_| q.wait_for_migration(MIGRATION_TIMEOUT))
+        .map_err(|e| TierError::failed(&self.id, "save its memory", chain(&e)))?;
+        memory
+            .sync_all()
+            .map_err(io("write its checkpoint's memory"))?;
+        drop(memory);
+        disk::copy_sparse(&self.disk, &image.join(SAVED_DISK))
+            .map_err(|e| TierError::failed(&self.id, "copy its disk", e))?;
+        let text = serde_json::to_vec(&machine).unwrap_or_default();
+        fs::write(image.join(SAVED_MACHINE), text).map_err(io("describe its machine"))
+    }
+
     fn connect_line(&self, timeout: Duration) -> Result<UnixStream, line::LineError> {
         let mut current = lock(&self.line);
         if let Some(old) = current.take() {
@@ -959,7 +1194,7 @@ impl Instance for VmInstance {
     /// A no-op on a machine that is not paused (the runtime resumes every
     /// sandbox it adopts).
     fn resume(&self) -> Result<(), TierError> {
-        if self.status()? != "paused" {
+        if !stopped(&self.status()?) {
             return Ok(());
         }
         self.qmp()?
@@ -969,7 +1204,32 @@ impl Instance for VmInstance {
     }
 
     fn is_paused(&self) -> Result<bool, TierError> {
-        Ok(self.status()? == "paused")
+        Ok(stopped(&self.status()?))
+    }
+
+    /// QMP `stop` (unless it is paused), the machine migrated to a file
+    /// through a descriptor, its disk copied (holes kept), `cont` (unless
+    /// it was paused). The guest's agent connection survives it: nothing
+    /// in the guest noticed.
+    fn checkpoint(&self, image: &Path) -> Result<(), TierError> {
+        let mut q = self.qmp()?;
+        let running = !stopped(
+            &q.status()
+                .map_err(|e| TierError::failed(&self.id, "read the machine's state", e))?,
+        );
+        if running {
+            q.execute("stop", None)
+                .map_err(|e| TierError::failed(&self.id, "pause the machine", e))?;
+        }
+        let saved = self.save(&mut q, image);
+        if running {
+            let resumed = q
+                .execute("cont", None)
+                .map_err(|e| TierError::failed(&self.id, "resume the machine", e));
+            saved?;
+            return resumed.map(drop);
+        }
+        saved
     }
 
     fn end_all_but_agent(&self) -> Result<usize, TierError> {
@@ -1055,6 +1315,13 @@ impl Drop for VmInstance {
             let _ = Instance::wait(self);
         }
     }
+}
+
+/// A QMP status of a machine that does not run and will on `cont`:
+/// paused, or (its state saved to a checkpoint while paused) past a
+/// migration.
+fn stopped(status: &str) -> bool {
+    matches!(status, "paused" | "postmigrate")
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

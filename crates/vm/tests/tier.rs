@@ -4,6 +4,8 @@
 //! background process lives on); let go of it as a dying daemon would and
 //! adopt it from a new tier; limits refused or changed; kill and wait
 //! leave nothing on the host. One guest (a boot is seconds under TCG).
+//! And a memory checkpoint of a guest restored twice: its processes and
+//! memory in each copy, each copy its own from then on.
 //! Needs root, QEMU and the test rootfs; skips with a printed reason
 //! otherwise (fails under BRIG_TEST_STRICT=1).
 
@@ -34,7 +36,9 @@ fn static_agent() -> PathBuf {
     .join("agent-static");
     let triple = "x86_64-unknown-linux-gnu";
     let bin = target.join(triple).join("debug/brig-agent");
-    if !bin.exists() {
+    // Always (cargo is quick when nothing changed): a stale agent would
+    // be tested otherwise.
+    {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let out = Command::new(cargo)
             .current_dir(&root)
@@ -79,6 +83,22 @@ fn tier() -> Option<VmTier> {
         })
         .expect("prepare the vm tier"),
     )
+}
+
+/// A guest of the test rootfs: 256 MiB, a 64 MiB disk, no network.
+fn launch(id: &SandboxId, rootfs: &Path) -> Launch {
+    Launch {
+        id: id.clone(),
+        template: TemplateRef::Dir(rootfs.to_path_buf()),
+        limits: Limits {
+            memory: ByteSize::mib(256),
+            disk: ByteSize::mib(64),
+            ..Limits::default()
+        },
+        allow_setuid: false,
+        network: NetworkAttachment::Loopback,
+        volumes: Vec::new(),
+    }
 }
 
 fn sh(conn: &Connection, script: &str) -> (String, i32) {
@@ -136,20 +156,7 @@ fn a_guest_serves_its_agent_over_the_line_and_leaves_nothing() {
     };
     within(300, move || {
         let id = SandboxId::from_random(rand::random());
-        let inst = tier
-            .launch(&Launch {
-                id: id.clone(),
-                template: TemplateRef::Dir(rootfs),
-                limits: Limits {
-                    memory: ByteSize::mib(256),
-                    disk: ByteSize::mib(64),
-                    ..Limits::default()
-                },
-                allow_setuid: false,
-                network: NetworkAttachment::Loopback,
-                volumes: Vec::new(),
-            })
-            .expect("launch");
+        let inst = tier.launch(&launch(&id, &rootfs)).expect("launch");
         let pid = inst.pid().expect("QEMU's pid");
         assert!(tier.running().contains(&id));
         let conn = Connection::new(inst.connect_agent().unwrap()).expect("handshake");
@@ -239,4 +246,155 @@ fn a_template_of_the_host_and_a_network_are_refused() {
         .unwrap_err();
     assert!(e.to_string().contains("root file system of its own"), "{e}");
     assert!(!Path::new("/run/brig/vm").join(id.as_str()).exists());
+}
+
+/// The token and count a guest's heartbeat loop last wrote.
+fn beat(conn: &Connection) -> (String, u64) {
+    let (out, _) = sh(conn, "cat /tmp/beat");
+    let (token, n) = out.trim().split_once(' ').unwrap_or(("", ""));
+    (token.to_owned(), n.parse().unwrap_or(0))
+}
+
+/// The heartbeat rewritten by the loop itself (the file removed first, so
+/// a copy of the old one does not count): its token and a later count.
+fn beats_on(conn: &Connection, token: &str, after: u64) {
+    sh(conn, "rm -f /tmp/beat");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (t, n) = beat(conn);
+        if !t.is_empty() {
+            assert_eq!(t, token, "the loop kept its token");
+            assert!(n > after, "counting on: {n} after {after}");
+            return;
+        }
+        assert!(Instant::now() < deadline, "the loop runs no more");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn a_checkpoint_restores_twice_with_processes_memory_and_own_identities() {
+    let Some(tier) = tier() else { return };
+    let Some(rootfs) = rootfs_or_skip() else {
+        return;
+    };
+    within(600, move || {
+        let launch = |id: &SandboxId| launch(id, &rootfs);
+        let parent_id = SandboxId::from_random(rand::random());
+        let parent = tier.launch(&launch(&parent_id)).expect("launch");
+        let conn = Connection::new(parent.connect_agent().unwrap()).expect("handshake");
+        // A token held only by a shell loop's variable, written out with
+        // a count every 200 ms.
+        conn.exec(&ExecRequest {
+            argv: vec![
+                "/bin/sh".into(),
+                "-c".into(),
+                "t=$(od -An -N8 -tx1 /dev/urandom | tr -d ' \\n'); n=0; \
+                 while :; do n=$((n+1)); echo \"$t $n\" > /tmp/beat; sleep 0.2; done"
+                    .into(),
+            ],
+            background: true,
+            ..ExecRequest::default()
+        })
+        .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while beat(&conn).0.is_empty() {
+            assert!(Instant::now() < deadline, "the loop never wrote");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let image = tempfile::tempdir().unwrap();
+        parent.checkpoint(image.path()).expect("checkpoint");
+        let (token, at) = beat(&conn);
+        assert_eq!(token.len(), 16, "{token:?}");
+        for f in ["memory", "disk.ext4", "machine.json"] {
+            assert!(image.path().join(f).is_file(), "{f} in the checkpoint");
+        }
+        // The parent runs on, its connection too.
+        beats_on(&conn, &token, at);
+
+        let ids = [(); 2].map(|()| SandboxId::from_random(rand::random()));
+        let copies: Vec<_> = ids
+            .iter()
+            .map(|id| tier.restore(&launch(id), image.path()).expect("restore"))
+            .collect();
+        let conns: Vec<Connection> = copies
+            .iter()
+            .map(|c| Connection::new(c.connect_agent().unwrap()).expect("restored handshake"))
+            .collect();
+        let mut machine_ids = vec![sh(&conn, "cat /etc/machine-id").0];
+        let mut random = Vec::new();
+        for (id, c) in ids.iter().zip(&conns) {
+            beats_on(c, &token, at);
+            let (out, _) = sh(
+                c,
+                "hostname; cat /etc/machine-id; od -An -N16 -tx1 /dev/urandom | tr -d ' \\n'; \
+                 echo; date +%s",
+            );
+            let l: Vec<&str> = out.lines().collect();
+            assert_eq!(l[0], id.as_str(), "its own host name: {out}");
+            machine_ids.push(l[1].to_owned());
+            random.push(l[2].to_owned());
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_secs() as i64;
+            let guest: i64 = l[3].parse().unwrap();
+            assert!(
+                (guest - now).abs() <= 3,
+                "its clock is the host's: {guest} vs {now}"
+            );
+        }
+        machine_ids.sort();
+        machine_ids.dedup();
+        assert_eq!(machine_ids.len(), 3, "three machine ids: {machine_ids:?}");
+        assert_ne!(
+            random[0], random[1],
+            "each copy's random numbers are its own"
+        );
+
+        // They diverge: a file on the disk and one in memory (tmpfs) in
+        // the first copy are in neither the second nor the parent.
+        sh(&conns[0], "echo a > /root/only-a; echo a > /dev/shm/only-a");
+        for c in [&conns[1], &conn] {
+            let (out, _) = sh(
+                c,
+                "ls /root/only-a /dev/shm/only-a 2>&1 | grep -c 'No such'",
+            );
+            assert_eq!(out.trim(), "2", "not seen elsewhere");
+        }
+        let (out, _) = sh(&conns[0], "cat /root/only-a /dev/shm/only-a");
+        assert_eq!(out, "a\na\n");
+
+        // A paused guest's checkpoint leaves it paused; it resumes.
+        parent.pause().unwrap();
+        let again = tempfile::tempdir().unwrap();
+        parent
+            .checkpoint(again.path())
+            .expect("checkpoint while paused");
+        assert!(parent.is_paused().unwrap(), "still paused");
+        parent.resume().unwrap();
+        let conn = Connection::new(parent.connect_agent().unwrap()).expect("reconnect");
+        beats_on(&conn, &token, at);
+
+        // A restored guest is adopted like any other.
+        let pid = copies[0].pid().unwrap();
+        drop(conns);
+        copies[0].release();
+        let other = self::tier().unwrap();
+        let adopted = other.adopt(&ids[0]).unwrap().expect("adopted");
+        let c = Connection::new(adopted.connect_agent().unwrap()).expect("reconnect");
+        beats_on(&c, &token, at);
+        adopted.kill();
+        adopted.wait().unwrap();
+        assert_gone(&ids[0], pid);
+        let pids: Vec<u32> = [&parent, &copies[1]].map(|i| i.pid().unwrap()).to_vec();
+        for (inst, (id, pid)) in [&parent, &copies[1]]
+            .iter()
+            .zip([&parent_id, &ids[1]].into_iter().zip(pids))
+        {
+            inst.kill();
+            inst.wait().unwrap();
+            assert_gone(id, pid);
+        }
+    });
 }

@@ -101,8 +101,9 @@ pub enum Command {
     Tenants(tenants::TenantsArgs),
     /// Set, list and remove secrets (write-only: no command shows a value).
     Secrets(secrets::SecretsArgs),
-    /// Snapshot a sandbox's files, list and remove snapshots (start from
-    /// one with `brig create --from-snapshot`).
+    /// Snapshot a sandbox (its files; on gvisor and vm its memory too),
+    /// list and remove snapshots (start from one with `brig create
+    /// --from-snapshot`).
     Snapshot(snapshot::SnapshotArgs),
     /// Create, list and remove persistent volumes (mount one with `brig
     /// create --volume NAME:/path`).

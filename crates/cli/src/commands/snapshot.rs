@@ -15,7 +15,8 @@ pub struct SnapshotArgs {
 
 #[derive(Debug, clap::Subcommand)]
 enum SnapshotCommand {
-    /// Snapshot a sandbox's files; prints the snapshot's id.
+    /// Snapshot a sandbox (its files; on gvisor and vm its memory and
+    /// processes too); prints the snapshot's id.
     Create {
         /// The sandbox: its id, its name, or a unique start of its id.
         sandbox: String,

@@ -403,3 +403,182 @@ pub fn ok(out: Output, what: &str) -> String {
     );
     text(&out.stdout)
 }
+
+/// A counter and a random token held in a shell's memory (variables),
+/// written out each tick as "N TOKEN PID"; SIGUSR1 draws a new token.
+pub const COUNTER: &str = "new() { tok=$(od -An -N8 -tx8 /dev/urandom | tr -d ' '); }; new; \
+                       trap new USR1; n=0; \
+                       while :; do n=$((n+1)); echo \"$n $tok $$\" > /tmp/counter.new; \
+                       mv /tmp/counter.new /tmp/counter; sleep 0.05; done";
+
+/// The counter of sandbox `id` goes on (read again every 300 ms until it
+/// moved, up to 20 s): its count then and its token.
+pub fn counting(daemon: &TestDaemon, id: &str) -> (u64, String) {
+    let read = || -> (u64, String, String) {
+        let out = ok(
+            daemon.brig(&["exec", id, "--", "cat", "/tmp/counter"]),
+            "read the counter",
+        );
+        let mut it = out.split_whitespace();
+        (
+            it.next().unwrap().parse().unwrap(),
+            it.next().unwrap().into(),
+            it.next().unwrap().into(),
+        )
+    };
+    let (a, tok, _) = read();
+    // A tick is a few milliseconds on the host's kernel, hundreds under
+    // an emulated guest's on a loaded host.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        std::thread::sleep(Duration::from_millis(300));
+        let (b, tok2, _) = read();
+        assert_eq!(tok, tok2, "{id}");
+        if b > a {
+            return (b, tok);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{id}: the counter goes on: {a} then {b}"
+        );
+    }
+}
+
+/// Memory snapshots through the CLI, as every tier that keeps memory
+/// offers them, on `parent` (a running sandbox of such a tier in the
+/// daemon at `home`): a [`COUNTER`] started in it and a file written;
+/// `snapshot create` keeps its checkpoint; `create --from-snapshot` and
+/// `fork -n 2` restore it, each copy counting on with the parent's token,
+/// with its file, its own host name, machine id and random numbers and
+/// the host's clock; a fork's checkpoint is gone once its forks run; a
+/// write in one fork, to a file and to memory, is its own; `snapshot rm`
+/// removes the checkpoint and leaves the copies running; restored
+/// sandboxes outlive a `kill -9` of the daemon. Returns the daemon that
+/// adopted them, and the copies.
+pub fn memory_snapshots_through_the_cli(
+    daemon: TestDaemon,
+    home: &std::path::Path,
+    parent: &str,
+) -> (TestDaemon, Vec<String>) {
+    let brig = |args: &[&str]| ok(daemon.brig(args), &args.join(" "));
+    brig(&["exec", parent, "--background", "--", "sh", "-c", COUNTER]);
+    assert!(
+        eventually(Duration::from_secs(20), || daemon
+            .brig(&["exec", parent, "--", "cat", "/tmp/counter"])
+            .status
+            .success()),
+        "the counter did not start"
+    );
+    brig(&["exec", parent, "--", "sh", "-c", "echo parent > /root/file"]);
+    let (before, token) = counting(&daemon, parent);
+
+    let snap = brig(&["snapshot", "create", parent, "--name", "warm"]);
+    let snap = snap.trim().to_string();
+    let listed: serde_json::Value =
+        serde_json::from_str(&brig(&["snapshot", "ls", "--json", "--sandbox", parent])).unwrap();
+    assert_eq!(listed[0]["id"], snap.as_str(), "{listed}");
+    assert_eq!(listed[0]["memory"], true, "{listed}");
+    let checkpoint = home.join("checkpoints").join(&snap);
+    assert!(checkpoint.is_dir(), "its checkpoint is kept");
+    // The parent runs on, its memory intact, reachable as before.
+    assert_eq!(counting(&daemon, parent).1, token);
+
+    let child = brig(&["create", "--from-snapshot", "warm"])
+        .trim()
+        .to_string();
+    let forks: Vec<String> = brig(&["fork", parent, "-n", "2"])
+        .lines()
+        .map(String::from)
+        .collect();
+    assert_eq!(forks.len(), 2, "{forks:?}");
+    let copies: Vec<String> = std::iter::once(child.clone())
+        .chain(forks.clone())
+        .collect();
+    let (mut machine_ids, mut random) = (Vec::new(), Vec::new());
+    for id in &copies {
+        let (n, tok) = counting(&daemon, id);
+        assert!(n >= before, "{id}: restored where it was");
+        assert_eq!(tok, token, "{id}: the parent's memory");
+        assert_eq!(brig(&["exec", id, "--", "hostname"]).trim(), id.as_str());
+        assert_eq!(brig(&["exec", id, "--", "cat", "/root/file"]), "parent\n");
+        machine_ids.push(brig(&["exec", id, "--", "cat", "/etc/machine-id"]));
+        random.push(brig(&[
+            "exec",
+            id,
+            "--",
+            "od",
+            "-An",
+            "-N16",
+            "-tx1",
+            "/dev/urandom",
+        ]));
+        let clock: u64 = brig(&["exec", id, "--", "date", "+%s"])
+            .trim()
+            .parse()
+            .unwrap();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        assert!(clock.abs_diff(now) <= 5, "{id}: clock {clock}, host {now}");
+    }
+    for mut seen in [machine_ids, random] {
+        seen.sort();
+        seen.dedup();
+        assert_eq!(
+            seen.len(),
+            3,
+            "each copy its own machine id and random numbers"
+        );
+    }
+    // A fork's checkpoint is gone once its forks run.
+    let kept: Vec<_> = std::fs::read_dir(home.join("checkpoints"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(kept, vec![std::ffi::OsString::from(&snap)]);
+
+    // A write in one fork, to a file and to memory, is its own.
+    let pid = brig(&["exec", &forks[0], "--", "cat", "/tmp/counter"]);
+    let pid = pid.split_whitespace().nth(2).unwrap().to_string();
+    brig(&[
+        "exec",
+        &forks[0],
+        "--",
+        "sh",
+        "-c",
+        &format!("echo fork0 > /root/file; kill -USR1 {pid}"),
+    ]);
+    // The shell takes the signal once its `sleep` ends: a tick or two.
+    let redrawn = eventually(Duration::from_secs(20), || {
+        let out = ok(
+            daemon.brig(&["exec", &forks[0], "--", "cat", "/tmp/counter"]),
+            "read the counter",
+        );
+        out.split_whitespace().nth(1) != Some(token.as_str())
+    });
+    assert!(redrawn, "the fork's token did not change");
+    assert_ne!(counting(&daemon, &forks[0]).1, token);
+    for id in [&forks[1], &child, &parent.to_string()] {
+        assert_eq!(counting(&daemon, id).1, token, "{id}");
+        assert_eq!(brig(&["exec", id, "--", "cat", "/root/file"]), "parent\n");
+    }
+
+    // Deleting the snapshot leaves the sandboxes restored from it running.
+    brig(&["snapshot", "rm", "warm"]);
+    assert!(!checkpoint.exists(), "its checkpoint is gone");
+    counting(&daemon, &child);
+    assert!(!daemon
+        .brig(&["create", "--from-snapshot", "warm"])
+        .status
+        .success());
+
+    // Restored sandboxes outlive the daemon like any other.
+    daemon.kill9();
+    let daemon = TestDaemon::start(home);
+    for id in &copies {
+        counting(&daemon, id);
+    }
+    (daemon, copies)
+}
