@@ -1347,9 +1347,13 @@ fn open_write(st: &mut Stream, req: &WriteRequest) {
     }
     // ...as the requesting user, if one is named: the kernel decides what
     // that user may open, through whatever links the path holds.
-    let _identity = match req.owner {
+    let opened = match req.owner {
         Some(o) => match sys::FsIdentity::assume(o.uid, o.gid) {
-            Ok(i) => Some(i),
+            Ok(_identity) => opts.open(&req.path),
+            // No setfsuid here (gVisor): a thread that becomes the user.
+            Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => {
+                sys::open_as(o.uid, o.gid, &opts, &req.path)
+            }
             Err(e) => {
                 return st.reply(&files::io_error(
                     &format!("write as uid {} to", o.uid),
@@ -1358,9 +1362,9 @@ fn open_write(st: &mut Stream, req: &WriteRequest) {
                 ))
             }
         },
-        None => None,
+        None => opts.open(&req.path),
     };
-    let file = match opts.open(&req.path) {
+    let file = match opened {
         Ok(f) => f,
         Err(e) => return st.reply(&files::io_error("write", &req.path, &e)),
     };

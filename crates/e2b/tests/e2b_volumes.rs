@@ -1,18 +1,31 @@
-//! E2B's volumes through the official Python client (tests/e2b/volumes_sdk.py)
-//! against both planes in process, on the process tier, with 32 MiB volumes
-//! under a home of the test's own; and after it, nothing of them left on
-//! the host: no mount, no loop device, no image.
+//! E2B's volumes through the official Python client (tests/e2b/volumes_sdk.py;
+//! the current release and the older generation) against both planes in
+//! process, on the process tier, with 32 MiB volumes under a home of the
+//! test's own; and after it, nothing of them left on the host: no mount,
+//! no loop device, no image.
 
 mod support;
 
 use support::{planes_with, root_or_skip};
 
+/// The current client (e2b 2.63).
 #[test]
 fn python_sdk_volumes() {
+    volumes_with("e2b-venv");
+}
+
+/// The older generation (e2b 2.48): the same 63 checks.
+#[test]
+fn python_sdk_volumes_2_48() {
+    volumes_with("e2b-venv-2.48");
+}
+
+/// tests/e2b/volumes_sdk.py with the client of `venv`.
+fn volumes_with(venv: &str) {
     if !root_or_skip() {
         return;
     }
-    let Some(python) = support::venv_or_skip("e2b-venv") else {
+    let Some(python) = support::venv_or_skip(venv) else {
         return;
     };
     let home = tempfile::tempdir().unwrap();
