@@ -745,6 +745,28 @@ fn run_mmdebstrap(
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
+    // In a mount namespace of its own: the /proc, /sys and /dev mounts it
+    // makes in the chroot go with its last process, even when the build is
+    // killed (a daemon stopped while it prepares a template left them on
+    // the host). The files it writes are on the shared file system.
+    // SAFETY: the hook runs in the forked child before exec and makes two
+    // async-signal-safe system calls.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            if libc::unshare(libc::CLONE_NEWNS) != 0
+                || libc::mount(
+                    std::ptr::null(),
+                    c"/".as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_REC | libc::MS_PRIVATE,
+                    std::ptr::null(),
+                ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
     let mut child = cmd.spawn().map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
             TemplateError::NoMmdebstrap {
