@@ -849,23 +849,9 @@ const SECRETS_SDK_CHECKS: usize = 19;
 /// first).
 #[test]
 fn code_interpreter_v1_is_ready_when_create_answers() {
-    if !root_or_skip() {
-        return;
-    }
-    let Some(python) = support::venv_or_skip("e2b-venv") else {
+    let Some(python) = code_interpreter_ready() else {
         return;
     };
-    // Built (or waited for, if another process is building it) before the
-    // clock of the create request starts.
-    if let Err(e) = brig_template::ensure(
-        &template_home(),
-        "code-interpreter-v1",
-        brig_template::Progress::Lines,
-    ) {
-        let why = format!("cannot build the code-interpreter-v1 template: {e}");
-        brig_test_support::skip(&why);
-        return;
-    }
     let p = planes_with(|c| c.home = Some(template_home()));
     let a = p.k(
         "POST",
@@ -948,21 +934,9 @@ fn code_interpreter_v1_is_ready_when_create_answers() {
 /// Jupyter server and kernels under gVisor's kernel.
 #[test]
 fn the_code_interpreter_suite_runs_on_gvisor() {
-    if !root_or_skip() {
-        return;
-    }
-    let Some(python) = support::venv_or_skip("e2b-venv") else {
+    let Some(python) = code_interpreter_ready() else {
         return;
     };
-    if let Err(e) = brig_template::ensure(
-        &template_home(),
-        "code-interpreter-v1",
-        brig_template::Progress::Lines,
-    ) {
-        let why = format!("cannot build the code-interpreter-v1 template: {e}");
-        brig_test_support::skip(&why);
-        return;
-    }
     let Some(p) = support::gvisor_planes_with(|c| c.home = Some(template_home())) else {
         return;
     };
@@ -980,6 +954,27 @@ fn the_code_interpreter_suite_runs_on_gvisor() {
         "want \"76 passed, 0 failed\": {stdout}"
     );
     assert!(p.state.sandboxes.is_empty(), "{stdout}");
+}
+
+/// Root, the official client's venv (its Python) and the
+/// code-interpreter-v1 template, built (or waited for, if another process
+/// is building it) before any create request's clock starts; `None` after
+/// a printed skip.
+fn code_interpreter_ready() -> Option<std::path::PathBuf> {
+    if !root_or_skip() {
+        return None;
+    }
+    let python = support::venv_or_skip("e2b-venv")?;
+    if let Err(e) = brig_template::ensure(
+        &template_home(),
+        "code-interpreter-v1",
+        brig_template::Progress::Lines,
+    ) {
+        let why = format!("cannot build the code-interpreter-v1 template: {e}");
+        brig_test_support::skip(&why);
+        return None;
+    }
+    Some(python)
 }
 
 /// Run `script` with `sh -c` in the sandbox as root; its stdout.
