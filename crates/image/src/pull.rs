@@ -494,19 +494,45 @@ async fn blocking<T: Send + 'static>(
 }
 
 /// The registry's error in words, with what to do.
+///
+/// Classified by the error's structure (variant, HTTP status, OCI error
+/// codes) first; words are matched only in the message with its URLs left
+/// out, so a port such as 40179 never reads as a 401.
 fn explain(e: &oci_client::errors::OciDistributionError, registry: &str) -> String {
     use oci_client::errors::OciDistributionError as E;
+    use oci_client::errors::OciErrorCode as C;
     let text = e.to_string();
-    let lower = text.to_ascii_lowercase();
-    let has = |words: &[&str]| words.iter().any(|w| lower.contains(w));
+    let codes: Vec<&C> = match e {
+        E::RegistryError { envelope, .. } => envelope.errors.iter().map(|x| &x.code).collect(),
+        _ => Vec::new(),
+    };
+    let status = match e {
+        E::ServerError { code, .. } => Some(*code),
+        _ => None,
+    };
+    let words: String = text
+        .split_whitespace()
+        .filter(|w| !w.contains("://"))
+        .collect::<Vec<_>>()
+        .join(" ")
+        .to_ascii_lowercase();
+    let has = |ws: &[&str]| ws.iter().any(|w| words.contains(w));
     let hint = if matches!(e, E::AuthenticationFailure(_) | E::UnauthorizedError { .. })
-        || has(&["unauthorized", "401"])
+        || status == Some(401)
+        || codes
+            .iter()
+            .any(|c| matches!(c, C::Unauthorized | C::Denied))
+        || has(&["unauthorized"])
     {
         format!(
             "the registry {registry} refused the credentials (give them with --username and \
              --password-stdin, or `docker login {registry}`)"
         )
     } else if matches!(e, E::ImageManifestNotFoundError(_))
+        || status == Some(404)
+        || codes
+            .iter()
+            .any(|c| matches!(c, C::ManifestUnknown | C::NameUnknown | C::NotFound))
         || has(&["manifest unknown", "name unknown"])
     {
         format!("no such image or tag on {registry} (check the name and the tag)")
@@ -518,4 +544,52 @@ fn explain(e: &oci_client::errors::OciDistributionError, registry: &str) -> Stri
         return text;
     };
     format!("{text}: {hint}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::explain;
+    use oci_client::errors::{OciDistributionError as E, OciEnvelope, OciError, OciErrorCode};
+
+    fn registry_error(code: OciErrorCode, url: &str) -> E {
+        E::RegistryError {
+            envelope: OciEnvelope {
+                errors: vec![OciError {
+                    code,
+                    message: "from the registry".into(),
+                    detail: serde_json::Value::Null,
+                }],
+            },
+            url: url.into(),
+        }
+    }
+
+    /// A registry on a port with "401" in it once made an unknown tag read
+    /// as refused credentials.
+    #[test]
+    fn the_url_never_decides_what_an_error_means() {
+        let r = "127.0.0.1:40179";
+        let e = registry_error(
+            OciErrorCode::ManifestUnknown,
+            "http://127.0.0.1:40179/v2/test/busy/manifests/nope",
+        );
+        let said = explain(&e, r);
+        assert!(said.contains("no such image or tag"), "{said}");
+        assert!(!said.contains("credentials"), "{said}");
+
+        let e = registry_error(OciErrorCode::Unauthorized, "http://127.0.0.1:5000/v2/x");
+        assert!(explain(&e, r).contains("refused the credentials"));
+        let e = E::ServerError {
+            code: 401,
+            url: "http://127.0.0.1:404/v2/x".into(),
+            message: "no".into(),
+        };
+        assert!(explain(&e, r).contains("refused the credentials"));
+        let e = E::ServerError {
+            code: 500,
+            url: "http://127.0.0.1:40100/v2/x".into(),
+            message: "boom".into(),
+        };
+        assert_eq!(explain(&e, r), e.to_string());
+    }
 }

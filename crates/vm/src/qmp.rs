@@ -254,10 +254,13 @@ mod tests {
         let peer = std::thread::spawn(move || {
             let (s, _) = listener.accept().unwrap();
             s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-            (&s).write_all(b"{\"QMP\": {}}\n{\"return\": {}}\n")
-                .unwrap();
+            // Answer qmp_capabilities only after reading it: answered
+            // early, the client's getfd could arrive in the same read and
+            // its descriptor be dropped with a plain read().
+            (&s).write_all(b"{\"QMP\": {}}\n").unwrap();
             let mut caps = [0u8; 64];
             let _ = (&s).read(&mut caps).unwrap();
+            (&s).write_all(b"{\"return\": {}}\n").unwrap();
             // The getfd line, with its descriptor.
             let mut buf = [0u8; 256];
             let mut iov = libc::iovec {
