@@ -526,7 +526,11 @@ fn brig_run_runs_one_command_under_gvisor() {
     // terminal on gvisor).
     let out = run(&["-t", "--", "true"], b"");
     assert_ne!(out.status.code(), Some(0));
-    assert!(text(&out.stderr).contains("not a TTY"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("not a TTY"),
+        "{}",
+        text(&out.stderr)
+    );
 
     // No one-shot sandbox outlived its `brig run` (their owner is the
     // run's /proc/<pid>; other tests' sandboxes may be there, alive).
