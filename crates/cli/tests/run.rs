@@ -981,10 +981,7 @@ fn tty_works_on(options: &[&str], kernel: &str, dir: &str) {
                 .join(dir)
                 .join(&id)
                 .exists()
-                && !std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
-                    std::fs::read(e.path().join("cmdline"))
-                        .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&id))
-                })
+                && support::pids_by_cmdline(|c| support::holds(c, &id)).is_empty()
         }),
         "sandbox {id} left something behind"
     );

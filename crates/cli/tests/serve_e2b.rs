@@ -265,18 +265,8 @@ wait
         std::thread::spawn(move || for _ in lines {});
         // The builder and its child, found by the build directory in
         // their command lines.
-        let builders = || -> Vec<u32> {
-            let needle = templates.to_string_lossy().into_owned();
-            std::fs::read_dir("/proc")
-                .unwrap()
-                .flatten()
-                .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-                .filter(|pid| {
-                    std::fs::read(format!("/proc/{pid}/cmdline"))
-                        .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&needle))
-                })
-                .collect()
-        };
+        let needle = templates.to_string_lossy().into_owned();
+        let builders = || support::pids_by_cmdline(|c| support::holds(c, &needle));
         let started = || {
             walk(&templates)
                 .iter()

@@ -50,14 +50,8 @@ fn ready() -> Option<String> {
 /// The pids of the QEMU processes of sandbox `id` (`-name brig-<id>`).
 fn qemu_pids(id: &str) -> Vec<u32> {
     let name = format!("brig-{id}");
-    std::fs::read_dir("/proc")
-        .unwrap()
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline"))
-                .is_ok_and(|c| c.split(|b| *b == 0).any(|arg| arg == name.as_bytes()))
-        })
+    support::pids_by_cmdline(|c| c.split(|b| *b == 0).any(|arg| arg == name.as_bytes()))
+        .into_iter()
         // A zombie (reaped by init a moment later) runs nothing.
         .filter(|pid| {
             std::fs::read_to_string(format!("/proc/{pid}/stat"))

@@ -148,6 +148,25 @@ pub fn processes_of(id: &str) -> Vec<u32> {
     pids
 }
 
+/// Host pids of processes whose command line (its arguments as given,
+/// NUL-separated) `matches`.
+pub fn pids_by_cmdline(matches: impl Fn(&[u8]) -> bool) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| matches(&c)))
+        .collect()
+}
+
+/// Whether `haystack` holds `needle` (bytes).
+pub fn holds(haystack: &[u8], needle: &str) -> bool {
+    haystack
+        .windows(needle.len().max(1))
+        .any(|w| w == needle.as_bytes())
+}
+
 /// Poll `f` until it is true or `timeout` passes.
 pub fn eventually(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     let end = Instant::now() + timeout;
