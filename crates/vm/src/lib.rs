@@ -63,6 +63,7 @@ pub mod disk;
 pub mod initramfs;
 pub mod kernel;
 pub mod line;
+pub mod net;
 mod oneshot;
 pub mod qemu;
 pub mod qmp;

@@ -49,19 +49,12 @@ pub(crate) fn run(
             reason: "not built yet: run it without -t".into(),
         });
     }
-    if !matches!(network, NetworkAttachment::Loopback) {
-        return Err(TierError::Unsupported {
-            tier: Isolation::Vm,
-            op: "attach a sandbox to a network",
-            reason: "the vm tier has no network yet: run it with --network none".into(),
-        });
-    }
     let launch = Launch {
         id: SandboxId::from_random(rand::random()),
         template: spec.template.clone(),
         limits: spec.limits.clone(),
         allow_setuid: spec.allow_setuid,
-        network: NetworkAttachment::Loopback,
+        network: network.clone(),
         volumes: Vec::new(),
     };
     let instance = tier.launch(&launch)?;
