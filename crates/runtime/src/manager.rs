@@ -1030,10 +1030,15 @@ impl SandboxManager {
         }
         let mut req = req;
         // One of the tenant's memory snapshots: restored on the tier that
-        // took it, from the template its sandbox ran on, with no network.
+        // took it, from the template its sandbox ran on, with no network
+        // where the tier checkpoints loopback only.
         let checkpoint = self.checkpoint_template(tenant, &req.template)?;
         if let Some(cp) = &checkpoint {
             req.isolation = cp.isolation;
+        }
+        let on_loopback_only = checkpoint.is_some()
+            && self.tier(req.isolation)?.checkpoints() == Checkpoints::MemoryOnLoopback;
+        if on_loopback_only {
             if req
                 .network
                 .as_ref()

@@ -81,6 +81,24 @@ pub fn plug(netns: &OwnedFd) -> io::Result<Nic> {
     })
 }
 
+/// A link that leads nowhere, for a machine saved with a network device
+/// and restored with no network (its devices must be the saved ones, the
+/// tap's virtio-net header included): a new, empty network namespace and
+/// a tap in it, down. QEMU runs in that namespace.
+pub fn unplugged() -> io::Result<(OwnedFd, OwnedFd)> {
+    std::thread::Builder::new()
+        .name("brig-vm-unplugged".into())
+        .spawn(|| {
+            // SAFETY: unshare on this short-lived thread only.
+            if unsafe { libc::unshare(libc::CLONE_NEWNET) } < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok((brig_net::sys::current()?, open_tap(TAP)?))
+        })?
+        .join()
+        .map_err(|_| io::Error::other("the thread making an empty namespace panicked"))?
+}
+
 /// A new tap device `name` in the calling thread's namespace, with the
 /// virtio-net header QEMU offloads through; gone with its last descriptor
 /// (not persistent).

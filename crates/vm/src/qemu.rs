@@ -92,8 +92,9 @@ pub enum Network {
         addr: std::net::Ipv4Addr,
         gateway: std::net::Ipv4Addr,
     },
-    /// The device, connected to nothing: a machine saved with one,
-    /// restored with no network (its devices must be the saved ones).
+    /// The device on a tap in an empty namespace (`net::unplugged`),
+    /// leading nowhere: a machine saved with one, restored with no network
+    /// (its devices must be the saved ones).
     Unplugged,
 }
 
@@ -190,15 +191,13 @@ pub fn args(m: &Machine) -> Vec<OsString> {
         dir("qemu.pid"),
     ]);
     let nic = format!("virtio-net-pci,mac={}", crate::net::GUEST_MAC);
-    match m.network {
-        Network::Tap { .. } => a.extend([
+    if m.network != Network::None {
+        a.extend([
             "-netdev".into(),
             "tap,id=net0,fd=8".into(),
             "-device".into(),
             format!("{nic},netdev=net0"),
-        ]),
-        Network::Unplugged => a.extend(["-device".into(), nic]),
-        Network::None => {}
+        ]);
     }
     if m.incoming {
         // Stays paused once the state is in, until brig says `cont`.
@@ -290,7 +289,11 @@ mod tests {
         );
         m.network = Network::Unplugged;
         let a = strings(&m);
-        assert!(!a.iter().any(|x| x.contains("netdev")), "{a:?}");
-        assert!(a.iter().any(|x| x.starts_with("virtio-net-pci,mac=")));
+        assert!(
+            a.contains(&"tap,id=net0,fd=8".to_owned()),
+            "the same device"
+        );
+        let cmdline = &a[a.iter().position(|x| x == "-append").unwrap() + 1];
+        assert!(!cmdline.contains("brig.ip"), "{cmdline}");
     }
 }

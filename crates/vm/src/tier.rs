@@ -437,18 +437,21 @@ impl VmTier {
         // 4. QEMU. The shared files go in as descriptors 3, 4, 5; a
         //    networked guest's tap as 8 (`net.rs`).
         let guest = self.guest()?;
-        let nic = netns
-            .as_deref()
-            .map(crate::net::plug)
-            .transpose()
-            .map_err(io("give the guest its network device"))?;
-        let network = match (&nic, from) {
-            (Some(n), _) => qemu::Network::Tap {
-                addr: n.addr,
-                gateway: brig_net::GATEWAY_ADDR,
-            },
-            (None, Some(s)) if s.nic => qemu::Network::Unplugged,
-            (None, _) => qemu::Network::None,
+        let (netns, tap, network) = match (netns, from) {
+            (Some(ns), _) => {
+                let nic = crate::net::plug(&ns).map_err(io("give the guest its network device"))?;
+                let network = qemu::Network::Tap {
+                    addr: nic.addr,
+                    gateway: brig_net::GATEWAY_ADDR,
+                };
+                (Some(ns), Some(nic.tap), network)
+            }
+            (None, Some(s)) if s.nic => {
+                let (ns, tap) = crate::net::unplugged()
+                    .map_err(io("give the guest its (unconnected) network device"))?;
+                (Some(Arc::new(ns)), Some(tap), qemu::Network::Unplugged)
+            }
+            (None, _) => (None, None, qemu::Network::None),
         };
         let shared = [guest.kernel.vmlinuz.as_path(), &guest.initramfs, &image]
             .map(|p| File::open(p).and_then(|f| high_dup(&f)));
@@ -500,7 +503,7 @@ impl VmTier {
         let procs_fds: Vec<RawFd> = procs.iter().map(AsRawFd::as_raw_fd).collect();
         let net_fds = (
             netns.as_deref().map(AsRawFd::as_raw_fd),
-            nic.as_ref().map(|n| n.tap.as_raw_fd()),
+            tap.as_ref().map(AsRawFd::as_raw_fd),
         );
         let kvm_gid = (self.accel == Accelerator::Kvm)
             .then(|| fs::metadata("/dev/kvm").ok().map(|m| m.gid()))
@@ -516,7 +519,7 @@ impl VmTier {
         let status = cmd.status().map_err(io("start QEMU"))?;
         // QEMU holds the tap now: brig's copy goes (the device goes with
         // QEMU's).
-        drop((kernel, initrd, root, own, rw, procs, nic));
+        drop((kernel, initrd, root, own, rw, procs, tap, netns));
         if !status.success() {
             return Err(TierError::failed(id, "start QEMU", status.to_string()));
         }
@@ -899,9 +902,10 @@ impl Tier for VmTier {
     }
 
     /// A memory snapshot is the whole machine: its devices' state and RAM
-    /// as QEMU migrates them, and its writable disk.
+    /// as QEMU migrates them, and its writable disk; on any network (a
+    /// restore's guest is given its new address: `load`).
     fn checkpoints(&self) -> Checkpoints {
-        Checkpoints::MemoryOnLoopback
+        Checkpoints::Memory
     }
 
     /// A new QEMU of the saved machine (its RAM and vCPUs: `launch`'s
