@@ -145,33 +145,14 @@ class Peer:
     """A bare QEMU in brigb-host, brig's machine plus a plain tap."""
 
     def __init__(self, qemu, kernel, initramfs, image, scratch, accel):
-        disk = scratch / "disk.ext4"
-        sock = scratch / "agent.sock"
-        for p in (disk, sock):
-            p.unlink(missing_ok=True)
-        with open(disk, "wb") as f:
-            f.truncate(2 << 30)
-        subprocess.run(["mkfs.ext4", "-q", "-F", "-O", "^has_journal", "-b", "4096", "-m", "0",
-                        "-E", "root_owner=0:0,lazy_itable_init=1,nodiscard", str(disk)], check=True)
         net.ip(net.HOST_NS, f"tuntap add dev tapp mode tap vnet_hdr\n"
                             f"addr add {PEER_GW}/32 dev tapp\nlink set tapp up\n"
                             f"route add {PEER_ADDR}/32 dev tapp\n")
-        args = [qemu, "-nodefaults", "-no-user-config", "-nographic", "-machine", "q35",
-                "-accel", "kvm" if accel == "kvm" else "tcg,tb-size=64",
-                "-m", "512M", "-smp", "1",
-                "-kernel", str(kernel), "-initrd", str(initramfs),
-                "-append", f"console=ttyS0 quiet panic=-1 reboot=t brig.hostname=peer "
-                           f"brig.ip={PEER_ADDR} brig.gw={PEER_GW} -- --vm-init",
-                "-no-reboot", "-serial", f"file:{scratch / 'console.log'}",
-                "-drive", f"if=none,id=root,format=raw,readonly=on,file={image}",
-                "-device", "virtio-blk-pci,drive=root,serial=brig-root",
-                "-drive", f"if=none,id=disk,format=raw,cache=unsafe,file={disk}",
-                "-device", "virtio-blk-pci,drive=disk,serial=brig-disk",
-                "-device", "virtio-serial-pci,max_ports=2",
-                "-chardev", f"socket,id=agent,path={sock},server=on,wait=off",
-                "-device", "virtserialport,chardev=agent,name=org.brig.agent",
-                "-netdev", "tap,id=net0,ifname=tapp,script=no,downscript=no",
-                "-device", "virtio-net-pci,netdev=net0,mac=02:62:72:69:67:02"]
+        # QEMU opens the tap by name (root, as a bare QEMU is run).
+        args, sock = vm.bare_machine(qemu, kernel, initramfs, image, scratch, accel, 2 << 30,
+                                     f" brig.ip={PEER_ADDR} brig.gw={PEER_GW}")
+        args += ["-netdev", "tap,id=net0,ifname=tapp,script=no,downscript=no",
+                 "-device", "virtio-net-pci,netdev=net0,mac=02:62:72:69:67:02"]
         self.p = subprocess.Popen(net.in_ns(net.HOST_NS, args), stdin=subprocess.DEVNULL,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         while not sock.exists():
@@ -269,8 +250,7 @@ def main():
         f"  bare qemu, plain tap   {pb:8.1f}",
         f"  brig / peer: {bb / pb:.2f}",
     ]
-    (out / "summary.txt").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    vm.finish(out, lines)
 
 
 if __name__ == "__main__":

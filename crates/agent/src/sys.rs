@@ -859,15 +859,23 @@ fn add_route(
     };
     // SAFETY: SIOCADDRT with a struct rtentry and a device name that
     // outlive the call.
-    let rc = unsafe {
-        libc::ioctl(
-            sock.as_raw_fd(),
-            libc::SIOCADDRT as _,
-            &mut rt as *mut RtEntry,
-        )
-    };
+    ioctl_unless(
+        unsafe {
+            libc::ioctl(
+                sock.as_raw_fd(),
+                libc::SIOCADDRT as _,
+                &mut rt as *mut RtEntry,
+            )
+        },
+        libc::EEXIST,
+    )
+}
+
+/// An ioctl's result, where `fine` (the state asked for is there already)
+/// is no error.
+fn ioctl_unless(rc: libc::c_int, fine: libc::c_int) -> io::Result<()> {
     match check(rc) {
-        Err(e) if e.raw_os_error() == Some(libc::EEXIST) => Ok(()),
+        Err(e) if e.raw_os_error() == Some(fine) => Ok(()),
         r => r.map(drop),
     }
 }
@@ -891,15 +899,14 @@ fn forget_neighbour(sock: &OwnedFd, dev: &str, addr: std::net::Ipv4Addr) -> io::
         dev: IfReq::new(dev)?.name,
     };
     // SAFETY: SIOCDARP with a struct arpreq that outlives the call.
-    let rc = unsafe {
-        libc::ioctl(
-            sock.as_raw_fd(),
-            libc::SIOCDARP as _,
-            &mut req as *mut ArpReq,
-        )
-    };
-    match check(rc) {
-        Err(e) if e.raw_os_error() == Some(libc::ENXIO) => Ok(()),
-        r => r.map(drop),
-    }
+    ioctl_unless(
+        unsafe {
+            libc::ioctl(
+                sock.as_raw_fd(),
+                libc::SIOCDARP as _,
+                &mut req as *mut ArpReq,
+            )
+        },
+        libc::ENXIO,
+    )
 }

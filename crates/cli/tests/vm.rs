@@ -669,6 +669,31 @@ fn memory_snapshots_restores_and_forks_of_a_vm_sandbox() {
     for (port, id) in (1u16..).zip(copies.iter().chain([&parent])) {
         reaches_its_gateway(&daemon, id, port);
     }
+    // Restored with no network, a machine saved with a device keeps it
+    // (its state must match), leading nowhere.
+    let snap = ok(daemon.brig(&["snapshot", "create", &parent]), "snapshot");
+    let cut = ok(
+        daemon.brig(&[
+            "create",
+            "--from-snapshot",
+            snap.trim(),
+            "--network",
+            "none",
+        ]),
+        "restore with network none",
+    );
+    let cut = cut.trim();
+    assert!(links(&daemon, cut).contains("eth0"), "the saved device");
+    let dial = "timeout 8 bash -c 'echo > /dev/tcp/10.0.0.1/80' && echo reached || echo not";
+    let said = ok(daemon.brig(&["exec", cut, "--", "sh", "-c", dial]), "dial");
+    assert_eq!(
+        said.trim(),
+        "not",
+        "a guest restored with no network reached out"
+    );
+    ok(daemon.brig(&["rm", "-f", cut]), "rm");
+    assert_nothing_left(cut);
+    ok(daemon.brig(&["snapshot", "rm", snap.trim()]), "snapshot rm");
     drop(daemon);
     for id in copies.iter().map(|s| s.as_str()).chain([parent.as_str()]) {
         assert_nothing_left(id);

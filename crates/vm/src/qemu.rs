@@ -211,23 +211,29 @@ mod tests {
     use super::*;
     use std::path::PathBuf;
 
-    #[test]
-    fn the_command_line_names_the_limits_the_disks_and_no_default_devices() {
-        let dir = PathBuf::from("/run/brig/vm/x");
-        let m = Machine {
+    /// A machine in `dir` with `network`.
+    fn machine<'a>(dir: &'a Path, disk: &'a Path, cpus: u32, network: Network) -> Machine<'a> {
+        Machine {
             name: "x",
             accel: Accelerator::Tcg,
             memory_mib: 384,
-            cpus: 2,
+            cpus,
             kernel: Path::new("/proc/self/fd/3"),
             initramfs: Path::new("/proc/self/fd/4"),
             root_image: Path::new("/proc/self/fd/5"),
-            disk: &dir.join("disk.ext4"),
-            dir: &dir,
+            disk,
+            dir,
             hostname: "x",
             incoming: false,
-            network: Network::None,
-        };
+            network,
+        }
+    }
+
+    #[test]
+    fn the_command_line_names_the_limits_the_disks_and_no_default_devices() {
+        let dir = PathBuf::from("/run/brig/vm/x");
+        let disk = dir.join("disk.ext4");
+        let m = machine(&dir, &disk, 2, Network::None);
         let a: Vec<String> = args(&m)
             .into_iter()
             .map(|s| s.into_string().unwrap())
@@ -254,23 +260,12 @@ mod tests {
     #[test]
     fn a_networked_guest_has_a_nic_on_the_tap_and_learns_its_address() {
         let dir = PathBuf::from("/run/brig/vm/x");
-        let mut m = Machine {
-            name: "x",
-            accel: Accelerator::Tcg,
-            memory_mib: 384,
-            cpus: 1,
-            kernel: Path::new("/proc/self/fd/3"),
-            initramfs: Path::new("/proc/self/fd/4"),
-            root_image: Path::new("/proc/self/fd/5"),
-            disk: &dir.join("disk.ext4"),
-            dir: &dir,
-            hostname: "x",
-            incoming: false,
-            network: Network::Tap {
-                addr: [10, 88, 0, 7].into(),
-                gateway: [10, 87, 0, 1].into(),
-            },
+        let disk = dir.join("disk.ext4");
+        let tap = Network::Tap {
+            addr: [10, 88, 0, 7].into(),
+            gateway: [10, 87, 0, 1].into(),
         };
+        let mut m = machine(&dir, &disk, 1, tap);
         let strings = |m: &Machine| -> Vec<String> {
             args(m)
                 .into_iter()
