@@ -162,7 +162,7 @@ class Peer:
         self.line = Line(sock)
 
     def client(self, mode, n):
-        return json.loads(self.line.run(["python3", "-c", net.CLIENT_CODE, mode, str(n)]))
+        return json.loads(self.line.run(["/usr/bin/python3", "-c", net.CLIENT_CODE, mode, str(n)]))
 
     def close(self):
         self.p.kill()
