@@ -67,7 +67,8 @@ fn qemu_pids(id: &str) -> Vec<u32> {
 }
 
 /// Nothing of sandbox `id` on the host: no QEMU, no directory (sockets,
-/// disk, logs), no cgroup.
+/// disk, logs), no cgroup, no link to any daemon's gateway (its network
+/// namespace, tap and bridge went with QEMU, its last user).
 fn assert_nothing_left(id: &str) {
     let gone = eventually(Duration::from_secs(15), || qemu_pids(id).is_empty());
     assert!(gone, "QEMU processes of {id} left: {:?}", qemu_pids(id));
@@ -87,6 +88,29 @@ fn assert_nothing_left(id: &str) {
         let d = Path::new("/sys/fs/cgroup").join(c).join("brig-vm").join(id);
         assert!(!d.exists(), "cgroup left: {}", d.display());
     }
+    let link = format!("b-{id}");
+    let linked = || -> Vec<String> {
+        let pins = std::fs::read_dir("/run/brig/net")
+            .into_iter()
+            .flatten()
+            .flatten();
+        pins.filter(|p| p.file_name().to_string_lossy().starts_with("gw-"))
+            .filter(|p| p.path().extension().is_none())
+            .filter_map(|p| {
+                let net = format!("--net={}", p.path().display());
+                let out = Command::new("nsenter")
+                    .args([net.as_str(), "ip", "-o", "link", "show", "dev", &link])
+                    .output()
+                    .ok()?;
+                out.status.success().then(|| text(&out.stdout))
+            })
+            .collect()
+    };
+    assert!(
+        eventually(Duration::from_secs(15), || linked().is_empty()),
+        "its gateway link is left: {:?}",
+        linked()
+    );
 }
 
 /// `brig create --isolation vm` on `template`, with `--network none`

@@ -926,8 +926,10 @@ impl SandboxManager {
             }
             return Err(ManagerError::BadRequest {
                 reason: format!(
-                    "sandbox {id} has no link to a network (it was made by a daemon that could \
-                     not give sandboxes one): its policy can only be none; create a new sandbox"
+                    "sandbox {id} has no link to a network (it was created with network none on \
+                     a tier that then gives it no network at all, vm or gvisor, or by a daemon \
+                     that could not give sandboxes one): its policy can only be none; create a \
+                     new sandbox with the network it needs"
                 ),
             });
         };
