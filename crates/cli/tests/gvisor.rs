@@ -298,7 +298,10 @@ fn the_native_api_creates_gvisor_sandboxes_and_refuses_unknown_tiers() {
     let (status, err) = daemon.call("POST", "/v1/sandboxes", Some(json!({"isolation": "vm"})));
     assert!((400..500).contains(&status), "{status} {err}");
     if brig_vm::find_qemu().is_some() {
-        assert!(err.to_string().contains("root file system of its own"), "{err}");
+        assert!(
+            err.to_string().contains("root file system of its own"),
+            "{err}"
+        );
     } else {
         assert_eq!(err["code"], "unsupported", "{err}");
     }
