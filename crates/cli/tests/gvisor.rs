@@ -526,8 +526,15 @@ fn brig_run_runs_one_command_under_gvisor() {
     assert_eq!(out.status.code(), Some(127), "{}", text(&out.stderr));
     let out = run(&["--timeout", "1s", "--", "sleep", "30"], b"");
     assert_eq!(out.status.code(), Some(124), "{}", text(&out.stderr));
+    // -t with a pipe for stdin: refused as on every tier (run.rs has the
+    // terminal on gvisor).
     let out = run(&["-t", "--", "true"], b"");
     assert_ne!(out.status.code(), Some(0));
+    assert!(
+        text(&out.stderr).contains("not a TTY"),
+        "{}",
+        text(&out.stderr)
+    );
 
     // No one-shot sandbox outlived its `brig run` (their owner is the
     // run's /proc/<pid>; other tests' sandboxes may be there, alive).

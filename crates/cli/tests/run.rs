@@ -800,9 +800,21 @@ fn openpty(rows: u16, cols: u16) -> (OwnedFd, OwnedFd) {
 const RESIZE: &[u8] = b"\0resize";
 
 fn run_on_pty(cmd: &[&str], input: &[(&str, &[u8])]) -> (String, Option<i32>) {
+    run_on_pty_with(&[], cmd, input)
+}
+
+/// [`run_on_pty`] with `brig run` options before the command.
+fn run_on_pty_with(
+    options: &[&str],
+    cmd: &[&str],
+    input: &[(&str, &[u8])],
+) -> (String, Option<i32>) {
     let (master, slave) = openpty(33, 101);
     let mut c = brig();
-    c.args(["run", "-t", "--"]).args(cmd);
+    c.args(["run", "-t"]).args(options).arg("--").args(cmd);
+    // The vm tier's guest kernel and images, fetched and built once for
+    // every test.
+    c.env("BRIG_VM_HOME", brig_test_support::test_cache().join("vm"));
     c.stdin(Stdio::from(slave.try_clone().unwrap()))
         .stdout(Stdio::from(slave.try_clone().unwrap()))
         .stderr(Stdio::from(slave));
@@ -829,7 +841,9 @@ fn run_on_pty(cmd: &[&str], input: &[(&str, &[u8])]) -> (String, Option<i32>) {
     });
     let mut seen = String::new();
     for (wait_for, send) in input {
-        let end = Instant::now() + Duration::from_secs(10);
+        // Long enough for a vm guest to boot under TCG on a loaded host;
+        // a passing run waits only as long as the output takes.
+        let end = Instant::now() + Duration::from_secs(60);
         while !seen.contains(wait_for) && Instant::now() < end {
             if let Ok(chunk) = rx.recv_timeout(Duration::from_millis(100)) {
                 seen.push_str(&String::from_utf8_lossy(&chunk));
@@ -885,6 +899,115 @@ fn an_interactive_shell_reads_from_the_tty() {
     require_root!();
     let (out, code) = run_on_pty(&["sh"], &[("#", b"echo $((40+2))\n"), ("42", b"exit 5\n")]);
     assert!(out.contains("42"), "{out}");
+    assert_eq!(code, Some(5), "{out}");
+}
+
+/// `-t` on the gvisor tier: runsc's terminal (its master over the
+/// console socket) of the caller's size, both standard streams terminals,
+/// ^C and a resize (its size and SIGWINCH) reaching the command, a shell
+/// reading from it, its exit status; nothing left.
+#[test]
+fn tty_works_on_gvisor_too() {
+    require_root!();
+    if !support::tier_or_skip("gvisor") {
+        return;
+    }
+    tty_works_on(
+        &["--isolation", "gvisor", "--network", "none"],
+        "gVisor",
+        "gvisor",
+    );
+}
+
+/// `-t` on the vm tier: the guest's own terminal (the agent's PTY exec),
+/// relayed through a raw local one; the same checks as on gvisor.
+#[test]
+fn tty_works_on_vm_too() {
+    require_root!();
+    if !support::tier_or_skip("vm") {
+        return;
+    }
+    let Some(rootfs) = support::rootfs() else {
+        support::skip(
+            "BRIG_TEST_ROOTFS is not set; scripts/test builds a Debian rootfs and sets it",
+        );
+        return;
+    };
+    let template = format!("dir:{}", rootfs.display());
+    tty_works_on(
+        &[
+            "--isolation",
+            "vm",
+            "--network",
+            "none",
+            "--template",
+            &template,
+        ],
+        "Linux version",
+        "vm",
+    );
+}
+
+/// The terminal checks of a tier other than the process tier (`brig run
+/// -t OPTIONS`): two sandboxes, one run through, one interactive.
+/// `kernel` is what the sandbox's kernel log starts with; its state lives
+/// in `/run/brig/<dir>/<id>`.
+fn tty_works_on(options: &[&str], kernel: &str, dir: &str) {
+    let (out, code) = run_on_pty_with(
+        options,
+        &[
+            "sh",
+            "-c",
+            "stty size; test -t 0 && test -t 1 && echo both-are-ttys; dmesg | head -1; \
+             echo id=$(hostname)",
+        ],
+        &[],
+    );
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.contains("33 101"), "{out}");
+    assert!(out.contains("both-are-ttys"), "{out}");
+    assert!(out.contains(kernel), "{out}");
+    // Its sandbox (named by its host name) is gone: directory, console
+    // socket, the tier's processes.
+    let id = out
+        .split("id=")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .expect("the sandbox's id")
+        .to_string();
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            !std::path::Path::new("/run/brig")
+                .join(dir)
+                .join(&id)
+                .exists()
+                && !std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
+                    std::fs::read(e.path().join("cmdline"))
+                        .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&id))
+                })
+        }),
+        "sandbox {id} left something behind"
+    );
+
+    // Interactive: ^C to a trap, a line read from the terminal, a resize
+    // seen by size and SIGWINCH, the exit status.
+    let script = "trap 'echo got-winch' WINCH; trap 'echo got-sigint' INT; echo ready; \
+                  sleep 20 & wait; echo after-wait; read x; echo read:$x; \
+                  for i in $(seq 50); do s=$(stty size); \
+                  [ \"$s\" = '50 120' ] && break; sleep 0.1; done; echo size $s; exit 5";
+    let (out, code) = run_on_pty_with(
+        options,
+        &["bash", "-c", script],
+        &[
+            ("ready", b"\x03"),
+            ("after-wait", RESIZE),
+            ("after-wait", b"typed\n"),
+        ],
+    );
+    assert!(out.contains("got-sigint"), "{out}");
+    assert!(out.contains("read:typed"), "{out}");
+    assert!(out.contains("size 50 120"), "{out}");
+    assert!(out.contains("got-winch"), "the resize's SIGWINCH: {out}");
     assert_eq!(code, Some(5), "{out}");
 }
 

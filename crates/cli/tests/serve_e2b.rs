@@ -231,6 +231,96 @@ fn a_failed_background_build_is_reported_not_retried_per_create() {
     support::stop_daemon(&mut child);
 }
 
+/// A daemon stopped (SIGTERM) or killed (SIGKILL) while it prepares a
+/// template in the background leaves no build running and nothing mounted:
+/// the builder (a stand-in for mmdebstrap that mounts in its chroot,
+/// starts a child and waits, as mmdebstrap's apt and dpkg do) dies with
+/// the daemon, its child too. Before, the build ran on as an orphan after
+/// its daemon had gone, with its mounts on the host.
+#[test]
+fn a_template_build_ends_with_its_daemon() {
+    require_root!();
+    const FAKE: &str = r#"#!/bin/sh
+# Called as: mmdebstrap [options] SUITE TARGET MIRROR
+eval target=\${$(($# - 1))}
+mkdir -p "$target/proc"
+mount -t tmpfs brig-fake-build "$target/proc"
+sh -c 'sleep 600; true' brig-fake-build-child "$target" &
+touch "$target/started"
+wait
+"#;
+    let scratch = tempfile::tempdir().unwrap();
+    let fake = scratch.path().join("mmdebstrap");
+    std::fs::write(&fake, FAKE).unwrap();
+    std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    for signal in [libc::SIGTERM, libc::SIGKILL] {
+        let home = tempfile::tempdir().unwrap();
+        let templates = home.path().join("templates");
+        let mut cmd = std::process::Command::new(support::BRIG);
+        cmd.args(["serve", "--listen", "127.0.0.1:0", "--e2b"])
+            .args(["--e2b-api", "127.0.0.1:0", "--e2b-sandbox", "127.0.0.1:0"])
+            .args(["--prepare", "base"])
+            .env("BRIG_MMDEBSTRAP", &fake);
+        let (mut child, _url, lines) = support::start_daemon_with(cmd, home.path());
+        std::thread::spawn(move || for _ in lines {});
+        // The builder and its child, found by the build directory in
+        // their command lines.
+        let builders = || -> Vec<u32> {
+            let needle = templates.to_string_lossy().into_owned();
+            std::fs::read_dir("/proc")
+                .unwrap()
+                .flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+                .filter(|pid| {
+                    std::fs::read(format!("/proc/{pid}/cmdline"))
+                        .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&needle))
+                })
+                .collect()
+        };
+        let started = || {
+            walk(&templates)
+                .iter()
+                .any(|p| p.file_name().is_some_and(|n| n == "started"))
+        };
+        assert!(
+            eventually(Duration::from_secs(30), started),
+            "the build never started ({})",
+            signal
+        );
+        assert!(
+            builders().len() >= 2,
+            "the builder and its child: {:?}",
+            builders()
+        );
+        support::signal(child.id(), signal);
+        let _ = child.wait();
+        assert!(
+            eventually(Duration::from_secs(10), || builders().is_empty()),
+            "signal {signal}: the build outlived its daemon: {:?}",
+            builders()
+        );
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        assert!(
+            !mounts.contains("brig-fake-build")
+                && !mounts.contains(&*home.path().to_string_lossy()),
+            "signal {signal}: mounts left:\n{mounts}"
+        );
+    }
+}
+
+/// Every path below `dir`.
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        if p.is_dir() && !p.is_symlink() {
+            out.extend(walk(&p));
+        }
+        out.push(p);
+    }
+    out
+}
+
 /// `brig serve --e2b` on loopback ports (and `extra`): the daemon, its
 /// native URL, its E2B API's URL, the log lines before that address, and
 /// the rest of its log.

@@ -392,6 +392,11 @@ pub trait OneShot: Send + fmt::Debug {
     fn oom_fd(&self) -> Option<BorrowedFd<'_>>;
     /// Kill everything in the sandbox; returns at once.
     fn kill(&self);
+    /// The caller's terminal is now `rows` × `cols` (with a terminal; the
+    /// master [`OneShot::take_pty`] gave has that size already). Only a
+    /// tier whose command's terminal is not that master's slave (the vm
+    /// tier's is in the guest) has anything to do.
+    fn resize(&self, _rows: u16, _cols: u16) {}
     /// Wait for the command and the sandbox's teardown; its status.
     fn wait(self: Box<Self>) -> Result<Ended, TierError>;
 }

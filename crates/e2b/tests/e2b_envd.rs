@@ -1138,6 +1138,41 @@ async fn official_python_sdk_on_gvisor() {
     );
 }
 
+/// The same suite, unchanged, against a vm sandbox (the test rootfs in a
+/// QEMU guest with its own kernel): the same agent answers as the guest's
+/// init.
+#[tokio::test(flavor = "multi_thread")]
+async fn official_python_sdk_on_vm() {
+    if !root_or_skip() {
+        return;
+    }
+    let Some(python) = sdk_python_in("e2b-venv") else {
+        return;
+    };
+    let Some(rootfs) = brig_test_support::rootfs_or_skip() else {
+        return;
+    };
+    let Some(f) = brig_test_support::vm_manager_fixture(|c| {
+        c.template_roots = rootfs.parent().map(Into::into).into_iter().collect();
+    }) else {
+        return;
+    };
+    let e = env_on(f, Isolation::Vm).await;
+    let kernel = support::sh(&e.f, &e.id, "uname -r").await;
+    assert!(
+        kernel.trim().ends_with("-cloud-amd64"),
+        "not in a guest: {kernel}"
+    );
+    let out = run_script(python, "envd_sdk.py", &e, Duration::from_secs(400)).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(
+        stdout.lines().any(|l| l == "116 passed, 0 failed"),
+        "{stdout}"
+    );
+}
+
 /// The older generation, e2b 2.48 (the v1 create path; no
 /// `commands.stream_input`, so one check fewer).
 #[tokio::test(flavor = "multi_thread")]

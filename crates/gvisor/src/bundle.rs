@@ -72,9 +72,11 @@ pub enum Init<'a> {
         /// exec).
         bin: &'a Path,
     },
-    /// One command on the caller's stdio (`brig run`).
+    /// One command on the caller's stdio (`brig run`), or on a terminal
+    /// runsc makes (`terminal`: its master goes to `--console-socket`).
     Command {
         args: &'a [String],
+        terminal: bool,
         /// `KEY=VALUE`, PATH included.
         env: Vec<String>,
         cwd: &'a str,
@@ -166,8 +168,10 @@ pub fn config(b: &BundleSpec<'_>) -> Value {
             cwd,
             uid,
             gid,
+            ..
         } => (args.to_vec(), env.clone(), *cwd, *uid, *gid),
     };
+    let terminal = matches!(b.init, Init::Command { terminal: true, .. });
     if let Some(c) = b.compat {
         mounts.push(
             json!({"destination": STATX_SHIM_INSIDE, "type": "bind", "source": c.shim,
@@ -212,7 +216,7 @@ pub fn config(b: &BundleSpec<'_>) -> Value {
         "ociVersion": "1.0.2",
         "hostname": b.id.as_str(),
         "process": {
-            "terminal": false,
+            "terminal": terminal,
             "user": {"uid": uid, "gid": gid},
             "args": args,
             "env": env,

@@ -10,8 +10,9 @@
 //! discarded by the next gvisor tier made on this host, whose owner check
 //! finds its owner (`/proc/<pid>`) gone.
 //!
-//! No terminal yet (`-t` is refused): runsc hands a terminal's master out
-//! over a console socket, which this does not take.
+//! With `-t` the command runs on a terminal runsc makes: its master comes
+//! over the console socket (`--console-socket`, SCM_RIGHTS) and `brig run`
+//! relays it as the process tier's ([`OneShot::take_pty`]).
 //!
 //! [`Tier::run`]: brig_core::Tier::run
 
@@ -41,13 +42,6 @@ pub(crate) fn run(
     spec: &SandboxSpec,
     network: &NetworkAttachment,
 ) -> Result<Box<dyn OneShot>, TierError> {
-    if spec.tty {
-        return Err(TierError::Unsupported {
-            tier: Isolation::Gvisor,
-            op: "give a one-shot command a terminal",
-            reason: "not done yet on this tier: run without -t".into(),
-        });
-    }
     let id = SandboxId::from_random(rand::random());
     let dir = tier.dir.join(id.as_str());
     match start(tier, spec, network, &id, &dir) {
@@ -117,6 +111,7 @@ fn start(
         masks: &root.masks,
         init: Init::Command {
             args: &spec.command,
+            terminal: spec.tty,
             env,
             cwd: &cwd,
             uid,
@@ -136,6 +131,14 @@ fn start(
     .map_err(io("write its bundle"))?;
     let network = if netns.is_some() { "host" } else { "none" };
     let pid_file = dir.join("pid");
+    // With a terminal, runsc connects here and sends its master side.
+    let console = spec.tty.then(|| dir.join(CONSOLE_SOCKET));
+    let listener = console
+        .as_deref()
+        .map(|path| {
+            std::os::unix::net::UnixListener::bind(path).map_err(io("listen for its terminal"))
+        })
+        .transpose()?;
     // runsc's own messages go to the log (read back if it could not start
     // the command); stdin, stdout and stderr are the command's.
     let mut cmd = tier.runsc.run_foreground(
@@ -144,13 +147,17 @@ fn start(
         network,
         &pid_file,
         &dir.join(LOG_FILE),
+        console.as_deref(),
     );
     // Its stdio through pipes brig relays: runsc makes the descriptors it
     // is given non-blocking and writes to them from gVisor's kernel, which
     // on this process's own (a pipe, a terminal) lost and reordered output
     // and left the caller's shell with a non-blocking stdout. The relays
     // end when the sandbox has closed its side (`wait` joins them).
-    cmd.stdin(if spec.stdin {
+    // With a terminal the command's input comes through the terminal
+    // (`brig run` relays its stdin to the master): runsc gets none, or a
+    // relay here would race that one for the caller's keystrokes.
+    cmd.stdin(if spec.stdin && !spec.tty {
         std::process::Stdio::piped()
     } else {
         std::process::Stdio::null()
@@ -191,7 +198,16 @@ fn start(
     }
     let pidfd = pidfd_open(child.id() as libc::pid_t)
         .map_err(|e| TierError::failed(id, "watch runsc", e))?;
+    let pty = match &listener {
+        Some(listener) => Some(receive_terminal(listener, &pidfd, dir).map_err(|e| {
+            let _ = child.kill();
+            let _ = child.wait();
+            TierError::failed(id, "receive its terminal from runsc", e)
+        })?),
+        None => None,
+    };
     Ok(GvisorRun {
+        pty,
         id: id.clone(),
         dir: dir.to_path_buf(),
         runsc: tier.runsc.clone(),
@@ -232,9 +248,91 @@ fn lookup_user(root: &Path, user: Option<&UserSpec>) -> Result<(u32, u32, String
     }
 }
 
+/// Where runsc sends a terminal's master side, in the sandbox's directory.
+const CONSOLE_SOCKET: &str = "console.sock";
+
+/// How long runsc may take to make the terminal (it does before starting
+/// the command: a cold start of gVisor's kernel is well under this).
+const CONSOLE_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The terminal master runsc sends over `listener` (SCM_RIGHTS on one
+/// connection); an error if `runsc` (its `pidfd`) ends first or
+/// [`CONSOLE_WAIT`] passes.
+fn receive_terminal(
+    listener: &std::os::unix::net::UnixListener,
+    runsc: &OwnedFd,
+    dir: &Path,
+) -> std::io::Result<OwnedFd> {
+    use rustix::event::{poll, PollFd, PollFlags};
+    use rustix::net::{recvmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+    let deadline = std::time::Instant::now() + CONSOLE_WAIT;
+    let stream = loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no terminal from runsc in {CONSOLE_WAIT:?}"),
+            ));
+        }
+        let mut fds = [
+            PollFd::new(listener, PollFlags::IN),
+            PollFd::new(runsc, PollFlags::IN),
+        ];
+        let timeout = rustix::time::Timespec::try_from(left.min(std::time::Duration::from_secs(1)))
+            .unwrap_or(rustix::time::Timespec {
+                tv_sec: 1,
+                tv_nsec: 0,
+            });
+        poll(&mut fds, Some(&timeout))?;
+        if fds[1].revents().contains(PollFlags::IN) {
+            return Err(std::io::Error::other(format!(
+                "runsc ended before it made the terminal: {}",
+                log_tail(dir)
+            )));
+        }
+        if fds[0].revents().contains(PollFlags::IN) {
+            break listener.accept()?.0;
+        }
+    };
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut ancillary = RecvAncillaryBuffer::new(&mut space);
+    let mut buf = [0u8; 256];
+    recvmsg(
+        &stream,
+        &mut [std::io::IoSliceMut::new(&mut buf)],
+        &mut ancillary,
+        RecvFlags::CMSG_CLOEXEC,
+    )?;
+    for message in ancillary.drain() {
+        if let RecvAncillaryMessage::ScmRights(mut fds) = message {
+            if let Some(fd) = fds.next() {
+                // The caller's terminal size from the start (brig run
+                // relays later changes): runsc makes the terminal 0x0 and
+                // the command may ask before the first relay.
+                let caller = [0, 1, 2].into_iter().find_map(|n| {
+                    // SAFETY: a standard descriptor, borrowed for the call.
+                    let std_fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(n) };
+                    rustix::termios::tcgetwinsize(std_fd)
+                        .ok()
+                        .filter(|w| w.ws_col > 0)
+                });
+                if let Some(size) = caller {
+                    let _ = rustix::termios::tcsetwinsize(&fd, size);
+                }
+                return Ok(fd);
+            }
+        }
+    }
+    Err(std::io::Error::other(
+        "runsc connected to the console socket but sent no terminal",
+    ))
+}
+
 /// A `brig run` sandbox of the gvisor tier.
 #[derive(Debug)]
 struct GvisorRun {
+    /// The terminal's master side, with `-t`, until `brig run` takes it.
+    pty: Option<OwnedFd>,
     id: SandboxId,
     dir: PathBuf,
     runsc: Runsc,
@@ -248,7 +346,7 @@ struct GvisorRun {
 
 impl OneShot for GvisorRun {
     fn take_pty(&mut self) -> Option<OwnedFd> {
-        None
+        self.pty.take()
     }
 
     fn exit_fd(&self) -> BorrowedFd<'_> {

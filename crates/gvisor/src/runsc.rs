@@ -260,12 +260,16 @@ impl Runsc {
         network: &str,
         pid_file: &Path,
         log: &Path,
+        console_socket: Option<&Path>,
     ) -> Command {
         let mut cmd = self.command_logging(Some(log));
         cmd.stdin(Stdio::inherit())
             .arg(format!("--network={network}"))
-            .arg("run")
-            .arg(format!("--bundle={}", bundle.display()))
+            .arg("run");
+        if let Some(socket) = console_socket {
+            cmd.arg(format!("--console-socket={}", socket.display()));
+        }
+        cmd.arg(format!("--bundle={}", bundle.display()))
             .arg(format!("--pid-file={}", pid_file.display()))
             .arg(id);
         cmd

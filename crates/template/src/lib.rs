@@ -718,6 +718,87 @@ pub fn network_failure(lines: &[String]) -> Option<String> {
         .map(|l| l.trim().to_string())
 }
 
+/// The pre-exec hook of the build: the child and everything it starts end
+/// when the thread that spawned it does, however that happens.
+///
+/// - A mount namespace of its own (private propagation): its mounts are
+///   never the host's and go with its last process.
+/// - A PID namespace of its own, whose first process (pid 1 there) is
+///   what execs the builder: when that process dies the kernel kills
+///   every process left in the namespace, so no apt or dpkg outlives it.
+///   `unshare(CLONE_NEWPID)` places only later children in the new
+///   namespace, so this process forks once more: the child (pid 1) goes on
+///   to exec, this one (the waiter) waits for it and exits with its status,
+///   which is what `Command` sees.
+/// - Both get `PR_SET_PDEATHSIG(SIGKILL)`: the waiter dies with brig's
+///   spawning thread, pid 1 with the waiter (the kernel delivers it to a
+///   namespace's init from outside the namespace). A pipe only the waiter
+///   holds open tells pid 1 whether the waiter died before its own
+///   `prctl` (getppid says 0 across the namespace boundary).
+/// - The waiter closes every other descriptor above stderr, among them
+///   `Command`'s exec-error pipe: `spawn` returns once pid 1 has exec'd.
+///
+/// # Safety
+///
+/// Only for `pre_exec`: it forks, and the waiter never returns.
+unsafe fn die_with_parent() -> std::io::Result<()> {
+    // SAFETY: system calls on this process's own state and descriptors
+    // it made, between fork and exec (the caller's contract).
+    unsafe {
+        let fail = || Err(std::io::Error::last_os_error());
+        let mut alive = [0; 2];
+        if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0
+            || libc::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWPID) != 0
+            || libc::mount(
+                std::ptr::null(),
+                c"/".as_ptr(),
+                std::ptr::null(),
+                libc::MS_REC | libc::MS_PRIVATE,
+                std::ptr::null(),
+            ) != 0
+            || libc::pipe2(alive.as_mut_ptr(), libc::O_CLOEXEC) != 0
+        {
+            return fail();
+        }
+        let [alive_read, alive_write] = alive;
+        match libc::fork() {
+            -1 => fail(),
+            0 => {
+                // Pid 1 of the namespace: on to exec, unless the waiter is
+                // already gone (its end of the pipe closed: POLLHUP).
+                libc::close(alive_write);
+                let mut waiter = libc::pollfd {
+                    fd: alive_read,
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0
+                    || libc::poll(&mut waiter, 1, 0) != 0
+                {
+                    libc::_exit(127);
+                }
+                Ok(())
+            }
+            init => {
+                let last = libc::c_uint::MAX;
+                let keep = alive_write as libc::c_uint;
+                libc::syscall(libc::SYS_close_range, 3, keep - 1, 0);
+                libc::syscall(libc::SYS_close_range, keep + 1, last, 0);
+                let mut status = 0;
+                while libc::waitpid(init, &mut status, 0) < 0 {
+                    if *libc::__errno_location() != libc::EINTR {
+                        libc::_exit(127);
+                    }
+                }
+                if libc::WIFEXITED(status) {
+                    libc::_exit(libc::WEXITSTATUS(status));
+                }
+                libc::_exit(128 + libc::WTERMSIG(status));
+            }
+        }
+    }
+}
+
 fn run_mmdebstrap(
     mmdebstrap: &Path,
     recipe: &Recipe,
@@ -745,27 +826,15 @@ fn run_mmdebstrap(
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped());
-    // In a mount namespace of its own: the /proc, /sys and /dev mounts it
-    // makes in the chroot go with its last process, even when the build is
-    // killed (a daemon stopped while it prepares a template left them on
-    // the host). The files it writes are on the shared file system.
-    // SAFETY: the hook runs in the forked child before exec and makes two
-    // async-signal-safe system calls.
+    // Its whole process tree dies with the thread that started it (a
+    // daemon stopped or killed while it prepares a template left
+    // mmdebstrap, apt and dpkg running), and the /proc, /sys and /dev
+    // mounts it makes in the chroot go with it. The files it writes are on
+    // the shared file system.
+    // SAFETY: the hook runs in the forked child before exec, which is what
+    // `die_with_parent` is for; it makes only async-signal-safe calls.
     unsafe {
-        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
-            if libc::unshare(libc::CLONE_NEWNS) != 0
-                || libc::mount(
-                    std::ptr::null(),
-                    c"/".as_ptr(),
-                    std::ptr::null(),
-                    libc::MS_REC | libc::MS_PRIVATE,
-                    std::ptr::null(),
-                ) != 0
-            {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || die_with_parent());
     }
     let mut child = cmd.spawn().map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {

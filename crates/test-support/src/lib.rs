@@ -142,6 +142,42 @@ pub fn agent_bin() -> &'static Path {
     })
 }
 
+/// A static `brig-agent` (`<target>/agent-static/…/debug/brig-agent`), as
+/// a vm guest's init needs: built by every caller's first call (cargo is
+/// quick when nothing changed; a stale agent would be tested otherwise).
+pub fn static_agent_bin() -> PathBuf {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let target = match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(t) if Path::new(&t).is_absolute() => PathBuf::from(t),
+        Some(t) => root.join(t),
+        None => root.join("target"),
+    }
+    .join("agent-static");
+    let triple = "x86_64-unknown-linux-gnu";
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .current_dir(&root)
+        .args([
+            "build",
+            "-p",
+            "brig-agent",
+            "--target",
+            triple,
+            "--target-dir",
+        ])
+        .arg(&target)
+        .env("RUSTFLAGS", "-C target-feature=+crt-static")
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .output()
+        .expect("spawn cargo to build the static brig-agent");
+    assert!(
+        out.status.success(),
+        "building the static brig-agent failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    target.join(triple).join("debug/brig-agent")
+}
+
 /// Serve `router` on a fresh `127.0.0.1:0` socket from a task of the
 /// current runtime, as `brig serve` does; its address.
 #[cfg(feature = "http")]
@@ -184,6 +220,8 @@ pub fn agent_in_sandbox(
 
 #[cfg(feature = "gvisor")]
 pub use fixture::gvisor_manager_fixture;
+#[cfg(feature = "vm")]
+pub use fixture::vm_manager_fixture;
 #[cfg(feature = "runtime")]
 pub use fixture::{manager_fixture, ManagerFixture};
 
@@ -247,6 +285,30 @@ mod fixture {
                 platform: None,
             })
             .expect("prepare the gvisor tier");
+            vec![Arc::new(tier) as Arc<dyn brig_core::Tier>]
+        }))
+    }
+
+    /// A [`ManagerFixture`] that offers the vm tier too, as `brig serve`
+    /// does where QEMU is installed (guest kernel and images cached in
+    /// [`super::test_cache`]`/vm`, shared by every test); `None` (a
+    /// printed skip) where it is not.
+    #[cfg(feature = "vm")]
+    pub fn vm_manager_fixture(tweak: impl FnOnce(&mut ManagerConfig)) -> Option<ManagerFixture> {
+        let Some(qemu) = brig_vm::find_qemu() else {
+            super::skip("qemu-system-x86_64 is not installed (apt-get install qemu-system-x86): no vm tier to test");
+            return None;
+        };
+        let agent = super::static_agent_bin();
+        Some(fixture_with(tweak, |_, owner| {
+            let tier = brig_vm::VmTier::new(brig_vm::VmConfig {
+                qemu,
+                run_dir: std::path::PathBuf::from("/run/brig"),
+                home: super::test_cache().join("vm"),
+                agent,
+                owner: owner.to_string(),
+            })
+            .expect("prepare the vm tier");
             vec![Arc::new(tier) as Arc<dyn brig_core::Tier>]
         }))
     }

@@ -10,18 +10,23 @@
 //! SIGKILL leaves its guest running: the tier is owned by the caller's
 //! `/proc/<pid>`, so the next vm tier made on this host discards it.
 //!
-//! Not here yet: a terminal (`-t`).
+//! With `-t` the command runs on a terminal in the guest (the agent's PTY
+//! exec). `brig run` relays the caller's terminal to a local terminal's
+//! master, as on every tier; the local slave, raw (no echo, no signals,
+//! bytes as they are), is relayed to and from the guest's terminal, whose
+//! line discipline is the one that counts. Size changes go to the guest by
+//! [`OneShot::resize`].
 
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use brig_agent_client::{Connection, ExecRequest, Output};
+use brig_agent_client::{Connection, ExecRequest, Output, PtySize, Stdin};
 use brig_core::{
-    CommandFault, Ended, Instance, Isolation, Launch, NetworkAttachment, OneShot, SandboxId,
-    SandboxSpec, Tier, TierError, UserSpec,
+    CommandFault, Ended, Instance, Launch, NetworkAttachment, OneShot, SandboxId, SandboxSpec,
+    Tier, TierError, UserSpec,
 };
 
 use crate::tier::VmTier;
@@ -34,6 +39,10 @@ pub struct VmOneShot {
     exit_read: OwnedFd,
     output: Option<JoinHandle<()>>,
     code: Arc<Mutex<Option<i32>>>,
+    /// With `-t`: the local terminal's master, until `brig run` takes it.
+    master: Option<OwnedFd>,
+    /// With `-t`: passes the caller's size changes on to the guest.
+    resizer: Option<Stdin>,
     _conn: Connection,
 }
 
@@ -42,13 +51,6 @@ pub(crate) fn run(
     spec: &SandboxSpec,
     network: &NetworkAttachment,
 ) -> Result<Box<dyn OneShot>, TierError> {
-    if spec.tty {
-        return Err(TierError::Unsupported {
-            tier: Isolation::Vm,
-            op: "give a one-shot command a terminal",
-            reason: "not built yet: run it without -t".into(),
-        });
-    }
     let launch = Launch {
         id: SandboxId::from_random(rand::random()),
         template: spec.template.clone(),
@@ -78,6 +80,10 @@ pub(crate) fn run(
             user,
             uid,
             gid,
+            pty: spec.tty.then(|| {
+                let (rows, cols) = caller_size().unwrap_or((24, 80));
+                PtySize { rows, cols }
+            }),
             ..ExecRequest::default()
         })
         .map_err(|e| {
@@ -92,14 +98,36 @@ pub(crate) fn run(
             }
         })?;
 
-    // The caller's stdin to the command (or none).
+    // With a terminal: the local pair `brig run` relays to (the master)
+    // and this side relays to the guest (the slave, raw).
+    let local = if spec.tty {
+        Some(local_terminal().map_err(|e| TierError::failed(&id, "make a terminal", e))?)
+    } else {
+        None
+    };
+    let (master, slave) = match local {
+        Some((m, s)) => (Some(m), Some(s)),
+        None => (None, None),
+    };
+    let resizer = spec.tty.then(|| process.stdin());
+
+    // The caller's stdin (or the terminal's input) to the command, or none.
     let stdin = process.stdin();
-    if spec.stdin {
+    if spec.stdin || spec.tty {
+        let from = match &slave {
+            Some(s) => Some(
+                s.try_clone()
+                    .map_err(|e| TierError::failed(&id, "share its terminal", e))?,
+            ),
+            None => None,
+        };
         std::thread::spawn(move || {
             let mut stdin = stdin;
-            // SAFETY: fd 0 stays open for this process's life; the File is
-            // forgotten, never closed.
-            let mut input = std::mem::ManuallyDrop::new(unsafe { File::from_raw_fd(0) });
+            // The caller's stdin as a File of its own (a duplicate:
+            // closing it leaves fd 0 alone).
+            let input = from.or_else(|| std::io::stdin().as_fd().try_clone_to_owned().ok());
+            let Some(input) = input else { return };
+            let mut input = File::from(input);
             let mut buf = vec![0u8; 32 * 1024];
             while let Ok(n) = input.read(&mut buf) {
                 if n == 0 || stdin.write_all(&buf[..n]).is_err() {
@@ -129,21 +157,22 @@ pub(crate) fn run(
     let code = Arc::new(Mutex::new(None));
     let said = Arc::clone(&code);
     let output = std::thread::spawn(move || {
-        // SAFETY: fds 1 and 2 stay open for this process's life; the Files
-        // are forgotten, never closed.
-        let (mut out, mut err) = unsafe {
-            (
-                std::mem::ManuallyDrop::new(File::from_raw_fd(1)),
-                std::mem::ManuallyDrop::new(File::from_raw_fd(2)),
-            )
-        };
+        // A terminal's output (one stream) goes to the local slave, for
+        // `brig run` to read from the master; otherwise to duplicates of
+        // the caller's stdout and stderr (closing them leaves fds 1 and 2
+        // alone).
+        let dup = |fd: BorrowedFd<'_>| fd.try_clone_to_owned().ok().map(File::from);
+        let mut out = slave
+            .map(File::from)
+            .or_else(|| dup(std::io::stdout().as_fd()));
+        let mut err = dup(std::io::stderr().as_fd());
         for item in process {
             match item {
                 Ok(Output::Stdout(b)) => {
-                    let _ = out.write_all(&b);
+                    let _ = out.as_mut().map(|o| o.write_all(&b));
                 }
                 Ok(Output::Stderr(b)) => {
-                    let _ = err.write_all(&b);
+                    let _ = err.as_mut().map(|e| e.write_all(&b));
                 }
                 Ok(Output::Exited { code, signal }) => {
                     *said.lock().unwrap_or_else(|e| e.into_inner()) =
@@ -153,6 +182,7 @@ pub(crate) fn run(
                 Err(_) => break,
             }
         }
+        drop(out);
         drop(exit_write);
     });
     Ok(Box::new(VmOneShot {
@@ -160,13 +190,77 @@ pub(crate) fn run(
         exit_read,
         output: Some(output),
         code,
+        master,
+        resizer,
         _conn: conn,
     }))
 }
 
+/// The caller's terminal size, from whichever of stdin, stdout and stderr
+/// is a terminal.
+fn caller_size() -> Option<(u16, u16)> {
+    (0..3).find_map(|fd| {
+        // SAFETY: winsize is plain old data, filled by the ioctl on a
+        // standard descriptor.
+        let mut ws: libc::winsize = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        (unsafe { libc::ioctl(fd, libc::TIOCGWINSZ, &mut ws) } == 0 && ws.ws_col > 0)
+            .then_some((ws.ws_row, ws.ws_col))
+    })
+}
+
+/// A local terminal pair, the slave raw: what is written to one side
+/// comes out of the other unchanged (the guest's terminal does the echo,
+/// ^C and line editing).
+fn local_terminal() -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let (mut master, mut slave) = (0, 0);
+    // SAFETY: the out-pointers are valid ints; name, termios and size may
+    // be null.
+    if unsafe {
+        libc::openpty(
+            &mut master,
+            &mut slave,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            std::ptr::null(),
+        )
+    } != 0
+    {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: openpty returned two new descriptors that nothing else owns.
+    let (master, slave) = unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+    for fd in [&master, &slave] {
+        // SAFETY: fcntl on a descriptor owned here.
+        if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    // SAFETY: termios is plain old data, filled by tcgetattr before use.
+    let mut t: libc::termios = unsafe { std::mem::zeroed() };
+    // SAFETY: tcgetattr/cfmakeraw/tcsetattr on the slave owned here, with
+    // a termios that outlives the calls.
+    unsafe {
+        if libc::tcgetattr(slave.as_raw_fd(), &mut t) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        libc::cfmakeraw(&mut t);
+        if libc::tcsetattr(slave.as_raw_fd(), libc::TCSANOW, &t) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok((master, slave))
+}
+
 impl OneShot for VmOneShot {
     fn take_pty(&mut self) -> Option<OwnedFd> {
-        None
+        self.master.take()
+    }
+
+    fn resize(&self, rows: u16, cols: u16) {
+        if let Some(r) = &self.resizer {
+            let _ = r.resize(rows, cols);
+        }
     }
 
     fn exit_fd(&self) -> BorrowedFd<'_> {

@@ -24,44 +24,8 @@ fn owner() -> String {
     std::env::current_exe().unwrap().display().to_string()
 }
 
-/// The static brig-agent (a guest's /init has no libc to load): the one
-/// `brig`'s build.rs makes, built here the same way if it is missing.
 fn static_agent() -> PathBuf {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let target = match std::env::var_os("CARGO_TARGET_DIR") {
-        Some(t) if Path::new(&t).is_absolute() => PathBuf::from(t),
-        Some(t) => root.join(t),
-        None => root.join("target"),
-    }
-    .join("agent-static");
-    let triple = "x86_64-unknown-linux-gnu";
-    let bin = target.join(triple).join("debug/brig-agent");
-    // Always (cargo is quick when nothing changed): a stale agent would
-    // be tested otherwise.
-    {
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let out = Command::new(cargo)
-            .current_dir(&root)
-            .args([
-                "build",
-                "-p",
-                "brig-agent",
-                "--target",
-                triple,
-                "--target-dir",
-            ])
-            .arg(&target)
-            .env("RUSTFLAGS", "-C target-feature=+crt-static")
-            .env_remove("CARGO_ENCODED_RUSTFLAGS")
-            .output()
-            .expect("spawn cargo to build the static brig-agent");
-        assert!(
-            out.status.success(),
-            "building the static brig-agent failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    bin
+    brig_test_support::static_agent_bin()
 }
 
 /// The tier, or `None` (skipped) where QEMU is missing.

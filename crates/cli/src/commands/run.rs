@@ -37,7 +37,7 @@ pub struct RunArgs {
     template: String,
     /// Isolation tier: process (the default), gvisor (gVisor's
     /// application kernel; needs runsc) or vm (a QEMU virtual machine with
-    /// its own kernel; needs QEMU; no -t yet). `brig
+    /// its own kernel; needs QEMU). `brig
     /// doctor` says which this host offers.
     #[arg(long, default_value = "process", value_name = "TIER", value_parser = super::create::parse_isolation)]
     isolation: brig_core::Isolation,
@@ -383,6 +383,7 @@ fn supervise(
     };
     if let Some(t) = &term {
         t.sync_window_size();
+        resize(sandbox);
     }
     loop {
         let mut fds: Vec<libc::pollfd> = vec![
@@ -426,6 +427,7 @@ fn supervise(
             if sig == libc::SIGWINCH {
                 if let Some(t) = &term {
                     t.sync_window_size();
+                    resize(sandbox);
                 }
                 continue;
             }
@@ -442,6 +444,13 @@ fn supervise(
                 return Ok(Outcome::TimedOut(limit));
             }
         }
+    }
+}
+
+/// The caller's terminal size to a tier that keeps its own terminal.
+fn resize(sandbox: &dyn OneShot) {
+    if let Some((rows, cols)) = tty::window_size() {
+        sandbox.resize(rows, cols);
     }
 }
 

@@ -153,10 +153,15 @@ pub async fn create(f: &ManagerFixture) -> String {
 pub async fn create_on(f: &ManagerFixture, isolation: Isolation) -> String {
     let manager = Arc::clone(&f.manager);
     let tenant = manager.authenticate(&f.key).unwrap().tenant;
-    let config = CreateConfig {
+    let mut config = CreateConfig {
         isolation,
         ..CreateConfig::default()
     };
+    // A guest boots a root file system of its own: the test rootfs.
+    if isolation == Isolation::Vm {
+        let rootfs = brig_test_support::rootfs().expect("BRIG_TEST_ROOTFS for a vm sandbox");
+        config.template = brig_core::TemplateRef::Dir(rootfs);
+    }
     let record = tokio::task::spawn_blocking(move || manager.create(&tenant, config))
         .await
         .unwrap()
