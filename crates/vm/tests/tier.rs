@@ -10,7 +10,6 @@
 //! otherwise (fails under BRIG_TEST_STRICT=1).
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
