@@ -115,14 +115,16 @@ def packet(kind, payload):
     return bytes(out)
 
 
-def qemu_round(qemu, kernel, initramfs, image, scratch, accel):
-    """A bare QEMU with brig's machine, until the agent's Ready."""
+def bare_machine(qemu, kernel, initramfs, image, scratch, accel, disk_size=1 << 30, append=""):
+    """brig's machine started by hand: the command line, with a fresh
+    writable disk in `scratch` (made here) and the agent's socket there.
+    `append`: more kernel command line keys."""
     disk = scratch / "disk.ext4"
     sock = scratch / "agent.sock"
     for p in (disk, sock):
         p.unlink(missing_ok=True)
     with open(disk, "wb") as f:
-        f.truncate(1 << 30)
+        f.truncate(disk_size)
     subprocess.run(["mkfs.ext4", "-q", "-F", "-O", "^has_journal", "-b", "4096", "-m", "0",
                     "-E", "root_owner=0:0,lazy_itable_init=1,nodiscard", str(disk)], check=True)
     args = [qemu, "-nodefaults", "-no-user-config", "-nographic", "-machine", "q35",
@@ -130,7 +132,7 @@ def qemu_round(qemu, kernel, initramfs, image, scratch, accel):
             "-m", "512M", "-smp", "1",
             "-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
             "-kernel", str(kernel), "-initrd", str(initramfs),
-            "-append", "console=ttyS0 quiet panic=-1 reboot=t brig.hostname=peer -- --vm-init",
+            "-append", f"console=ttyS0 quiet panic=-1 reboot=t brig.hostname=peer{append} -- --vm-init",
             "-no-reboot", "-serial", f"file:{scratch / 'console.log'}",
             "-drive", f"if=none,id=root,format=raw,readonly=on,file={image}",
             "-device", "virtio-blk-pci,drive=root,serial=brig-root",
@@ -141,6 +143,18 @@ def qemu_round(qemu, kernel, initramfs, image, scratch, accel):
             "-device", "virtserialport,chardev=agent,name=org.brig.agent"]
     if accel == "kvm":
         args[args.index("-m"):args.index("-m")] = ["-cpu", "host"]
+    return args, sock
+
+
+def finish(out, lines):
+    """The summary: into `out`/summary.txt and on stdout."""
+    (out / "summary.txt").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def qemu_round(qemu, kernel, initramfs, image, scratch, accel):
+    """A bare QEMU with brig's machine, until the agent's Ready."""
+    args, sock = bare_machine(qemu, kernel, initramfs, image, scratch, accel)
     t0 = time.perf_counter()
     p = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                          stderr=subprocess.PIPE)
@@ -258,8 +272,7 @@ def main():
         f"ratio vm create / process create:     {v_ready / p_ready:.0f}x",
         f"ratio vm exec / process exec:         {v_exec / p_exec:.1f}x",
     ]
-    (out / "summary.txt").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    finish(out, lines)
 
 
 if __name__ == "__main__":

@@ -12,8 +12,9 @@ guest's own Linux), not the host's; commands.run (stdout, stderr, exit
 codes, a background command); files.write / read / list; the metadata is
 shown back; an unknown tier is refused at create; a memory snapshot (a
 process keeps running, with its memory, in a sandbox created from it; the
-parent runs on). A vm sandbox is created without internet access: the
-tier has no network yet.
+parent runs on). On vm, `allow_internet_access` is honoured: the first
+sandbox (default: allowed) has eth0 at its sandbox address, the snapshot's
+parent (not allowed) has no network device at all.
 
 Prints one line per check and `N passed, 0 failed` at the end.
 """
@@ -27,8 +28,7 @@ from sdk_checks import check, raises, summary
 
 template = os.environ.get("E2B_TEMPLATE", "base")
 tier = os.environ.get("BRIG_ISOLATION", "gvisor")
-extra = {"allow_internet_access": False} if tier == "vm" else {}
-sbx = Sandbox.create(template, metadata={"brig.isolation": tier}, timeout=120, **extra)
+sbx = Sandbox.create(template, metadata={"brig.isolation": tier}, timeout=120)
 print(f"sandbox {sbx.sandbox_id}", flush=True)
 try:
     host = open("/proc/version").read().strip()
@@ -36,6 +36,9 @@ try:
     check("runs under its tier's kernel, not the host's", host not in r.stdout, r.stdout)
     if tier == "vm":
         check("the guest's own Linux (Debian's cloud kernel)", "cloud-amd64" in r.stdout, r.stdout)
+        n = sbx.commands.run("ls /sys/class/net; grep -c '10\\.88\\.' /proc/net/fib_trie; true")
+        check("internet access allowed: eth0 at a sandbox address",
+              "eth0" in n.stdout.split() and int(n.stdout.split()[-1]) > 0, n.stdout)
     else:
         check("gVisor's boot messages", "gVisor" in r.stdout, r.stdout)
     check("stderr apart", r.stderr == "err\n", r.stderr)
@@ -97,6 +100,9 @@ if tier in ("gvisor", "vm"):
             background=True,
         )
         before = until(lambda: state(parent))
+        if tier == "vm":
+            links = parent.commands.run("ls /sys/class/net").stdout.split()
+            check("internet access not allowed: no network device", links == ["lo"], links)
         snap = parent.create_snapshot()
         check(f"a snapshot of a {tier} sandbox", snap.snapshot_id.startswith("snap-"), snap)
         child = Sandbox.create(snap.snapshot_id, allow_internet_access=False, timeout=120)

@@ -710,3 +710,203 @@ pub fn set_realtime(ns: u64) -> io::Result<()> {
     // SAFETY: a timespec that outlives the call.
     check(unsafe { libc::clock_settime(libc::CLOCK_REALTIME, &ts) }).map(drop)
 }
+
+/// An IPv4 interface request: `struct ifreq`, its name and then 24 bytes
+/// of union (a `sockaddr_in` or the flags).
+#[repr(C)]
+struct IfReq {
+    name: [u8; libc::IFNAMSIZ],
+    data: [u8; 24],
+}
+
+impl IfReq {
+    fn new(name: &str) -> io::Result<IfReq> {
+        let mut req = IfReq {
+            name: [0; libc::IFNAMSIZ],
+            data: [0; 24],
+        };
+        if name.len() >= libc::IFNAMSIZ || name.contains('\0') {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("bad interface name {name:?}"),
+            ));
+        }
+        req.name[..name.len()].copy_from_slice(name.as_bytes());
+        Ok(req)
+    }
+
+    fn with_addr(name: &str, addr: std::net::Ipv4Addr) -> io::Result<IfReq> {
+        let mut req = IfReq::new(name)?;
+        req.data[..16].copy_from_slice(&sockaddr_in(addr));
+        Ok(req)
+    }
+}
+
+/// A `struct sockaddr_in` for `addr`, port 0, as bytes.
+fn sockaddr_in(addr: std::net::Ipv4Addr) -> [u8; 16] {
+    let mut sa = [0u8; 16];
+    sa[..2].copy_from_slice(&(libc::AF_INET as u16).to_ne_bytes());
+    sa[4..8].copy_from_slice(&addr.octets());
+    sa
+}
+
+/// An IPv4 datagram socket, to name interfaces and routes to the kernel.
+fn inet_socket() -> io::Result<OwnedFd> {
+    // SAFETY: socket takes integers; the result is checked and owned once.
+    let fd =
+        check(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })?;
+    // SAFETY: a descriptor socket just returned.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn ifreq_ioctl(sock: &OwnedFd, request: libc::c_ulong, req: &mut IfReq) -> io::Result<()> {
+    // SAFETY: an interface ioctl with a struct ifreq-sized buffer that
+    // outlives the call.
+    check(unsafe { libc::ioctl(sock.as_raw_fd(), request as _, req as *mut IfReq) }).map(drop)
+}
+
+/// Set interface `name` up (`ip link set NAME up`).
+pub fn link_up(name: &str) -> io::Result<()> {
+    let sock = inet_socket()?;
+    let mut req = IfReq::new(name)?;
+    ifreq_ioctl(&sock, libc::SIOCGIFFLAGS, &mut req)?;
+    let flags = i16::from_ne_bytes([req.data[0], req.data[1]]) | libc::IFF_UP as i16;
+    req.data[..2].copy_from_slice(&flags.to_ne_bytes());
+    ifreq_ioctl(&sock, libc::SIOCSIFFLAGS, &mut req)
+}
+
+/// Give interface `name` the single address `addr`/32 (replacing the one
+/// it had), set it up, route `gateway` on-link through it and everything
+/// else via `gateway`; and forget `gateway`'s link-layer address (a
+/// restored guest's gateway is a new link).
+pub fn set_ipv4(
+    name: &str,
+    addr: std::net::Ipv4Addr,
+    gateway: std::net::Ipv4Addr,
+) -> io::Result<()> {
+    let sock = inet_socket()?;
+    let what =
+        |op: &'static str| move |e: io::Error| io::Error::new(e.kind(), format!("{op}: {e}"));
+    ifreq_ioctl(&sock, libc::SIOCSIFADDR, &mut IfReq::with_addr(name, addr)?)
+        .map_err(what("set the address"))?;
+    let all = std::net::Ipv4Addr::BROADCAST;
+    ifreq_ioctl(
+        &sock,
+        libc::SIOCSIFNETMASK,
+        &mut IfReq::with_addr(name, all)?,
+    )
+    .map_err(what("set the netmask"))?;
+    link_up(name).map_err(what("set the link up"))?;
+    let unspecified = std::net::Ipv4Addr::UNSPECIFIED;
+    add_route(&sock, name, gateway, all, None).map_err(what("route to the gateway"))?;
+    add_route(&sock, name, unspecified, unspecified, Some(gateway))
+        .map_err(what("route via the gateway"))?;
+    forget_neighbour(&sock, name, gateway).map_err(what("forget the gateway's old link"))
+}
+
+/// `struct rtentry` (route(8)'s ioctl), as the kernel lays it out.
+#[repr(C)]
+struct RtEntry {
+    pad1: libc::c_ulong,
+    dst: [u8; 16],
+    gateway: [u8; 16],
+    genmask: [u8; 16],
+    flags: libc::c_ushort,
+    pad2: libc::c_short,
+    pad3: libc::c_ulong,
+    pad4: *mut libc::c_void,
+    metric: libc::c_short,
+    dev: *mut libc::c_char,
+    mtu: libc::c_ulong,
+    window: libc::c_ulong,
+    irtt: libc::c_ushort,
+}
+
+/// A route to `dst`/`mask` out of `dev`, via `gateway` if given (else
+/// on-link); one there already is fine.
+fn add_route(
+    sock: &OwnedFd,
+    dev: &str,
+    dst: std::net::Ipv4Addr,
+    mask: std::net::Ipv4Addr,
+    gateway: Option<std::net::Ipv4Addr>,
+) -> io::Result<()> {
+    const RTF_UP: libc::c_ushort = 0x1;
+    const RTF_GATEWAY: libc::c_ushort = 0x2;
+    const RTF_HOST: libc::c_ushort = 0x4;
+    let dev = cstr(dev)?;
+    let mut flags = RTF_UP;
+    if gateway.is_some() {
+        flags |= RTF_GATEWAY;
+    }
+    if mask == std::net::Ipv4Addr::BROADCAST {
+        flags |= RTF_HOST;
+    }
+    let mut rt = RtEntry {
+        pad1: 0,
+        dst: sockaddr_in(dst),
+        gateway: sockaddr_in(gateway.unwrap_or(std::net::Ipv4Addr::UNSPECIFIED)),
+        genmask: sockaddr_in(mask),
+        flags,
+        pad2: 0,
+        pad3: 0,
+        pad4: std::ptr::null_mut(),
+        metric: 0,
+        dev: dev.as_ptr().cast_mut(),
+        mtu: 0,
+        window: 0,
+        irtt: 0,
+    };
+    // SAFETY: SIOCADDRT with a struct rtentry and a device name that
+    // outlive the call.
+    ioctl_unless(
+        unsafe {
+            libc::ioctl(
+                sock.as_raw_fd(),
+                libc::SIOCADDRT as _,
+                &mut rt as *mut RtEntry,
+            )
+        },
+        libc::EEXIST,
+    )
+}
+
+/// An ioctl's result, where `fine` (the state asked for is there already)
+/// is no error.
+fn ioctl_unless(rc: libc::c_int, fine: libc::c_int) -> io::Result<()> {
+    match check(rc) {
+        Err(e) if e.raw_os_error() == Some(fine) => Ok(()),
+        r => r.map(drop),
+    }
+}
+
+/// Drop the ARP entry of `addr` on `dev` (none is fine).
+fn forget_neighbour(sock: &OwnedFd, dev: &str, addr: std::net::Ipv4Addr) -> io::Result<()> {
+    /// `struct arpreq`.
+    #[repr(C)]
+    struct ArpReq {
+        pa: [u8; 16],
+        ha: [u8; 16],
+        flags: libc::c_int,
+        netmask: [u8; 16],
+        dev: [u8; 16],
+    }
+    let mut req = ArpReq {
+        pa: sockaddr_in(addr),
+        ha: [0; 16],
+        flags: 0,
+        netmask: [0; 16],
+        dev: IfReq::new(dev)?.name,
+    };
+    // SAFETY: SIOCDARP with a struct arpreq that outlives the call.
+    ioctl_unless(
+        unsafe {
+            libc::ioctl(
+                sock.as_raw_fd(),
+                libc::SIOCDARP as _,
+                &mut req as *mut ArpReq,
+            )
+        },
+        libc::ENXIO,
+    )
+}

@@ -16,10 +16,14 @@
 //! guest root: overlay(lower = brig-root, upper = brig-disk/upper)
 //! agent:      /run/brig-agent/agent.sock (0700 directory), relay ↔ the port
 //!             named org.brig.agent
+//! network:    lo up; eth0 (virtio-net, if the host gave one) at brig.ip=/32,
+//!             brig.gw= on-link and the default route (kernel command line;
+//!             `Readdress` after a restore)
 //! ```
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, Read, Write};
+use std::net::Ipv4Addr;
 use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -109,6 +113,9 @@ pub fn run() -> Result<(), String> {
     if let Some(name) = cmdline_value("brig.hostname") {
         let _ = sys::sethostname(&name);
     }
+    // 6½. Its network: loopback always; `eth0` where the host gave the
+    //     machine a network device (and named its address).
+    network(deadline)?;
     // 7. The agent's socket, in a directory only the guest's root enters;
     //    then the relay to the host, and the agent serves.
     fs::DirBuilder::new()
@@ -145,6 +152,56 @@ pub fn fail(message: &str) -> ! {
     eprintln!("brig-agent (vm init): cannot power off: {e}");
     loop {
         thread::sleep(Duration::from_secs(3600));
+    }
+}
+
+/// The guest's links: loopback up; with `brig.ip=` and `brig.gw=` on the
+/// command line (the host attached a network device), `eth0` at that
+/// address, everything routed via the gateway, and a resolver the
+/// gateway answers for.
+fn network(deadline: Instant) -> Result<(), String> {
+    sys::link_up("lo").map_err(|e| format!("set loopback up: {e}"))?;
+    let ip = |key: &str| cmdline_value(key).and_then(|v| v.parse::<Ipv4Addr>().ok());
+    let (Some(addr), Some(gateway)) = (ip("brig.ip"), ip("brig.gw")) else {
+        return Ok(());
+    };
+    wait_for(deadline, || {
+        Path::new(&format!("/sys/class/net/{NIC}"))
+            .exists()
+            .then_some(())
+    })?;
+    sys::set_ipv4(NIC, addr, gateway).map_err(|e| format!("configure {NIC}: {e}"))?;
+    resolver(gateway);
+    Ok(())
+}
+
+/// The guest's network device (the kernel's first ethernet name: no udev
+/// renames it).
+const NIC: &str = "eth0";
+
+/// A resolv.conf that names a nameserver off the guest's loopback: the
+/// template's own if it does (the gateway answers DNS sent to any
+/// address), else one naming the gateway (a loopback stub such as
+/// systemd-resolved's 127.0.0.53 would be the guest's own, and nobody
+/// answers there).
+fn resolver(gateway: Ipv4Addr) {
+    const FILE: &str = "/etc/resolv.conf";
+    let usable = fs::read_to_string(FILE).is_ok_and(|text| {
+        text.lines().any(|l| {
+            let mut w = l.split_whitespace();
+            w.next() == Some("nameserver")
+                && w.next()
+                    .and_then(|a| a.parse::<std::net::IpAddr>().ok())
+                    .is_some_and(|a| !a.is_loopback())
+        })
+    });
+    if !usable {
+        // A symlink (to a stub's file under /run) is replaced, not
+        // followed.
+        let _ = fs::remove_file(FILE);
+        if let Err(e) = fs::write(FILE, format!("nameserver {gateway}\n")) {
+            eprintln!("brig-agent (vm init): cannot write {FILE}: {e}");
+        }
     }
 }
 
@@ -299,6 +356,15 @@ impl Relay {
                 Packet::Renewed(r.nonce).encode_into(&mut out);
                 let _ = lock(&self.writer).write_all(&out);
             }
+            Packet::Readdress(a) => match sys::set_ipv4(NIC, a.addr, a.gateway) {
+                Ok(()) => {
+                    let mut out = Vec::new();
+                    Packet::Renewed(a.nonce).encode_into(&mut out);
+                    let _ = lock(&self.writer).write_all(&out);
+                }
+                // Unanswered: the host gives up and says why.
+                Err(e) => eprintln!("brig-agent (vm init): cannot readdress {NIC}: {e}"),
+            },
             Packet::Ready(_) | Packet::Renewed(_) => {}
         }
     }

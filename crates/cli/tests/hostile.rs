@@ -1211,10 +1211,6 @@ impl Daemon {
         cmd.args(["create", "--timeout", "5m"]);
         if let Mode::Tier(t) = mode {
             cmd.args(["--isolation", t.name()]);
-            if t == Isolation::Vm {
-                // The vm tier has no network yet.
-                cmd.args(["--network", "none"]);
-            }
             if let Some(template) = mode.template().brig_arg() {
                 cmd.args(["--template", &template]);
             }
@@ -2515,9 +2511,13 @@ mod file_api {
 /// and capability programs: in the guest the command is its root, and the
 /// guest is the boundary), those that exhaust or end the guest (the
 /// bombs, the CPU spin, kill_all, pid1_attack, orphan_daemon, fs_watch,
-/// fd_exhaust), and those with a setup of their own (network_egress's host
-/// listener: the vm tier has no network yet; cross_sandbox; file_race).
+/// fd_exhaust), and those with a setup of their own (cross_sandbox;
+/// file_race). The guest is on the daemon's default network, so
+/// network_egress tries the host's listener through it (at the gateway and
+/// at every host address): the guest's NIC leads to the gateway and
+/// nowhere else.
 const VM_PROGRAMS: &[&str] = &[
+    "network_egress",
     "read_host_files",
     "proc_root_tricks",
     "dotdot_traversal",
@@ -2556,13 +2556,23 @@ fn run_vm_corpus() {
     let started = Instant::now();
     let sandbox = d.create(mode, &case("mountinfo", mode));
     let booted = started.elapsed();
+    // network_egress tries to reach this listener on every host address.
+    let listener = CanaryListener::start();
+    let mut reach = vec!["--host-port".to_string(), listener.port.to_string()];
+    for a in host_addresses() {
+        reach.extend(["--host-addr".to_string(), a]);
+    }
     let mut failures = Vec::new();
     let mut ids = Vec::new();
     let mut verdicts = Vec::new();
     for &program in VM_PROGRAMS {
         let case = case(program, mode);
         let id = run_id(program);
-        let args = program_args(&case, mode, &id, &[]);
+        let extra: Vec<&str> = match program {
+            "network_egress" => reach.iter().map(String::as_str).collect(),
+            _ => Vec::new(),
+        };
+        let args = program_args(&case, mode, &id, &extra);
         let run = d
             .exec(mode, &sandbox, &case, &args)
             .finish(case.within + Duration::from_secs(30));
@@ -2590,6 +2600,7 @@ fn run_vm_corpus() {
     failures.extend(d.problems());
     let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
     failures.extend(watch.finish(&ids).into_iter().map(|p| format!("HOST: {p}")));
+    failures.extend(listener.reached().into_iter().map(|p| format!("HOST: {p}")));
     eprintln!(
         "the corpus in one vm guest (booted in {booted:.1?}, all in {:.1?}):\n  {}",
         started.elapsed(),

@@ -61,7 +61,8 @@ fn qemu_pids(id: &str) -> Vec<u32> {
 }
 
 /// Nothing of sandbox `id` on the host: no QEMU, no directory (sockets,
-/// disk, logs), no cgroup.
+/// disk, logs), no cgroup, no link to any daemon's gateway (its network
+/// namespace, tap and bridge went with QEMU, its last user).
 fn assert_nothing_left(id: &str) {
     let gone = eventually(Duration::from_secs(15), || qemu_pids(id).is_empty());
     assert!(gone, "QEMU processes of {id} left: {:?}", qemu_pids(id));
@@ -81,20 +82,63 @@ fn assert_nothing_left(id: &str) {
         let d = Path::new("/sys/fs/cgroup").join(c).join("brig-vm").join(id);
         assert!(!d.exists(), "cgroup left: {}", d.display());
     }
+    let link = format!("b-{id}");
+    let linked = || -> Vec<String> {
+        let pins = std::fs::read_dir("/run/brig/net")
+            .into_iter()
+            .flatten()
+            .flatten();
+        pins.filter(|p| p.file_name().to_string_lossy().starts_with("gw-"))
+            .filter(|p| p.path().extension().is_none())
+            .filter_map(|p| {
+                let net = format!("--net={}", p.path().display());
+                let out = Command::new("nsenter")
+                    .args([net.as_str(), "ip", "-o", "link", "show", "dev", &link])
+                    .output()
+                    .ok()?;
+                out.status.success().then(|| text(&out.stdout))
+            })
+            .collect()
+    };
+    assert!(
+        eventually(Duration::from_secs(15), || linked().is_empty()),
+        "its gateway link is left: {:?}",
+        linked()
+    );
 }
 
+/// `brig create --isolation vm` on `template`, with `--network none`
+/// unless `extra` names a network.
 fn create(daemon: &Daemon, template: &str, extra: &[&str]) -> String {
-    let mut args = vec![
-        "create",
-        "--isolation",
-        "vm",
-        "--network",
-        "none",
-        "--template",
-        template,
-    ];
+    let mut args = vec!["create", "--isolation", "vm", "--template", template];
+    if !extra.contains(&"--network") {
+        args.extend(["--network", "none"]);
+    }
     args.extend_from_slice(extra);
     ok(daemon.brig(&args), "create").trim().to_string()
+}
+
+/// The network links the guest of sandbox `id` sees.
+fn links(daemon: &Daemon, id: &str) -> String {
+    ok(
+        daemon.brig(&["exec", id, "--", "ls", "/sys/class/net"]),
+        "ls /sys/class/net",
+    )
+}
+
+/// The guest of `id` tries a connection to a private address (which the
+/// gateway refuses whatever the policy: nothing leaves the host), and its
+/// sandbox's gateway log shows it: the guest's packets leave with the
+/// sandbox's own address. Its eth0 is at that address.
+fn reaches_its_gateway(daemon: &Daemon, id: &str, port: u16) {
+    let dial = format!("timeout 10 bash -c 'echo > /dev/tcp/10.0.0.1/{port}' || true");
+    ok(daemon.brig(&["exec", id, "--", "sh", "-c", &dial]), "dial");
+    let want = format!("denied  10.0.0.1:{port}");
+    let logged = eventually(Duration::from_secs(10), || {
+        text(&daemon.brig(&["net", id, "--connections"]).stdout).contains(&want)
+    });
+    let log = text(&daemon.brig(&["net", id, "--connections"]).stdout);
+    assert!(logged, "{id}: no `{want}` in its gateway log: {log}");
 }
 
 /// One guest, all the way: it runs its own kernel; exec with stdout,
@@ -314,10 +358,12 @@ fn a_vm_sandbox_through_the_cli_and_the_api() {
 }
 
 /// The native API and E2B's make vm sandboxes (E2B's through the
-/// `brig.isolation` metadata key), and both refuse one that would need a
-/// network, which the tier does not have yet.
+/// `brig.isolation` metadata key): with a network (the native API's
+/// default) the guest has eth0 and its packets reach the sandbox's
+/// gateway; without one (`network: none`, E2B's
+/// `allow_internet_access: false`) it has loopback only, no device at all.
 #[test]
-fn the_native_and_e2b_apis_create_vm_sandboxes_without_a_network() {
+fn the_native_and_e2b_apis_create_vm_sandboxes_with_and_without_a_network() {
     let Some(template) = ready() else { return };
     let home = tempfile::tempdir().unwrap();
     let daemon = Daemon::start_with(
@@ -331,14 +377,6 @@ fn the_native_and_e2b_apis_create_vm_sandboxes_without_a_network() {
         ],
     );
 
-    // A network is refused, clearly.
-    let (status, err) = daemon.call(
-        "POST",
-        "/v1/sandboxes",
-        Some(json!({"isolation": "vm", "template": template})),
-    );
-    assert_eq!(status, 400, "{err}");
-    assert!(err.to_string().contains("no network yet"), "{err}");
     // The host template is not a root file system of the guest's own.
     let (status, err) = daemon.call(
         "POST",
@@ -358,7 +396,6 @@ fn the_native_and_e2b_apis_create_vm_sandboxes_without_a_network() {
             "isolation": "vm",
             "template": template,
             "memory": "256M",
-            "network": {"mode": "none"},
         })),
     );
     assert_eq!(status, 201, "{sb}");
@@ -367,13 +404,6 @@ fn the_native_and_e2b_apis_create_vm_sandboxes_without_a_network() {
 
     // E2B: the metadata key picks the tier; no internet access asked.
     let (api, _) = daemon.e2b.clone().unwrap();
-    let (status, err) = daemon.call(
-        "POST",
-        &format!("{api}/sandboxes"),
-        Some(json!({"templateID": template, "metadata": {"brig.isolation": "vm"}})),
-    );
-    assert_eq!(status, 400, "{err}");
-    assert!(err.to_string().contains("no network yet"), "{err}");
     let (status, e2b) = daemon.call(
         "POST",
         &format!("{api}/sandboxes"),
@@ -397,6 +427,15 @@ fn the_native_and_e2b_apis_create_vm_sandboxes_without_a_network() {
         let out = ok(daemon.brig(&["exec", id, "--", "uname", "-r"]), "uname");
         assert_ne!(out.trim(), host.trim());
     }
+    // The native one on its network; E2B's without any.
+    assert!(links(&daemon, &native).contains("eth0"), "no eth0");
+    reaches_its_gateway(&daemon, &native, 9);
+    assert_eq!(
+        links(&daemon, &e2b_id)
+            .split_whitespace()
+            .collect::<Vec<_>>(),
+        ["lo"]
+    );
 
     let (status, _) = daemon.call("DELETE", &format!("{api}/sandboxes/{e2b_id}"), None);
     assert!(status < 300, "E2B kill: {status}");
@@ -549,7 +588,7 @@ fn brig_run_runs_one_command_in_a_guest() {
             "--",
             "sh",
             "-c",
-            "read x; echo got:$x; hostname; uname -r; echo err >&2; exit 3",
+            "read x; echo got:$x; hostname; uname -r; echo $(ls /sys/class/net); echo err >&2; exit 3",
         ],
         b"piped\n",
     );
@@ -563,26 +602,39 @@ fn brig_run_runs_one_command_in_a_guest() {
     );
     assert_ne!(lines[2], host.trim(), "the host's kernel answered");
     assert!(lines[2].ends_with("-cloud-amd64"), "{stdout}");
+    assert_eq!(lines[3], "lo", "--network none: no network device");
     assert!(text(&out.stderr).contains("err"), "{}", text(&out.stderr));
     // The guest's hostname is its sandbox's id.
     assert_nothing_left(lines[1]);
 
+    // With a network (the default): the guest has eth0 at the sandbox's
+    // address, routed via the gateway.
     let out = run(
-        &["--isolation", "vm", "--template", &template, "--", "true"],
+        &[
+            "--isolation",
+            "vm",
+            "--template",
+            &template,
+            "--",
+            "sh",
+            "-c",
+            "hostname; ls /sys/class/net; cat /proc/net/route",
+        ],
         b"",
     );
-    assert!(!out.status.success());
-    assert!(
-        text(&out.stderr).contains("no network yet"),
-        "{}",
-        text(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let said = text(&out.stdout);
+    assert!(said.contains("eth0"), "{said}");
+    assert_nothing_left(said.lines().next().unwrap_or_default());
+    // The default route via 10.87.0.1 (little-endian hex).
+    assert!(said.contains("eth0\t00000000\t0100570A"), "{said}");
 }
 
 /// The official E2B Python SDK on a vm sandbox (tests/e2b/tier_sdk.py, as
 /// gvisor.rs runs it on gvisor): picked with the metadata key
-/// `brig.isolation`, created without internet access; commands, files, a
-/// background command, the guest's own kernel; a memory snapshot
+/// `brig.isolation`; `allow_internet_access` honoured (eth0 with it, no
+/// network device without); commands, files, a background command, the
+/// guest's own kernel; a memory snapshot
 /// (`create_snapshot`, `Sandbox.create(snapshot_id)`: a process runs on
 /// with its memory; the parent too); nothing left after its kill.
 #[test]
@@ -601,7 +653,7 @@ fn e2b_clients_pick_vm_with_a_metadata_key() {
             "none",
         ],
     );
-    let Some(stdout) = daemon.run_tier_sdk(&template, "vm", 21) else {
+    let Some(stdout) = daemon.run_tier_sdk(&template, "vm", 23) else {
         return;
     };
     let id = stdout
@@ -624,8 +676,42 @@ fn memory_snapshots_restores_and_forks_of_a_vm_sandbox() {
     let Some(template) = ready() else { return };
     let home = tempfile::tempdir().unwrap();
     let daemon = Daemon::start(home.path());
-    let parent = create(&daemon, &template, &["--memory", "256M"]);
+    // On a network: each copy lands in a namespace of its own, at an
+    // address of its own, which its guest is given (`Readdress`).
+    let parent = create(
+        &daemon,
+        &template,
+        &["--memory", "256M", "--network", "public"],
+    );
     let (daemon, copies) = support::memory_snapshots_through_the_cli(daemon, home.path(), &parent);
+    for (port, id) in (1u16..).zip(copies.iter().chain([&parent])) {
+        reaches_its_gateway(&daemon, id, port);
+    }
+    // Restored with no network, a machine saved with a device keeps it
+    // (its state must match), leading nowhere.
+    let snap = ok(daemon.brig(&["snapshot", "create", &parent]), "snapshot");
+    let cut = ok(
+        daemon.brig(&[
+            "create",
+            "--from-snapshot",
+            snap.trim(),
+            "--network",
+            "none",
+        ]),
+        "restore with network none",
+    );
+    let cut = cut.trim();
+    assert!(links(&daemon, cut).contains("eth0"), "the saved device");
+    let dial = "timeout 8 bash -c 'echo > /dev/tcp/10.0.0.1/80' && echo reached || echo not";
+    let said = ok(daemon.brig(&["exec", cut, "--", "sh", "-c", dial]), "dial");
+    assert_eq!(
+        said.trim(),
+        "not",
+        "a guest restored with no network reached out"
+    );
+    ok(daemon.brig(&["rm", "-f", cut]), "rm");
+    assert_nothing_left(cut);
+    ok(daemon.brig(&["snapshot", "rm", snap.trim()]), "snapshot rm");
     drop(daemon);
     for id in copies.iter().map(|s| s.as_str()).chain([parent.as_str()]) {
         assert_nothing_left(id);

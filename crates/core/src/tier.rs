@@ -154,8 +154,20 @@ pub enum Checkpoints {
     /// Its memory and processes as well as its files
     /// ([`Instance::checkpoint`], [`Tier::restore`]), for a sandbox on
     /// [`NetworkAttachment::Loopback`] only: the runtime gives one created
-    /// with no network no namespace, so that it can be checkpointed.
+    /// with no network no namespace, so that it can be checkpointed, and
+    /// restores with no network.
     MemoryOnLoopback,
+    /// Its memory and processes as well as its files, whatever its network
+    /// attachment: a restore may be given any (the tier moves the restored
+    /// sandbox to its new namespace and address).
+    Memory,
+}
+
+impl Checkpoints {
+    /// Whether a snapshot keeps memory and processes.
+    pub fn memory(self) -> bool {
+        matches!(self, Checkpoints::MemoryOnLoopback | Checkpoints::Memory)
+    }
 }
 
 /// A sandbox's resource use now.

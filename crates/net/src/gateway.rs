@@ -586,7 +586,17 @@ impl Gateway {
 /// from the kernel's routing trie of that namespace (`/proc/<pid>/net`
 /// shows the process's namespace): the local /32 in the sandboxes' range.
 pub fn address_of_pid(pid: u32) -> Option<Ipv4Addr> {
-    let trie = std::fs::read_to_string(format!("/proc/{pid}/net/fib_trie")).ok()?;
+    address_in(&format!("/proc/{pid}/net/fib_trie"))
+}
+
+/// The sandbox address of the network namespace the calling thread is in
+/// (see [`address_of_pid`]).
+pub fn address_here() -> Option<Ipv4Addr> {
+    address_in("/proc/thread-self/net/fib_trie")
+}
+
+fn address_in(fib_trie: &str) -> Option<Ipv4Addr> {
+    let trie = std::fs::read_to_string(fib_trie).ok()?;
     let mut last: Option<Ipv4Addr> = None;
     for line in trie.lines() {
         let t = line.trim_start_matches([' ', '|', '+', '-']).trim();

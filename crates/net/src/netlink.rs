@@ -125,6 +125,36 @@ impl Rtnl {
         self.request(RouteNetlinkMessage::SetLink(msg), 0).map(drop)
     }
 
+    /// Set link `index` up with `flags` besides (`Noarp`: it answers no
+    /// ARP for the addresses of the namespace).
+    pub fn up_with(&mut self, index: u32, flags: LinkFlags) -> io::Result<()> {
+        let mut msg = LinkMessage::default();
+        msg.header.index = index;
+        msg.header.flags = LinkFlags::Up | flags;
+        msg.header.change_mask = LinkFlags::Up | flags;
+        self.request(RouteNetlinkMessage::SetLink(msg), 0).map(drop)
+    }
+
+    /// A bridge named `name` (no spanning tree: its ports forward at once).
+    pub fn add_bridge(&mut self, name: &str) -> io::Result<()> {
+        let mut msg = LinkMessage::default();
+        msg.attributes.push(LinkAttribute::IfName(name.to_string()));
+        msg.attributes
+            .push(LinkAttribute::LinkInfo(vec![LinkInfo::Kind(
+                InfoKind::Bridge,
+            )]));
+        self.request(RouteNetlinkMessage::NewLink(msg), NLM_F_CREATE | NLM_F_EXCL)
+            .map(drop)
+    }
+
+    /// Make link `index` a port of bridge `bridge`.
+    pub fn set_controller(&mut self, index: u32, bridge: u32) -> io::Result<()> {
+        let mut msg = LinkMessage::default();
+        msg.header.index = index;
+        msg.attributes.push(LinkAttribute::Controller(bridge));
+        self.request(RouteNetlinkMessage::SetLink(msg), 0).map(drop)
+    }
+
     /// A veth pair: `name` here, `peer` in the namespace of `peer_ns`.
     pub fn add_veth(&mut self, name: &str, peer: &str, peer_ns: RawFd) -> io::Result<()> {
         let mut peer_msg = LinkMessage::default();

@@ -19,7 +19,8 @@
 //! | [`Packet::Data`] | bytes | both | the agent protocol's bytes, in order |
 //! | [`Packet::Close`] | none | both | this connection ended |
 //! | [`Packet::Renew`] | nonce, host time, entropy, host name | host | a restored guest's new identity (below); answer `Renewed` |
-//! | [`Packet::Renewed`] | the same nonce | guest | done |
+//! | [`Packet::Renewed`] | the same nonce | guest | done (answers `Renew` and `Readdress`) |
+//! | [`Packet::Readdress`] | nonce, address, gateway (4 bytes each, network order) | host | a restored guest's new network address (below); answer `Renewed` |
 //!
 //! A guest restored from a memory snapshot comes back as its parent was:
 //! its host name, machine id, kernel random state and clock. `Renew`
@@ -28,6 +29,14 @@
 //! a reseed, and its host name (the guest writes a new machine id too).
 //! It belongs to no connection: the host sends it on a line of its own,
 //! the current connection (if any) is left alone.
+//!
+//! A guest with a network device learns its address at boot from the
+//! kernel's command line (`brig.ip=`, `brig.gw=`); a restored one lands in
+//! a new network namespace with a new address, and `Readdress` gives it
+//! that (the guest forgets its gateway's old link-layer address too).
+//! Like `Renew`, it travels on a line of its own. A guest that does not
+//! know a kind (an older agent, restored from an older snapshot) drops
+//! the packet and never answers: the host times out and says so.
 //!
 //! The host discards everything before the `Ready` carrying its own nonce
 //! (output meant for a predecessor), and the guest hands what came before
@@ -52,6 +61,7 @@ const DATA: u8 = 3;
 const CLOSE: u8 = 4;
 const RENEW: u8 = 5;
 const RENEWED: u8 = 6;
+const READDRESS: u8 = 7;
 
 /// A restored guest's identity ([`Packet::Renew`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,6 +74,16 @@ pub struct Renewal {
     pub hostname: String,
 }
 
+/// A restored guest's new place on the network ([`Packet::Readdress`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Address {
+    pub nonce: u64,
+    /// The guest's own address (a /32).
+    pub addr: std::net::Ipv4Addr,
+    /// Its next hop, on-link.
+    pub gateway: std::net::Ipv4Addr,
+}
+
 /// One packet on the line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Packet {
@@ -73,6 +93,7 @@ pub enum Packet {
     Close,
     Renew(Renewal),
     Renewed(u64),
+    Readdress(Address),
 }
 
 impl Packet {
@@ -92,6 +113,13 @@ impl Packet {
                 encode(RENEW, &p, out)
             }
             Packet::Renewed(n) => encode(RENEWED, &n.to_le_bytes(), out),
+            Packet::Readdress(a) => {
+                let mut p = Vec::with_capacity(16);
+                p.extend_from_slice(&a.nonce.to_le_bytes());
+                p.extend_from_slice(&a.addr.octets());
+                p.extend_from_slice(&a.gateway.octets());
+                encode(READDRESS, &p, out)
+            }
         }
     }
 
@@ -110,6 +138,17 @@ impl Packet {
                 hostname: String::from_utf8(payload[48..].to_vec()).ok()?,
             })),
             RENEWED => Some(Packet::Renewed(nonce()?)),
+            READDRESS if payload.len() == 16 => {
+                let ip = |at: usize| -> Option<std::net::Ipv4Addr> {
+                    let o: [u8; 4] = payload[at..at + 4].try_into().ok()?;
+                    Some(o.into())
+                };
+                Some(Packet::Readdress(Address {
+                    nonce: u64::from_le_bytes(payload[..8].try_into().ok()?),
+                    addr: ip(8)?,
+                    gateway: ip(12)?,
+                }))
+            }
             _ => None,
         }
     }
@@ -216,6 +255,11 @@ mod tests {
                 hostname: "sbx-1".into(),
             }),
             Packet::Renewed(9),
+            Packet::Readdress(Address {
+                nonce: 0xC0,
+                addr: [10, 88, 0xC0, 0xDB].into(),
+                gateway: [10, 87, 0, 1].into(),
+            }),
         ];
         let mut wire = Vec::new();
         for p in &packets {

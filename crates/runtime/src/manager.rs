@@ -926,8 +926,10 @@ impl SandboxManager {
             }
             return Err(ManagerError::BadRequest {
                 reason: format!(
-                    "sandbox {id} has no link to a network (it was made by a daemon that could \
-                     not give sandboxes one): its policy can only be none; create a new sandbox"
+                    "sandbox {id} has no link to a network (it was created with network none on \
+                     a tier that then gives it no network at all, vm or gvisor, or by a daemon \
+                     that could not give sandboxes one): its policy can only be none; create a \
+                     new sandbox with the network it needs"
                 ),
             });
         };
@@ -1030,10 +1032,15 @@ impl SandboxManager {
         }
         let mut req = req;
         // One of the tenant's memory snapshots: restored on the tier that
-        // took it, from the template its sandbox ran on, with no network.
+        // took it, from the template its sandbox ran on, with no network
+        // where the tier checkpoints loopback only.
         let checkpoint = self.checkpoint_template(tenant, &req.template)?;
         if let Some(cp) = &checkpoint {
             req.isolation = cp.isolation;
+        }
+        let on_loopback_only = checkpoint.is_some()
+            && self.tier(req.isolation)?.checkpoints() == Checkpoints::MemoryOnLoopback;
+        if on_loopback_only {
             if req
                 .network
                 .as_ref()
@@ -1089,15 +1096,6 @@ impl SandboxManager {
             None if self.config.gateway.is_some() => brig_net::Policy::default(),
             None => brig_net::Policy::none(),
         };
-        // A guest of the vm tier has no network device yet: a policy that
-        // lets anything out would be a promise it cannot keep.
-        if req.isolation == Isolation::Vm && policy.mode != brig_net::Mode::None {
-            return Err(ManagerError::BadRequest {
-                reason: "the vm tier has no network yet: create the sandbox with network mode \
-                         none (--network none)"
-                    .into(),
-            });
-        }
         if policy.mode != brig_net::Mode::None && self.config.gateway.is_none() {
             return Err(ManagerError::BadRequest {
                 reason: format!(
@@ -1168,12 +1166,13 @@ impl SandboxManager {
         let mut fresh = spec.clone();
         fresh.env.clear();
         // Its network namespace, linked to the gateway, before the spawn
-        // (a vm guest has no network device to link: loopback only; nor
-        // has a sandbox with no network on a tier that can checkpoint
-        // memory on loopback only, so that it can be snapshotted).
-        let checkpointable = policy.mode == brig_net::Mode::None
-            && tier.checkpoints() == Checkpoints::MemoryOnLoopback;
-        let linked = if req.isolation == Isolation::Vm || checkpointable {
+        // (not for a sandbox with no network on a tier that can checkpoint
+        // memory on loopback only, so that it can be snapshotted; nor for
+        // a vm guest with no network: it gets no network device at all).
+        let unlinked = policy.mode == brig_net::Mode::None
+            && (tier.checkpoints() == Checkpoints::MemoryOnLoopback
+                || req.isolation == Isolation::Vm);
+        let linked = if unlinked {
             Ok((NetworkAttachment::Loopback, None))
         } else {
             self.link(&id, policy)

@@ -37,7 +37,7 @@ use std::time::Duration;
 
 use std::sync::Arc;
 
-use brig_core::{Checkpoints, Isolation, SandboxId, SandboxSpec, TemplateRef};
+use brig_core::{Isolation, SandboxId, SandboxSpec, TemplateRef};
 use brig_image::layer::Owners;
 use brig_image::{ImageConfig, ImageStore};
 use rusqlite::OptionalExtension;
@@ -150,7 +150,7 @@ impl SandboxManager {
                 reason: format!("sandbox {id} has no spec this daemon can read: {e}"),
             })?;
         let isolation: Isolation = record.isolation.parse().unwrap_or_default();
-        if self.tier(isolation)?.checkpoints() == Checkpoints::MemoryOnLoopback {
+        if self.tier(isolation)?.checkpoints().memory() {
             return self.checkpoint(tenant, id, &live, &record, spec, name, hidden);
         }
         let store = self.image_store()?;

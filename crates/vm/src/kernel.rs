@@ -27,8 +27,16 @@ use std::process::Command;
 pub const PACKAGE: &str = "linux-image-cloud-amd64";
 
 /// What the guest needs, without dependencies: the virtio-pci transport
-/// (`-M q35`), its disks, the agent's port, the root's overlay.
-pub const WANTED: &[&str] = &["virtio_pci", "virtio_blk", "virtio_console", "overlay"];
+/// (`-M q35`), its disks, the agent's port, the root's overlay, its
+/// network device (`virtio_net`, which brings `net_failover` and
+/// `failover`).
+pub const WANTED: &[&str] = &[
+    "virtio_pci",
+    "virtio_blk",
+    "virtio_console",
+    "overlay",
+    "virtio_net",
+];
 
 #[derive(Debug, thiserror::Error)]
 pub enum KernelError {

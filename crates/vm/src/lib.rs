@@ -27,6 +27,8 @@
 //! /run/brig/vm/<id>/agent.sock      the agent's line (virtio-serial)
 //! /run/brig/vm/<id>/qmp.sock        QEMU's control socket
 //! /run/brig/vm/<id>/console.log     the guest's console; qemu.log (its stderr), qemu.pid
+//! (the sandbox's netns)  tap0, br0  a networked guest's link (net.rs): gone
+//!                                   with QEMU, the namespace's last user
 //! /sys/fs/cgroup/.../brig-vm/<id>   QEMU's cgroups
 //! <checkpoint>/memory               a memory snapshot (the runtime's
 //!                                   $BRIG_HOME/checkpoints/<snap>/image/):
@@ -50,9 +52,13 @@
 //! and reconnects to its agent over the same line.
 //!
 //! Under TCG (hosts without hardware virtualization, these machines) a
-//! guest boots in seconds; with KVM in a fraction of one. What is not here
-//! yet: networking (a guest has no NIC: the tier refuses a network
-//! attachment), copy-on-write sharing of a snapshot's memory between the
+//! guest boots in seconds; with KVM in a fraction of one.
+//!
+//! A sandbox on a network ([`brig_core::NetworkAttachment::Namespace`]):
+//! its guest has a virtio NIC on a tap brig makes in the sandbox's
+//! namespace, bridged to that namespace's `eth0`, and QEMU runs in that
+//! namespace (`net.rs`); without one, no NIC, and QEMU an empty namespace.
+//! What is not here yet: copy-on-write sharing of a snapshot's memory between the
 //! sandboxes restored from it (QEMU 7.2 opens a file-backed RAM
 //! read-write even when mapped private: each restore loads its own copy),
 //! a terminal for `brig run --isolation vm` (`oneshot.rs`: a command on
@@ -63,6 +69,7 @@ pub mod disk;
 pub mod initramfs;
 pub mod kernel;
 pub mod line;
+pub mod net;
 mod oneshot;
 pub mod qemu;
 pub mod qmp;

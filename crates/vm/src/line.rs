@@ -93,6 +93,31 @@ pub fn renew(socket: &Path, hostname: &str, timeout: Duration) -> Result<(), Lin
     Ok(())
 }
 
+/// Give a restored guest its new network address (`brig_protocol::serial`'s
+/// `Readdress`) on a line of its own, and wait up to `timeout` for it to
+/// say it is done.
+pub fn readdress(
+    socket: &Path,
+    addr: std::net::Ipv4Addr,
+    gateway: std::net::Ipv4Addr,
+    timeout: Duration,
+) -> Result<(), LineError> {
+    let line = dial(socket)?;
+    let nonce: u64 = rand::random();
+    exchange(
+        &line,
+        &Packet::Readdress(serial::Address {
+            nonce,
+            addr,
+            gateway,
+        }),
+        &Packet::Renewed(nonce),
+        timeout,
+    )?;
+    let _ = line.shutdown(Shutdown::Both);
+    Ok(())
+}
+
 fn dial(socket: &Path) -> Result<UnixStream, LineError> {
     UnixStream::connect(socket).map_err(|source| LineError::Dial {
         path: socket.display().to_string(),

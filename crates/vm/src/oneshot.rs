@@ -25,8 +25,8 @@ use std::thread::JoinHandle;
 
 use brig_agent_client::{Connection, ExecRequest, Output, PtySize, Stdin};
 use brig_core::{
-    CommandFault, Ended, Instance, Isolation, Launch, NetworkAttachment, OneShot, SandboxId,
-    SandboxSpec, Tier, TierError, UserSpec,
+    CommandFault, Ended, Instance, Launch, NetworkAttachment, OneShot, SandboxId, SandboxSpec,
+    Tier, TierError, UserSpec,
 };
 
 use crate::tier::VmTier;
@@ -51,19 +51,12 @@ pub(crate) fn run(
     spec: &SandboxSpec,
     network: &NetworkAttachment,
 ) -> Result<Box<dyn OneShot>, TierError> {
-    if !matches!(network, NetworkAttachment::Loopback) {
-        return Err(TierError::Unsupported {
-            tier: Isolation::Vm,
-            op: "attach a sandbox to a network",
-            reason: "the vm tier has no network yet: run it with --network none".into(),
-        });
-    }
     let launch = Launch {
         id: SandboxId::from_random(rand::random()),
         template: spec.template.clone(),
         limits: spec.limits.clone(),
         allow_setuid: spec.allow_setuid,
-        network: NetworkAttachment::Loopback,
+        network: network.clone(),
         volumes: Vec::new(),
     };
     let instance = tier.launch(&launch)?;

@@ -78,14 +78,36 @@ pub struct Machine<'a> {
     /// Start paused, waiting for a saved machine's state
     /// (`migrate-incoming` over QMP) instead of booting.
     pub incoming: bool,
+    pub network: Network,
+}
+
+/// The guest's network device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Network {
+    /// None at all: the guest has loopback only.
+    None,
+    /// A virtio-net device on the tap at descriptor 8 (`net.rs`), the
+    /// guest at `addr`, routed via `gateway`.
+    Tap {
+        addr: std::net::Ipv4Addr,
+        gateway: std::net::Ipv4Addr,
+    },
+    /// The device on a tap in an empty namespace (`net::unplugged`),
+    /// leading nowhere: a machine saved with one, restored with no network
+    /// (its devices must be the saved ones).
+    Unplugged,
 }
 
 /// The kernel's command line: the console on the first serial port (kept
 /// in the sandbox's directory), quiet; a panic ends the machine at once;
 /// what follows `--` is the init's (brig-agent's) arguments.
 fn kernel_cmdline(m: &Machine) -> String {
+    let net = match m.network {
+        Network::Tap { addr, gateway } => format!(" brig.ip={addr} brig.gw={gateway}"),
+        Network::None | Network::Unplugged => String::new(),
+    };
     format!(
-        "console=ttyS0 quiet panic=-1 reboot=t brig.hostname={} -- --vm-init",
+        "console=ttyS0 quiet panic=-1 reboot=t brig.hostname={}{net} -- --vm-init",
         m.hostname
     )
 }
@@ -168,6 +190,15 @@ pub fn args(m: &Machine) -> Vec<OsString> {
         "-pidfile".into(),
         dir("qemu.pid"),
     ]);
+    let nic = format!("virtio-net-pci,mac={}", crate::net::GUEST_MAC);
+    if m.network != Network::None {
+        a.extend([
+            "-netdev".into(),
+            "tap,id=net0,fd=8".into(),
+            "-device".into(),
+            format!("{nic},netdev=net0"),
+        ]);
+    }
     if m.incoming {
         // Stays paused once the state is in, until brig says `cont`.
         a.extend(["-incoming".into(), "defer".into(), "-S".into()]);
@@ -180,22 +211,29 @@ mod tests {
     use super::*;
     use std::path::PathBuf;
 
-    #[test]
-    fn the_command_line_names_the_limits_the_disks_and_no_default_devices() {
-        let dir = PathBuf::from("/run/brig/vm/x");
-        let m = Machine {
+    /// A machine in `dir` with `network`.
+    fn machine<'a>(dir: &'a Path, disk: &'a Path, cpus: u32, network: Network) -> Machine<'a> {
+        Machine {
             name: "x",
             accel: Accelerator::Tcg,
             memory_mib: 384,
-            cpus: 2,
+            cpus,
             kernel: Path::new("/proc/self/fd/3"),
             initramfs: Path::new("/proc/self/fd/4"),
             root_image: Path::new("/proc/self/fd/5"),
-            disk: &dir.join("disk.ext4"),
-            dir: &dir,
+            disk,
+            dir,
             hostname: "x",
             incoming: false,
-        };
+            network,
+        }
+    }
+
+    #[test]
+    fn the_command_line_names_the_limits_the_disks_and_no_default_devices() {
+        let dir = PathBuf::from("/run/brig/vm/x");
+        let disk = dir.join("disk.ext4");
+        let m = machine(&dir, &disk, 2, Network::None);
         let a: Vec<String> = args(&m)
             .into_iter()
             .map(|s| s.into_string().unwrap())
@@ -216,5 +254,41 @@ mod tests {
             .iter()
             .any(|x| x.contains("readonly=on,file=/proc/self/fd/5")));
         assert!(!a.contains(&"-cpu".to_owned()));
+        assert!(!a.iter().any(|x| x.contains("virtio-net")), "no NIC");
+    }
+
+    #[test]
+    fn a_networked_guest_has_a_nic_on_the_tap_and_learns_its_address() {
+        let dir = PathBuf::from("/run/brig/vm/x");
+        let disk = dir.join("disk.ext4");
+        let tap = Network::Tap {
+            addr: [10, 88, 0, 7].into(),
+            gateway: [10, 87, 0, 1].into(),
+        };
+        let mut m = machine(&dir, &disk, 1, tap);
+        let strings = |m: &Machine| -> Vec<String> {
+            args(m)
+                .into_iter()
+                .map(|s| s.into_string().unwrap())
+                .collect()
+        };
+        let a = strings(&m);
+        assert!(a.contains(&"tap,id=net0,fd=8".to_owned()));
+        assert!(a
+            .iter()
+            .any(|x| x.starts_with("virtio-net-pci,") && x.ends_with("netdev=net0")));
+        let cmdline = &a[a.iter().position(|x| x == "-append").unwrap() + 1];
+        assert!(
+            cmdline.contains(" brig.ip=10.88.0.7 brig.gw=10.87.0.1 "),
+            "{cmdline}"
+        );
+        m.network = Network::Unplugged;
+        let a = strings(&m);
+        assert!(
+            a.contains(&"tap,id=net0,fd=8".to_owned()),
+            "the same device"
+        );
+        let cmdline = &a[a.iter().position(|x| x == "-append").unwrap() + 1];
+        assert!(!cmdline.contains("brig.ip"), "{cmdline}");
     }
 }

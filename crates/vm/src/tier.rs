@@ -40,7 +40,7 @@ use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use brig_core::{
@@ -360,11 +360,16 @@ impl VmTier {
     ) -> Result<VmInstance, TierError> {
         let id = &launch.id;
         let io = |op: &'static str| move |e: std::io::Error| TierError::failed(id, op, e);
-        if !matches!(launch.network, NetworkAttachment::Loopback) {
+        let netns = match &launch.network {
+            NetworkAttachment::Namespace(ns) => Some(Arc::clone(ns)),
+            _ => None,
+        };
+        if netns.is_some() && from.is_some_and(|s| !s.nic) {
             return Err(TierError::Unsupported {
                 tier: Isolation::Vm,
-                op: "attach a sandbox to a network",
-                reason: "the vm tier has no network yet: create it with network none".into(),
+                op: "restore a snapshot onto a network",
+                reason: "the snapshot is of a vm sandbox that had no network (its machine has                          no network device): restore it with network none"
+                    .into(),
             });
         }
         // A restored machine is the saved one: its RAM and vCPUs.
@@ -429,8 +434,25 @@ impl VmTier {
             })
             .map_err(|e| TierError::failed(id, "make its cgroups", e))?;
 
-        // 4. QEMU. The shared files go in as descriptors 3, 4, 5.
+        // 4. QEMU. The shared files go in as descriptors 3, 4, 5; a
+        //    networked guest's tap as 8 (`net.rs`).
         let guest = self.guest()?;
+        let (netns, tap, network) = match (netns, from) {
+            (Some(ns), _) => {
+                let nic = crate::net::plug(&ns).map_err(io("give the guest its network device"))?;
+                let network = qemu::Network::Tap {
+                    addr: nic.addr,
+                    gateway: brig_net::GATEWAY_ADDR,
+                };
+                (Some(ns), Some(nic.tap), network)
+            }
+            (None, Some(s)) if s.nic => {
+                let (ns, tap) = crate::net::unplugged()
+                    .map_err(io("give the guest its (unconnected) network device"))?;
+                (Some(Arc::new(ns)), Some(tap), qemu::Network::Unplugged)
+            }
+            (None, _) => (None, None, qemu::Network::None),
+        };
         let shared = [guest.kernel.vmlinuz.as_path(), &guest.initramfs, &image]
             .map(|p| File::open(p).and_then(|f| high_dup(&f)));
         let [kernel, initrd, root] = shared;
@@ -462,6 +484,7 @@ impl VmTier {
             dir: Path::new("/proc/self/fd/6"),
             hostname: id.as_str(),
             incoming: from.is_some(),
+            network,
         };
         // What QEMU says (why it refused to start) goes to its log.
         let log = File::create(dir.join("qemu.log")).map_err(io("create its log"))?;
@@ -478,6 +501,10 @@ impl VmTier {
             rw.as_raw_fd(),
         ];
         let procs_fds: Vec<RawFd> = procs.iter().map(AsRawFd::as_raw_fd).collect();
+        let net_fds = (
+            netns.as_deref().map(AsRawFd::as_raw_fd),
+            tap.as_ref().map(AsRawFd::as_raw_fd),
+        );
         let kvm_gid = (self.accel == Accelerator::Kvm)
             .then(|| fs::metadata("/dev/kvm").ok().map(|m| m.gid()))
             .flatten();
@@ -485,12 +512,14 @@ impl VmTier {
         // only async-signal-safe system calls on data built before the
         // fork (descriptors, integers); it allocates nothing.
         unsafe {
-            cmd.pre_exec(move || confine(&procs_fds, &fds, uid, kvm_gid));
+            cmd.pre_exec(move || confine(&procs_fds, &fds, net_fds, uid, kvm_gid));
         }
         // The child forks QEMU and exits at once (`confine`): QEMU is
         // parented by nobody brig runs.
         let status = cmd.status().map_err(io("start QEMU"))?;
-        drop((kernel, initrd, root, own, rw, procs));
+        // QEMU holds the tap now: brig's copy goes (the device goes with
+        // QEMU's).
+        drop((kernel, initrd, root, own, rw, procs, tap, netns));
         if !status.success() {
             return Err(TierError::failed(id, "start QEMU", status.to_string()));
         }
@@ -510,7 +539,7 @@ impl VmTier {
             .map_err(io("record its state"))?;
         let instance = self.instance(id, dir, pid)?;
         if let Some(saved) = from {
-            instance.load(saved)?;
+            instance.load(saved, network)?;
         }
         instance.wait_for_agent()?;
         Ok(instance)
@@ -544,14 +573,16 @@ impl VmTier {
 }
 
 /// Between fork and exec: join the groups, take the shared files as
-/// descriptors 3–5, the sandbox's directory as 6 and its disk as 7, fork
-/// once more (QEMU
-/// must not be brig's child), leave brig's session, become `uid` (no
-/// supplementary groups but /dev/kvm's where KVM is used; no
-/// capabilities left after).
+/// descriptors 3–5, the sandbox's directory as 6, its disk as 7 and its
+/// tap (if it has one) as 8, enter the sandbox's network namespace (or,
+/// with none, a new empty one: QEMU never sees the host's network), fork
+/// once more (QEMU must not be brig's child), leave brig's session,
+/// become `uid` (no supplementary groups but /dev/kvm's where KVM is
+/// used; no capabilities left after).
 fn confine(
     procs: &[RawFd],
     fds: &[RawFd; 5],
+    (netns, tap): (Option<RawFd>, Option<RawFd>),
     uid: u32,
     kvm_gid: Option<u32>,
 ) -> std::io::Result<()> {
@@ -574,6 +605,18 @@ fn confine(
         // are above 100 (high_dup), so never equal to their targets.
         check(unsafe { libc::dup2(fd, 3 + i as RawFd) })?;
     }
+    if let Some(tap) = tap {
+        // SAFETY: as above.
+        check(unsafe { libc::dup2(tap, 8) })?;
+    }
+    // SAFETY: setns on a namespace descriptor brig holds, or unshare;
+    // integers only.
+    check(unsafe {
+        match netns {
+            Some(ns) => libc::setns(ns, libc::CLONE_NEWNET),
+            None => libc::unshare(libc::CLONE_NEWNET),
+        }
+    })?;
     // Detach: this child exits, its child goes on to exec QEMU, which
     // init inherits. (std's spawn still learns of a failed exec: the
     // grandchild holds its error pipe until the exec.)
@@ -819,6 +862,9 @@ struct Saved {
     cpus: u32,
     /// The template's disk image's file name (in the images directory).
     image: PathBuf,
+    /// It has a network device (a restore must have one too).
+    #[serde(default)]
+    nic: bool,
     #[serde(skip)]
     dir: PathBuf,
 }
@@ -856,9 +902,10 @@ impl Tier for VmTier {
     }
 
     /// A memory snapshot is the whole machine: its devices' state and RAM
-    /// as QEMU migrates them, and its writable disk.
+    /// as QEMU migrates them, and its writable disk; on any network (a
+    /// restore's guest is given its new address: `load`).
     fn checkpoints(&self) -> Checkpoints {
-        Checkpoints::MemoryOnLoopback
+        Checkpoints::Memory
     }
 
     /// A new QEMU of the saved machine (its RAM and vCPUs: `launch`'s
@@ -1032,7 +1079,7 @@ impl VmInstance {
     /// clock, fresh kernel randomness, host name, machine id). Its agent
     /// needs nothing else: the port shows no host while the old line is
     /// gone, and the next `Hello` is a connection like any other.
-    fn load(&self, saved: &Saved) -> Result<(), TierError> {
+    fn load(&self, saved: &Saved, network: qemu::Network) -> Result<(), TierError> {
         let failed = |op: &'static str| {
             let dir = self.dir.clone();
             let id = self.id.clone();
@@ -1070,7 +1117,18 @@ impl VmInstance {
             self.id.as_str(),
             self.boot_timeout,
         )
-        .map_err(|e| failed("give the restored guest its identity")(&chain(&e)))
+        .map_err(|e| failed("give the restored guest its identity")(&chain(&e)))?;
+        // A new namespace, a new address: the guest's own must follow.
+        if let qemu::Network::Tap { addr, gateway } = network {
+            line::readdress(
+                &self.dir.join("agent.sock"),
+                addr,
+                gateway,
+                self.boot_timeout,
+            )
+            .map_err(|e| failed("give the restored guest its network address")(&chain(&e)))?;
+        }
+        Ok(())
     }
 
     /// The machine as a restore must make it again: its RAM (its group's
@@ -1096,6 +1154,7 @@ impl VmInstance {
                 memory_mib: memory >> 20,
                 cpus,
                 image,
+                nic: args.iter().any(|a| a.starts_with(b"virtio-net-pci")),
                 dir: PathBuf::new(),
             }),
             _ => Err(TierError::failed(

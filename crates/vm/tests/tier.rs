@@ -194,7 +194,7 @@ fn a_guest_serves_its_agent_over_the_line_and_leaves_nothing() {
 }
 
 #[test]
-fn a_template_of_the_host_and_a_network_are_refused() {
+fn a_template_of_the_host_is_refused() {
     let Some(tier) = tier() else { return };
     let id = SandboxId::from_random(rand::random());
     let e = tier
@@ -280,6 +280,21 @@ fn a_checkpoint_restores_twice_with_processes_memory_and_own_identities() {
             .iter()
             .map(|id| tier.restore(&launch(id), image.path()).expect("restore"))
             .collect();
+        // A machine saved without a network device cannot be restored
+        // onto a network: refused before anything is made.
+        let ns = std::thread::spawn(|| {
+            // SAFETY: unshare on this short-lived thread only.
+            assert_eq!(unsafe { libc::unshare(libc::CLONE_NEWNET) }, 0);
+            brig_net::sys::current().unwrap()
+        })
+        .join()
+        .unwrap();
+        let onto = SandboxId::from_random(rand::random());
+        let mut networked = launch(&onto);
+        networked.network = NetworkAttachment::Namespace(std::sync::Arc::new(ns));
+        let e = tier.restore(&networked, image.path()).unwrap_err();
+        assert!(e.to_string().contains("network none"), "{e}");
+        assert!(!Path::new("/run/brig/vm").join(onto.as_str()).exists());
         let conns: Vec<Connection> = copies
             .iter()
             .map(|c| Connection::new(c.connect_agent().unwrap()).expect("restored handshake"))

@@ -16,8 +16,9 @@ pub struct CreateArgs {
     from_snapshot: Option<String>,
     /// Isolation tier: process (the default), gvisor (gVisor's
     /// application kernel, where the daemon has runsc) or vm (a QEMU
-    /// virtual machine with its own kernel; no network yet, so with
-    /// `--network none`). `brig doctor` says which this host offers.
+    /// virtual machine with its own kernel, on the same network policy;
+    /// `--network none`: no network device). `brig doctor` says which
+    /// this host offers.
     #[arg(long, value_name = "TIER", value_parser = parse_isolation)]
     isolation: Option<brig_core::Isolation>,
     /// How long the sandbox lives (default 5m), e.g. 30s, 10m, 1h.

@@ -37,7 +37,7 @@ pub struct RunArgs {
     template: String,
     /// Isolation tier: process (the default), gvisor (gVisor's
     /// application kernel; needs runsc) or vm (a QEMU virtual machine with
-    /// its own kernel; needs QEMU and --network none). `brig
+    /// its own kernel; needs QEMU). `brig
     /// doctor` says which this host offers.
     #[arg(long, default_value = "process", value_name = "TIER", value_parser = super::create::parse_isolation)]
     isolation: brig_core::Isolation,
