@@ -815,6 +815,8 @@ fn run_on_pty_with(
     // The vm tier's guest kernel and images, fetched and built once for
     // every test.
     c.env("BRIG_VM_HOME", brig_test_support::test_cache().join("vm"));
+    // The caller's terminal type, which every tier passes on.
+    c.env("TERM", "xterm-256color");
     c.stdin(Stdio::from(slave.try_clone().unwrap()))
         .stdout(Stdio::from(slave.try_clone().unwrap()))
         .stderr(Stdio::from(slave));
@@ -876,10 +878,18 @@ fn run_on_pty_with(
 fn tty_gives_a_terminal_with_the_callers_size() {
     require_root!();
     let (out, code) = run_on_pty(
-        &["sh", "-c", "tty; stty size; test -t 0 && echo stdin-is-tty"],
+        &[
+            "sh",
+            "-c",
+            "tty; stty size; test -t 0 && echo stdin-is-tty; echo term=$TERM",
+        ],
         &[],
     );
     assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains("term=xterm-256color"),
+        "the caller's TERM: {out}"
+    );
     assert!(out.contains("/dev/pts/0"), "{out}");
     assert!(out.contains("33 101"), "{out}");
     assert!(out.contains("stdin-is-tty"), "{out}");
@@ -959,7 +969,7 @@ fn tty_works_on(options: &[&str], kernel: &str, dir: &str) {
             "sh",
             "-c",
             "stty size; test -t 0 && test -t 1 && echo both-are-ttys; dmesg | head -1; \
-             echo id=$(hostname)",
+             echo term=$TERM; echo id=$(hostname)",
         ],
         &[],
     );
@@ -967,6 +977,10 @@ fn tty_works_on(options: &[&str], kernel: &str, dir: &str) {
     assert!(out.contains("33 101"), "{out}");
     assert!(out.contains("both-are-ttys"), "{out}");
     assert!(out.contains(kernel), "{out}");
+    assert!(
+        out.contains("term=xterm-256color"),
+        "the caller's TERM: {out}"
+    );
     // Its sandbox (named by its host name) is gone: directory, console
     // socket, the tier's processes.
     let id = out
@@ -988,7 +1002,10 @@ fn tty_works_on(options: &[&str], kernel: &str, dir: &str) {
 
     // Interactive: ^C to a trap, a line read from the terminal, a resize
     // seen by size and SIGWINCH, the exit status.
-    let script = "trap 'echo got-winch' WINCH; trap 'echo got-sigint' INT; echo ready; \
+    // The INT trap ends the `sleep` itself: gVisor (this runsc) runs the
+    // trap at once but does not interrupt bash's `wait` for it, which then
+    // waits for the sleep to end (20 s).
+    let script = "trap 'echo got-winch' WINCH; trap 'echo got-sigint; kill $!' INT; echo ready; \
                   sleep 20 & wait; echo after-wait; read x; echo read:$x; \
                   for i in $(seq 50); do s=$(stty size); \
                   [ \"$s\" = '50 120' ] && break; sleep 0.1; done; echo size $s; exit 5";

@@ -18,7 +18,10 @@ pub mod tier;
 pub mod units;
 pub mod volume;
 
-pub use spec::{EnvVar, Limits, RunFile, SandboxId, SandboxSpec, SpecError, TemplateRef, UserSpec};
+pub use spec::{
+    terminal_type, EnvVar, Limits, RunFile, SandboxId, SandboxSpec, SpecError, TemplateRef,
+    UserSpec,
+};
 pub use tier::{
     Checkpoints, CommandFault, Ended, Instance, Isolation, Launch, NetworkAttachment, OneShot,
     Tier, TierError, TierErrorKind, UnknownIsolation, Usage, VolumeMount, WritableLayer,

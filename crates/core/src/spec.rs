@@ -791,3 +791,12 @@ mod tests {
         assert_eq!(SandboxId::parse("ABCDEF012345"), None);
     }
 }
+
+/// `TERM` for a command given a terminal (`-t`) whose spec names none: the
+/// caller's, or `xterm` (what docker gives), on every tier alike.
+pub fn terminal_type() -> String {
+    std::env::var("TERM")
+        .ok()
+        .filter(|t| !t.is_empty())
+        .unwrap_or_else(|| "xterm".into())
+}

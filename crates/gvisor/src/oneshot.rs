@@ -100,6 +100,9 @@ fn start(
     if !spec.env.iter().any(|e| e.key == "HOME") {
         env.push(format!("HOME={home}"));
     }
+    if spec.tty && !spec.env.iter().any(|e| e.key == "TERM") {
+        env.push(format!("TERM={}", brig_core::terminal_type()));
+    }
     let cwd = spec.workdir.clone().unwrap_or_else(|| "/".into());
     let compat = crate::compat::install(dir, &root).map_err(io("install its statx shim"))?;
     let bundle_dir = dir.join("bundle");

@@ -775,10 +775,7 @@ fn exec_plan(input: &PlanInput<'_>) -> ExecPlan {
         env.push(("LOGNAME".into(), name.clone()));
     }
     if spec.tty {
-        env.push((
-            "TERM".into(),
-            std::env::var("TERM").unwrap_or_else(|_| "xterm".into()),
-        ));
+        env.push(("TERM".into(), brig_core::terminal_type()));
     }
     for v in &spec.env {
         env.retain(|(k, _)| k != &v.key);

@@ -42,8 +42,8 @@ pub enum DiskError {
     #[error("mkfs.ext4 failed for {path}: {output}")]
     Mkfs { path: PathBuf, output: String },
     #[error(
-        "the vm tier cannot run template {0}: it needs a root file system of its own (a \
-         directory or an image), not a view of the host"
+        "the vm tier cannot run the {0} template: a guest needs a root file system of its \
+         own, not a view of the host (use --template base, an image, or dir:PATH)"
     )]
     Unsupported(String),
 }
@@ -62,7 +62,7 @@ pub fn template_image(images: &Path, template: &TemplateRef) -> Result<PathBuf, 
     let lowers: Vec<PathBuf> = match template {
         TemplateRef::Dir(d) => vec![d.clone()],
         TemplateRef::Layers { lowers, .. } => lowers.clone(),
-        other => return Err(DiskError::Unsupported(format!("{other:?}"))),
+        other => return Err(DiskError::Unsupported(other.to_string())),
     };
     let image = images.join(format!("{}.ext4", key(&lowers)?));
     if image.is_file() {

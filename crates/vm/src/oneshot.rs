@@ -75,6 +75,10 @@ pub(crate) fn run(
                 .env
                 .iter()
                 .map(|e| (e.key.clone(), e.value.clone()))
+                .chain(
+                    (spec.tty && !spec.env.iter().any(|e| e.key == "TERM"))
+                        .then(|| ("TERM".to_string(), brig_core::terminal_type())),
+                )
                 .collect(),
             cwd: spec.workdir.clone(),
             user,
