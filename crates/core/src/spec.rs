@@ -576,6 +576,15 @@ impl SandboxSpec {
     }
 }
 
+/// `TERM` for a command given a terminal (`-t`) whose spec names none: the
+/// caller's, or `xterm` (what docker gives), on every tier alike.
+pub fn terminal_type() -> String {
+    std::env::var("TERM")
+        .ok()
+        .filter(|t| !t.is_empty())
+        .unwrap_or_else(|| "xterm".into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -790,13 +799,4 @@ mod tests {
         assert_eq!(SandboxId::parse("../etc/passw"), None);
         assert_eq!(SandboxId::parse("ABCDEF012345"), None);
     }
-}
-
-/// `TERM` for a command given a terminal (`-t`) whose spec names none: the
-/// caller's, or `xterm` (what docker gives), on every tier alike.
-pub fn terminal_type() -> String {
-    std::env::var("TERM")
-        .ok()
-        .filter(|t| !t.is_empty())
-        .unwrap_or_else(|| "xterm".into())
 }
