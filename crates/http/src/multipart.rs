@@ -13,9 +13,21 @@
 //! back: [`Phase::headers`] before asking for the next part,
 //! [`Phase::data`] once it has one. A part's data is not counted: it is
 //! streamed, and its size is the client's business.
+//!
+//! The wrapper also works around a race in multer 3.1 (rwf2/multer#70,
+//! unmerged): looking for the first boundary, the parser polls the body a
+//! second time after searching its buffer, and if that poll brings the
+//! rest of the body *and* its end, it reports "incomplete multipart
+//! stream" without searching again. A whole small upload that arrives
+//! between the two polls (HTTP/2 sends each part of it as its own frame)
+//! failed that way about once in a hundred. [`bounded`] never lets the
+//! poll that ends the body bring data: it answers "not yet" once (waking
+//! the task at once) before the end, so the parser always searches what
+//! it holds before it learns that nothing more will come.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::Poll;
 
 use axum::body::Body;
 use axum::extract::Request;
@@ -90,7 +102,31 @@ pub fn bounded(req: Request) -> (Request, Phase) {
         }
         Ok(chunk)
     });
-    (Request::from_parts(parts, Body::from_stream(stream)), phase)
+    (
+        Request::from_parts(parts, Body::from_stream(end_apart(stream))),
+        phase,
+    )
+}
+
+/// `stream` with its end held back by one "not yet": the end always
+/// comes on a poll of its own (see the module docs for why).
+fn end_apart<S: futures_util::Stream + Unpin>(
+    mut stream: S,
+) -> impl futures_util::Stream<Item = S::Item> {
+    let mut ended = false;
+    futures_util::stream::poll_fn(move |cx| {
+        if ended {
+            return Poll::Ready(None);
+        }
+        match stream.poll_next_unpin(cx) {
+            Poll::Ready(None) => {
+                ended = true;
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+            other => other,
+        }
+    })
 }
 
 #[cfg(test)]
@@ -153,6 +189,33 @@ mod tests {
             .await
             .unwrap();
         String::from_utf8(text.to_vec()).unwrap()
+    }
+
+    /// The race of rwf2/multer#70: the parser's first poll finds nothing,
+    /// its second brings the whole body and its end. Without the held-back
+    /// end this fails with "incomplete multipart stream" every time.
+    #[tokio::test]
+    async fn a_body_that_arrives_whole_between_two_polls_is_parsed() {
+        let body = b"--B\r\ncontent-disposition: form-data; name=\"f\"; filename=\"a\"\r\n\r\n\
+                     hello\r\n--B--\r\n"
+            .to_vec();
+        let mut polls = 0;
+        let mut body = Some(body);
+        let stream = futures_util::stream::poll_fn(move |cx| {
+            polls += 1;
+            if polls == 1 {
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            Poll::Ready(body.take().map(Ok::<_, std::io::Error>))
+        });
+        let req = Request::builder()
+            .method("POST")
+            .uri("/")
+            .header("content-type", "multipart/form-data; boundary=B")
+            .body(Body::from_stream(stream))
+            .unwrap();
+        assert_eq!(upload(req).await, Ok("5".to_string()));
     }
 
     #[tokio::test]
