@@ -14,7 +14,9 @@ shown back; an unknown tier is refused at create; a memory snapshot (a
 process keeps running, with its memory, in a sandbox created from it; the
 parent runs on). On vm, `allow_internet_access` is honoured: the first
 sandbox (default: allowed) has eth0 at its sandbox address, the snapshot's
-parent (not allowed) has no network device at all.
+parent (not allowed) has no network device at all. On gvisor with a
+template of files (not `host`), a sandbox with internet access, which this
+runsc cannot checkpoint, is snapshotted by its files.
 
 Prints one line per check and `N passed, 0 failed` at the end.
 """
@@ -153,6 +155,23 @@ if tier in ("gvisor", "vm"):
                 f.kill()
     finally:
         parent.kill()
+
+if tier == "gvisor" and template != "host":
+    # With internet access (the default) this runsc cannot checkpoint a
+    # sandbox: its snapshot keeps its files, and a sandbox starts on them.
+    net = Sandbox.create(template, metadata={"brig.isolation": tier}, timeout=120)
+    try:
+        net.files.write("kept.txt", "files of a networked sandbox")
+        snap = net.create_snapshot()
+        copy = Sandbox.create(snap.snapshot_id, metadata={"brig.isolation": tier}, timeout=120)
+        try:
+            got = copy.files.read("kept.txt")
+            check("a networked gvisor sandbox's snapshot keeps its files", got == "files of a networked sandbox", got)
+        finally:
+            copy.kill()
+        check("its snapshot is deleted", Sandbox.delete_snapshot(snap.snapshot_id) is True)
+    finally:
+        net.kill()
 
 raises(
     "an unknown tier is refused",

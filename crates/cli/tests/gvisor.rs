@@ -404,11 +404,12 @@ fn nothing_is_left_after_a_daemon_crash() {
 }
 
 /// The official E2B Python SDK creates a gvisor sandbox with the metadata
-/// key `brig.isolation` and runs commands and files in it
+/// key `brig.isolation` and runs commands and files in it, snapshots it
+/// with its memory (no internet) or its files (with)
 /// (tests/e2b/tier_sdk.py).
 #[test]
 fn e2b_clients_pick_gvisor_with_a_metadata_key() {
-    let Some(_template) = ready() else { return };
+    let Some(template) = ready() else { return };
     let home = tempfile::tempdir().unwrap();
     let daemon = Daemon::start_with(
         home.path(),
@@ -422,7 +423,7 @@ fn e2b_clients_pick_gvisor_with_a_metadata_key() {
             "none",
         ],
     );
-    let Some(stdout) = daemon.run_tier_sdk("host", "gvisor", 21) else {
+    let Some(stdout) = daemon.run_tier_sdk(&template, "gvisor", 23) else {
         return;
     };
     // Killed through E2B: nothing of it stays.
@@ -797,7 +798,10 @@ fn an_e2b_gvisor_sandbox_survives_a_daemon_restart() {
 /// survive a `kill -9` of the daemon; a deleted snapshot leaves the
 /// sandboxes restored from it running and its checkpoint gone; nothing is
 /// left after. A sandbox with a network cannot be checkpointed by this
-/// runsc: the error says what to do.
+/// runsc: its snapshot keeps its files (`memory: false`) — a file it holds
+/// open with unflushed-looking writes, owners and modes — without brig's
+/// own mount points and certificate authority, and sandboxes on every
+/// tier start from them.
 #[test]
 fn memory_snapshots_restores_and_forks_of_a_gvisor_sandbox() {
     let Some(template) = ready() else { return };
@@ -816,24 +820,88 @@ fn memory_snapshots_restores_and_forks_of_a_gvisor_sandbox() {
     let parent = parent.trim().to_string();
     let (daemon, copies) = support::memory_snapshots_through_the_cli(daemon, home.path(), &parent);
 
-    // A sandbox with a network: refused, saying what to do.
+    // A sandbox with a network: its files.
     let networked = ok(
         daemon.brig(&["create", "--isolation", "gvisor", "--template", &template]),
         "create",
     );
-    let refused = daemon.brig(&["snapshot", "create", networked.trim()]);
-    assert!(!refused.status.success());
-    assert!(
-        support::stderr(&refused).contains("network none"),
-        "{}",
-        support::stderr(&refused)
+    let networked = networked.trim();
+    ok(
+        daemon.brig(&[
+            "exec",
+            networked,
+            "--background",
+            "--",
+            "sh",
+            "-c",
+            "exec 3>/root/held; printf held-open >&3; \
+             echo kept > /root/kept; chown 1234:1234 /root/kept; chmod 600 /root/kept; \
+             rm /etc/debian_version && echo done > /root/ready; exec sleep 600",
+        ]),
+        "write in the networked sandbox",
     );
+    assert!(
+        eventually(Duration::from_secs(20), || daemon
+            .brig(&["exec", networked, "--", "cat", "/root/ready"])
+            .status
+            .success()),
+        "the writer did not run"
+    );
+    let snap = ok(daemon.brig(&["snapshot", "create", networked]), "snapshot");
+    let snap = snap.trim();
+    let listed: serde_json::Value = serde_json::from_str(&ok(
+        daemon.brig(&["snapshot", "ls", "--json", "--sandbox", networked]),
+        "snapshot ls",
+    ))
+    .unwrap();
+    assert_eq!(listed[0]["id"], snap, "{listed}");
+    assert_eq!(listed[0]["memory"], false, "{listed}");
+    assert!(!home.path().join("checkpoints").join(snap).exists());
+    let mut from_files = Vec::new();
+    for isolation in ["gvisor", "process"] {
+        let child = ok(
+            daemon.brig(&["create", "--isolation", isolation, "--from-snapshot", snap]),
+            &format!("create on {isolation} from the files snapshot"),
+        );
+        let child = child.trim().to_string();
+        let seen = ok(
+            daemon.brig(&[
+                "exec",
+                &child,
+                "--",
+                "sh",
+                "-c",
+                "cat /root/held; echo; stat -c '%u:%g %a' /root/kept; cat /root/kept; \
+                 test -e /etc/debian_version && echo deleted-file-back; \
+                 cat /proc/[0-9]*/comm 2>/dev/null | grep -qx sleep && echo sleeper-kept; echo end",
+            ]),
+            &format!("read on {isolation}"),
+        );
+        assert_eq!(seen, "held-open\n1234:1234 600\nkept\nend\n", "{isolation}");
+        from_files.push(child);
+    }
+    // Brig's own files in the layer were left out of it.
+    let tar = support::snapshot_layer_names(home.path(), snap);
+    for own in [
+        "run/brig-agent",
+        "run/brig-statx.so",
+        "run/brig-ca.crt",
+        "etc/ld.so.preload",
+    ] {
+        assert!(
+            !tar.iter()
+                .any(|n| n.trim_end_matches('/') == own || n.starts_with(&format!("{own}/"))),
+            "{own} is in the snapshot: {tar:?}"
+        );
+    }
+    assert!(tar.iter().any(|n| n == "root/kept"), "{tar:?}");
 
     drop(daemon);
     for id in copies
         .iter()
         .map(|s| s.as_str())
-        .chain([parent.as_str(), networked.trim()])
+        .chain(from_files.iter().map(|s| s.as_str()))
+        .chain([parent.as_str(), networked])
     {
         assert_nothing_left(id);
     }
@@ -926,13 +994,41 @@ fn volumes_mount_into_gvisor_sandboxes() {
         "rm big",
     );
 
-    let refused = daemon.brig(&["snapshot", "create", &g]);
-    assert!(!refused.status.success(), "{}", text(&refused.stdout));
-    assert!(
-        text(&refused.stderr).contains("volumes"),
-        "{}",
-        text(&refused.stderr)
+    // Its snapshot keeps its own files, not its volume's (on every tier).
+    ok(
+        daemon.brig(&["exec", &g, "--", "sh", "-c", "echo own > /root/own"]),
+        "write outside the volume",
     );
+    let snap = ok(daemon.brig(&["snapshot", "create", &g]), "snapshot");
+    let copy = ok(
+        daemon.brig(&[
+            "create",
+            "--isolation",
+            "gvisor",
+            "--network",
+            "none",
+            "--from-snapshot",
+            snap.trim(),
+        ]),
+        "create from it",
+    );
+    let copy = copy.trim().to_string();
+    assert_eq!(
+        ok(
+            daemon.brig(&[
+                "exec",
+                &copy,
+                "--",
+                "sh",
+                "-c",
+                "cat /root/own; test -e /mnt/data/g || echo no-volume-files",
+            ]),
+            "read the copy"
+        ),
+        "own\nno-volume-files\n"
+    );
+    ok(daemon.brig(&["rm", "-f", &copy]), "rm the copy");
+    assert_nothing_left(&copy);
 
     ok(daemon.brig(&["rm", "-f", &g, &p]), "rm both");
     assert_nothing_left(&g);

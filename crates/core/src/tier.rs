@@ -201,6 +201,10 @@ pub struct WritableLayer {
     pub gid_base: u32,
     /// How many ids the sandbox has from each base.
     pub ids: u32,
+    /// Paths in it (relative to its root) that are the tier's, not the
+    /// sandbox's: mount points and files the tier put there, left out of
+    /// a snapshot.
+    pub skip: Vec<std::path::PathBuf>,
 }
 
 /// How a sandbox ended, as far as the tier can tell.
@@ -435,6 +439,12 @@ pub trait Instance: Send + Sync + fmt::Debug {
              cannot be snapshotted (process-tier sandboxes can)"
                 .into(),
         ))
+    }
+    /// Whether [`Instance::checkpoint`] can be taken of it now, on a tier
+    /// whose [`Tier::checkpoints`] keep memory; if not, why (the runtime
+    /// then snapshots its files, as on a tier that keeps only those).
+    fn checkpointable(&self) -> Result<(), TierError> {
+        Ok(())
     }
     /// Write the sandbox's memory, processes and files to `image` (an empty
     /// directory) for [`Tier::restore`], and leave it running as it was

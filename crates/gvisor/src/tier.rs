@@ -1008,6 +1008,22 @@ impl Instance for GvisorInstance {
     /// A paused sandbox is resumed for the checkpoint (its agent must let
     /// go of its socket) and paused again after: its copies run.
     fn checkpoint(&self, image: &Path) -> Result<(), TierError> {
+        self.checkpointable()?;
+        let paused = self.is_paused()?;
+        if paused {
+            self.resume()?;
+        }
+        let made = self.checkpoint_running(image);
+        if paused {
+            self.pause()?;
+        }
+        made
+    }
+
+    /// Not with a network (this runsc cannot checkpoint gVisor's host
+    /// networking) nor with volumes (they would not be in it): the
+    /// runtime then snapshots its files ([`Instance::writable_layer`]).
+    fn checkpointable(&self) -> Result<(), TierError> {
         if !self.loopback {
             return Err(TierError::Unsupported {
                 tier: Isolation::Gvisor,
@@ -1029,15 +1045,35 @@ impl Instance for GvisorInstance {
                 ),
             });
         }
-        let paused = self.is_paused()?;
-        if paused {
-            self.resume()?;
-        }
-        let made = self.checkpoint_running(image);
-        if paused {
-            self.pause()?;
-        }
-        made
+        Ok(())
+    }
+
+    /// The overlay's upper directory on the host (`<dir>/upper/upper`,
+    /// rootfs.rs), its files stored under the ids the sandbox sees (no
+    /// user namespace maps them). What gVisor's kernel writes reaches it
+    /// at once: this runsc writes regular files through to the gofer's
+    /// host file (checked: a file written and held open in a sandbox has
+    /// its bytes in the upper before it is closed). Left out: the mount
+    /// points of the agent's directory, the statx shim and its
+    /// `/etc/ld.so.preload` (runsc makes them in the upper where the
+    /// template has none; the sandbox cannot write under a read-only bind).
+    fn writable_layer(&self) -> Result<brig_core::WritableLayer, TierError> {
+        let upper = self.dir.join("upper").join("upper");
+        let dir = std::fs::File::open(&upper)
+            .map(OwnedFd::from)
+            .map_err(|e| TierError::failed(&self.id, "open its writable layer", e))?;
+        let inside = |p: &str| PathBuf::from(p.trim_start_matches('/'));
+        Ok(brig_core::WritableLayer {
+            dir,
+            uid_base: 0,
+            gid_base: 0,
+            ids: u32::MAX,
+            skip: vec![
+                inside(bundle::AGENT_DIR),
+                inside(crate::compat::STATX_SHIM_INSIDE),
+                inside("/etc/ld.so.preload"),
+            ],
+        })
     }
 
     fn set_limits(&self, limits: &Limits) -> Result<(), TierError> {

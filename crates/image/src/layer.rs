@@ -63,22 +63,27 @@ pub fn write_tar(dir: &Path, owners: Owners, out: impl Write) -> std::io::Result
         rfs::OFlags::RDONLY | rfs::OFlags::DIRECTORY | rfs::OFlags::CLOEXEC,
         rfs::Mode::empty(),
     )?;
-    write_tar_at(root.as_fd(), owners, out)
+    write_tar_at(root.as_fd(), owners, &[], out)
 }
 
 /// [`write_tar`] of the directory open as `dir` (a sandbox's writable
-/// layer, reached by descriptor).
-pub fn write_tar_at(dir: BorrowedFd<'_>, owners: Owners, out: impl Write) -> std::io::Result<()> {
+/// layer, reached by descriptor), leaving out the entries at the relative
+/// paths in `skip` (and whatever is below them).
+pub fn write_tar_at(
+    dir: BorrowedFd<'_>,
+    owners: Owners,
+    skip: &[PathBuf],
+    out: impl Write,
+) -> std::io::Result<()> {
     let mut tar = tar::Builder::new(out);
     tar.follow_symlinks(false);
-    add_tree(
-        &mut tar,
-        dir,
-        Path::new(""),
+    let mut walk = Walk {
         owners,
-        &[],
-        &mut HashMap::new(),
-    )?;
+        existing: &[],
+        skip,
+        links: HashMap::new(),
+    };
+    add_tree(&mut tar, dir, Path::new(""), &mut walk)?;
     tar.finish()
 }
 
@@ -110,16 +115,15 @@ impl ImageStore {
         .map_err(|e| ImageError::io("open", dir)(e.into()))?;
         let mut tar = tar::Builder::new(&mut tmp);
         tar.follow_symlinks(false);
-        add_tree(
-            &mut tar,
-            root.as_fd(),
-            Path::new(""),
+        let mut walk = Walk {
             owners,
             existing,
-            &mut HashMap::new(),
-        )
-        .and_then(|_| tar.finish())
-        .map_err(ImageError::io("write a layer", dir))?;
+            skip: &[],
+            links: HashMap::new(),
+        };
+        add_tree(&mut tar, root.as_fd(), Path::new(""), &mut walk)
+            .and_then(|_| tar.finish())
+            .map_err(ImageError::io("write a layer", dir))?;
         drop(tar);
         tmp.flush().map_err(ImageError::io("write a layer", dir))?;
         self.add_layer_tar(tmp)
@@ -141,16 +145,18 @@ impl ImageStore {
     }
 
     /// [`layer_tar_from_dir`](Self::layer_tar_from_dir) of a directory
-    /// open as `dir`.
+    /// open as `dir`, without the relative paths in `skip` (a tier's own
+    /// files in a sandbox's writable layer).
     pub fn layer_tar_from_fd(
         &self,
         dir: BorrowedFd<'_>,
         owners: Owners,
+        skip: &[PathBuf],
     ) -> Result<tempfile::NamedTempFile, ImageError> {
         let mut tmp = tempfile::NamedTempFile::new_in(self.root())
             .map_err(ImageError::io("make a layer file", self.root()))?;
         let what = Path::new("(a sandbox's writable layer)");
-        write_tar_at(dir, owners, &mut tmp).map_err(ImageError::io("write a layer", what))?;
+        write_tar_at(dir, owners, skip, &mut tmp).map_err(ImageError::io("write a layer", what))?;
         tmp.flush().map_err(ImageError::io("write a layer", what))?;
         Ok(tmp)
     }
@@ -253,6 +259,18 @@ impl ImageStore {
     }
 }
 
+/// What [`add_tree`] carries down the tree.
+struct Walk<'a> {
+    owners: Owners,
+    /// The layers below, top first (a directory they have keeps its
+    /// owner and mode).
+    existing: &'a [PathBuf],
+    /// Relative paths left out, with everything below them.
+    skip: &'a [PathBuf],
+    /// Hard links met: (device, inode) to the first path.
+    links: HashMap<(u64, u64), PathBuf>,
+}
+
 /// The entries of the directory `dir_fd` (at `rel` in the layer) into
 /// `tar`: overlayfs's 0/0 whiteouts as `.wh.NAME`, opaque directories
 /// with `.wh..wh..opq`, hard links once; owned as `owners` says.
@@ -266,10 +284,9 @@ fn add_tree<W: Write>(
     tar: &mut tar::Builder<W>,
     dir_fd: BorrowedFd<'_>,
     rel: &Path,
-    owners: Owners,
-    existing: &[PathBuf],
-    links: &mut HashMap<(u64, u64), PathBuf>,
+    walk: &mut Walk<'_>,
 ) -> std::io::Result<()> {
+    let (owners, existing) = (walk.owners, walk.existing);
     let mut names: Vec<std::ffi::CString> = Vec::new();
     for entry in rfs::Dir::read_from(dir_fd)? {
         let entry = entry?;
@@ -282,6 +299,9 @@ fn add_tree<W: Write>(
     for name in names {
         let os_name = std::ffi::OsStr::from_bytes(name.as_bytes());
         let path = rel.join(os_name);
+        if walk.skip.contains(&path) {
+            continue;
+        }
         let st = rfs::statat(dir_fd, name.as_c_str(), rfs::AtFlags::SYMLINK_NOFOLLOW)?;
         let kind = rfs::FileType::from_raw_mode(st.st_mode);
         let mut header = tar::Header::new_gnu();
@@ -334,7 +354,7 @@ fn add_tree<W: Write>(
                         std::io::empty(),
                     )?;
                 }
-                add_tree(tar, sub.as_fd(), &path, owners, existing, links)?;
+                add_tree(tar, sub.as_fd(), &path, walk)?;
             }
             rfs::FileType::Symlink => {
                 header.set_entry_type(tar::EntryType::Symlink);
@@ -345,12 +365,12 @@ fn add_tree<W: Write>(
             rfs::FileType::RegularFile => {
                 let key = (st.st_dev, st.st_ino);
                 if st.st_nlink > 1 {
-                    if let Some(first) = links.get(&key) {
+                    if let Some(first) = walk.links.get(&key) {
                         header.set_entry_type(tar::EntryType::Link);
                         tar.append_link(&mut header, &path, first)?;
                         continue;
                     }
-                    links.insert(key, path.clone());
+                    walk.links.insert(key, path.clone());
                 }
                 let file = rfs::openat(
                     dir_fd,
@@ -408,6 +428,45 @@ fn marker() -> tar::Header {
 mod tests {
     use super::*;
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
+
+    /// A tier's own paths are left out with everything below them; a
+    /// sibling whose name merely starts the same is kept.
+    #[test]
+    fn skipped_paths_are_left_out_of_a_layer() {
+        let dir = tempfile::tempdir().unwrap();
+        for d in ["run/brig-agent/sub", "run/other", "etc"] {
+            std::fs::create_dir_all(dir.path().join(d)).unwrap();
+        }
+        for f in [
+            "run/brig-agent/sub/f",
+            "run/brig-agent-not",
+            "run/other/f",
+            "etc/ld.so.preload",
+            "etc/keep",
+        ] {
+            std::fs::write(dir.path().join(f), "x").unwrap();
+        }
+        let root = std::fs::File::open(dir.path()).unwrap();
+        let mut out = Vec::new();
+        let skip = [
+            PathBuf::from("run/brig-agent"),
+            PathBuf::from("etc/ld.so.preload"),
+        ];
+        write_tar_at(root.as_fd(), Owners::AsStored, &skip, &mut out).unwrap();
+        let mut names: Vec<String> = entries(&out).into_iter().map(|e| e.0).collect();
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                "etc",
+                "etc/keep",
+                "run",
+                "run/brig-agent-not",
+                "run/other",
+                "run/other/f"
+            ]
+        );
+    }
 
     fn entries(tar_bytes: &[u8]) -> Vec<(String, tar::EntryType, u64, u64, String)> {
         let mut a = tar::Archive::new(tar_bytes);

@@ -766,6 +766,9 @@ fn writable_layer(init_pid: libc::pid_t) -> std::io::Result<brig_core::WritableL
         uid_base,
         gid_base,
         ids: uids.min(gids),
+        // Its /run, /tmp and /dev are tmpfs mounts of their own, not in
+        // this layer.
+        skip: Vec::new(),
     })
 }
 

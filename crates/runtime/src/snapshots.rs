@@ -150,8 +150,14 @@ impl SandboxManager {
                 reason: format!("sandbox {id} has no spec this daemon can read: {e}"),
             })?;
         let isolation: Isolation = record.isolation.parse().unwrap_or_default();
+        // Its memory where its tier keeps memory and this sandbox allows
+        // it (a gvisor sandbox with a network or volumes does not): else
+        // its files.
         if self.tier(isolation)?.checkpoints().memory() {
-            return self.checkpoint(tenant, id, &live, &record, spec, name, hidden);
+            match live.instance.checkpointable() {
+                Ok(()) => return self.checkpoint(tenant, id, &live, &record, spec, name, hidden),
+                Err(why) => tracing::info!("sandbox {id}: its files only are snapshotted: {why}"),
+            }
         }
         let store = self.image_store()?;
         let (mut layers, base, config): (Vec<String>, Option<PathBuf>, ImageConfig) =
@@ -192,8 +198,16 @@ impl SandboxManager {
             gid_base: layer.gid_base,
             count: layer.ids,
         };
-        let (tar, frozen) =
-            live.frozen_for(id, || store.layer_tar_from_fd(layer.dir.as_fd(), owners))?;
+        // Nor the certificate authority the runtime gave it (where its /run
+        // is in the layer: gvisor's): the next sandbox gets its own.
+        let mut skip = layer.skip.clone();
+        skip.extend(
+            [brig_net::tls::CA_FILE, brig_net::tls::CA_BUNDLE]
+                .map(|p| PathBuf::from(p.trim_start_matches('/'))),
+        );
+        let (tar, frozen) = live.frozen_for(id, || {
+            store.layer_tar_from_fd(layer.dir.as_fd(), owners, &skip)
+        })?;
         drop(layer);
         let diff_id = store
             .add_layer_tar(tar.map_err(image_err(id))?)

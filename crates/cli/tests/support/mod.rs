@@ -601,3 +601,20 @@ pub fn memory_snapshots_through_the_cli(
     }
     (daemon, copies)
 }
+
+/// The entry names of the layer a files snapshot `snap` added (its
+/// image's top layer) in the image store of `home`.
+pub fn snapshot_layer_names(home: &std::path::Path, snap: &str) -> Vec<String> {
+    let store = brig_image::ImageStore::open(home).unwrap();
+    let image = store
+        .get(&format!("{}{snap}", brig_image::SNAPSHOT_PREFIX))
+        .unwrap()
+        .unwrap_or_else(|| panic!("no image for snapshot {snap}"));
+    let top = image.layers.last().expect("a snapshot has a layer");
+    let file = std::fs::File::open(store.blob_path(top)).unwrap();
+    tar::Archive::new(file)
+        .entries()
+        .unwrap()
+        .map(|e| e.unwrap().path().unwrap().to_string_lossy().into_owned())
+        .collect()
+}
