@@ -371,8 +371,9 @@ fn the_sandbox_has_its_own_boot_id_and_uptime() {
     }
 }
 
-/// A sandbox limited to fewer CPUs than the host has shows that many
-/// online (`/sys/devices/system/cpu/online`, read-only), so Python's
+/// A sandbox limited to fewer CPUs than the host has runs on that many
+/// (its affinity: `nproc`) and shows the same ones online
+/// (`/sys/devices/system/cpu/online`, read-only), so Python's
 /// `os.cpu_count()` (and the pools sized by it) count its limit; without a
 /// limit, the host's.
 #[test]
@@ -388,7 +389,9 @@ fn the_cpu_limit_is_the_cpu_count_libraries_see() {
             "-c",
             "python3 -c 'import os; print(os.cpu_count())'; \
              echo 0 > /sys/devices/system/cpu/online 2>/dev/null || echo refused; \
-             grep -c ^processor /proc/cpuinfo",
+             grep -c ^processor /proc/cpuinfo; nproc; \
+             test \"$(grep Cpus_allowed_list /proc/self/status | cut -f2)\" = \
+                  \"$(cat /sys/devices/system/cpu/online)\" && echo same-cpus",
         ]);
         let out = brig().args(&argv).output().unwrap();
         assert!(
@@ -398,11 +401,14 @@ fn the_cpu_limit_is_the_cpu_count_libraries_see() {
         );
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
-    assert_eq!(count(&["--cpus", "1"]), "1\nrefused\n1\n");
-    assert_eq!(count(&["--cpus", "0.5"]), "1\nrefused\n1\n");
-    assert_eq!(count(&[]), format!("{host}\nrefused\n{host}\n"));
+    assert_eq!(count(&["--cpus", "1"]), "1\nrefused\n1\n1\nsame-cpus\n");
+    assert_eq!(count(&["--cpus", "0.5"]), "1\nrefused\n1\n1\nsame-cpus\n");
+    assert_eq!(
+        count(&[]),
+        format!("{host}\nrefused\n{host}\n{host}\nsame-cpus\n")
+    );
     if host > 2 {
-        assert_eq!(count(&["--cpus", "1.5"]), "2\nrefused\n2\n");
+        assert_eq!(count(&["--cpus", "1.5"]), "2\nrefused\n2\n2\nsame-cpus\n");
     } else {
         println!("skipped: --cpus 1.5 shows 2 CPUs only on a host with more than 2 ({host} here)");
     }

@@ -1776,6 +1776,71 @@ fn names_stand_for_ids_and_ls_formats_them() {
     assert_ne!(again.trim(), id);
 }
 
+/// A sandbox limited below the host's CPUs runs on that many of them: its
+/// affinity (what `nproc` counts) and its view of the online CPUs name the
+/// same ones, and sandboxes go to the least used CPUs. A daemon that
+/// restarts after a crash counts the CPUs of the sandboxes it adopts.
+#[test]
+fn cpu_limited_sandboxes_get_cpus_of_their_own() {
+    require_root!();
+    let host = std::thread::available_parallelism().unwrap().get();
+    if host < 2 {
+        support::skip("one CPU: a limit below the host's count needs two");
+        return;
+    }
+    let home = tempfile::tempdir().unwrap();
+    // No pool: its sandboxes would take CPUs too.
+    let args = ["--pool", "host=0"];
+    let daemon = support::TestDaemon::start_with(home.path(), &args);
+    let create = |daemon: &support::TestDaemon, cpus: &str| {
+        ok(daemon.brig(&["create", "--cpus", cpus]), "create")
+            .trim()
+            .to_string()
+    };
+    // (nproc, the affinity's CPU list, the online CPUs it is shown)
+    let seen = |daemon: &support::TestDaemon, id: &str| -> (String, String, String) {
+        let out = ok(
+            daemon.brig(&[
+                "exec",
+                id,
+                "--",
+                "sh",
+                "-c",
+                "nproc; grep Cpus_allowed_list /proc/self/status | cut -f2; \
+                 cat /sys/devices/system/cpu/online",
+            ]),
+            "exec",
+        );
+        let l: Vec<String> = out.lines().map(str::to_string).collect();
+        (l[0].clone(), l[1].clone(), l[2].clone())
+    };
+    let a = create(&daemon, "1");
+    let b = create(&daemon, "0.5");
+    let (na, ca, oa) = seen(&daemon, &a);
+    let (nb, cb, ob) = seen(&daemon, &b);
+    assert_eq!((na.as_str(), nb.as_str()), ("1", "1"));
+    assert_eq!((&ca, &cb), (&oa, &ob), "the online view is its CPUs");
+    assert_ne!(
+        ca, cb,
+        "two one-CPU sandboxes share a CPU while another is free"
+    );
+    assert_eq!(ca, "0", "the first goes to the lowest free CPU");
+    // The whole host: not pinned.
+    let whole = create(&daemon, &host.to_string());
+    assert_eq!(seen(&daemon, &whole).0, host.to_string());
+
+    daemon.kill9();
+    let daemon = support::TestDaemon::start_with(home.path(), &args);
+    ok(daemon.brig(&["rm", "-f", &b, &whole]), "rm");
+    // `a` still holds CPU 0 (adopted): the next goes elsewhere.
+    let c = create(&daemon, "1");
+    let (nc, cc, _) = seen(&daemon, &c);
+    assert_eq!(nc, "1");
+    assert_ne!(cc, ca, "the adopted sandbox's CPU counts as used");
+    assert_eq!(seen(&daemon, &a).1, ca, "the adopted sandbox keeps its CPU");
+    ok(daemon.brig(&["rm", "-f", &a, &c]), "rm");
+}
+
 /// No sandbox takes the whole host by default: one created without
 /// `--cpus` gets the daemon's default quota, in its record and in its cpu
 /// cgroup; `--default-cpus` sets another or `none`; a bad value is refused.

@@ -537,6 +537,12 @@ pub fn exec_workload(
     reset_signals();
     // SAFETY: umask cannot fail.
     unsafe { libc::umask(0o022) };
+    // a''. The CPUs it is placed on, inherited by everything it starts:
+    //      what `nproc` and thread pools count (crate::cpus). A hint, not
+    //      a protection: a CPU gone offline meanwhile leaves it as it was.
+    if !exec.cpus.is_empty() {
+        let _ = crate::cpus::set_affinity(0, &exec.cpus);
+    }
     // b. Standard streams: the pty slave, or the caller's streams with
     //    stdin replaced by /dev/null unless -i.
     let inherit = stdio.inherit;
@@ -856,6 +862,7 @@ mod tests {
             program_fd: false,
             stdio_fd: false,
             volumes: &[],
+            cpus: None,
         })
     }
 

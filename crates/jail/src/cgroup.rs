@@ -642,6 +642,16 @@ impl CgroupControls {
         }
     }
 
+    /// The processes in the sandbox now.
+    pub fn processes(&self) -> Result<Vec<libc::pid_t>, CgroupError> {
+        let procs = self.dir("pids")?.join("cgroup.procs");
+        Ok(fs::read_to_string(&procs)
+            .map_err(io_err("read", &procs))?
+            .lines()
+            .filter_map(|l| l.trim().parse::<libc::pid_t>().ok())
+            .collect())
+    }
+
     /// End every process of the sandbox but its init (the agent), and
     /// return how many were killed: a filesystem-only pause, or a resume
     /// that reboots. The sandbox must be frozen, so that no process can

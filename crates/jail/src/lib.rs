@@ -24,6 +24,7 @@
 
 pub mod bringup;
 pub mod cgroup;
+pub mod cpus;
 pub mod error;
 pub mod fdpass;
 pub mod knockout;

@@ -138,6 +138,8 @@ pub struct ExecPlan {
     /// exec: a sandbox that outlives its host holds its own slot and
     /// liveness locks (see [`crate::Extras::detach`]).
     pub inherit_fds: [Option<usize>; 2],
+    /// The CPUs it may run on ([`crate::cpus`]); empty: as brig's.
+    pub cpus: Vec<usize>,
     argv_ptrs: Vec<*const libc::c_char>,
     env_ptrs: Vec<*const libc::c_char>,
 }
@@ -333,6 +335,9 @@ pub struct PlanInput<'a> {
     /// Where volumes appear inside: the host sends each as a detached
     /// (idmapped) mount, in this order, after the network's sysfs.
     pub volumes: &'a [String],
+    /// The host CPUs it is placed on, where its limit is below the host's
+    /// count ([`crate::cpus`]): its affinity and its views of the CPUs.
+    pub cpus: Option<&'a [usize]>,
 }
 
 /// Bytes of --disk per inode of a sandbox's tmpfs mounts.
@@ -634,13 +639,13 @@ impl Plan {
         if input.pooled_net {
             next_fd += 1;
         }
-        // As many CPUs online as its limit allows, for the libraries that
-        // size their pools by it (`os.cpu_count()`); `nproc`, which asks
-        // the scheduler's affinity, still counts the host's.
-        if let Some(online) = cpus_online(spec.limits.cpus) {
+        // The CPUs it is placed on as the ones online, for the libraries
+        // that size their pools by them (`os.cpu_count()`); `nproc` asks
+        // the scheduler's affinity, which the workload gets (ExecPlan).
+        if let Some(cpus) = input.cpus {
             b.steps.push(Step::Write {
                 target: b.at(CPUS_ONLINE_FILE),
-                data: online.into_bytes(),
+                data: cpus_online(cpus).into_bytes(),
                 mode: 0o444,
             });
             b.bind_ro(
@@ -676,7 +681,8 @@ impl Plan {
         let cpuinfo = input
             .host_cpuinfo
             .filter(|_| (input.proc_has)(views::CPUINFO))
-            .and_then(|host| views::cpuinfo(host, spec.limits.cpus));
+            .zip(input.cpus)
+            .map(|(host, cpus)| views::cpuinfo(host, cpus));
         if let Some(view) = cpuinfo {
             b.steps.push(Step::Write {
                 target: b.at(views::CPUINFO_FILE),
@@ -836,6 +842,7 @@ fn exec_plan(input: &PlanInput<'_>) -> ExecPlan {
         program_fd: None,
         stdio_fd: None,
         inherit_fds: [None, None],
+        cpus: input.cpus.map(<[usize]>::to_vec).unwrap_or_default(),
         argv_ptrs,
         env_ptrs,
     }
@@ -907,6 +914,7 @@ mod tests {
             program_fd: false,
             stdio_fd: false,
             volumes: &[],
+            cpus: None,
         })
     }
 
@@ -1049,6 +1057,7 @@ mod tests {
             program_fd: false,
             stdio_fd: false,
             volumes: &[],
+            cpus: None,
         });
         let frozen: Vec<String> = plan
             .steps

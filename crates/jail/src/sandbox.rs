@@ -71,6 +71,9 @@ pub struct SpawnOptions {
     pub pausable: bool,
     /// What spawning needs to know about this host and process, read once.
     pub host: Arc<HostFacts>,
+    /// Places sandboxes with a CPU limit on CPUs of their own
+    /// ([`crate::cpus`]).
+    pub cpus: Arc<crate::cpus::CpuPlacer>,
 }
 
 /// Facts about the host and this process that do not change while brig
@@ -154,6 +157,7 @@ impl SpawnOptions {
         reconcile::reap(&hierarchy, &run_dir);
         Ok(SpawnOptions {
             host: Arc::new(HostFacts::read()),
+            cpus: crate::cpus::CpuPlacer::new(),
             run_dir,
             hierarchy,
             net_pool: None,
@@ -245,6 +249,8 @@ pub struct Sandbox {
     /// before its own (slower) exit.
     status: Option<OwnedFd>,
     command_exit: Option<Exit>,
+    /// The CPUs it was placed on, counted as used while this is held.
+    cpus: Option<crate::cpus::Placement>,
 }
 
 fn os_err(op: &'static str) -> impl FnOnce(Errno) -> JailError {
@@ -286,6 +292,7 @@ impl Sandbox {
         let volume_paths: Vec<String> = extras.volumes.iter().map(|(_, p)| p.clone()).collect();
         brig_core::volume::check_paths(volume_paths.iter().map(String::as_str))
             .map_err(|e| JailError::Volume(e.to_string()))?;
+        let placement = opts.cpus.place(spec.limits.cpus);
         let plan = Plan::build(&PlanInput {
             spec,
             id: &id,
@@ -302,6 +309,7 @@ impl Sandbox {
             program_fd: extras.program.is_some(),
             stdio_fd: extras.stdio.is_some(),
             volumes: &volume_paths,
+            cpus: placement.as_ref().map(crate::cpus::Placement::cpus),
         });
         let mut plan = plan;
         plan.trace = trace.on;
@@ -470,6 +478,7 @@ impl Sandbox {
             run_dir: opts.run_dir.clone(),
             status: None,
             command_exit: None,
+            cpus: placement,
         };
 
         // 4. Give the init an identity and its template, then let it go.
@@ -650,6 +659,12 @@ impl Sandbox {
     ///
     /// The adopted sandbox is not this process's child: its end is read
     /// from a pidfd (without an exit status) and its locks stay its own.
+    /// The CPUs it was placed on, for a holder that outlives this value
+    /// (the process tier's instance, which may place it again).
+    pub fn take_cpus(&mut self) -> Option<crate::cpus::Placement> {
+        self.cpus.take()
+    }
+
     pub fn adopt(
         id: &SandboxId,
         pid: libc::pid_t,
@@ -700,6 +715,7 @@ impl Sandbox {
             run_dir: opts.run_dir.clone(),
             status: None,
             command_exit: None,
+            cpus: None,
         }))
     }
 

@@ -37,7 +37,7 @@ use std::os::fd::{BorrowedFd, OwnedFd};
 use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use brig_core::{
     CommandFault, Ended, Instance, Isolation, Launch, Limits, NetworkAttachment, OneShot,
@@ -304,7 +304,11 @@ impl Tier for ProcessTier {
             )));
         }
         match self.spawn(launch, &dir) {
-            Ok(sandbox) => Ok(Box::new(ProcessInstance::new(sandbox, dir))),
+            Ok(sandbox) => Ok(Box::new(ProcessInstance::new(
+                sandbox,
+                dir,
+                &self.opts.cpus,
+            ))),
             Err(e) => {
                 let _ = fs::remove_dir_all(&dir);
                 Err(e)
@@ -320,7 +324,11 @@ impl Tier for ProcessTier {
             None => None,
         };
         match adopted {
-            Some(sandbox) => Ok(Some(Box::new(ProcessInstance::new(sandbox, dir)))),
+            Some(sandbox) => Ok(Some(Box::new(ProcessInstance::new(
+                sandbox,
+                dir,
+                &self.opts.cpus,
+            )))),
             None => {
                 self.discard(id)?;
                 Ok(None)
@@ -455,10 +463,25 @@ struct ProcessInstance {
     /// Taken by the first [`Instance::wait`].
     sandbox: Mutex<Option<Sandbox>>,
     ended: Mutex<Option<Ended>>,
+    /// The CPUs it is placed on (none: it may run on all), and where
+    /// another placement comes from on a limit change.
+    cpus: Mutex<Option<crate::cpus::Placement>>,
+    placer: Arc<crate::cpus::CpuPlacer>,
 }
 
 impl ProcessInstance {
-    fn new(sandbox: Sandbox, dir: PathBuf) -> ProcessInstance {
+    /// One adopted from an earlier daemon counts the CPUs its init runs
+    /// on as its placement, if they are not all of this host's.
+    fn new(
+        mut sandbox: Sandbox,
+        dir: PathBuf,
+        placer: &Arc<crate::cpus::CpuPlacer>,
+    ) -> ProcessInstance {
+        let cpus = sandbox.take_cpus().or_else(|| {
+            crate::cpus::affinity_of(sandbox.pid())
+                .ok()
+                .and_then(|set| placer.adopt(set))
+        });
         ProcessInstance {
             id: sandbox.id().clone(),
             pid: sandbox.pid(),
@@ -467,6 +490,8 @@ impl ProcessInstance {
             dir,
             sandbox: Mutex::new(Some(sandbox)),
             ended: Mutex::new(None),
+            cpus: Mutex::new(cpus),
+            placer: Arc::clone(placer),
         }
     }
 
@@ -598,17 +623,35 @@ impl Instance for ProcessInstance {
         controls
             .set_limits(limits)
             .map_err(self.cgroup_err("change the sandbox's limits"))?;
-        // Its view of its CPUs follows, where it has one (a sandbox made
-        // without a limit below the host's shows the host's and keeps it).
-        if let Some(online) = crate::views::cpus_online(limits.cpus) {
-            let _ = write_view(controls.init_pid(), crate::views::CPUS_ONLINE_FILE, &online);
-            if let Some(view) = std::fs::read_to_string("/proc/cpuinfo")
-                .ok()
-                .and_then(|host| crate::views::cpuinfo(&host, limits.cpus))
-            {
-                let _ = write_view(controls.init_pid(), crate::views::CPUINFO_FILE, &view);
+        // Its CPUs follow: placed again (or on all of them without a
+        // limit below the host's), every thread moved, and its views of
+        // them rewritten where it has them (a sandbox made without a limit
+        // has none: it shows the host's and keeps them).
+        let mut placed = lock(&self.cpus);
+        let wanted = crate::cpus::count(limits.cpus, self.placer.host_count());
+        if wanted != placed.as_ref().map(|p| p.cpus().len()) {
+            let new = self.placer.place(limits.cpus);
+            let set = new
+                .as_ref()
+                .map_or_else(|| self.placer.allowed().to_vec(), |p| p.cpus().to_vec());
+            let pids = controls.processes().unwrap_or_default();
+            crate::cpus::set_affinity_of_all(&pids, &set);
+            let init = controls.init_pid();
+            let _ = write_view(
+                init,
+                crate::views::CPUS_ONLINE_FILE,
+                &crate::views::cpus_online(&set),
+            );
+            if let Ok(host) = std::fs::read_to_string("/proc/cpuinfo") {
+                let _ = write_view(
+                    init,
+                    crate::views::CPUINFO_FILE,
+                    &crate::views::cpuinfo(&host, &set),
+                );
             }
+            *placed = new;
         }
+        drop(placed);
         if let Ok(stats) = controls.stats() {
             refresh_meminfo(controls, stats.memory_bytes, stats.memory_limit);
         }

@@ -21,22 +21,12 @@ pub const CPUS_ONLINE: &str = "/sys/devices/system/cpu/online";
 /// Where a sandbox's view of it is kept, inside it (its /dev tmpfs).
 pub const CPUS_ONLINE_FILE: &str = "/dev/.cpus_online";
 
-/// What a sandbox limited to `cpus` cores is shown as its online CPUs
-/// ("0-3\n" for 3.5), or `None` when the limit is not below the host's
-/// count (nothing to hide). Libraries size their thread pools by it: a
-/// sandbox of 1 CPU on a 64-CPU host must not start 64 workers.
-pub fn cpus_online(cpus: Option<f64>) -> Option<String> {
-    let cpus = cpus.filter(|c| c.is_finite() && *c > 0.0)?;
-    let host = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let shown = (cpus.ceil() as usize).clamp(1, host);
-    if shown >= host {
-        return None;
-    }
-    Some(if shown == 1 {
-        "0\n".to_string()
-    } else {
-        format!("0-{}\n", shown - 1)
-    })
+/// What a sandbox placed on `cpus` ([`crate::cpus`]: ceil(limit) of the
+/// host's, the ones it may run on) is shown as its online CPUs ("2-3\n").
+/// Libraries size their thread pools by it: a sandbox of 1 CPU on a
+/// 64-CPU host must not start 64 workers.
+pub fn cpus_online(cpus: &[usize]) -> String {
+    crate::cpus::cpu_list(cpus)
 }
 
 /// A boot id as the kernel writes one: a random (version 4) UUID and a
@@ -195,25 +185,20 @@ pub fn meminfo(host_meminfo: &str, limit: u64, used: u64, stat: &MemoryStat) -> 
     Some(out)
 }
 
-/// `/proc/cpuinfo` with only the first `shown` CPUs' blocks (as many as
-/// [`cpus_online`] says are online), or `None` when `cpus` hides nothing.
-pub fn cpuinfo(host_cpuinfo: &str, cpus: Option<f64>) -> Option<String> {
-    let online = cpus_online(cpus)?;
-    let shown = match online.trim().split_once('-') {
-        Some((_, last)) => last.parse::<usize>().ok()? + 1,
-        None => 1,
-    };
-    let blocks: Vec<&str> = host_cpuinfo
+/// `/proc/cpuinfo` with only the blocks of the CPUs in `cpus` (those
+/// [`cpus_online`] says are online), by their `processor` number.
+pub fn cpuinfo(host_cpuinfo: &str, cpus: &[usize]) -> String {
+    host_cpuinfo
         .split("\n\n")
         .filter(|b| !b.trim().is_empty())
-        .take(shown)
-        .collect();
-    Some(
-        blocks
-            .iter()
-            .map(|b| format!("{}\n\n", b.trim_end()))
-            .collect(),
-    )
+        .filter(|b| {
+            b.lines()
+                .find_map(|l| l.strip_prefix("processor")?.split(':').nth(1))
+                .and_then(|n| n.trim().parse::<usize>().ok())
+                .is_some_and(|n| cpus.contains(&n))
+        })
+        .map(|b| format!("{}\n\n", b.trim_end()))
+        .collect()
 }
 
 #[cfg(test)]
@@ -279,18 +264,14 @@ total_active_file 100\n";
     }
 
     #[test]
-    fn cpuinfo_keeps_the_first_cpus() {
-        let host_cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let host: String = (0..host_cpus)
+    fn cpuinfo_keeps_the_sandboxs_cpus() {
+        let host: String = (0..4)
             .map(|i| format!("processor\t: {i}\nmodel name\t: x\n\n"))
             .collect();
-        match cpuinfo(&host, Some(1.0)) {
-            Some(view) if host_cpus > 1 => {
-                assert_eq!(view, "processor\t: 0\nmodel name\t: x\n\n");
-            }
-            None if host_cpus == 1 => {}
-            other => panic!("{other:?} on {host_cpus} CPUs"),
-        }
-        assert_eq!(cpuinfo(&host, None), None);
+        assert_eq!(
+            cpuinfo(&host, &[1, 3]),
+            "processor\t: 1\nmodel name\t: x\n\nprocessor\t: 3\nmodel name\t: x\n\n"
+        );
+        assert_eq!(cpus_online(&[1, 3]), "1,3\n");
     }
 }
