@@ -13,6 +13,7 @@
 //! initramfs:  /init (this program)  /brig/modules/*.ko  /brig/modules.order
 //! disks:      serial brig-root  ext4, read-only: the template
 //!             serial brig-disk  ext4, writable, the --disk limit: upper/ work/
+//!             serial brig-vol-N  ext4: volume N, mounted at the path brig.volN= names
 //! guest root: overlay(lower = brig-root, upper = brig-disk/upper)
 //! agent:      /run/brig-agent/agent.sock (0700 directory), relay ↔ the port
 //!             named org.brig.agent
@@ -83,6 +84,11 @@ pub fn run() -> Result<(), String> {
         Some("lowerdir=/lower,upperdir=/disk/upper,workdir=/disk/work"),
     )
     .map_err(|e| format!("mount the root overlay: {e}"))?;
+    // 4½. Its volumes: disk `brig-vol-N` (ext4, the volume's own file
+    //     system) at the path `brig.volN=` names (hex), its mount point
+    //     made on the way; as the process tier mounts them, nosuid and
+    //     nodev, over everything else.
+    mount_volumes(deadline)?;
     // 5. The kernel's file systems move with it; a terminal file system and
     //    shared memory as any Linux system has.
     for at in ["/dev", "/proc", "/sys"] {
@@ -240,6 +246,32 @@ fn list(dir: &str) -> Vec<String> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// Every `brig.volN=` of the command line, in order, mounted under
+/// /newroot.
+fn mount_volumes(deadline: Instant) -> Result<(), String> {
+    for i in 0.. {
+        let Some(hex) = cmdline_value(&format!("brig.vol{i}")) else {
+            return Ok(());
+        };
+        let path = serial::path_from_hex(&hex)
+            .filter(|p| p.starts_with('/') && !p.split('/').any(|c| c == ".."))
+            .ok_or_else(|| format!("brig.vol{i}: not a volume path: {hex}"))?;
+        let serial = format!("brig-vol-{i}");
+        let dev = wait_for(deadline, || disk_by_serial(&serial))?;
+        let target = format!("/newroot{path}");
+        fs::create_dir_all(&target).map_err(|e| format!("create {target}: {e}"))?;
+        sys::mount(
+            &dev,
+            &target,
+            Some("ext4"),
+            libc::MS_NOSUID | libc::MS_NODEV,
+            None,
+        )
+        .map_err(|e| format!("mount volume {i} ({dev}) at {path}: {e}"))?;
+    }
+    Ok(())
 }
 
 /// `/dev/vdX` of the virtio disk whose serial is `serial`.

@@ -721,3 +721,179 @@ fn memory_snapshots_restores_and_forks_of_a_vm_sandbox() {
         .unwrap_or_default();
     assert!(left.is_empty(), "checkpoints left: {left:?}");
 }
+
+/// Volumes in a vm sandbox: the volume's image is a disk of the guest,
+/// mounted at its path by the guest's own kernel; files keep the ids the
+/// guest gave them (a process-tier sandbox sees the same), and the volume's
+/// size is its limit in the guest too. While the guest has it, nothing
+/// else may mount it (a process-tier create or a second vm is refused,
+/// saying why); a snapshot is refused, saying why; a daemon killed with -9
+/// leaves the guest and its volume to the next one. Once the guest ends,
+/// the volume is everyone's again with the guest's files in it. Its
+/// path rides on the guest kernel's command line: a very long one is
+/// refused up front.
+#[test]
+fn volumes_are_disks_of_a_vm_sandbox_alone() {
+    let Some(template) = ready() else { return };
+    let home = tempfile::tempdir().unwrap();
+    let daemon = Daemon::start_with(home.path(), &["--volume-size", "32MiB"]);
+    ok(daemon.brig(&["volume", "create", "data"]), "volume create");
+    let vm_create = |daemon: &Daemon, volume: &str| {
+        daemon.brig(&[
+            "create",
+            "--isolation",
+            "vm",
+            "--network",
+            "none",
+            "--template",
+            &template,
+            "--volume",
+            volume,
+        ])
+    };
+    let long = format!("data:/mnt/{}", "a".repeat(800));
+    let refused = vm_create(&daemon, &long);
+    assert!(!refused.status.success());
+    assert!(
+        text(&refused.stderr).contains("at most 768 bytes"),
+        "{}",
+        text(&refused.stderr)
+    );
+
+    // The process tier writes first: the guest sees its files and owners.
+    let p = ok(
+        daemon.brig(&["create", "--network", "none", "--volume", "data:/srv/d"]),
+        "create a process sandbox",
+    );
+    let p = p.trim().to_string();
+    ok(
+        daemon.brig(&[
+            "exec",
+            &p,
+            "--",
+            "sh",
+            "-c",
+            "echo from-process > /srv/d/p; chown 1234:1234 /srv/d/p",
+        ]),
+        "write in the process sandbox",
+    );
+    // Taken by a live sandbox: a vm cannot have it.
+    let refused = vm_create(&daemon, "data:/mnt/data");
+    assert!(!refused.status.success());
+    let said = text(&refused.stderr);
+    assert!(said.contains(&p) && said.contains("alone"), "{said}");
+    ok(daemon.brig(&["rm", "-f", &p]), "rm the process sandbox");
+
+    // Its mount copies go with it; the vm may then take the volume.
+    let mut vm = None;
+    for _ in 0..50 {
+        let out = vm_create(&daemon, "data:/mnt/data");
+        if out.status.success() {
+            vm = Some(text(&out.stdout).trim().to_string());
+            break;
+        }
+        assert!(
+            text(&out.stderr).contains("try again"),
+            "{}",
+            text(&out.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let vm = vm.expect("the vm sandbox took the volume");
+    assert_eq!(
+        ok(
+            daemon.brig(&[
+                "exec",
+                &vm,
+                "--",
+                "sh",
+                "-c",
+                "stat -c '%u:%g' /mnt/data/p; cat /mnt/data/p; \
+                 findmnt -rno FSTYPE,OPTIONS /mnt/data | cut -d, -f1-3",
+            ]),
+            "read in the guest"
+        ),
+        "1234:1234\nfrom-process\next4 rw,nosuid,nodev\n"
+    );
+    ok(
+        daemon.brig(&[
+            "exec",
+            &vm,
+            "--",
+            "sh",
+            "-c",
+            "echo from-vm > /mnt/data/v && chown 1000:1000 /mnt/data/v && sync",
+        ]),
+        "write in the guest",
+    );
+    // 32 MiB: writing 40 fails with ENOSPC in the guest too.
+    let fill = daemon.brig(&[
+        "exec",
+        &vm,
+        "--",
+        "sh",
+        "-c",
+        "dd if=/dev/zero of=/mnt/data/big bs=1M count=40 2>&1; echo rc=$?; rm -f /mnt/data/big",
+    ]);
+    let filled = text(&fill.stdout);
+    assert!(
+        filled.contains("No space left") && !filled.contains("rc=0"),
+        "{filled}"
+    );
+
+    // Nothing else may mount it meanwhile.
+    let shared = daemon.brig(&["create", "--network", "none", "--volume", "data:/srv/d"]);
+    assert!(!shared.status.success());
+    let said = text(&shared.stderr);
+    assert!(
+        said.contains(&vm) && said.contains("end that sandbox first"),
+        "{said}"
+    );
+    let second = vm_create(&daemon, "data:/data");
+    assert!(!second.status.success());
+    assert!(
+        text(&second.stderr).contains(&vm),
+        "{}",
+        text(&second.stderr)
+    );
+    let snap = daemon.brig(&["snapshot", "create", &vm]);
+    assert!(!snap.status.success());
+    assert!(
+        text(&snap.stderr).contains("volumes"),
+        "{}",
+        text(&snap.stderr)
+    );
+
+    // A crash of the daemon: the next one adopts the guest, which keeps
+    // its volume, and still keeps others off it.
+    daemon.kill9();
+    let daemon = Daemon::start_with(home.path(), &["--volume-size", "32MiB"]);
+    assert_eq!(
+        ok(
+            daemon.brig(&["exec", &vm, "--", "cat", "/mnt/data/v"]),
+            "read after the restart"
+        ),
+        "from-vm\n"
+    );
+    let shared = daemon.brig(&["create", "--network", "none", "--volume", "data:/srv/d"]);
+    assert!(
+        !shared.status.success(),
+        "the adopted guest still has it alone"
+    );
+
+    ok(daemon.brig(&["rm", "-f", &vm]), "rm the vm sandbox");
+    assert_nothing_left(&vm);
+    let again = ok(
+        daemon.brig(&["create", "--network", "none", "--volume", "data:/srv/d"]),
+        "a process sandbox after the guest",
+    );
+    let again = again.trim().to_string();
+    assert_eq!(
+        ok(
+            daemon.brig(&["exec", &again, "--", "stat", "-c", "%u:%g %n", "/srv/d/v", "/srv/d/p"]),
+            "read the guest's files"
+        ),
+        "1000:1000 /srv/d/v\n1234:1234 /srv/d/p\n"
+    );
+    ok(daemon.brig(&["rm", "-f", &again]), "rm");
+}

@@ -24,6 +24,7 @@ pub use spec::{
 };
 pub use tier::{
     Checkpoints, CommandFault, Ended, Instance, Isolation, Launch, NetworkAttachment, OneShot,
-    Tier, TierError, TierErrorKind, UnknownIsolation, Usage, VolumeMount, WritableLayer,
+    Tier, TierError, TierErrorKind, UnknownIsolation, Usage, VolumeAccess, VolumeMount,
+    WritableLayer,
 };
 pub use units::{parse_duration, parse_size, ByteSize, UnitError};

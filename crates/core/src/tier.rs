@@ -37,7 +37,17 @@ use crate::spec::{Limits, SandboxId, SandboxSpec, TemplateRef};
 
 /// How strongly a sandbox is isolated from the host.
 #[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Default,
+    serde::Serialize,
+    serde::Deserialize,
 )]
 #[serde(rename_all = "lowercase")]
 pub enum Isolation {
@@ -139,10 +149,26 @@ pub struct Launch {
 pub struct VolumeMount {
     /// The volume's name, for messages.
     pub name: String,
-    /// Where the runtime mounted the volume on the host.
+    /// Where the runtime mounted the volume on the host, or its image
+    /// file (as the tier's [`VolumeAccess`] says).
     pub source: std::path::PathBuf,
     /// Absolute, clean, not `/` nor a system directory.
     pub path: String,
+}
+
+/// How a tier mounts volumes ([`Tier::volume_access`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VolumeAccess {
+    /// Not at all.
+    None,
+    /// The host's mount of each, shared with other sandboxes and the
+    /// content API: [`VolumeMount::source`] is that mount's directory.
+    Shared,
+    /// Each volume's image as a disk of the sandbox's own kernel, which
+    /// mounts it: [`VolumeMount::source`] is the image file, and nothing
+    /// else may mount the volume meanwhile (two kernels writing one file
+    /// system corrupt it).
+    Exclusive,
 }
 
 /// What a tier keeps of a sandbox in a snapshot ([`Tier::checkpoints`]).
@@ -336,10 +362,10 @@ pub trait Tier: Send + Sync + fmt::Debug {
     /// host, so that reconcile can tell leftovers no record names.
     fn running(&self) -> Vec<SandboxId>;
 
-    /// Whether it mounts volumes ([`Launch::volumes`]); one that does not
-    /// is never asked to (the runtime refuses the create first).
-    fn mounts_volumes(&self) -> bool {
-        false
+    /// Whether and how it mounts volumes ([`Launch::volumes`]); one that
+    /// does not is never asked to (the runtime refuses the create first).
+    fn volume_access(&self) -> VolumeAccess {
+        VolumeAccess::None
     }
 
     /// What a snapshot of one of its sandboxes keeps.

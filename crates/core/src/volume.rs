@@ -111,18 +111,6 @@ pub fn check_paths<'a>(paths: impl IntoIterator<Item = &'a str>) -> Result<(), V
     Ok(())
 }
 
-/// What a tier without volume mounts answers a launch that asks for one.
-pub fn unsupported(tier: crate::Isolation) -> crate::TierError {
-    crate::TierError::Unsupported {
-        tier,
-        op: "mount volumes",
-        reason:
-            "volumes are mounted on the process and gvisor tiers only: create the sandbox with \
-                 isolation process or gvisor, or without volumes"
-                .into(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -552,8 +552,8 @@ impl Tier for GvisorTier {
         Isolation::Gvisor
     }
 
-    fn mounts_volumes(&self) -> bool {
-        true
+    fn volume_access(&self) -> brig_core::VolumeAccess {
+        brig_core::VolumeAccess::Shared
     }
 
     fn launch(&self, launch: &Launch) -> Result<Box<dyn Instance>, TierError> {

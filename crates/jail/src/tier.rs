@@ -291,8 +291,8 @@ impl Tier for ProcessTier {
         Isolation::Process
     }
 
-    fn mounts_volumes(&self) -> bool {
-        true
+    fn volume_access(&self) -> brig_core::VolumeAccess {
+        brig_core::VolumeAccess::Shared
     }
 
     fn launch(&self, launch: &Launch) -> Result<Box<dyn Instance>, TierError> {

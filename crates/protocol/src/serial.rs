@@ -230,9 +230,40 @@ impl Unstuffer {
     }
 }
 
+/// A volume's path as the guest's kernel command line carries it
+/// (`brig.volN=HEX`, beside `brig.ip=`): lowercase hex, so that any byte a
+/// path may hold passes and a space never splits it.
+pub fn path_to_hex(path: &str) -> String {
+    path.bytes().map(|b| format!("{b:02x}")).collect()
+}
+
+/// [`path_to_hex`] back; `None` for anything that is not its output.
+pub fn path_from_hex(hex: &str) -> Option<String> {
+    if !hex.len().is_multiple_of(2) {
+        return None;
+    }
+    let bytes = (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+        .collect::<Option<Vec<u8>>>()?;
+    String::from_utf8(bytes).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn volume_paths_survive_the_command_line() {
+        for p in ["/mnt/data", "/srv/a b/ünï", "/x"] {
+            let h = path_to_hex(p);
+            assert!(h.bytes().all(|b| b.is_ascii_hexdigit()), "{h}");
+            assert_eq!(path_from_hex(&h).as_deref(), Some(p));
+        }
+        for bad in ["2", "zz", "ff"] {
+            assert_eq!(path_from_hex(bad), None, "{bad}");
+        }
+    }
 
     fn decode(bytes: &[u8]) -> Vec<Packet> {
         let mut out = Vec::new();

@@ -326,6 +326,10 @@ pub enum ManagerError {
     },
     #[error("cannot {op}: {reason}")]
     Volume { op: &'static str, reason: String },
+    /// A vm guest's kernel mounts a volume alone: it and another user
+    /// cannot have it at once.
+    #[error("volume {volume} {reason}")]
+    VolumeExclusive { volume: String, reason: String },
     #[error("cannot {op}")]
     Image {
         op: &'static str,
@@ -390,9 +394,9 @@ impl ManagerError {
             ManagerError::Snapshotting { .. } => ErrorKind::Conflict,
             ManagerError::Image { .. } | ManagerError::Volume { .. } => ErrorKind::Internal,
             ManagerError::VolumeNotFound { .. } => ErrorKind::NotFound,
-            ManagerError::VolumeExists { .. } | ManagerError::VolumeInUse { .. } => {
-                ErrorKind::Conflict
-            }
+            ManagerError::VolumeExists { .. }
+            | ManagerError::VolumeInUse { .. }
+            | ManagerError::VolumeExclusive { .. } => ErrorKind::Conflict,
             ManagerError::TemplateNotAllowed { .. } => ErrorKind::Forbidden,
             ManagerError::Template { .. }
             | ManagerError::Preparing { .. }

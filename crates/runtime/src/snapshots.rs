@@ -153,10 +153,14 @@ impl SandboxManager {
         // Its memory where its tier keeps memory and this sandbox allows
         // it (a gvisor sandbox with a network or volumes does not): else
         // its files.
+        let mut no_memory = None;
         if self.tier(isolation)?.checkpoints().memory() {
             match live.instance.checkpointable() {
                 Ok(()) => return self.checkpoint(tenant, id, &live, &record, spec, name, hidden),
-                Err(why) => tracing::info!("sandbox {id}: its files only are snapshotted: {why}"),
+                Err(why) => {
+                    tracing::info!("sandbox {id}: its files only are snapshotted: {why}");
+                    no_memory = Some(why);
+                }
             }
         }
         let store = self.image_store()?;
@@ -191,7 +195,9 @@ impl SandboxManager {
             .map_err(|source| ManagerError::Tier {
                 id: id.clone(),
                 op: "reach its writable layer",
-                source,
+                // Where a memory snapshot was refused first, why: a tier
+                // with no files snapshot has nothing better to say.
+                source: no_memory.unwrap_or(source),
             })?;
         let owners = Owners::Shifted {
             uid_base: layer.uid_base,

@@ -28,7 +28,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use brig_core::volume as rules;
-use brig_core::{Isolation, VolumeMount};
+use brig_core::{Isolation, VolumeAccess, VolumeMount};
 use rusqlite::OptionalExtension;
 
 use crate::manager::{lock, ManagerError, SandboxManager};
@@ -210,7 +210,7 @@ impl SandboxManager {
         if let Some(sandboxes) = users.get(&info.id) {
             return Err(ManagerError::VolumeInUse {
                 volume: info.name.clone(),
-                sandboxes: sandboxes.iter().cloned().collect(),
+                sandboxes: sandboxes.iter().map(|(s, _)| s.clone()).collect(),
             });
         }
         if in_use.users.contains_key(&info.id) {
@@ -274,11 +274,15 @@ impl SandboxManager {
                 Vec::new(),
             ));
         }
-        if !self.tier(isolation)?.mounts_volumes() {
+        let access = self.tier(isolation)?.volume_access();
+        if access == VolumeAccess::None {
             let offer: Vec<String> = self
                 .tiers()
                 .into_iter()
-                .filter(|&t| self.tier(t).is_ok_and(|t| t.mounts_volumes()))
+                .filter(|&t| {
+                    self.tier(t)
+                        .is_ok_and(|t| t.volume_access() != VolumeAccess::None)
+                })
                 .map(|t| t.to_string())
                 .collect();
             return Err(ManagerError::BadRequest {
@@ -290,7 +294,10 @@ impl SandboxManager {
             });
         }
         let ids: Vec<String> = volumes.iter().map(|v| v.id.clone()).collect();
-        let mounts = self.hold_ids(&ids)?;
+        let mounts = match access {
+            VolumeAccess::Exclusive => self.take_alone(volumes)?,
+            _ => self.hold_ids(&ids)?,
+        };
         let hold = VolumeHold { manager: self, ids };
         let mounts = volumes
             .iter()
@@ -317,6 +324,27 @@ impl SandboxManager {
     fn hold_ids(&self, ids: &[String]) -> Result<Vec<PathBuf>, ManagerError> {
         let dir = self.volumes_dir()?;
         let mut in_use = lock(&self.volumes_in_use);
+        // Not one a vm guest's kernel has mounted.
+        let users = self.volume_users()?;
+        for id in ids {
+            let guests: Vec<&str> = users
+                .get(id)
+                .into_iter()
+                .flatten()
+                .filter(|(_, tier)| *tier == Isolation::Vm)
+                .map(|(s, _)| s.as_str())
+                .collect();
+            if !guests.is_empty() {
+                return Err(ManagerError::VolumeExclusive {
+                    volume: self.volume_name(id),
+                    reason: format!(
+                        "is mounted by vm sandbox {}, whose kernel has it alone (two kernels \
+                         writing one file system would corrupt it): end that sandbox first",
+                        guests.join(", ")
+                    ),
+                });
+            }
+        }
         let mut mounts = Vec::new();
         for id in ids {
             let mnt = mount_path(&dir, id);
@@ -329,12 +357,76 @@ impl SandboxManager {
         Ok(mounts)
     }
 
-    /// Live sandboxes by the volumes they mount.
-    fn volume_users(&self) -> Result<HashMap<String, BTreeSet<String>>, ManagerError> {
-        let mut users: HashMap<String, BTreeSet<String>> = HashMap::new();
+    /// `volumes` for a tier whose guest kernel mounts them
+    /// ([`VolumeAccess::Exclusive`]): each used by nothing else (no live
+    /// sandbox, no create or content request), its host mount undone and
+    /// no loop device left on its image; their image files. They count as
+    /// in use from here (the hold), and by the sandbox's record after.
+    fn take_alone(&self, volumes: &[MountedVolume]) -> Result<Vec<PathBuf>, ManagerError> {
+        let dir = self.volumes_dir()?;
+        let mut in_use = lock(&self.volumes_in_use);
+        let users = self.volume_users()?;
+        let mut images = Vec::new();
+        for v in volumes {
+            let sandboxes: Vec<&str> = users
+                .get(&v.id)
+                .into_iter()
+                .flatten()
+                .map(|(s, _)| s.as_str())
+                .collect();
+            let reason = if !sandboxes.is_empty() {
+                Some(format!("is in use by sandbox {}", sandboxes.join(", ")))
+            } else if in_use.users.contains_key(&v.id) {
+                Some("is in use by a create or a content request now".to_string())
+            } else {
+                None
+            };
+            if let Some(reason) = reason {
+                return Err(ManagerError::VolumeExclusive {
+                    volume: v.name.clone(),
+                    reason: format!(
+                        "{reason}: a vm sandbox's kernel mounts a volume alone (two kernels \
+                         writing one file system would corrupt it); end them first, or create \
+                         this sandbox on the process or gvisor tier, which share volumes"
+                    ),
+                });
+            }
+            unmount(&mount_path(&dir, &v.id))?;
+            let image = image_path(&dir, &v.id);
+            if loop_device_of(&image) {
+                return Err(ManagerError::VolumeExclusive {
+                    volume: v.name.clone(),
+                    reason: "is still mounted on the host (by a sandbox that has just ended): \
+                             try again in a moment"
+                        .into(),
+                });
+            }
+            images.push(image);
+        }
+        for v in volumes {
+            *in_use.users.entry(v.id.clone()).or_default() += 1;
+        }
+        Ok(images)
+    }
+
+    fn volume_name(&self, id: &str) -> String {
+        self.store()
+            .list_volumes(None)
+            .ok()
+            .and_then(|all| all.into_iter().find(|v| v.id == id).map(|v| v.name))
+            .unwrap_or_else(|| id.to_string())
+    }
+
+    /// Live sandboxes (and their tiers) by the volumes they mount.
+    fn volume_users(&self) -> Result<HashMap<String, BTreeSet<(String, Isolation)>>, ManagerError> {
+        let mut users: HashMap<String, BTreeSet<(String, Isolation)>> = HashMap::new();
         for record in self.store().live_sandboxes()? {
+            let tier: Isolation = record.isolation.parse().unwrap_or_default();
             for v in mounted(&record.attrs) {
-                users.entry(v.id).or_default().insert(record.id.to_string());
+                users
+                    .entry(v.id)
+                    .or_default()
+                    .insert((record.id.to_string(), tier));
             }
         }
         Ok(users)
@@ -504,6 +596,19 @@ fn mount(image: &Path, mnt: &Path) -> Result<(), ManagerError> {
             .arg(image)
             .arg(mnt),
     )
+}
+
+/// Whether a loop device is backed by `image` (a mount of it, in any
+/// namespace, keeps one).
+fn loop_device_of(image: &Path) -> bool {
+    let image = fs::canonicalize(image).unwrap_or_else(|_| image.to_path_buf());
+    let Ok(devices) = fs::read_dir("/sys/block") else {
+        return false;
+    };
+    devices.flatten().any(|d| {
+        fs::read_to_string(d.path().join("loop/backing_file"))
+            .is_ok_and(|f| Path::new(f.trim_end_matches('\n')) == image)
+    })
 }
 
 /// Unmount `mnt` if it is mounted, and remove it.

@@ -79,7 +79,23 @@ pub struct Machine<'a> {
     /// (`migrate-incoming` over QMP) instead of booting.
     pub incoming: bool,
     pub network: Network,
+    /// Where each volume appears in the guest; volume `i`'s image is
+    /// open read-write as descriptor [`VOLUME_FD`] + 2`i` and read-only as
+    /// the next.
+    pub volumes: &'a [String],
 }
+
+/// The descriptor of the first volume's image (after the tap's 8).
+pub const VOLUME_FD: i32 = 9;
+
+/// The serial number the guest finds volume `i`'s disk by.
+pub fn volume_serial(i: usize) -> String {
+    format!("brig-vol-{i}")
+}
+
+/// The most bytes of volume paths a guest's command line carries (hex:
+/// twice as many), well inside the kernel's 2048.
+pub const MAX_VOLUME_PATHS: usize = 768;
 
 /// The guest's network device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,8 +122,15 @@ fn kernel_cmdline(m: &Machine) -> String {
         Network::Tap { addr, gateway } => format!(" brig.ip={addr} brig.gw={gateway}"),
         Network::None | Network::Unplugged => String::new(),
     };
+    // Paths in hex: any byte a path may hold, never a space.
+    let volumes: String = m
+        .volumes
+        .iter()
+        .enumerate()
+        .map(|(i, p)| format!(" brig.vol{i}={}", brig_protocol::serial::path_to_hex(p)))
+        .collect();
     format!(
-        "console=ttyS0 quiet panic=-1 reboot=t brig.hostname={}{net} -- --vm-init",
+        "console=ttyS0 quiet panic=-1 reboot=t brig.hostname={}{net}{volumes} -- --vm-init",
         m.hostname
     )
 }
@@ -199,6 +222,23 @@ pub fn args(m: &Machine) -> Vec<OsString> {
             format!("{nic},netdev=net0"),
         ]);
     }
+    // Each volume's image, handed over as a descriptor QEMU uses as it is
+    // (an fd set: it runs as a uid that could not open the image).
+    // QEMU opens the image read-only too (its probe and lock), and takes
+    // from the set the descriptor of the access it asks for.
+    for i in 0..m.volumes.len() {
+        let (fd, set) = (VOLUME_FD + 2 * i as i32, i + 1);
+        a.extend([
+            "-add-fd".into(),
+            format!("fd={fd},set={set}"),
+            "-add-fd".into(),
+            format!("fd={},set={set}", fd + 1),
+            "-drive".into(),
+            format!("if=none,id=vol{i},format=raw,file=/dev/fdset/{set}"),
+            "-device".into(),
+            format!("virtio-blk-pci,drive=vol{i},serial={}", volume_serial(i)),
+        ]);
+    }
     if m.incoming {
         // Stays paused once the state is in, until brig says `cont`.
         a.extend(["-incoming".into(), "defer".into(), "-S".into()]);
@@ -226,6 +266,7 @@ mod tests {
             hostname: "x",
             incoming: false,
             network,
+            volumes: &[],
         }
     }
 

@@ -368,7 +368,8 @@ impl VmTier {
             return Err(TierError::Unsupported {
                 tier: Isolation::Vm,
                 op: "restore a snapshot onto a network",
-                reason: "the snapshot is of a vm sandbox that had no network (its machine has                          no network device): restore it with network none"
+                reason: "the snapshot is of a vm sandbox that had no network (its machine has \
+                         no network device): restore it with network none"
                     .into(),
             });
         }
@@ -472,6 +473,22 @@ impl VmTier {
             .open(&writable)
             .and_then(|f| high_dup(&f))
             .map_err(io("open its writable disk"))?;
+        // Its volumes' images (the runtime saw to it that nothing else
+        // mounts them), from descriptor 9 on.
+        let volumes = launch
+            .volumes
+            .iter()
+            .flat_map(|v| [true, false].map(|write| (v, write)))
+            .map(|(v, write)| {
+                fs::OpenOptions::new()
+                    .read(true)
+                    .write(write)
+                    .open(&v.source)
+                    .and_then(|f| high_dup(&f))
+            })
+            .collect::<Result<Vec<OwnedFd>, _>>()
+            .map_err(io("open a volume's image"))?;
+        let volume_paths: Vec<String> = launch.volumes.iter().map(|v| v.path.clone()).collect();
         let machine = Machine {
             name: id.as_str(),
             accel: self.accel,
@@ -485,6 +502,7 @@ impl VmTier {
             hostname: id.as_str(),
             incoming: from.is_some(),
             network,
+            volumes: &volume_paths,
         };
         // What QEMU says (why it refused to start) goes to its log.
         let log = File::create(dir.join("qemu.log")).map_err(io("create its log"))?;
@@ -501,6 +519,7 @@ impl VmTier {
             rw.as_raw_fd(),
         ];
         let procs_fds: Vec<RawFd> = procs.iter().map(AsRawFd::as_raw_fd).collect();
+        let volume_fds: Vec<RawFd> = volumes.iter().map(AsRawFd::as_raw_fd).collect();
         let net_fds = (
             netns.as_deref().map(AsRawFd::as_raw_fd),
             tap.as_ref().map(AsRawFd::as_raw_fd),
@@ -512,14 +531,14 @@ impl VmTier {
         // only async-signal-safe system calls on data built before the
         // fork (descriptors, integers); it allocates nothing.
         unsafe {
-            cmd.pre_exec(move || confine(&procs_fds, &fds, net_fds, uid, kvm_gid));
+            cmd.pre_exec(move || confine(&procs_fds, &fds, &volume_fds, net_fds, uid, kvm_gid));
         }
         // The child forks QEMU and exits at once (`confine`): QEMU is
         // parented by nobody brig runs.
         let status = cmd.status().map_err(io("start QEMU"))?;
         // QEMU holds the tap now: brig's copy goes (the device goes with
         // QEMU's).
-        drop((kernel, initrd, root, own, rw, procs, tap, netns));
+        drop((kernel, initrd, root, own, rw, procs, tap, netns, volumes));
         if !status.success() {
             return Err(TierError::failed(id, "start QEMU", status.to_string()));
         }
@@ -582,6 +601,7 @@ impl VmTier {
 fn confine(
     procs: &[RawFd],
     fds: &[RawFd; 5],
+    volumes: &[RawFd],
     (netns, tap): (Option<RawFd>, Option<RawFd>),
     uid: u32,
     kvm_gid: Option<u32>,
@@ -608,6 +628,11 @@ fn confine(
     if let Some(tap) = tap {
         // SAFETY: as above.
         check(unsafe { libc::dup2(tap, 8) })?;
+    }
+    for (i, &fd) in volumes.iter().enumerate() {
+        // SAFETY: as above (at most 16 volumes, two each: 9..=40, below
+        // 100).
+        check(unsafe { libc::dup2(fd, qemu::VOLUME_FD + i as RawFd) })?;
     }
     // SAFETY: setns on a namespace descriptor brig holds, or unshare;
     // integers only.
@@ -821,8 +846,22 @@ impl VmTier {
         launch: &Launch,
         from: Option<&Saved>,
     ) -> Result<Box<dyn Instance>, TierError> {
-        if !launch.volumes.is_empty() {
-            return Err(brig_core::volume::unsupported(Isolation::Vm));
+        if !launch.volumes.is_empty() && from.is_some() {
+            return Err(TierError::Unsupported {
+                tier: Isolation::Vm,
+                op: "mount volumes in a sandbox restored from a memory snapshot",
+                reason: "a restored machine has the saved one's devices, and a volume is a disk \
+                         of its own: create it without volumes"
+                    .into(),
+            });
+        }
+        let paths: usize = launch.volumes.iter().map(|v| v.path.len()).sum();
+        if paths > qemu::MAX_VOLUME_PATHS {
+            return Err(TierError::Invalid(format!(
+                "a vm sandbox's volume paths take at most {} bytes in all (its guest's kernel \
+                 command line carries them); these take {paths}: use shorter paths",
+                qemu::MAX_VOLUME_PATHS
+            )));
         }
         let dir = self.sandbox_dir(&launch.id);
         if dir.exists() {
@@ -904,6 +943,12 @@ impl Tier for VmTier {
     /// A memory snapshot is the whole machine: its devices' state and RAM
     /// as QEMU migrates them, and its writable disk; on any network (a
     /// restore's guest is given its new address: `load`).
+    /// Each volume's image as a disk the guest's kernel mounts: the
+    /// runtime lets nothing else mount it meanwhile.
+    fn volume_access(&self) -> brig_core::VolumeAccess {
+        brig_core::VolumeAccess::Exclusive
+    }
+
     fn checkpoints(&self) -> Checkpoints {
         Checkpoints::Memory
     }
@@ -1270,7 +1315,28 @@ impl Instance for VmInstance {
     /// through a descriptor, its disk copied (holes kept), `cont` (unless
     /// it was paused). The guest's agent connection survives it: nothing
     /// in the guest noticed.
+    /// Not with volumes: they are disks of their own, outside what a
+    /// checkpoint holds (its memory and its writable disk).
+    fn checkpointable(&self) -> Result<(), TierError> {
+        let cmdline = fs::read(format!("/proc/{}/cmdline", self.pid)).unwrap_or_default();
+        let volumes = cmdline
+            .split(|b| *b == 0)
+            .filter(|a| a.starts_with(b"virtio-blk-pci,drive=vol"))
+            .count();
+        if volumes > 0 {
+            return Err(TierError::Unsupported {
+                tier: Isolation::Vm,
+                op: "snapshot a sandbox with volumes",
+                reason: "its volumes are disks of their own, which a snapshot of the machine \
+                         would not hold: snapshot a vm sandbox created without volumes"
+                    .into(),
+            });
+        }
+        Ok(())
+    }
+
     fn checkpoint(&self, image: &Path) -> Result<(), TierError> {
+        self.checkpointable()?;
         let mut q = self.qmp()?;
         let running = !stopped(
             &q.status()
