@@ -728,8 +728,9 @@ fn memory_snapshots_restores_and_forks_of_a_vm_sandbox() {
 /// size is its limit in the guest too. While the guest has it, nothing
 /// else may mount it (a process-tier create or a second vm is refused,
 /// saying why); a snapshot is refused, saying why; a daemon killed with -9
-/// leaves the guest and its volume to the next one. Once the guest ends,
-/// the volume is everyone's again with the guest's files in it. Its
+/// leaves the guest and its volume to the next one. Once a guest has had
+/// it, the host never mounts it again (only vm sandboxes may use it: the
+/// next finds the files with their owners). Its
 /// path rides on the guest kernel's command line: a very long one is
 /// refused up front.
 #[test]
@@ -883,17 +884,35 @@ fn volumes_are_disks_of_a_vm_sandbox_alone() {
 
     ok(daemon.brig(&["rm", "-f", &vm]), "rm the vm sandbox");
     assert_nothing_left(&vm);
-    let again = ok(
-        daemon.brig(&["create", "--network", "none", "--volume", "data:/srv/d"]),
-        "a process sandbox after the guest",
+    // A guest's kernel has had it: the host's never mounts it again (a
+    // guest could have shaped its file system to attack the host's), so
+    // only vm sandboxes may use it; the next one finds the files.
+    let host = daemon.brig(&["create", "--network", "none", "--volume", "data:/srv/d"]);
+    assert!(!host.status.success());
+    assert!(
+        text(&host.stderr).contains("does not mount it again"),
+        "{}",
+        text(&host.stderr)
     );
-    let again = again.trim().to_string();
+    let next = vm_create(&daemon, "data:/srv/d");
+    let next = ok(next, "a second vm sandbox on the volume");
+    let next = next.trim().to_string();
     assert_eq!(
         ok(
-            daemon.brig(&["exec", &again, "--", "stat", "-c", "%u:%g %n", "/srv/d/v", "/srv/d/p"]),
-            "read the guest's files"
+            daemon.brig(&["exec", &next, "--", "stat", "-c", "%u:%g %n", "/srv/d/v", "/srv/d/p"]),
+            "read the first guest's files"
         ),
         "1000:1000 /srv/d/v\n1234:1234 /srv/d/p\n"
     );
-    ok(daemon.brig(&["rm", "-f", &again]), "rm");
+    ok(daemon.brig(&["rm", "-f", &next]), "rm");
+    assert_nothing_left(&next);
+    // Deleting it clears the mark with the volume.
+    ok(daemon.brig(&["volume", "rm", "data"]), "volume rm");
+    let left: Vec<_> = std::fs::read_dir(home.path().join("volumes"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .filter(|n| n != "mnt")
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
 }

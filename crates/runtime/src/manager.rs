@@ -1208,6 +1208,12 @@ impl SandboxManager {
             }
             Err(e) => {
                 let _ = self.store().mark_dead(&id, None, &EndCause::CreateFailed);
+                // Refused before anything ran: no guest wrote its volumes.
+                if matches!(&e, ManagerError::Spawn(t)
+                    if matches!(t.kind(), TierErrorKind::Invalid | TierErrorKind::Unsupported))
+                {
+                    hold.never_started();
+                }
                 Err(e)
             }
         };

@@ -97,6 +97,20 @@ pub(crate) struct InUse {
 pub struct VolumeHold<'a> {
     manager: &'a SandboxManager,
     ids: Vec<String>,
+    /// Guest marks this hold made ([`guest_mark`]), for
+    /// [`VolumeHold::never_started`].
+    marked: Vec<PathBuf>,
+}
+
+impl VolumeHold<'_> {
+    /// The launch failed before any guest could run (the tier refused it
+    /// as invalid): the volumes it would have had alone are not a guest's
+    /// after all.
+    pub(crate) fn never_started(&self) {
+        for mark in &self.marked {
+            let _ = fs::remove_file(mark);
+        }
+    }
 }
 
 impl Drop for VolumeHold<'_> {
@@ -227,6 +241,7 @@ impl SandboxManager {
                 _ => Err(e),
             })
             .map_err(io_err("remove the volume's image"))?;
+        let _ = fs::remove_file(guest_mark(&dir, &info.id));
         tracing::info!("volume {} ({}): removed", info.id, info.name);
         Ok(info)
     }
@@ -270,6 +285,7 @@ impl SandboxManager {
                 VolumeHold {
                     manager: self,
                     ids: Vec::new(),
+                    marked: Vec::new(),
                 },
                 Vec::new(),
             ));
@@ -294,11 +310,15 @@ impl SandboxManager {
             });
         }
         let ids: Vec<String> = volumes.iter().map(|v| v.id.clone()).collect();
-        let mounts = match access {
+        let (mounts, marked) = match access {
             VolumeAccess::Exclusive => self.take_alone(volumes)?,
-            _ => self.hold_ids(&ids)?,
+            _ => (self.hold_ids(&ids)?, Vec::new()),
         };
-        let hold = VolumeHold { manager: self, ids };
+        let hold = VolumeHold {
+            manager: self,
+            ids,
+            marked,
+        };
         let mounts = volumes
             .iter()
             .zip(mounts)
@@ -318,7 +338,12 @@ impl SandboxManager {
     ) -> Result<(VolumeHold<'_>, PathBuf), ManagerError> {
         let ids = vec![info.id.clone()];
         let mut mounts = self.hold_ids(&ids)?;
-        Ok((VolumeHold { manager: self, ids }, mounts.remove(0)))
+        let hold = VolumeHold {
+            manager: self,
+            ids,
+            marked: Vec::new(),
+        };
+        Ok((hold, mounts.remove(0)))
     }
 
     fn hold_ids(&self, ids: &[String]) -> Result<Vec<PathBuf>, ManagerError> {
@@ -345,6 +370,17 @@ impl SandboxManager {
                 });
             }
         }
+        // Nor one a guest's kernel has had: the host's kernel does not
+        // parse a file system a guest could have shaped to attack it.
+        if let Some(id) = ids.iter().find(|id| guest_mark(&dir, id).exists()) {
+            return Err(ManagerError::VolumeExclusive {
+                volume: self.volume_name(id),
+                reason: "was mounted by a vm sandbox's kernel, which could have shaped its file \
+                         system to attack the host's: the host does not mount it again, so only \
+                         vm sandboxes may use it (copy its files out through one)"
+                    .into(),
+            });
+        }
         let mut mounts = Vec::new();
         for id in ids {
             let mnt = mount_path(&dir, id);
@@ -360,9 +396,13 @@ impl SandboxManager {
     /// `volumes` for a tier whose guest kernel mounts them
     /// ([`VolumeAccess::Exclusive`]): each used by nothing else (no live
     /// sandbox, no create or content request), its host mount undone and
-    /// no loop device left on its image; their image files. They count as
-    /// in use from here (the hold), and by the sandbox's record after.
-    fn take_alone(&self, volumes: &[MountedVolume]) -> Result<Vec<PathBuf>, ManagerError> {
+    /// no loop device left on its image; their image files, and the guest
+    /// marks made now. They count as in use from here (the hold), and by
+    /// the sandbox's record after.
+    fn take_alone(
+        &self,
+        volumes: &[MountedVolume],
+    ) -> Result<(Vec<PathBuf>, Vec<PathBuf>), ManagerError> {
         let dir = self.volumes_dir()?;
         let mut in_use = lock(&self.volumes_in_use);
         let users = self.volume_users()?;
@@ -403,10 +443,17 @@ impl SandboxManager {
             }
             images.push(image);
         }
+        let mut marked = Vec::new();
         for v in volumes {
+            // From now on a guest's kernel writes its blocks as it likes.
+            let mark = guest_mark(&dir, &v.id);
+            if !mark.exists() {
+                fs::write(&mark, b"").map_err(io_err("mark the volume as a guest's"))?;
+                marked.push(mark);
+            }
             *in_use.users.entry(v.id.clone()).or_default() += 1;
         }
-        Ok(images)
+        Ok((images, marked))
     }
 
     fn volume_name(&self, id: &str) -> String {
@@ -483,6 +530,7 @@ impl SandboxManager {
                     tracing::info!("volume {id}: removing its image, which no record names");
                     let _ = unmount(&mount_path(&dir, id));
                     let _ = fs::remove_file(entry.path());
+                    let _ = fs::remove_file(guest_mark(&dir, id));
                 }
             }
         }
@@ -507,6 +555,12 @@ fn bad(e: rules::VolumeRuleError) -> ManagerError {
 
 fn image_path(dir: &Path, id: &str) -> PathBuf {
     dir.join(format!("{id}.img"))
+}
+
+/// Beside a volume's image once a vm guest's kernel has had it: the host
+/// never mounts it again ([`SandboxManager::take_alone`]).
+fn guest_mark(dir: &Path, id: &str) -> PathBuf {
+    dir.join(format!("{id}.guest"))
 }
 
 fn mount_path(dir: &Path, id: &str) -> PathBuf {
