@@ -16,7 +16,9 @@ parent runs on). On vm, `allow_internet_access` is honoured: the first
 sandbox (default: allowed) has eth0 at its sandbox address, the snapshot's
 parent (not allowed) has no network device at all. On gvisor with a
 template of files (not `host`), a sandbox with internet access, which this
-runsc cannot checkpoint, is snapshotted by its files.
+runsc cannot checkpoint, is snapshotted by its files. A volume (through
+E2B's `Volume` and `volume_mounts`) mounts on both tiers; a vm guest has
+it alone, and the host's content API refuses it after.
 
 Prints one line per check and `N passed, 0 failed` at the end.
 """
@@ -24,7 +26,7 @@ Prints one line per check and `N passed, 0 failed` at the end.
 import os
 import time
 
-from e2b import CommandExitException, Sandbox, SandboxException
+from e2b import CommandExitException, Sandbox, SandboxException, Volume
 
 from sdk_checks import check, raises, summary
 
@@ -155,6 +157,33 @@ if tier in ("gvisor", "vm"):
                 f.kill()
     finally:
         parent.kill()
+
+# A volume: written through its content API, mounted in a sandbox of the
+# tier (volume_mounts), written back. gvisor shares it with the host; a vm
+# guest's kernel has it alone, and after it only vm sandboxes may use it:
+# the host's content API refuses it.
+vol = Volume.create(f"tier-{tier}-{os.getpid()}")
+try:
+    vol.write_file("/from-api.txt", "through the volume api")
+    mounted = Sandbox.create(
+        template, metadata={"brig.isolation": tier}, timeout=120, volume_mounts={"/mnt/data": vol}
+    )
+    try:
+        r = mounted.commands.run("cat /mnt/data/from-api.txt; echo from-tier > /mnt/data/from-tier.txt")
+        check(f"a volume mounted in a {tier} sandbox", r.stdout == "through the volume api", r.stdout)
+    finally:
+        mounted.kill()
+    if tier == "vm":
+        raises(
+            "a volume a vm guest has had: the host's content api refuses it",
+            Exception,
+            lambda: vol.read_file("/from-tier.txt"),
+        )
+    else:
+        got = vol.read_file("/from-tier.txt")
+        check("what the sandbox wrote, through the content api", got == "from-tier\n", got)
+finally:
+    check("the volume destroyed", Volume.destroy(vol.volume_id) is True)
 
 if tier == "gvisor" and template != "host":
     # With internet access (the default) this runsc cannot checkpoint a

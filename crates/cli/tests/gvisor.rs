@@ -405,8 +405,8 @@ fn nothing_is_left_after_a_daemon_crash() {
 
 /// The official E2B Python SDK creates a gvisor sandbox with the metadata
 /// key `brig.isolation` and runs commands and files in it, snapshots it
-/// with its memory (no internet) or its files (with)
-/// (tests/e2b/tier_sdk.py).
+/// with its memory (no internet) or its files (with), and mounts a volume
+/// in it (`Volume`, `volume_mounts`) (tests/e2b/tier_sdk.py).
 #[test]
 fn e2b_clients_pick_gvisor_with_a_metadata_key() {
     let Some(template) = ready() else { return };
@@ -423,7 +423,7 @@ fn e2b_clients_pick_gvisor_with_a_metadata_key() {
             "none",
         ],
     );
-    let Some(stdout) = daemon.run_tier_sdk(&template, "gvisor", 23) else {
+    let Some(stdout) = daemon.run_tier_sdk(&template, "gvisor", 26) else {
         return;
     };
     // Killed through E2B: nothing of it stays.

@@ -262,12 +262,7 @@ fn volumes_from_the_cli_across_a_daemon_crash() {
 
     // Removed: its image goes.
     ok(d.brig(&["volume", "rm", "data"]), "rm data");
-    let left: Vec<_> = std::fs::read_dir(&volumes)
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name())
-        .filter(|n| n != "mnt")
-        .collect();
+    let left = brig_test_support::volume_files_left(&volumes);
     assert!(left.is_empty(), "{left:?}");
     assert_eq!(ok(d.brig(&["volume", "ls", "--json"]), "ls"), "[]\n");
 }

@@ -48,11 +48,6 @@ fn volumes_with(venv: &str) {
     // The script destroyed its volumes once its sandboxes were gone.
     let leftovers = brig_test_support::volume_leftovers(&dir);
     assert!(leftovers.is_empty(), "{leftovers:?}");
-    let left: Vec<_> = std::fs::read_dir(dir.join("volumes"))
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name())
-        .filter(|n| n != "mnt")
-        .collect();
+    let left = brig_test_support::volume_files_left(&dir.join("volumes"));
     assert!(left.is_empty(), "{left:?}");
 }

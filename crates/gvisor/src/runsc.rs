@@ -110,6 +110,11 @@ impl Runsc {
             // bounded writable layer (see rootfs.rs): no second overlay in
             // gVisor's memory.
             .arg("--overlay2=none")
+            // gVisor's kernel shows as many CPUs as the sandbox's quota
+            // allows (rounded up; runsc's floor is 2), not the host's:
+            // what `nproc` and thread pools count inside. Without a quota,
+            // the host's.
+            .arg("--cpu-num-from-quota")
             .stdin(Stdio::null());
         cmd
     }

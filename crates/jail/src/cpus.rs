@@ -25,6 +25,10 @@ pub struct CpuPlacer {
     allowed: Vec<usize>,
     /// Sandboxes placed on each of `allowed`, by index.
     load: Mutex<Vec<u32>>,
+    /// Where ties start (an index in `allowed`): the lowest CPU for a
+    /// daemon, which sees all its sandboxes; for a one-shot `brig run`,
+    /// which sees only its own, the CPU the scheduler put it on.
+    start: usize,
 }
 
 /// CPUs a sandbox was given; they count as used until this is dropped.
@@ -62,13 +66,38 @@ impl CpuPlacer {
         } else {
             allowed
         };
-        Self::over(allowed)
+        Self::over(allowed, 0)
     }
 
-    /// A placer over `allowed` (tests).
-    pub fn over(allowed: Vec<usize>) -> Arc<CpuPlacer> {
+    /// A placer for a process that places one sandbox and knows nothing of
+    /// the others on the host (`brig run`): its ties start at the CPU this
+    /// process runs on now, which the kernel chose by load, so that runs
+    /// started side by side spread over the CPUs instead of all taking the
+    /// lowest.
+    pub fn starting_here() -> Arc<CpuPlacer> {
+        let placer = Self::new();
+        // SAFETY: sched_getcpu takes no arguments.
+        let cpu = unsafe { libc::sched_getcpu() };
+        let start = usize::try_from(cpu)
+            .ok()
+            .and_then(|c| placer.allowed.iter().position(|&a| a == c))
+            .unwrap_or(0);
+        Self::over(placer.allowed.clone(), start)
+    }
+
+    /// A placer over `allowed`, ties starting at index `start` (tests).
+    pub fn over(allowed: Vec<usize>, start: usize) -> Arc<CpuPlacer> {
         let load = Mutex::new(vec![0; allowed.len()]);
-        Arc::new(CpuPlacer { allowed, load })
+        let start = if allowed.is_empty() {
+            0
+        } else {
+            start % allowed.len()
+        };
+        Arc::new(CpuPlacer {
+            allowed,
+            load,
+            start,
+        })
     }
 
     /// How many CPUs there are to place on.
@@ -82,13 +111,14 @@ impl CpuPlacer {
     }
 
     /// CPUs for a sandbox limited to `cpus` cores: ceil(cpus) of them, the
-    /// least used (ties to the lowest number); `None` when the limit is not
-    /// below the host's count (nothing to pin).
+    /// least used (ties to the first from `start` on); `None` when the limit
+    /// is not below the host's count (nothing to pin).
     pub fn place(self: &Arc<Self>, cpus: Option<f64>) -> Option<Placement> {
         let n = count(cpus, self.allowed.len())?;
         let mut load = self.load.lock().unwrap_or_else(|e| e.into_inner());
-        let mut order: Vec<usize> = (0..self.allowed.len()).collect();
-        order.sort_by_key(|&i| (load[i], self.allowed[i]));
+        let len = self.allowed.len();
+        let mut order: Vec<usize> = (0..len).collect();
+        order.sort_by_key(|&i| (load[i], (i + len - self.start) % len));
         let mut picked: Vec<usize> = order[..n].to_vec();
         picked.sort_unstable();
         for &i in &picked {
@@ -241,7 +271,7 @@ mod tests {
     /// own; one found running counts once adopted.
     #[test]
     fn sandboxes_go_to_the_least_used_cpus() {
-        let placer = CpuPlacer::over(vec![0, 1, 2, 3]);
+        let placer = CpuPlacer::over(vec![0, 1, 2, 3], 0);
         let a = placer.place(Some(2.0)).unwrap();
         assert_eq!(a.cpus(), [0, 1]);
         let b = placer.place(Some(1.0)).unwrap();
@@ -262,6 +292,16 @@ mod tests {
         assert!(placer.adopt(vec![9]).is_none(), "not a cpu of this host");
         drop((b, c, d, adopted, e));
         assert_eq!(*placer.load.lock().unwrap(), [0, 0, 0, 0]);
+    }
+
+    /// A one-shot placer starts where it is told: side-by-side runs
+    /// spread instead of piling onto CPU 0.
+    #[test]
+    fn ties_start_where_the_placer_was_told() {
+        let placer = CpuPlacer::over(vec![0, 1, 2, 3], 2);
+        assert_eq!(placer.place(Some(1.0)).unwrap().cpus(), [2]);
+        let placer = CpuPlacer::over(vec![0, 1, 2, 3], 3);
+        assert_eq!(placer.place(Some(2.0)).unwrap().cpus(), [0, 3]);
     }
 
     #[test]

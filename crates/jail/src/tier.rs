@@ -101,6 +101,8 @@ impl ProcessTier {
             tier: Isolation::Process,
             reason: chain(&e),
         })?;
+        let mut opts = opts;
+        opts.cpus = crate::cpus::CpuPlacer::starting_here();
         Ok(ProcessTier { opts, daemon: None })
     }
 

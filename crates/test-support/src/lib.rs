@@ -103,6 +103,19 @@ pub fn volume_leftovers(dir: &std::path::Path) -> Vec<String> {
         .collect()
 }
 
+/// What is left in a daemon's volumes directory `dir` but its (empty)
+/// mount-point directory: images, marks, anything a removed volume left.
+pub fn volume_files_left(dir: &std::path::Path) -> Vec<std::ffi::OsString> {
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name())
+                .filter(|n| n != "mnt")
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 pub fn template_home() -> PathBuf {
     match std::env::var_os("BRIG_TEST_TEMPLATE_HOME") {
         Some(h) => h.into(),

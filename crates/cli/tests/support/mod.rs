@@ -385,6 +385,7 @@ impl TestDaemon {
             .arg(&script)
             .env("E2B_API_KEY", &self.key)
             .env("E2B_API_URL", &api)
+            .env("E2B_VOLUME_API_URL", &api)
             .env("E2B_SANDBOX_URL", &data)
             .env("E2B_TEMPLATE", template)
             .env("BRIG_ISOLATION", isolation)
