@@ -42,6 +42,12 @@ fn snapshots_and_forks_from_the_cli() {
         listed.contains(snap) && listed.contains("ready") && listed.contains(parent),
         "{listed}"
     );
+    // The process tier keeps files: the KEEPS column says so.
+    let row = listed.lines().find(|l| l.contains(snap)).unwrap();
+    assert!(
+        listed.lines().next().unwrap().contains("KEEPS") && row.contains(" files "),
+        "{listed}"
+    );
     let json: serde_json::Value =
         serde_json::from_str(&ok(&["snapshot", "ls", "--json", "--sandbox", "dev"])).unwrap();
     assert_eq!(json[0]["id"], snap, "{json}");

@@ -69,18 +69,25 @@ pub fn run(args: SnapshotArgs) -> anyhow::Result<i32> {
                 println!("{}", Value::Array(items));
                 return Ok(0);
             }
+            // KEEPS: what a sandbox made from it starts with (its memory
+            // and processes, or only its files).
             println!(
-                "{:<25}  {:<20}  {:<12}  {:<20}  {:>10}  CREATED",
-                "ID", "NAME", "SANDBOX", "TEMPLATE", "SIZE"
+                "{:<25}  {:<20}  {:<12}  {:<20}  {:>10}  {:<6}  CREATED",
+                "ID", "NAME", "SANDBOX", "TEMPLATE", "SIZE", "KEEPS"
             );
             for s in &items {
                 println!(
-                    "{:<25}  {:<20}  {:<12}  {:<20}  {:>10}  {}",
+                    "{:<25}  {:<20}  {:<12}  {:<20}  {:>10}  {:<6}  {}",
                     s["id"].as_str().unwrap_or("?"),
                     s["name"].as_str().unwrap_or("-"),
                     s["sandbox_id"].as_str().unwrap_or("?"),
                     s["template"].as_str().unwrap_or("?"),
                     human_size(s["size_bytes"].as_u64().unwrap_or(0)),
+                    if s["memory"].as_bool() == Some(true) {
+                        "memory"
+                    } else {
+                        "files"
+                    },
                     s["created_at"].as_i64().map_or("-".into(), ago),
                 );
             }
