@@ -889,6 +889,9 @@ fn volumes_are_disks_of_a_vm_sandbox_alone() {
     // A guest's kernel has had it: the host's never mounts it again (a
     // guest could have shaped its file system to attack the host's), so
     // only vm sandboxes may use it; the next one finds the files.
+    let listed: serde_json::Value =
+        serde_json::from_str(&ok(daemon.brig(&["volume", "ls", "--json"]), "volume ls")).unwrap();
+    assert_eq!(listed[0]["vm_only"], true, "{listed}");
     let host = daemon.brig(&["create", "--network", "none", "--volume", "data:/srv/d"]);
     assert!(!host.status.success());
     assert!(

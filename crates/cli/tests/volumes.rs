@@ -78,6 +78,12 @@ fn volumes_from_the_cli_across_a_daemon_crash() {
         listed.contains("small") && listed.contains("16.0M"),
         "{listed}"
     );
+    // No vm guest has had them: every tier may mount them.
+    let row = listed.lines().find(|l| l.contains("data")).unwrap();
+    assert!(
+        listed.lines().next().unwrap().contains("FOR") && row.contains(" all "),
+        "{listed}"
+    );
     ok(d.brig(&["volume", "rm", &longest, "small"]), "rm two");
 
     // Two sandboxes share it; files keep their inside owners.

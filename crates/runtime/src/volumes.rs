@@ -60,6 +60,10 @@ pub struct VolumeInfo {
     /// The bearer token of its content API (E2B's), shown to its tenant.
     #[serde(skip)]
     pub token: String,
+    /// A vm sandbox's kernel has had it: only vm sandboxes may use it
+    /// ([`SandboxManager::take_alone`]).
+    #[serde(default)]
+    pub vm_only: bool,
 }
 
 /// A create's request to mount a volume (by id or name) at `path`.
@@ -176,6 +180,7 @@ impl SandboxManager {
             size_bytes: size,
             created_at: self.store().now(),
             token: format!("brigvol_{}", crate::store::random_alnum(40)),
+            vm_only: false,
         };
         // The record first: a crash from here on leaves an image reconcile
         // can name (and one without a record is removed at start).
@@ -191,16 +196,29 @@ impl SandboxManager {
 
     /// `tenant`'s volumes, oldest first.
     pub fn volumes(&self, tenant: &TenantId) -> Result<Vec<VolumeInfo>, ManagerError> {
-        Ok(self.store().list_volumes(Some(tenant))?)
+        let mut all = self.store().list_volumes(Some(tenant))?;
+        for v in &mut all {
+            self.mark_vm_only(v);
+        }
+        Ok(all)
     }
 
     /// `tenant`'s volume `key` (its id or name).
     pub fn volume(&self, tenant: &TenantId, key: &str) -> Result<VolumeInfo, ManagerError> {
-        self.store()
-            .find_volume(tenant, key)?
-            .ok_or_else(|| ManagerError::VolumeNotFound {
-                volume: key.to_string(),
-            })
+        let mut info =
+            self.store()
+                .find_volume(tenant, key)?
+                .ok_or_else(|| ManagerError::VolumeNotFound {
+                    volume: key.to_string(),
+                })?;
+        self.mark_vm_only(&mut info);
+        Ok(info)
+    }
+
+    fn mark_vm_only(&self, info: &mut VolumeInfo) {
+        info.vm_only = self
+            .volumes_dir()
+            .is_ok_and(|dir| guest_mark(&dir, &info.id).exists());
     }
 
     /// The volume `id` whose content token is `token`, with its tenant.
@@ -770,5 +788,6 @@ fn row(r: &rusqlite::Row<'_>) -> rusqlite::Result<VolumeInfo> {
         size_bytes: r.get::<_, i64>(2)?.max(0) as u64,
         token: r.get(3)?,
         created_at: r.get(4)?,
+        vm_only: false,
     })
 }

@@ -62,13 +62,23 @@ pub fn run(args: VolumeArgs) -> anyhow::Result<i32> {
                 println!("{}", Value::Array(items));
                 return Ok(0);
             }
-            println!("{:<24}  {:<24}  {:>8}  CREATED", "ID", "NAME", "SIZE");
+            // FOR: which sandboxes may mount it (a vm guest's kernel has
+            // had a `vm` one: the host never mounts it again).
+            println!(
+                "{:<24}  {:<24}  {:>8}  {:<4}  CREATED",
+                "ID", "NAME", "SIZE", "FOR"
+            );
             for v in &items {
                 println!(
-                    "{:<24}  {:<24}  {:>8}  {}",
+                    "{:<24}  {:<24}  {:>8}  {:<4}  {}",
                     v["id"].as_str().unwrap_or("?"),
                     v["name"].as_str().unwrap_or("?"),
                     human_size(v["size_bytes"].as_u64().unwrap_or(0)),
+                    if v["vm_only"].as_bool() == Some(true) {
+                        "vm"
+                    } else {
+                        "all"
+                    },
                     v["created_at"].as_i64().map_or("-".into(), ago),
                 );
             }
