@@ -59,14 +59,7 @@ impl Drop for Placement {
 impl CpuPlacer {
     /// A placer over the CPUs this process may run on.
     pub fn new() -> Arc<CpuPlacer> {
-        let allowed = affinity_of(0).unwrap_or_default();
-        let allowed = if allowed.is_empty() {
-            // Not readable: as many as the host has, from 0.
-            (0..std::thread::available_parallelism().map_or(1, |n| n.get())).collect()
-        } else {
-            allowed
-        };
-        Self::over(allowed, 0)
+        Self::over(allowed_here(), 0)
     }
 
     /// A placer for a process that places one sandbox and knows nothing of
@@ -75,14 +68,14 @@ impl CpuPlacer {
     /// started side by side spread over the CPUs instead of all taking the
     /// lowest.
     pub fn starting_here() -> Arc<CpuPlacer> {
-        let placer = Self::new();
+        let allowed = allowed_here();
         // SAFETY: sched_getcpu takes no arguments.
         let cpu = unsafe { libc::sched_getcpu() };
         let start = usize::try_from(cpu)
             .ok()
-            .and_then(|c| placer.allowed.iter().position(|&a| a == c))
+            .and_then(|c| allowed.iter().position(|&a| a == c))
             .unwrap_or(0);
-        Self::over(placer.allowed.clone(), start)
+        Self::over(allowed, start)
     }
 
     /// A placer over `allowed`, ties starting at index `start` (tests).
@@ -155,6 +148,15 @@ impl CpuPlacer {
     }
 }
 
+/// The CPUs this process may run on; if that cannot be read, as many as
+/// the host has, from 0.
+fn allowed_here() -> Vec<usize> {
+    match affinity_of(0) {
+        Ok(cpus) if !cpus.is_empty() => cpus,
+        _ => (0..std::thread::available_parallelism().map_or(1, |n| n.get())).collect(),
+    }
+}
+
 /// How many CPUs a sandbox limited to `cpus` cores is shown and given on a
 /// host of `host` CPUs: ceil(cpus), at least 1; `None` without a limit or
 /// with one not below the host's count.
@@ -221,12 +223,10 @@ pub fn set_affinity(tid: libc::pid_t, cpus: &[usize]) -> Result<(), crate::sys::
 
 /// Give every thread of the processes `pids` (a sandbox's) the CPUs
 /// `cpus`, twice over (a process forked during the first pass inherits
-/// its parent's old set; the second catches it). Returns how many threads
-/// could not be changed (gone meanwhile, most likely).
-pub fn set_affinity_of_all(pids: &[libc::pid_t], cpus: &[usize]) -> usize {
-    let mut failed = 0;
+/// its parent's old set; the second catches it). A thread gone meanwhile
+/// is skipped.
+pub fn set_affinity_of_all(pids: &[libc::pid_t], cpus: &[usize]) {
     for _ in 0..2 {
-        failed = 0;
         for pid in pids {
             let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
                 continue;
@@ -235,13 +235,10 @@ pub fn set_affinity_of_all(pids: &[libc::pid_t], cpus: &[usize]) -> usize {
                 .flatten()
                 .filter_map(|t| t.file_name().to_str()?.parse::<libc::pid_t>().ok())
             {
-                if set_affinity(tid, cpus).is_err() {
-                    failed += 1;
-                }
+                let _ = set_affinity(tid, cpus);
             }
         }
     }
-    failed
 }
 
 #[cfg(test)]

@@ -242,7 +242,7 @@ impl SandboxManager {
         if let Some(sandboxes) = users.get(&info.id) {
             return Err(ManagerError::VolumeInUse {
                 volume: info.name.clone(),
-                sandboxes: sandboxes.iter().map(|(s, _)| s.clone()).collect(),
+                sandboxes: sandboxes.iter().cloned().collect(),
             });
         }
         if in_use.users.contains_key(&info.id) {
@@ -367,35 +367,17 @@ impl SandboxManager {
     fn hold_ids(&self, ids: &[String]) -> Result<Vec<PathBuf>, ManagerError> {
         let dir = self.volumes_dir()?;
         let mut in_use = lock(&self.volumes_in_use);
-        // Not one a vm guest's kernel has mounted.
-        let users = self.volume_users()?;
-        for id in ids {
-            let guests: Vec<&str> = users
-                .get(id)
-                .into_iter()
-                .flatten()
-                .filter(|(_, tier)| *tier == Isolation::Vm)
-                .map(|(s, _)| s.as_str())
-                .collect();
-            if !guests.is_empty() {
-                return Err(ManagerError::VolumeExclusive {
-                    volume: self.volume_name(id),
-                    reason: format!(
-                        "is mounted by vm sandbox {}, whose kernel has it alone (two kernels \
-                         writing one file system would corrupt it): end that sandbox first",
-                        guests.join(", ")
-                    ),
-                });
-            }
-        }
-        // Nor one a guest's kernel has had: the host's kernel does not
-        // parse a file system a guest could have shaped to attack it.
+        // Not one a vm guest's kernel has (or has had: `take_alone` marks
+        // it before the guest starts): two kernels never write one file
+        // system, and the host's never parses one a guest could have
+        // shaped to attack it.
         if let Some(id) = ids.iter().find(|id| guest_mark(&dir, id).exists()) {
             return Err(ManagerError::VolumeExclusive {
                 volume: self.volume_name(id),
                 reason: "was mounted by a vm sandbox's kernel, which could have shaped its file \
                          system to attack the host's: the host does not mount it again, so only \
-                         vm sandboxes may use it (copy its files out through one)"
+                         vm sandboxes may use it (copy its files out through one, or delete it to \
+                         start over)"
                     .into(),
             });
         }
@@ -430,7 +412,7 @@ impl SandboxManager {
                 .get(&v.id)
                 .into_iter()
                 .flatten()
-                .map(|(s, _)| s.as_str())
+                .map(String::as_str)
                 .collect();
             let reason = if !sandboxes.is_empty() {
                 Some(format!("is in use by sandbox {}", sandboxes.join(", ")))
@@ -482,16 +464,12 @@ impl SandboxManager {
             .unwrap_or_else(|| id.to_string())
     }
 
-    /// Live sandboxes (and their tiers) by the volumes they mount.
-    fn volume_users(&self) -> Result<HashMap<String, BTreeSet<(String, Isolation)>>, ManagerError> {
-        let mut users: HashMap<String, BTreeSet<(String, Isolation)>> = HashMap::new();
+    /// Live sandboxes by the volumes they mount.
+    fn volume_users(&self) -> Result<HashMap<String, BTreeSet<String>>, ManagerError> {
+        let mut users: HashMap<String, BTreeSet<String>> = HashMap::new();
         for record in self.store().live_sandboxes()? {
-            let tier: Isolation = record.isolation.parse().unwrap_or_default();
             for v in mounted(&record.attrs) {
-                users
-                    .entry(v.id)
-                    .or_default()
-                    .insert((record.id.to_string(), tier));
+                users.entry(v.id).or_default().insert(record.id.to_string());
             }
         }
         Ok(users)
