@@ -55,6 +55,10 @@ struct Target {
     /// The API key (the daemon writes it to HOME/local.key).
     #[arg(long)]
     key: String,
+    /// The created sandboxes' network mode (`none`, `public`, `allow`);
+    /// the daemon's default when not given.
+    #[arg(long)]
+    network: Option<String>,
 }
 
 #[derive(clap::Args, Clone, Copy)]
@@ -133,6 +137,7 @@ struct Client {
     agent: ureq::Agent,
     base: String,
     auth: String,
+    network: Option<String>,
 }
 
 impl Client {
@@ -145,6 +150,7 @@ impl Client {
                 .build(),
             base: t.url.trim_end_matches('/').to_string(),
             auth: format!("Bearer {}", t.key),
+            network: t.network.clone(),
         }
     }
 
@@ -172,11 +178,11 @@ impl Client {
     }
 
     fn create(&self, timeout: &str) -> anyhow::Result<String> {
-        let body = self.call(
-            "POST",
-            "/v1/sandboxes",
-            Some(&json!({ "timeout": timeout }).to_string()),
-        )?;
+        let mut spec = json!({ "timeout": timeout });
+        if let Some(network) = &self.network {
+            spec["network"] = json!({ "mode": network });
+        }
+        let body = self.call("POST", "/v1/sandboxes", Some(&spec.to_string()))?;
         let v: Value = serde_json::from_str(&body).context("create: not JSON")?;
         v["id"]
             .as_str()

@@ -28,3 +28,12 @@ pub use tier::{
     WritableLayer,
 };
 pub use units::{parse_duration, parse_size, ByteSize, UnitError};
+
+/// The CPUs this process may use (`std::thread::available_parallelism`),
+/// read once. Every create checks its quota against it and the standard
+/// library reads several files under /proc and /sys for each answer
+/// (cgroup quotas), which showed in the daemon's profile.
+pub fn host_cpus() -> usize {
+    static CPUS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CPUS.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}

@@ -291,7 +291,7 @@ impl Limits {
             }
             // A quota above the host's CPUs limits nothing: refused, as
             // docker does, rather than silently meaningless.
-            let host = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let host = crate::host_cpus();
             if c > host as f64 {
                 return Err(SpecError::TooManyCpus {
                     asked: c.to_string(),

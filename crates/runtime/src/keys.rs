@@ -25,6 +25,7 @@ use rusqlite::OptionalExtension;
 use sha2::{Digest, Sha256};
 
 use crate::error::ErrorKind;
+use crate::store::Cached;
 use crate::store::{random_hex_id, Store, StoreError, UnixMillis};
 use crate::tenants::{TenantId, DEFAULT_TENANT};
 
@@ -305,7 +306,7 @@ impl Store {
         let role = new.role.unwrap_or(Role::Tenant);
         let expires_at = new.expires_in.map(|d| now + d.as_millis() as UnixMillis);
         self.conn
-            .execute(
+            .execute_cached(
                 "INSERT INTO api_keys
                      (id, tenant_id, key_hash, prefix, name, created_at, role, expires_at)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
@@ -379,7 +380,7 @@ impl Store {
     pub fn revoke_key(&self, tenant: &TenantId, id: &KeyId) -> Result<(), KeyError> {
         let n = self
             .conn
-            .execute(
+            .execute_cached(
                 "UPDATE api_keys SET revoked_at = coalesce(revoked_at, ?3)
                  WHERE id = ?1 AND tenant_id = ?2",
                 (id.as_str(), tenant.as_str(), self.now()),
@@ -421,7 +422,7 @@ impl Store {
                 return Err(KeyError::LastKey { id: id.clone() });
             }
             s.conn
-                .execute(
+                .execute_cached(
                     "UPDATE api_keys SET revoked_at = ?2 WHERE id = ?1",
                     (id.as_str(), s.now()),
                 )
@@ -442,7 +443,7 @@ impl Store {
             type Row = (String, String, Option<UnixMillis>);
             let row: Option<Row> = s
                 .conn
-                .query_row(
+                .query_row_cached(
                     "SELECT tenant_id, role, revoked_at FROM api_keys WHERE id = ?1",
                     [id.as_str()],
                     |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
@@ -464,7 +465,7 @@ impl Store {
             }
             let count = |sql: &str, arg: &str| -> Result<i64, StoreError> {
                 s.conn
-                    .query_row(sql, [arg], |r| r.get(0))
+                    .query_row_cached(sql, [arg], |r| r.get(0))
                     .map_err(StoreError::query("count active api keys"))
             };
             let now = s.now();
@@ -485,7 +486,7 @@ impl Store {
                 return Err(KeyError::LastKey { id: id.clone() });
             }
             s.conn
-                .execute(
+                .execute_cached(
                     "UPDATE api_keys SET revoked_at = ?2 WHERE id = ?1",
                     (id.as_str(), now),
                 )
@@ -509,7 +510,7 @@ impl Store {
         );
         let row: Option<Row> = self
             .conn
-            .query_row(
+            .query_row_cached(
                 "SELECT tenant_id, key_hash, revoked_at, last_used_at, role, expires_at
                  FROM api_keys WHERE id = ?1",
                 [id],
@@ -544,7 +545,7 @@ impl Store {
         }
         if last_used_at.is_none_or(|t| now - t >= LAST_USED_GRANULARITY_MS) {
             self.conn
-                .execute(
+                .execute_cached(
                     "UPDATE api_keys SET last_used_at = ?2 WHERE id = ?1",
                     (id, now),
                 )
@@ -568,7 +569,7 @@ impl Store {
         self.immediate("create the initial api key", |s| {
             let any: bool = s
                 .conn
-                .query_row("SELECT EXISTS (SELECT 1 FROM api_keys)", [], |r| r.get(0))
+                .query_row_cached("SELECT EXISTS (SELECT 1 FROM api_keys)", [], |r| r.get(0))
                 .map_err(StoreError::query("count api keys"))?;
             if any {
                 return Ok(None);

@@ -160,7 +160,7 @@ impl ManagerConfig {
 /// Half the host's CPUs, at least one: a sandbox created without a quota
 /// can use no more (`brig serve --default-cpus` sets another).
 pub fn default_cpus() -> f64 {
-    let host = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let host = brig_core::host_cpus();
     (host / 2).max(1) as f64
 }
 

@@ -22,6 +22,7 @@ use rusqlite::types::Value;
 use rusqlite::OptionalExtension;
 
 use crate::error::ErrorKind;
+use crate::store::Cached;
 use crate::store::{Store, StoreError, UnixMillis};
 use crate::tenants::TenantId;
 
@@ -556,7 +557,7 @@ impl Store {
             .map_err(encode)?;
         let now = self.now();
         let expires_at = now.saturating_add(duration_ms(new.timeout));
-        let inserted = self.conn.execute(
+        let inserted = self.conn.execute_cached(
             "INSERT INTO sandboxes (id, tenant_id, template, isolation, spec_json, labels_json,
                                     state, created_at, expires_at, name, attrs_json)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'creating', ?7, ?8, ?9, ?10)",
@@ -581,7 +582,7 @@ impl Store {
                 let name = new.name.clone().unwrap_or_default();
                 let holder = self
                     .conn
-                    .query_row(
+                    .query_row_cached(
                         "SELECT id, state FROM sandboxes WHERE tenant_id = ?1 AND name = ?2",
                         (new.tenant.as_str(), &name),
                         |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)),
@@ -636,7 +637,7 @@ impl Store {
             });
         }
         self.conn
-            .execute(
+            .execute_cached(
                 "DELETE FROM sandboxes WHERE id = ?1 AND state IN ('stopped', 'dead')",
                 [id.as_str()],
             )
@@ -662,7 +663,7 @@ impl Store {
     ) -> Result<Option<SandboxRecord>, StoreError> {
         let raw = self
             .conn
-            .query_row(
+            .query_row_cached(
                 &format!(
                     "SELECT {COLUMNS} FROM sandboxes
                      WHERE id = ?1 AND (?2 IS NULL OR tenant_id = ?2)"
@@ -745,7 +746,7 @@ impl Store {
     pub fn set_running(&self, id: &SandboxId, pid: u32) -> Result<SandboxRecord, SandboxError> {
         let updated = self
             .conn
-            .query_row(
+            .query_row_cached(
                 &format!(
                     "UPDATE sandboxes SET state = 'running', init_pid = ?2
                      WHERE id = ?1 AND state = 'creating' RETURNING {COLUMNS}"
@@ -827,7 +828,7 @@ impl Store {
         }
         let updated = self
             .conn
-            .query_row(&sql, rusqlite::params_from_iter(params), raw_row)
+            .query_row_cached(&sql, rusqlite::params_from_iter(params), raw_row)
             .optional()
             .map_err(StoreError::query("change sandbox state"))?;
         match updated {
@@ -871,7 +872,7 @@ impl Store {
         let expires_at = self.now().saturating_add(duration_ms(timeout));
         let updated = self
             .conn
-            .query_row(
+            .query_row_cached(
                 &format!(
                     "UPDATE sandboxes SET expires_at = ?3
                      WHERE id = ?1 AND (?2 IS NULL OR tenant_id = ?2)
@@ -949,7 +950,7 @@ impl Store {
             for r in gone {
                 let updated = s
                     .conn
-                    .query_row(
+                    .query_row_cached(
                         &format!(
                             "UPDATE sandboxes SET state = 'dead', ended_at = ?4
                              WHERE id = ?1 AND state = ?2 AND init_pid IS ?3
@@ -1000,7 +1001,7 @@ impl Store {
         lifecycle: &serde_json::Value,
     ) -> Result<(), SandboxError> {
         self.conn
-            .execute(
+            .execute_cached(
                 "UPDATE sandboxes SET lifecycle_json = ?2 WHERE id = ?1",
                 (id.as_str(), lifecycle.to_string()),
             )
@@ -1017,7 +1018,7 @@ impl Store {
         value: &serde_json::Value,
     ) -> Result<(), SandboxError> {
         self.conn
-            .execute(
+            .execute_cached(
                 "UPDATE sandboxes SET attrs_json = json_set(coalesce(attrs_json, '{}'), '$.' || ?2, json(?3))
                  WHERE id = ?1",
                 (id.as_str(), frontend, value.to_string()),

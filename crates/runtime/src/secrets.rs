@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 
 use rusqlite::OptionalExtension;
 
+use crate::store::Cached;
 use crate::store::{Store, StoreError, UnixMillis};
 use crate::TenantId;
 
@@ -168,7 +169,7 @@ impl Store {
             }
             let count: i64 = s
                 .conn
-                .query_row(
+                .query_row_cached(
                     "SELECT count(*) FROM secrets WHERE tenant_id = ?1",
                     [tenant.as_str()],
                     |r| r.get(0),
@@ -180,7 +181,7 @@ impl Store {
             let now = s.now();
             let meta = serde_json::to_string(metadata).unwrap_or_else(|_| "{}".into());
             s.conn
-                .execute(
+                .execute_cached(
                     "INSERT INTO secrets (id, tenant_id, name, value, version, metadata_json,
                                           created_at, updated_at)
                      VALUES (?1, ?2, ?3, ?4, 1, ?5, ?6, ?6)",
@@ -214,7 +215,7 @@ impl Store {
                 serde_json::to_string,
             );
             s.conn
-                .execute(
+                .execute_cached(
                     "UPDATE secrets SET value = ?1, version = version + 1, metadata_json = ?2,
                             updated_at = ?3
                      WHERE id = ?4",
@@ -286,7 +287,7 @@ impl Store {
                 .find_secret(tenant, key)?
                 .ok_or_else(|| SecretError::NotFound(key.to_string()))?;
             s.conn
-                .execute("DELETE FROM secrets WHERE id = ?1", [&found.id])
+                .execute_cached("DELETE FROM secrets WHERE id = ?1", [&found.id])
                 .map_err(StoreError::query("delete secret"))?;
             Ok(found)
         })
@@ -304,7 +305,7 @@ impl Store {
         };
         Ok(self
             .conn
-            .query_row(
+            .query_row_cached(
                 "SELECT value FROM secrets WHERE tenant_id = ?1 AND name = ?2",
                 (tenant.as_str(), &name),
                 |r| r.get(0),
@@ -326,7 +327,7 @@ impl Store {
         let column = if by_id { "id" } else { "name" };
         Ok(self
             .conn
-            .query_row(
+            .query_row_cached(
                 &format!("SELECT {COLUMNS} FROM secrets WHERE tenant_id = ?1 AND {column} = ?2"),
                 (tenant.as_str(), &key),
                 row,

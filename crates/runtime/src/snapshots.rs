@@ -44,6 +44,7 @@ use rusqlite::OptionalExtension;
 
 use crate::manager::{lock, CreateConfig, Live, ManagerError, SandboxManager};
 use crate::sandboxes::SandboxRecord;
+use crate::store::Cached;
 use crate::store::{Store, StoreError, UnixMillis};
 use crate::TenantId;
 
@@ -749,7 +750,7 @@ impl Store {
             let old: Option<(String, String)> = match &info.name {
                 Some(name) => s
                     .conn
-                    .query_row(
+                    .query_row_cached(
                         "SELECT id, image FROM snapshots WHERE tenant_id = ?1 AND name = ?2",
                         (tenant.as_str(), name),
                         |r| Ok((r.get(0)?, r.get(1)?)),
@@ -760,11 +761,11 @@ impl Store {
             };
             if let Some((old_id, _)) = &old {
                 s.conn
-                    .execute("DELETE FROM snapshots WHERE id = ?1", [old_id])
+                    .execute_cached("DELETE FROM snapshots WHERE id = ?1", [old_id])
                     .map_err(StoreError::query("replace a snapshot"))?;
             }
             s.conn
-                .execute(
+                .execute_cached(
                     "INSERT INTO snapshots (id, tenant_id, name, sandbox_id, template, image, size,
                                             hidden, created_at)
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
@@ -816,7 +817,7 @@ impl Store {
     ) -> Result<Option<SnapshotInfo>, StoreError> {
         let key = key.trim().to_ascii_lowercase();
         self.conn
-            .query_row(
+            .query_row_cached(
                 "SELECT id, name, sandbox_id, template, image, size, created_at FROM snapshots
                  WHERE tenant_id = ?1 AND (id = ?2 OR name = ?2)",
                 (tenant.as_str(), &key),
@@ -828,7 +829,7 @@ impl Store {
 
     fn delete_snapshot(&self, id: &str) -> Result<(), StoreError> {
         self.conn
-            .execute("DELETE FROM snapshots WHERE id = ?1", [id])
+            .execute_cached("DELETE FROM snapshots WHERE id = ?1", [id])
             .map_err(StoreError::query("remove a snapshot"))?;
         Ok(())
     }

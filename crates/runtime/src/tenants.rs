@@ -8,6 +8,7 @@ use std::fmt;
 
 use rusqlite::OptionalExtension;
 
+use crate::store::Cached;
 use crate::store::{random_hex_id, Store, StoreError, UnixMillis};
 
 /// The name of the tenant the first start creates.
@@ -97,7 +98,7 @@ impl Store {
     pub fn create_tenant(&self, name: &str) -> Result<TenantId, StoreError> {
         let id = TenantId(random_hex_id());
         self.conn
-            .execute(
+            .execute_cached(
                 "INSERT INTO tenants (id, name, created_at) VALUES (?1, ?2, ?3)",
                 (&id.0, name, self.now()),
             )
@@ -164,7 +165,7 @@ impl Store {
             }
             let live: i64 = s
                 .conn
-                .query_row(
+                .query_row_cached(
                     "SELECT count(*) FROM sandboxes WHERE tenant_id = ?1
                      AND state IN ('creating', 'running', 'paused')",
                     [tenant.id.as_str()],
@@ -179,13 +180,13 @@ impl Store {
             }
             let now = s.now();
             s.conn
-                .execute(
+                .execute_cached(
                     "UPDATE api_keys SET revoked_at = coalesce(revoked_at, ?2) WHERE tenant_id = ?1",
                     (tenant.id.as_str(), now),
                 )
                 .map_err(StoreError::query("revoke a tenant's keys"))?;
             s.conn
-                .execute(
+                .execute_cached(
                     "UPDATE tenants SET removed_at = ?2, name = name || ' (removed ' || id || ')'
                      WHERE id = ?1",
                     (tenant.id.as_str(), now),
@@ -198,7 +199,7 @@ impl Store {
     /// A tenant's name, if it exists.
     pub fn tenant_name(&self, id: &TenantId) -> Result<Option<String>, StoreError> {
         self.conn
-            .query_row(
+            .query_row_cached(
                 "SELECT name FROM tenants WHERE id = ?1",
                 [id.as_str()],
                 |r| r.get(0),
@@ -210,7 +211,7 @@ impl Store {
     /// Look a tenant up by name (a live one).
     pub fn tenant_by_name(&self, name: &str) -> Result<Option<Tenant>, StoreError> {
         self.conn
-            .query_row(
+            .query_row_cached(
                 "SELECT id, name, created_at FROM tenants WHERE name = ?1 AND removed_at IS NULL",
                 [name],
                 |r| {

@@ -32,6 +32,7 @@ use brig_core::{Isolation, VolumeAccess, VolumeMount};
 use rusqlite::OptionalExtension;
 
 use crate::manager::{lock, ManagerError, SandboxManager};
+use crate::store::Cached;
 use crate::store::{Store, StoreError, UnixMillis};
 use crate::TenantId;
 
@@ -675,7 +676,7 @@ fn unmount(mnt: &Path) -> Result<(), ManagerError> {
 
 impl Store {
     fn insert_volume(&self, tenant: &TenantId, info: &VolumeInfo) -> Result<(), ManagerError> {
-        let r = self.conn.execute(
+        let r = self.conn.execute_cached(
             "INSERT INTO volumes (id, tenant_id, name, size, token, created_at)
              VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
             (
@@ -718,7 +719,7 @@ impl Store {
 
     fn find_volume(&self, tenant: &TenantId, key: &str) -> Result<Option<VolumeInfo>, StoreError> {
         self.conn
-            .query_row(
+            .query_row_cached(
                 "SELECT id, name, size, token, created_at FROM volumes
                  WHERE tenant_id = ?1 AND (id = ?2 OR name = ?2)",
                 (tenant.as_str(), key),
@@ -735,7 +736,7 @@ impl Store {
     ) -> Result<Option<(TenantId, VolumeInfo)>, StoreError> {
         let found: Option<(String, VolumeInfo)> = self
             .conn
-            .query_row(
+            .query_row_cached(
                 "SELECT id, name, size, token, created_at, tenant_id FROM volumes WHERE id = ?1",
                 [id],
                 |r| Ok((r.get(5)?, row(r)?)),
@@ -753,7 +754,7 @@ impl Store {
 
     fn delete_volume(&self, id: &str) -> Result<(), StoreError> {
         self.conn
-            .execute("DELETE FROM volumes WHERE id = ?1", [id])
+            .execute_cached("DELETE FROM volumes WHERE id = ?1", [id])
             .map_err(StoreError::query("remove a volume"))?;
         Ok(())
     }

@@ -366,7 +366,7 @@ impl Detail {
             .unwrap_or_default();
         let cpu_count = match limits.cpus {
             Some(c) => c.ceil().max(1.0) as u32,
-            None => std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
+            None => brig_core::host_cpus() as u32,
         };
         Detail {
             template_id: sb.template.clone(),

@@ -77,7 +77,7 @@ pub async fn metrics(Extension(ctx): Extension<Ctx>) -> Response {
         Ok(m) => m,
         Err(e) => return from_connect(e),
     };
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cpus = brig_core::host_cpus();
     let mem_total = if m.memory_limit_bytes > 0 && m.memory_limit_bytes < u64::MAX / 2 {
         m.memory_limit_bytes
     } else {
