@@ -22,6 +22,9 @@
 //!    fork, hostname and clock unchanged, canaries intact and the canary
 //!    process alive, no process carrying the run id left anywhere, and the
 //!    template (host /usr and /etc, or the rootfs directory) unmodified.
+//! 5. In the attribution pass (`BRIG_HOSTILE_SECCOMP_MARK`, a knockout
+//!    build of brig; `tests/hostile/matrix.sh --attribution`), also the
+//!    layer that refused the program, against the one [`layer`] declares.
 //!
 //! One test per program and template (`host_template::fork_bomb`,
 //! `dir_template::fork_bomb`, ...), so a failure names both. Without root
@@ -572,6 +575,219 @@ fn own_kernel_expectations(c: &mut Case, tier: Isolation) {
 }
 
 // ---------------------------------------------------------------------------
+// Which layer refuses: the attribution pass.
+
+/// The attribution pass's mark (`BRIG_HOSTILE_SECCOMP_MARK`), if this run
+/// is one: `tests/hostile/matrix.sh --attribution` runs the `brig run`
+/// modes with a knockout build of brig whose seccomp filter adds the mark
+/// to every errno it returns (clone3's ENOSYS aside:
+/// `brig_jail::seccomp::with_errnos_shifted_but_hide`), and each program's
+/// errno helper counts the refusals it met by layer
+/// (`brig_hostile::attribute`), ending its report's detail with "refused
+/// by the seccomp filter: F, by the kernel: K".
+fn seccomp_mark() -> Option<String> {
+    std::env::var("BRIG_HOSTILE_SECCOMP_MARK").ok()
+}
+
+/// Which layer must refuse a program in the attribution pass, judged from
+/// its F and K. Refusals by the kernel are EPERM, EACCES and EROFS; other
+/// errnos (ENOENT, ESRCH, EAGAIN, ENOSPC, EMFILE, ENETUNREACH, ETXTBSY,
+/// ENOSYS...) are a view without the thing or a limit, and count for no
+/// layer.
+#[derive(Debug, Clone, Copy)]
+enum Layer {
+    /// The seccomp filter alone: F ≥ 1, K = 0.
+    Filter,
+    /// The kernel alone: K ≥ 1, F = 0; the rule that refuses.
+    Kernel(&'static str),
+    /// Both: F ≥ 1 and K ≥ 1; which calls each refuses.
+    Both(&'static str),
+    /// No refusal at all: F = K = 0; what contains the program instead (a
+    /// limit, a view, the timeout).
+    Neither(&'static str),
+}
+
+impl Layer {
+    fn holds(self, filter: u64, kernel: u64) -> bool {
+        match self {
+            Layer::Filter => filter > 0 && kernel == 0,
+            Layer::Kernel(_) => filter == 0 && kernel > 0,
+            Layer::Both(_) => filter > 0 && kernel > 0,
+            Layer::Neither(_) => filter == 0 && kernel == 0,
+        }
+    }
+
+    /// The name matrix.sh's table shows.
+    fn name(self) -> &'static str {
+        match self {
+            Layer::Filter => "filter",
+            Layer::Kernel(_) => "kernel",
+            Layer::Both(_) => "both",
+            Layer::Neither(_) => "neither",
+        }
+    }
+
+    fn describe(self) -> String {
+        match self {
+            Layer::Filter => "the seccomp filter alone (F ≥ 1, K = 0)".into(),
+            Layer::Kernel(why) => format!("the kernel alone (F = 0, K ≥ 1): {why}"),
+            Layer::Both(why) => format!("both (F ≥ 1, K ≥ 1): {why}"),
+            Layer::Neither(why) => format!("neither (F = K = 0): {why}"),
+        }
+    }
+}
+
+/// pid 1 of a `brig run` sandbox is brig's init, cloned before the
+/// sandbox's user namespace existed: it belongs to the host's.
+const PID1: &str = "pid 1 (brig's init) belongs to the host's user namespace: access to it needs CAP_SYS_PTRACE there";
+const MEMORY_KILLS_IT: &str =
+    "the memory limit kills it (exit 137) before it reports: no errno to count";
+
+/// The layer each program meets under `brig run` on `template` (measured:
+/// docs/threat-model.md, "Which layer refused"); `None` for a program
+/// without an entry, which `every_hostile_program_has_a_layer` refuses.
+/// Other modes are not judged: the mark reaches only sandboxes that a
+/// marked brig builds, and those modes differ by design (brig-agent as pid
+/// 1, E2B's capabilities, another kernel). file_race runs only in a
+/// daemon's sandbox (`file_api::daemon`), whose daemon carries the mark.
+fn layer(program: &str, template: Template) -> Option<Layer> {
+    use Layer::*;
+    let host = template == Template::Host;
+    Some(match program {
+        // The filter, and nothing reaches a kernel check.
+        "bpf" | "clock_change" | "io_uring" | "kernel_modules" | "keyring" | "mount_escape"
+        | "open_by_handle" | "perf_event" => Filter,
+        // Mounting cgroupfs; no cgroup filesystem is in the view to write.
+        "cgroup_escape" => Filter,
+        // fanotify_init; inotify watches end at the tmpfs's inode count
+        // (ENOSPC, a limit).
+        "fs_watch" => Filter,
+        // The family rule refuses AF_CAN, TIPC, RDS... and AF_ALG. SCTP, DCCP
+        // and the unknown binary format reach the kernel, whose answers
+        // (EPROTONOSUPPORT, ESOCKTNOSUPPORT, ENOEXEC) are no refusal: what
+        // keeps a module from loading there is the harness's /proc/modules
+        // check (and, on a kernel without modules, that kernel).
+        "module_autoload" => Filter,
+        // x32 numbers meet the filter's horizon (the program checks each
+        // under the mark); int 0x80 is killed by its arch check (SIGSYS,
+        // not an errno).
+        "seccomp_abi_bypass" => Filter,
+        // TIOCSTI and TIOCLINUX on the piped descriptors: the ioctl rules.
+        "tiocsti" => Filter,
+        // /dev/userfaultfd is not in the view (ENOENT).
+        "userfaultfd" => Filter,
+        "write_template" if !host => Filter, // writes land in the private layer; the remount is the mount rule's
+
+        "write_template" => Both("filter: the remount of /usr (mount); kernel: creating files, mkdir, chmod and setxattr meet the read-only binds (EROFS), opening for writing meets files of host root, unmapped (EACCES)"),
+        "raw_socket" => Both("filter: the three AF_PACKET sockets (the family rule); kernel: AF_INET and AF_INET6 SOCK_RAW need CAP_NET_RAW, which the set drops (EPERM), and the ICMP ping socket (information) is outside net.ipv4.ping_group_range (EACCES)"),
+        "kernel_info_leak" => Both("filter: syslog(2); kernel: /proc/kmsg, /proc/self/stack and the root-only tables listed for information are host root's, unmapped (EACCES)"),
+        "setns_escape" => Both("filter: every setns (the namespace files of self and pid 1, and pid 1's pidfd); kernel: opening /proc/1/ns/*, pid 1 being the host user namespace's (EACCES)"),
+        "denied_syscalls" => Both("filter: every call of the policy (the program checks each one under the mark; clone3's ENOSYS stays unmarked); kernel: unshare(CLONE_NEWNS) and unshare(CLONE_NEWNET), listed for information, need CAP_SYS_ADMIN (EPERM)"),
+        "nested_userns" => Both("filter: unshare and clone with CLONE_NEWUSER (each checked by the program; clone3's ENOSYS stays unmarked); kernel: unshare of the other namespaces alone, listed for information, needs CAP_SYS_ADMIN (EPERM)"),
+
+        "capabilities" => Kernel("capset and the ambient raise of CAP_SYS_ADMIN: not in the bounding set (EPERM)"),
+        "core_dump" => Kernel("raising RLIMIT_CORE's hard limit needs CAP_SYS_RESOURCE, not in the set (EPERM)"),
+        "fd_exhaust" => Kernel("raising RLIMIT_NOFILE's hard limit needs CAP_SYS_RESOURCE, not in the set (EPERM); then EMFILE, the limit"),
+        "dev_access" => Kernel("mknod of a device needs CAP_MKNOD in the initial user namespace (EPERM); the host's devices are not in the view (ENOENT)"),
+        "hostname_change" => Kernel("sethostname and setdomainname need CAP_SYS_ADMIN, not in the set (EPERM); the uts namespace is the second layer"),
+        "proc_sys_write" => Kernel("/proc/sys is bound read-only (EROFS) and the host-wide knobs are host root's, unmapped (EACCES)"),
+        "sysfs_write" => Kernel("/sys is read-only (EROFS) and its files are host root's, unmapped (EACCES)"),
+        "setuid_escalation" => Kernel("/dev/shm is noexec (EACCES); elsewhere the setuid and file-capability copies run, unprivileged under no_new_privs and nosuid, which no errno shows"),
+        "pid1_attack" | "proc_environ" | "proc_root_tricks" | "ptrace_attach" => Kernel(PID1),
+        // /proc/1/exe is brig itself on the host; our own exe is busy
+        // (ETXTBSY, no refusal).
+        "proc_exe_overwrite" => Kernel(PID1),
+        "symlink_tricks" if host => Kernel("links through /proc/1/root and /proc/1/cwd: pid 1 is the host user namespace's (EACCES); /etc/shadow is host root's, unmapped (EACCES)"),
+        "symlink_tricks" => Kernel("links through /proc/1/root and /proc/1/cwd: pid 1 is the host user namespace's (EACCES)"),
+        "read_host_files" if host => Kernel("/etc/shadow and /etc/gshadow are host root's, unmapped (EACCES); the rest of the host is not in the view (ENOENT)"),
+        "file_race" => Kernel("mknod of a device needs CAP_MKNOD in the initial user namespace (EPERM)"),
+
+        "read_host_files" => Neither("a view: nothing of the host is in the dir template's root, whose /etc/shadow is its own"),
+        "fork_bomb" | "thread_bomb" => Neither("the pids limit: EAGAIN (fork_bomb: or the memory limit's kill)"),
+        "memory_bomb" | "memfd_bomb" | "shm_bomb" => Neither(MEMORY_KILLS_IT),
+        "kernel_buffer_bomb" => Neither("the memory cgroup and RLIMIT_NOFILE: EMFILE, ENOMEM, EAGAIN, or the memory limit's kill"),
+        "disk_fill" => Neither("the tmpfs sizes (--disk): ENOSPC"),
+        "inode_fill" => Neither("the tmpfs inode count: ENOSPC (or the memory limit's kill)"),
+        "cpu_spin" => Neither("--timeout kills it (exit 124) before it reports"),
+        "dotdot_traversal" => Neither("pivot_root: `..` of the root is the root, nothing to refuse"),
+        "chroot_breakout" => Neither("chroot is allowed (CAP_SYS_CHROOT of the sandbox's user namespace); pivot_root left nothing above the root for the walk to reach"),
+        "network_egress" => Neither("a network namespace with only lo: ENETUNREACH, a view"),
+        "unix_socket_escape" => Neither("the network namespace scopes abstract sockets (ECONNREFUSED); the host's socket paths are not in the view (ENOENT)"),
+        "cross_sandbox" => Neither("the other sandbox's namespaces: the probe finds nothing (ENOENT, ECONNREFUSED)"),
+        "kill_all" => Neither("the pid namespace: kill(-1) reaches only the sandbox's processes; pid 1 ignores signals it has no handler for"),
+        "orphan_daemon" => Neither("the pid namespace: the daemon dies with the sandbox's init"),
+        "cgroup_leak" => Neither("a view: the cgroup namespace shows /"),
+        "inherited_fds" | "env_leak" => Neither("brig passes nothing beyond stdio and the command's own environment"),
+        "mountinfo" => Neither("information only"),
+        _ => return None,
+    })
+}
+
+/// The attribution pass's check of one report: its counts against the
+/// program's declared layer. Each check also prints one line, `attribution:
+/// WHERE PROGRAM: filter F, kernel K; declared LAYER: ok|MISMATCH` (WHERE:
+/// `host` or `dir` for `brig run`, else the mode), from which
+/// tests/hostile/matrix.sh makes its table. Nothing outside the pass; the
+/// callers call it for the modes [`layer`] covers.
+fn layer_failures(program: &str, mode: Mode, report: Option<&serde_json::Value>) -> Vec<String> {
+    if seccomp_mark().is_none() {
+        return vec![];
+    }
+    let declared = layer(program, mode.template())
+        .unwrap_or_else(|| panic!("{program} has no entry in layer()"));
+    let counts = report.map(|r| refusal_counts(r["detail"].as_str().unwrap_or_default()));
+    let failure = match counts {
+        None if matches!(declared, Layer::Neither(_)) => None,
+        None => Some("no report to count refusals in".to_string()),
+        Some(None) => {
+            Some("the report has no refusal counts (was the program given --seccomp-mark?)".into())
+        }
+        Some(Some((f, k))) if !declared.holds(f, k) => Some(format!(
+            "refused by the seccomp filter {f} times and by the kernel {k} times"
+        )),
+        Some(Some(_)) => None,
+    };
+    eprintln!(
+        "attribution: {} {program}: {}; declared {}: {}",
+        match mode {
+            Mode::Run(t) => t.program_arg(),
+            other => other.program_arg(),
+        },
+        match counts {
+            Some(Some((f, k))) => format!("filter {f}, kernel {k}"),
+            _ => "no counts".into(),
+        },
+        declared.name(),
+        if failure.is_some() { "MISMATCH" } else { "ok" }
+    );
+    failure
+        .map(|f| {
+            format!(
+                "LAYER: {f}, but the declared layer is {} (a brig that is not a knockout build \
+                 marks nothing: the filter's refusals then count as the kernel's)",
+                declared.describe()
+            )
+        })
+        .into_iter()
+        .collect()
+}
+
+/// F and K from a report's detail, which ends "refused by the seccomp
+/// filter: F, by the kernel: K" in the attribution pass.
+fn refusal_counts(detail: &str) -> Option<(u64, u64)> {
+    let (_, counts) = detail.rsplit_once("refused by the seccomp filter: ")?;
+    let (f, k) = counts.split_once(", by the kernel: ")?;
+    let number = |s: &str| {
+        s.chars()
+            .take_while(char::is_ascii_digit)
+            .collect::<String>()
+            .parse()
+            .ok()
+    };
+    Some((number(f)?, number(k)?))
+}
+
+// ---------------------------------------------------------------------------
 // Running a program in a sandbox.
 
 /// A running `brig run` with a hostile program uploaded into it.
@@ -651,7 +867,7 @@ fn launch(cmd: Command, program: &str) -> Launch {
 fn launch_with(mut cmd: Command, program: &str, feed: bool, capture: bool) -> Launch {
     let exe = programs_dir().join(program);
     let binary = std::fs::read(&exe).unwrap_or_else(|e| panic!("read {}: {e}", exe.display()));
-    if let Ok(mark) = std::env::var("BRIG_HOSTILE_SECCOMP_MARK") {
+    if let Some(mark) = seccomp_mark() {
         cmd.env("BRIG_SECCOMP_MARK", mark);
     }
     cmd.env(CANARY_ENV, "host-secret-that-must-not-leak");
@@ -776,8 +992,8 @@ fn program_args(case: &Case, mode: Mode, id: &str, extra: &[&str]) -> Vec<String
             .trim()
             .to_string(),
     ]);
-    // The matrix script's attribution pass (a knockout build of brig).
-    if let Ok(mark) = std::env::var("BRIG_HOSTILE_SECCOMP_MARK") {
+    // The attribution pass (a knockout build of brig; see [`layer`]).
+    if let Some(mark) = seccomp_mark() {
         a.extend(["--seccomp-mark".to_string(), mark]);
     }
     a
@@ -1130,6 +1346,11 @@ impl Daemon {
         let mut cmd = brig();
         cmd.args(["serve", "--listen", "127.0.0.1:0", "--prepare", "none"])
             .env(CANARY_ENV, "host-secret-that-must-not-leak");
+        // The attribution pass: the daemon builds the sandboxes, so it is
+        // the brig that must mark its filter (file_race's layer).
+        if let Some(mark) = seccomp_mark() {
+            cmd.env("BRIG_SECCOMP_MARK", mark);
+        }
         if e2b {
             cmd.args([
                 "--e2b",
@@ -1543,6 +1764,9 @@ fn judge(program: &'static str, mode: Mode, case: &Case, run: &Finished) -> Vec<
     if let Some(disk) = case.disk {
         failures.extend(disk_fill_bounds(report.as_ref(), disk));
     }
+    if let Mode::Run(_) = mode {
+        failures.extend(layer_failures(program, mode, report.as_ref()));
+    }
     failures
 }
 
@@ -1645,6 +1869,13 @@ fn run_cross_sandbox(mode: Mode) {
             r["detail"]
         )),
         None => failures.push("the probe printed no report".into()),
+    }
+    if let Mode::Run(_) = mode {
+        failures.extend(layer_failures(
+            "cross_sandbox",
+            mode,
+            probe.report().as_ref(),
+        ));
     }
     if probe.code != Some(0) {
         failures.push(format!("probe exited {:?}", probe.code));
@@ -2363,6 +2594,11 @@ fn run_file_api_case(mode: Mode) {
         Some(r) => failures.push(format!("ESCAPED: {}", r["detail"])),
         None => failures.push("file_race printed no final report".into()),
     }
+    // The daemon's own sandbox, on the host template: its filter carries
+    // the mark (see `Daemon::start`).
+    if mode == Mode::Daemon {
+        failures.extend(layer_failures("file_race", mode, run.report().as_ref()));
+    }
     let mut daemon_problems: Vec<String> = d.still_answers(&sandbox).into_iter().collect();
     daemon_problems.extend(d.remove(&sandbox));
     daemon_problems.extend(d.problems());
@@ -2718,5 +2954,19 @@ fn every_hostile_program_has_a_test() {
     assert_eq!(
         on_disk, tested,
         "add new programs to hostile_tests! (and remove deleted ones)"
+    );
+}
+
+#[test]
+fn every_hostile_program_has_a_layer() {
+    let missing: Vec<String> = PROGRAMS
+        .iter()
+        .flat_map(|p| [(p, Template::Host), (p, Template::Dir)])
+        .filter(|(p, t)| layer(p, *t).is_none())
+        .map(|(p, t)| format!("{p} ({})", t.program_arg()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "declare in layer() which layer refuses {missing:?} (the attribution pass measures it: tests/hostile/matrix.sh --attribution)"
     );
 }

@@ -86,18 +86,47 @@ pub fn sandbox_filter() -> &'static [libc::sock_filter] {
 
 /// The shipped program with every errno it returns shifted by `mark`, so
 /// that a refusal can be told apart from the kernel's own errno (the
-/// kernel never returns errnos that large). For tests, and for knockout
-/// builds' `BRIG_SECCOMP_MARK` (the hostile corpus's attribution pass).
+/// kernel never returns errnos that large). For tests
+/// (`crates/jail/tests/seccomp.rs`); knockout builds' `BRIG_SECCOMP_MARK`
+/// uses [`with_errnos_shifted_but_hide`].
 pub fn with_errnos_shifted(mark: u16) -> Vec<libc::sock_filter> {
-    const RET_K: u16 = 0x06;
-    const ACTION_MASK: u32 = 0xffff_0000;
     let mut program = generated::PROGRAM.to_vec();
-    for i in &mut program {
-        if i.code == RET_K && i.k & ACTION_MASK == libc::SECCOMP_RET_ERRNO {
+    for i in program.iter_mut().filter(|i| is_ret_errno(i)) {
+        i.k += u32::from(mark);
+    }
+    program
+}
+
+/// [`with_errnos_shifted`], except for the `hide` group's ENOSYS
+/// (clone3), which stays ENOSYS: what knockout builds install for
+/// `BRIG_SECCOMP_MARK`. glibc falls back from clone3 to clone only on a
+/// real ENOSYS; shifted, every `pthread_create` and `posix_spawn` in the
+/// sandbox fails (errno 1038 with a mark of 1000), and the hostile
+/// corpus's marked run would not be the run it measures (cpu_spin and
+/// thread_bomb start no thread, module_autoload never execs). The
+/// horizon's ENOSYS (newer numbers, the x32 ABI) is shifted: nothing
+/// falls back from those.
+pub fn with_errnos_shifted_but_hide(mark: u16) -> Vec<libc::sock_filter> {
+    const JMP_JGE_K: u16 = 0x35;
+    let program = &generated::PROGRAM;
+    let mut out = program.to_vec();
+    for (at, i) in out.iter_mut().enumerate() {
+        let errno = i.k & !ACTION_MASK;
+        // The prologue's `jge HORIZON; ret ENOSYS` (build.rs).
+        let horizon =
+            at > 0 && program[at - 1].code == JMP_JGE_K && program[at - 1].k == SYSCALL_HORIZON;
+        if is_ret_errno(i) && (errno != libc::ENOSYS as u32 || horizon) {
             i.k += u32::from(mark);
         }
     }
-    program
+    out
+}
+
+const ACTION_MASK: u32 = 0xffff_0000;
+
+fn is_ret_errno(i: &libc::sock_filter) -> bool {
+    const RET_K: u16 = 0x06;
+    i.code == RET_K && i.k & ACTION_MASK == libc::SECCOMP_RET_ERRNO
 }
 
 #[cfg(feature = "knockout")]
@@ -116,7 +145,7 @@ pub fn init() {
         let mark: u16 = mark
             .parse()
             .expect("BRIG_SECCOMP_MARK: a number below 4000");
-        Some(with_errnos_shifted(mark))
+        Some(with_errnos_shifted_but_hide(mark))
     });
 }
 
@@ -205,5 +234,32 @@ mod tests {
         }
         assert_eq!(denial("clone3").map(|d| d.errno), Some(libc::ENOSYS));
         assert_eq!(denial("getpid"), None);
+    }
+
+    /// The errnos a program returns, sorted.
+    fn errnos(p: &[libc::sock_filter]) -> Vec<u32> {
+        let mut e: Vec<u32> = p
+            .iter()
+            .filter(|i| i.code == BPF_RET && i.k & 0xffff_0000 == libc::SECCOMP_RET_ERRNO)
+            .map(|i| i.k & 0xffff)
+            .collect();
+        e.sort_unstable();
+        e.dedup();
+        e
+    }
+
+    #[test]
+    fn the_corpus_mark_shifts_every_errno_but_the_hide_groups() {
+        let (eperm, enosys) = (libc::EPERM as u32, libc::ENOSYS as u32);
+        assert_eq!(errnos(sandbox_filter()), [eperm, enosys]);
+        assert_eq!(
+            errnos(&with_errnos_shifted(1000)),
+            [1000 + eperm, 1000 + enosys]
+        );
+        // clone3's ENOSYS stays; the horizon's is shifted (found).
+        assert_eq!(
+            errnos(&with_errnos_shifted_but_hide(1000)),
+            [enosys, 1000 + eperm, 1000 + enosys]
+        );
     }
 }

@@ -23,7 +23,11 @@
 //! - [`guard_destructive`] refuses to run an exhaustion or state-changing
 //!   program outside a sandbox;
 //! - small wrappers ([`open`], [`read_file`], [`errno_name`], [`in_child`],
-//!   [`visible_pids`]) keep the programs short and their reports uniform.
+//!   [`visible_pids`]) keep the programs short and their reports uniform;
+//! - in the attribution pass (`--seccomp-mark`), [`errno`], [`check`],
+//!   [`io_errno`] and those wrappers count every refusal by the layer that
+//!   answered it (the seccomp filter, or the kernel), and the report ends
+//!   with the two counts.
 //!
 //! Nothing here uses NSS (no getpwnam, no getaddrinfo): those do not work in
 //! a static glibc binary.
@@ -52,6 +56,9 @@ pub struct Report {
 
 impl Report {
     pub fn new(program: &'static str) -> Self {
+        // The attribution pass's counters, before any fork: children share
+        // them.
+        counters();
         Report {
             program,
             escaped: false,
@@ -107,12 +114,12 @@ impl Report {
     /// Print the final line without exiting, for a program whose last act
     /// must come after its report (tiocsti stops its terminal's output).
     pub fn print(&mut self) {
-        if seccomp_mark().is_some() {
+        if let Some(c) = counters() {
             use std::sync::atomic::Ordering::Relaxed;
             self.note(format!(
                 "refused by the seccomp filter: {}, by the kernel: {}",
-                BY_FILTER.load(Relaxed),
-                BY_KERNEL.load(Relaxed)
+                c[BY_FILTER].load(Relaxed),
+                c[BY_KERNEL].load(Relaxed)
             ));
         }
         let mut out = std::io::stdout().lock();
@@ -377,9 +384,17 @@ pub fn errno() -> i32 {
     attribute(raw)
 }
 
+/// An [`std::io::Error`]'s errno, counted like [`errno`]'s.
+pub fn io_errno(e: &std::io::Error) -> i32 {
+    e.raw_os_error().map_or(libc::EIO, attribute)
+}
+
 /// The attribution pass (`--seccomp-mark N`, with a knockout build of
-/// brig whose filter adds N to every errno it returns): which layer
-/// refused each failed call that went through [`errno`] or [`check`].
+/// brig whose filter adds N to every errno it returns but clone3's
+/// ENOSYS): which layer refused each failed call that went through
+/// [`errno`], [`check`], [`io_errno`] or the file helpers below. The
+/// harness (`crates/cli/tests/hostile.rs`, `layer()`) declares per program
+/// which layer must have refused it.
 fn seccomp_mark() -> Option<i32> {
     static MARK: std::sync::OnceLock<Option<i32>> = std::sync::OnceLock::new();
     *MARK.get_or_init(|| {
@@ -389,24 +404,76 @@ fn seccomp_mark() -> Option<i32> {
     })
 }
 
-static BY_FILTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-static BY_KERNEL: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+const BY_FILTER: usize = 0;
+const BY_KERNEL: usize = 1;
 
-/// Count the refusal under its layer and give back the errno as the
-/// program would see it without the mark.
+/// The attribution pass's counts (refusals by the filter, by the kernel)
+/// in a page shared with forked children, so that the attempts made in
+/// [`in_child`] (setns_escape's, nested_userns's, denied_syscalls') count
+/// too. Set up by [`Report::new`] and [`in_child`], before they fork;
+/// `None` without a mark.
+fn counters() -> Option<&'static [std::sync::atomic::AtomicUsize; 2]> {
+    type Counts = [std::sync::atomic::AtomicUsize; 2];
+    static COUNTERS: std::sync::OnceLock<Option<&'static Counts>> = std::sync::OnceLock::new();
+    *COUNTERS.get_or_init(|| {
+        seccomp_mark()?;
+        // SAFETY: a new anonymous mapping; no existing memory is affected.
+        let page = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert!(
+            page != libc::MAP_FAILED,
+            "the attribution pass's counters: mmap failed: {}",
+            std::io::Error::last_os_error()
+        );
+        // SAFETY: the mapping is page-aligned, zero-filled (two valid
+        // AtomicUsize) and never unmapped.
+        Some(unsafe { &*page.cast::<Counts>() })
+    })
+}
+
+/// How many refusals the filter has answered so far, here and in children
+/// forked after [`Report::new`]; `None` outside the attribution pass.
+/// Compared before and after one attempt, it tells whether the filter
+/// refused that attempt (denied_syscalls, nested_userns and
+/// seccomp_abi_bypass check each call they expect the filter to refuse).
+pub fn filter_refusals() -> Option<usize> {
+    counters().map(|c| c[BY_FILTER].load(std::sync::atomic::Ordering::Relaxed))
+}
+
+/// Count a failed call under the layer that refused it, and give back the
+/// errno as the program would see it without the mark:
+/// - the filter: a marked errno (above the mark);
+/// - the kernel: EPERM, EACCES or EROFS, the answers of its permission
+///   checks (a capability, a namespace's owner, file modes and unmapped
+///   owners, a read-only mount);
+/// - neither: every other errno. ENOENT, ESRCH, ENETUNREACH (a view
+///   without the thing), EAGAIN, ENOSPC, EMFILE (a limit reached), EINVAL,
+///   EBADF, ETXTBSY are not refusals; nor is ENOSYS, which is either the
+///   kernel lacking a call or the filter's clone3 answer, left unmarked so
+///   that glibc still falls back to clone
+///   (`brig_jail::seccomp::with_errnos_shifted_but_hide`).
 fn attribute(raw: i32) -> i32 {
     use std::sync::atomic::Ordering::Relaxed;
-    match seccomp_mark() {
-        Some(mark) if raw > mark => {
-            BY_FILTER.fetch_add(1, Relaxed);
-            raw - mark
-        }
-        Some(_) if raw > 0 => {
-            BY_KERNEL.fetch_add(1, Relaxed);
-            raw
-        }
-        _ => raw,
+    let Some(mark) = seccomp_mark() else {
+        return raw;
+    };
+    let (layer, errno) = match raw {
+        r if r > mark => (Some(BY_FILTER), r - mark),
+        libc::EPERM | libc::EACCES | libc::EROFS => (Some(BY_KERNEL), raw),
+        _ => (None, raw),
+    };
+    if let (Some(layer), Some(counts)) = (layer, counters()) {
+        counts[layer].fetch_add(1, Relaxed);
     }
+    errno
 }
 
 /// `EPERM`, `ENOENT`, ... for the errnos these programs meet; `errno N`
@@ -531,24 +598,24 @@ pub fn open_mode(path: &str, flags: libc::c_int, mode: libc::mode_t) -> Result<O
 
 /// Read a whole file, reporting the errno on failure.
 pub fn read_file(path: &str) -> Result<Vec<u8>, i32> {
-    std::fs::read(path).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))
+    std::fs::read(path).map_err(|e| io_errno(&e))
 }
 
 /// Read at most `max` bytes of a file (for /proc files that never end or
 /// devices).
 pub fn read_prefix(path: &str, max: usize) -> Result<Vec<u8>, i32> {
     use std::io::Read as _;
-    let f = std::fs::File::open(path).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+    let f = std::fs::File::open(path).map_err(|e| io_errno(&e))?;
     let mut buf = Vec::new();
     f.take(max as u64)
         .read_to_end(&mut buf)
-        .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+        .map_err(|e| io_errno(&e))?;
     Ok(buf)
 }
 
 /// Names in a directory, or the errno.
 pub fn list_dir(path: &str) -> Result<Vec<String>, i32> {
-    let rd = std::fs::read_dir(path).map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+    let rd = std::fs::read_dir(path).map_err(|e| io_errno(&e))?;
     let mut names: Vec<String> = rd
         .filter_map(|e| e.ok())
         .map(|e| e.file_name().to_string_lossy().into_owned())
@@ -573,7 +640,7 @@ pub fn dev_ino(path: &str) -> Result<(u64, u64), i32> {
 pub fn readlink(path: &str) -> Result<String, i32> {
     std::fs::read_link(path)
         .map(|p| p.to_string_lossy().into_owned())
-        .map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))
+        .map_err(|e| io_errno(&e))
 }
 
 /// Numeric entries of /proc: the pids this process can see.
@@ -632,6 +699,7 @@ impl std::fmt::Display for ChildEnd {
 /// The programs are single-threaded when they call this, so the child may
 /// run ordinary Rust code.
 pub fn in_child(f: impl FnOnce() -> i32) -> Result<ChildEnd, i32> {
+    counters();
     // SAFETY: fork in a single-threaded program; the child only runs `f`
     // and then _exit.
     let pid = unsafe { libc::fork() };

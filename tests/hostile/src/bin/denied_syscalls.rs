@@ -12,13 +12,16 @@
 //!
 //! Contained: every call in the policy's list answers EPERM (clone3:
 //! ENOSYS, so libcs fall back to clone) or the child is killed by SIGSYS.
-//! Escaped: any listed call reached the kernel. Calls that Docker-style
-//! profiles also block but brig's list does not name are reported as
-//! information. Destructive only if mis-run: needs `--armed` and a user
+//! Escaped: any listed call reached the kernel; in the attribution pass
+//! (`--seccomp-mark`) also a listed call the kernel refused rather than
+//! the filter (clone3 aside, whose ENOSYS stays unmarked). Calls that
+//! Docker-style profiles also block but brig's list does not name are
+//! reported as information. Destructive only if mis-run: needs `--armed` and a user
 //! namespace.
 
 use brig_hostile::{
-    child_denied, describe_child, exit_code_for, guard_destructive, in_child, Args, Report,
+    child_denied, describe_child, exit_code_for, filter_refusals, guard_destructive, in_child,
+    Args, Report,
 };
 
 type Call = fn() -> libc::c_long;
@@ -61,7 +64,7 @@ fn clone_newuser() -> libc::c_long {
 
 // Every closure below passes integers, NULL, pointers to live locals or
 // static NUL-terminated strings, as its syscall expects; one note here
-// instead of forty-six identical SAFETY comments.
+// instead of one identical SAFETY comment per call.
 #[rustfmt::skip]
 #[allow(clippy::undocumented_unsafe_blocks)]
 fn required() -> Vec<(&'static str, Call)> {
@@ -131,6 +134,33 @@ fn required() -> Vec<(&'static str, Call)> {
         ("migrate_pages", || unsafe { libc::syscall(libc::SYS_migrate_pages, 0, 0, null(), null()) }),
         ("move_pages", || unsafe { libc::syscall(libc::SYS_move_pages, 0, 0, null(), null(), null(), 0) }),
         ("set_mempolicy_home_node", || unsafe { libc::syscall(450, 0, 0, 0, 0) }),
+        ("quotactl", || unsafe { libc::syscall(libc::SYS_quotactl, 0, null(), 0, null()) }),
+        ("quotactl_fd", || unsafe { libc::syscall(libc::SYS_quotactl_fd, -1, 0xff, 0, null()) }),
+        ("iopl(3)", || unsafe { libc::syscall(libc::SYS_iopl, 3) }),
+        ("ioperm", || unsafe { libc::syscall(libc::SYS_ioperm, 0x80, 1, 1) }),
+        ("lookup_dcookie", || unsafe { libc::syscall(libc::SYS_lookup_dcookie, 0, null(), 0) }),
+        ("nfsservctl", || unsafe { libc::syscall(libc::SYS_nfsservctl, 0, null(), null()) }),
+        ("uselib", || unsafe { libc::syscall(libc::SYS_uselib, p()) }),
+        ("fanotify_init", || unsafe { libc::syscall(libc::SYS_fanotify_init, 0, libc::O_RDONLY) }),
+        ("name_to_handle_at", || unsafe { libc::syscall(libc::SYS_name_to_handle_at, -1, null(), null(), null(), 0) }),
+        ("_sysctl", || unsafe { libc::syscall(libc::SYS__sysctl, null()) }),
+        ("create_module", || unsafe { libc::syscall(174, null(), 0) }),
+        ("get_kernel_syms", || unsafe { libc::syscall(177, null()) }),
+        ("query_module", || unsafe { libc::syscall(178, null(), 0, null(), 0, null()) }),
+        ("sysfs", || unsafe { libc::syscall(libc::SYS_sysfs, 0xff) }),
+        ("ustat", || unsafe { libc::syscall(libc::SYS_ustat, 0, null()) }),
+        ("lsm_set_self_attr", || unsafe { libc::syscall(460, 0, null(), 0, 0) }),
+        // Without a controlling terminal (setsid), vhangup has nothing to hang up.
+        ("vhangup", || unsafe {
+            libc::setsid();
+            libc::syscall(libc::SYS_vhangup)
+        }),
+        ("socketpair(AF_INET)", || {
+            let mut fds = [-1i32; 2];
+            unsafe { libc::syscall(libc::SYS_socketpair, libc::AF_INET, libc::SOCK_STREAM, 0, fds.as_mut_ptr()) }
+        }),
+        // READ_IMPLIES_EXEC, at or above the policy's 0x80000.
+        ("personality(READ_IMPLIES_EXEC)", || unsafe { libc::syscall(libc::SYS_personality, 0x40_0000) }),
     ]
 }
 
@@ -140,14 +170,6 @@ fn required() -> Vec<(&'static str, Call)> {
 fn extra() -> Vec<(&'static str, Call)> {
     vec![
         ("get_mempolicy", || unsafe { libc::syscall(libc::SYS_get_mempolicy, null(), null(), 0, null(), 0) }),
-        ("quotactl", || unsafe { libc::syscall(libc::SYS_quotactl, 0, null(), 0, null()) }),
-        ("iopl(3)", || unsafe { libc::syscall(libc::SYS_iopl, 3) }),
-        ("ioperm", || unsafe { libc::syscall(libc::SYS_ioperm, 0x80, 1, 1) }),
-        ("lookup_dcookie", || unsafe { libc::syscall(libc::SYS_lookup_dcookie, 0, null(), 0) }),
-        ("nfsservctl", || unsafe { libc::syscall(libc::SYS_nfsservctl, 0, null(), null()) }),
-        ("uselib", || unsafe { libc::syscall(libc::SYS_uselib, p()) }),
-        ("fanotify_init", || unsafe { libc::syscall(libc::SYS_fanotify_init, 0, libc::O_RDONLY) }),
-        ("name_to_handle_at", || unsafe { libc::syscall(libc::SYS_name_to_handle_at, -1, null(), null(), null(), 0) }),
         ("unshare(CLONE_NEWNS)", || unsafe { libc::syscall(libc::SYS_unshare, libc::CLONE_NEWNS) }),
         ("unshare(CLONE_NEWNET)", || unsafe { libc::syscall(libc::SYS_unshare, libc::CLONE_NEWNET) }),
         ("personality(query)", || unsafe { libc::syscall(libc::SYS_personality, 0xffff_ffffu64) }),
@@ -165,8 +187,22 @@ fn main() {
     let mut how = std::collections::BTreeMap::<String, u32>::new();
     for (name, call) in required() {
         total += 1;
+        let before = filter_refusals();
         let end = in_child(|| exit_code_for(brig_hostile::check(call())));
-        if child_denied(&end) {
+        // The attribution pass: a listed call refused by the kernel's own
+        // EPERM (a missing capability) reached the kernel. clone3's ENOSYS
+        // is left unmarked (glibc's fallback needs it): judged by its value.
+        let by_kernel = before.is_some_and(|b| {
+            name != "clone3"
+                && matches!(end, Ok(brig_hostile::ChildEnd::Exited(e)) if e != 0)
+                && filter_refusals() == Some(b)
+        });
+        if by_kernel {
+            report.escape(format!(
+                "{name} reached the kernel, which refused it: {}",
+                describe_child(end)
+            ));
+        } else if child_denied(&end) {
             denied += 1;
             *how.entry(describe_child(end)).or_default() += 1;
             if name == "clone3" && end != Ok(brig_hostile::ChildEnd::Exited(libc::ENOSYS)) {

@@ -1,12 +1,17 @@
 //! Change the hostname and domain name with sethostname/setdomainname.
 //!
-//! Inside brig's uts namespace this is harmless either way: if it succeeds
-//! (CAP_SYS_ADMIN over the uts namespace) only the sandbox's own name
-//! changes, and without that capability it fails with EPERM. The program
-//! reports what happened and never claims an escape; the harness checks the
-//! host's hostname is unchanged.
-//! Destructive if mis-run (it would rename the host): needs `--armed` and a
-//! user namespace.
+//! Contained: both answer EPERM. The sandbox's root does not hold
+//! CAP_SYS_ADMIN (brig's capability set leaves it out, E2B's `sudo` root
+//! too), and the kernel asks for it over the uts namespace; the uts
+//! namespace is the second layer (the harness checks that the host's name
+//! is unchanged). Escaped: either call succeeded. Not harmful by itself —
+//! only the sandbox's own name would change — but a root holding
+//! CAP_SYS_ADMIN is a capability set that is not brig's. On a tier with a
+//! kernel of its own (gVisor's, a vm guest's) that kernel's root may rename
+//! its own machine: the outcome is reported, not judged.
+//!
+//! Destructive if mis-run (it would rename the host): needs `--armed` and
+//! a user namespace.
 
 use brig_hostile::{check, guard_destructive, outcome, Args, Report};
 
@@ -35,6 +40,16 @@ fn main() {
     // SAFETY: dom is valid for its length.
     let r2 = check(unsafe { libc::setdomainname(dom.as_ptr().cast(), dom.len()) } as libc::c_long);
     let (host2, domain2) = uname();
-    report.note(format!("sethostname: {} ({host} -> {host2}); setdomainname: {} ({domain} -> {domain2}); either outcome is contained (own uts namespace)", outcome(&r), outcome(&r2)));
+    let what = format!(
+        "sethostname: {} ({host} -> {host2}); setdomainname: {} ({domain} -> {domain2})",
+        outcome(&r),
+        outcome(&r2)
+    );
+    if args.mode().own_kernel() {
+        report.note(format!("{what} (that kernel's own machine)"));
+    } else {
+        let refused = r == Err(libc::EPERM) && r2 == Err(libc::EPERM);
+        report.record(!refused, what);
+    }
     report.finish()
 }

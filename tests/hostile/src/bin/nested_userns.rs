@@ -6,10 +6,15 @@
 //! namespace are reported for information.
 //!
 //! Each attempt runs in a forked child. Contained: every CLONE_NEWUSER
-//! attempt answers EPERM (clone3: ENOSYS) or SIGSYS. Escaped: a user
-//! namespace was created.
+//! attempt answers EPERM (clone3: ENOSYS) or SIGSYS; in the attribution
+//! pass (`--seccomp-mark`) each EPERM must be the seccomp filter's, not
+//! the kernel's. Escaped: a user namespace was created, or the kernel
+//! rather than the filter refused one.
 
-use brig_hostile::{check, child_denied, describe_child, exit_code_for, in_child, Args, Report};
+use brig_hostile::{
+    check, child_denied, describe_child, exit_code_for, filter_refusals, in_child, Args, ChildEnd,
+    Report,
+};
 
 fn clone_flags(flags: libc::c_int) -> i32 {
     // SAFETY: fork-like clone (stack 0); the child exits at once.
@@ -86,11 +91,26 @@ fn main() {
         ("clone3(CLONE_NEWUSER)", Box::new(clone3_newuser)),
     ];
     for (what, f) in attempts {
+        let before = filter_refusals();
         let end = in_child(f);
-        report.record(
-            !child_denied(&end),
-            format!("{what}: {}", describe_child(end)),
-        );
+        // The attribution pass: each must be the filter's refusal (clone3
+        // aside: its ENOSYS stays unmarked, so that glibc falls back).
+        let by_kernel = before.is_some_and(|b| {
+            !what.starts_with("clone3")
+                && matches!(end, Ok(ChildEnd::Exited(e)) if e != 0)
+                && filter_refusals() == Some(b)
+        });
+        if by_kernel {
+            report.escape(format!(
+                "{what}: {} from the kernel, not the seccomp filter",
+                describe_child(end)
+            ));
+        } else {
+            report.record(
+                !child_denied(&end),
+                format!("{what}: {}", describe_child(end)),
+            );
+        }
     }
     let mut info = Vec::new();
     for (what, flag) in [

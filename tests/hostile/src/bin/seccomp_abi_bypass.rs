@@ -8,11 +8,15 @@
 //! pointers, fd -1, invalid commands; unshare(CLONE_NEWUSER) only affects
 //! the child). Contained: every call answers EPERM or ENOSYS, or the child
 //! is killed by SIGSYS (a filter that kills foreign-architecture calls).
-//! Escaped: a denied call reached the kernel (success, or EFAULT/EBADF/
-//! EINVAL showing it ran). Destructive only if mis-run: needs `--armed` and
+//! An x32 call's ENOSYS may be the filter's or a kernel built without x32;
+//! the attribution pass (`--seccomp-mark`, the filter's ENOSYS marked)
+//! requires each to be the filter's. Escaped: a denied call reached the
+//! kernel (success, or EFAULT/EBADF/EINVAL showing it ran). Destructive only if mis-run: needs `--armed` and
 //! a user namespace.
 
-use brig_hostile::{child_denied, describe_child, guard_destructive, in_child, Args, Report};
+use brig_hostile::{
+    child_denied, describe_child, filter_refusals, guard_destructive, in_child, Args, Report,
+};
 
 /// A 32-bit system call through `int 0x80`; returns the raw result
 /// (negative errno on failure). Arguments are 32-bit, so only integers and
@@ -114,12 +118,20 @@ fn main() {
     let mut refused = 0;
     let mut how = std::collections::BTreeMap::<String, u32>::new();
     for &(name, nr, a) in x32 {
+        let before = filter_refusals();
         let end = in_child(|| {
             // SAFETY: integer/NULL arguments only.
             let r = unsafe { libc::syscall(nr | X32, a, 0, 0) };
             brig_hostile::exit_code_for(brig_hostile::check(r))
         });
-        if child_denied(&end) {
+        // The attribution pass tells the filter's ENOSYS (its horizon,
+        // marked) from a kernel without x32 (this one's own ENOSYS).
+        if before.is_some() && filter_refusals() == before {
+            report.escape(format!(
+                "x32 {name}: {} without the seccomp filter refusing it",
+                describe_child(end)
+            ));
+        } else if child_denied(&end) {
             refused += 1;
             *how.entry(describe_child(end)).or_default() += 1;
         } else {
@@ -130,7 +142,7 @@ fn main() {
         }
     }
     report.note(format!(
-        "x32: {refused} of {} denied calls refused ({how:?}; ENOSYS also when the kernel lacks x32)",
+        "x32: {refused} of {} denied calls refused ({how:?}; ENOSYS also when the kernel lacks x32: the attribution pass tells them apart)",
         x32.len()
     ));
     report.finish()

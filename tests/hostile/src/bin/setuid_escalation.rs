@@ -64,7 +64,9 @@ fn run_copy(path: &str) -> Result<String, String> {
     if unsafe { libc::geteuid() } == 0 {
         cmd.uid(65534).gid(65534);
     }
-    let out = cmd.output().map_err(|e| e.to_string())?;
+    let out = cmd
+        .output()
+        .map_err(|e| brig_hostile::errno_name(brig_hostile::io_errno(&e)))?;
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 

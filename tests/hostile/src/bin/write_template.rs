@@ -12,7 +12,7 @@
 
 use std::io::Write as _;
 
-use brig_hostile::{cstr, errno, errno_name, open, open_mode, Args, Report, CANARY};
+use brig_hostile::{cstr, errno, errno_name, io_errno, open, open_mode, Args, Report, CANARY};
 
 fn main() {
     let args = Args::get();
@@ -49,7 +49,7 @@ fn main() {
         Ok(()) => report.note("mkdir /usr/brig-hostile-dir: ok (upper layer)"),
         Err(e) => report.note(format!(
             "mkdir /usr/brig-hostile-dir: {}",
-            errno_name(e.raw_os_error().unwrap_or(0))
+            errno_name(io_errno(&e))
         )),
     }
 
