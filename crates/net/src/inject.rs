@@ -28,12 +28,13 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Body, Frame, Incoming};
 use hyper::header::{HeaderName, HeaderValue};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
+use memchr::memmem;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::Mutex;
@@ -164,11 +165,11 @@ async fn forward(
         }
     };
     let (mut parts, body) = resp.into_parts();
-    let secrets = Arc::new(secrets);
+    let secrets = Secrets::new(&secrets);
     for value in parts.headers.values_mut() {
-        let masked = mask(value.as_bytes(), &secrets);
-        if masked != value.as_bytes() {
-            if let Ok(v) = HeaderValue::from_bytes(&masked) {
+        let mut bytes = value.as_bytes().to_vec();
+        if secrets.mask(&mut bytes) {
+            if let Ok(v) = HeaderValue::from_bytes(&bytes) {
                 *value = v;
             }
         }
@@ -187,51 +188,77 @@ fn error(status: StatusCode, message: String) -> Response<ReplyBody> {
     resp
 }
 
-/// `data` with every occurrence of each secret replaced by `*`s.
-fn mask(data: &[u8], secrets: &[Vec<u8>]) -> Vec<u8> {
-    let mut out = data.to_vec();
-    for s in secrets {
-        let mut at = 0;
-        while at + s.len() <= out.len() {
-            if out[at..at + s.len()] == s[..] {
-                out[at..at + s.len()].fill(b'*');
-                at += s.len();
-            } else {
-                at += 1;
+/// The secrets a reply is scanned for, each with a prepared substring
+/// search (SIMD, `memchr::memmem`): a download through the injecting proxy
+/// passes every byte through here. A byte-by-byte comparison held a 32 MiB
+/// download to about a third of a plain TLS connection's speed.
+struct Secrets {
+    finders: Vec<memmem::Finder<'static>>,
+    /// The longest secret's length, less one: the bytes of a frame held
+    /// back in case a secret continues in the next.
+    overlap: usize,
+}
+
+impl Secrets {
+    fn new(secrets: &[Vec<u8>]) -> Secrets {
+        let finders: Vec<_> = secrets
+            .iter()
+            .filter(|s| !s.is_empty())
+            .map(|s| memmem::Finder::new(s).into_owned())
+            .collect();
+        let overlap = finders.iter().map(|f| f.needle().len()).max().unwrap_or(1) - 1;
+        Secrets { finders, overlap }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.finders.is_empty()
+    }
+
+    /// Replace every occurrence of each secret in `data` by `*`s; whether
+    /// there was one.
+    fn mask(&self, data: &mut [u8]) -> bool {
+        let mut found = false;
+        for f in &self.finders {
+            let len = f.needle().len();
+            let mut at = 0;
+            while let Some(i) = f.find(&data[at..]) {
+                data[at + i..at + i + len].fill(b'*');
+                at += i + len;
+                found = true;
             }
         }
+        found
     }
-    out
 }
 
 /// A response body with the secrets masked, even across frames: the last
 /// (longest secret - 1) bytes are held back until the next frame.
-struct Scrub {
-    inner: Incoming,
-    secrets: Arc<Vec<Vec<u8>>>,
-    held: Vec<u8>,
+struct Scrub<B> {
+    inner: B,
+    secrets: Secrets,
+    held: BytesMut,
     done: bool,
 }
 
-impl Scrub {
-    fn new(inner: Incoming, secrets: Arc<Vec<Vec<u8>>>) -> Scrub {
+impl<B> Scrub<B> {
+    fn new(inner: B, secrets: Secrets) -> Scrub<B> {
         Scrub {
             inner,
             secrets,
-            held: Vec::new(),
+            held: BytesMut::new(),
             done: false,
         }
     }
 }
 
-impl Body for Scrub {
+impl<B: Body<Data = Bytes> + Unpin> Body for Scrub<B> {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = B::Error;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         let this = &mut *self;
         if this.done {
             return Poll::Ready(None);
@@ -239,27 +266,27 @@ impl Body for Scrub {
         if this.secrets.is_empty() {
             return Pin::new(&mut this.inner).poll_frame(cx);
         }
-        let keep = this.secrets.iter().map(Vec::len).max().unwrap_or(1) - 1;
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Pending => Poll::Pending,
             Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
                 Ok(data) => {
                     this.held.extend_from_slice(&data);
-                    this.held = mask(&this.held, &this.secrets);
-                    let out = this.held.len().saturating_sub(keep);
-                    let ready: Vec<u8> = this.held.drain(..out).collect();
-                    Poll::Ready(Some(Ok(Frame::data(Bytes::from(ready)))))
+                    this.secrets.mask(&mut this.held);
+                    let out = this.held.len().saturating_sub(this.secrets.overlap);
+                    let ready = this.held.split_to(out).freeze();
+                    Poll::Ready(Some(Ok(Frame::data(ready))))
                 }
                 Err(frame) => Poll::Ready(Some(Ok(frame))),
             },
             Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e))),
             Poll::Ready(None) => {
                 this.done = true;
-                let rest = mask(&std::mem::take(&mut this.held), &this.secrets);
+                let mut rest = std::mem::take(&mut this.held);
+                this.secrets.mask(&mut rest);
                 if rest.is_empty() {
                     Poll::Ready(None)
                 } else {
-                    Poll::Ready(Some(Ok(Frame::data(Bytes::from(rest)))))
+                    Poll::Ready(Some(Ok(Frame::data(rest.freeze()))))
                 }
             }
         }
@@ -389,11 +416,38 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Counted<S> {
 mod tests {
     use super::*;
 
+    fn masked(data: &[u8], secrets: &[&[u8]]) -> Vec<u8> {
+        let secrets: Vec<Vec<u8>> = secrets.iter().map(|s| s.to_vec()).collect();
+        let mut out = data.to_vec();
+        Secrets::new(&secrets).mask(&mut out);
+        out
+    }
+
     #[test]
     fn secrets_are_masked_wherever_they_are() {
-        let s = vec![b"sk-123".to_vec()];
-        assert_eq!(mask(b"a sk-123 b sk-123", &s), b"a ****** b ******");
-        assert_eq!(mask(b"sk-12", &s), b"sk-12");
-        assert_eq!(mask(b"", &s), b"");
+        let s: &[&[u8]] = &[b"sk-123"];
+        assert_eq!(masked(b"a sk-123 b sk-123", s), b"a ****** b ******");
+        assert_eq!(masked(b"sk-123sk-123", s), b"************");
+        assert_eq!(masked(b"sk-12", s), b"sk-12");
+        assert_eq!(masked(b"", s), b"");
+        // Several secrets, one inside another's occurrence, and none.
+        let two: &[&[u8]] = &[b"sk-123", b"123"];
+        assert_eq!(masked(b"x sk-123 y 123", two), b"x ****** y ***");
+        assert_eq!(masked(b"sk-123", &[b"" as &[u8]]), b"sk-123");
+    }
+
+    /// A secret cut across two, or three, frames of a reply is masked all
+    /// the same, and every other byte arrives in order.
+    #[tokio::test]
+    async fn a_secret_split_across_frames_is_masked() {
+        let frames: Vec<Result<Frame<Bytes>, Infallible>> =
+            ["head sk-", "1", "23 mid sk-12", "3 tail"]
+                .into_iter()
+                .map(|f| Ok(Frame::data(Bytes::from(f))))
+                .collect();
+        let body = http_body_util::StreamBody::new(futures_util::stream::iter(frames));
+        let scrub = Scrub::new(body, Secrets::new(&[b"sk-123".to_vec()]));
+        let got = scrub.collect().await.unwrap().to_bytes();
+        assert_eq!(&got[..], b"head ****** mid ****** tail");
     }
 }
