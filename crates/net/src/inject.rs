@@ -69,14 +69,15 @@ pub(crate) async fn relay(
     let counts = counted.counts();
     let (client, upstream): (BoxIo, BoxIo) = if tls {
         let config = net.ca.server_config(&host).map_err(io::Error::other)?;
-        let accepted = tokio_rustls::TlsAcceptor::from(config)
-            .accept(counted)
-            .await?;
         let server_name = rustls::pki_types::ServerName::try_from(host.clone())
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-        let connected = tokio_rustls::TlsConnector::from(crate::tls::client_config())
-            .connect(server_name, upstream)
-            .await?;
+        // Both handshakes at once: each waits mostly on its peer's round
+        // trips, so side by side a connection pays for about one.
+        let (accepted, connected) = tokio::try_join!(
+            tokio_rustls::TlsAcceptor::from(config).accept(counted),
+            tokio_rustls::TlsConnector::from(crate::tls::client_config())
+                .connect(server_name, upstream),
+        )?;
         (Box::new(accepted), Box::new(connected))
     } else {
         (Box::new(counted), Box::new(upstream))
