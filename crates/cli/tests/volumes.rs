@@ -272,3 +272,67 @@ fn volumes_from_the_cli_across_a_daemon_crash() {
     assert!(left.is_empty(), "{left:?}");
     assert_eq!(ok(d.brig(&["volume", "ls", "--json"]), "ls"), "[]\n");
 }
+
+/// A volume the host's disk has no room for is refused as 507 with what to
+/// do, through the API and the CLI; nothing of it is left (no record, no
+/// image), and a volume that fits is made after it. The "disk" is a 48 MiB
+/// tmpfs mounted on the daemon's volumes directory.
+#[test]
+fn a_volume_the_host_has_no_room_for_is_refused_and_leaves_nothing() {
+    require_root!();
+    let home = tempfile::tempdir().unwrap();
+    let volumes = home.path().join("volumes");
+    std::fs::create_dir(&volumes).unwrap();
+    let _disk = SmallDisk::mount(&volumes, "48m");
+    let d = TestDaemon::start_with(home.path(), &[]);
+
+    fails(
+        d.brig(&["volume", "create", "big", "--size", "1GiB"]),
+        "a volume larger than the disk",
+        "no room for a volume of 1073741824 bytes: free space",
+    );
+    let status = match ureq::post(&format!("{}/v1/volumes", d.url))
+        .set("Authorization", &format!("Bearer {}", d.key))
+        .send_json(serde_json::json!({"name": "big", "size": "512MiB"}))
+    {
+        Ok(r) => r.status(),
+        Err(ureq::Error::Status(code, _)) => code,
+        Err(e) => panic!("POST /v1/volumes: {e}"),
+    };
+    assert_eq!(status, 507, "a volume the disk has no room for");
+    assert_eq!(ok(d.brig(&["volume", "ls", "--json"]), "ls"), "[]\n");
+    let left = brig_test_support::volume_files_left(&volumes);
+    assert!(left.is_empty(), "left by the refused creates: {left:?}");
+
+    ok(
+        d.brig(&["volume", "create", "fits", "--size", "16MiB"]),
+        "a volume that fits, after",
+    );
+    ok(d.brig(&["volume", "rm", "fits"]), "rm fits");
+    drop(d);
+}
+
+/// A tmpfs of `size` on `dir` for one test, unmounted when dropped.
+struct SmallDisk(std::path::PathBuf);
+
+impl SmallDisk {
+    fn mount(dir: &std::path::Path, size: &str) -> SmallDisk {
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size},mode=0700")])
+            .arg("tmpfs")
+            .arg(dir)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "mount a tmpfs: {}", text(&out.stderr));
+        SmallDisk(dir.to_path_buf())
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.0)
+            .status();
+    }
+}

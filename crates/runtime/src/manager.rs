@@ -326,6 +326,13 @@ pub enum ManagerError {
     },
     #[error("cannot {op}: {reason}")]
     Volume { op: &'static str, reason: String },
+    /// The host's disk (or the daemon's quota on it) has no room for a new
+    /// volume's image: nothing the client sent is wrong.
+    #[error(
+        "the host's disk has no room for a volume of {size} bytes: free space under the \
+         daemon's home or create a smaller volume"
+    )]
+    HostDiskFull { size: u64 },
     /// A vm guest's kernel mounts a volume alone: it and another user
     /// cannot have it at once.
     #[error("volume {volume} {reason}")]
@@ -394,6 +401,7 @@ impl ManagerError {
             ManagerError::Snapshotting { .. } => ErrorKind::Conflict,
             ManagerError::Image { .. } | ManagerError::Volume { .. } => ErrorKind::Internal,
             ManagerError::VolumeNotFound { .. } => ErrorKind::NotFound,
+            ManagerError::HostDiskFull { .. } => ErrorKind::NoSpace,
             ManagerError::VolumeExists { .. }
             | ManagerError::VolumeInUse { .. }
             | ManagerError::VolumeExclusive { .. } => ErrorKind::Conflict,

@@ -591,12 +591,17 @@ fn make_image(path: &Path, size: u64) -> Result<(), ManagerError> {
         .create_new(true)
         .open(path)
         .map_err(io_err("create the volume's image"))?;
-    rustix::fs::fallocate(&file, rustix::fs::FallocateFlags::empty(), 0, size).map_err(|e| {
-        ManagerError::Volume {
-            op: "reserve the volume's space",
-            reason: format!("{e} (is the host's disk too full for a volume of {size} bytes?)"),
-        }
-    })?;
+    rustix::fs::fallocate(&file, rustix::fs::FallocateFlags::empty(), 0, size).map_err(
+        |e| match e {
+            rustix::io::Errno::NOSPC | rustix::io::Errno::DQUOT => {
+                ManagerError::HostDiskFull { size }
+            }
+            e => ManagerError::Volume {
+                op: "reserve the volume's space",
+                reason: e.to_string(),
+            },
+        },
+    )?;
     drop(file);
     run(
         "format the volume",
