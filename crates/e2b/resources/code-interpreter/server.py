@@ -34,6 +34,15 @@ KEEPALIVE_INTERVAL = 5.0
 # After an interrupt (client gone, timeout) the kernel gets this long to go idle
 # before it is restarted: a cell can catch KeyboardInterrupt or sit in C code.
 INTERRUPT_GRACE = 5.0
+# ipykernel ignores SIGINT until it has begun to run a cell (it installs its
+# handler around the cell), so an interrupt sent between the request and the
+# cell's start is lost: it is sent again this often until the kernel says the
+# cell started (execute_input).
+INTERRUPT_RETRY = 0.2
+# An interrupt that lands in ipykernel's own code around the cell is caught
+# there: the request ends with its idle status and no reply. Idle, then this
+# long without a reply, counts as the request being over.
+IDLE_WITHOUT_REPLY = 0.5
 KERNEL_START_TIMEOUT = 60.0
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MAX_REQUEST_BODY = 64 << 20
@@ -334,6 +343,7 @@ class Pending:
         self.queue = asyncio.Queue()
         self.reply = None  # execute_reply content
         self.idle = False  # iopub status idle seen
+        self.started = False  # execute_input seen: the cell is running
 
     @property
     def done(self):
@@ -344,6 +354,7 @@ class Pending:
 DONE = "done"
 KERNEL_DIED = "kernel-died"
 RESTARTED = "restarted"
+IDLE = "idle"  # the idle status came before the reply (or with none)
 
 
 class Kernel:
@@ -451,11 +462,12 @@ class Kernel:
                     if p.done:
                         p.queue.put_nowait(DONE)
                 continue
+            if mtype == "execute_input":
+                p.started = True
             if mtype == "status":
                 if msg["content"].get("execution_state") == "idle":
                     p.idle = True
-                    if p.done:
-                        p.queue.put_nowait(DONE)
+                    p.queue.put_nowait(DONE if p.done else IDLE)
                 continue
             p.queue.put_nowait(msg)
 
@@ -933,6 +945,8 @@ async def run_cell(ctx, gone, send, code, env_vars, timeout):
                     await send({"type": "keepalive"})
                     continue
                 item = get.result()
+            if item is IDLE:
+                continue
             if item is DONE:
                 reply = p.reply or {}
                 if reply.get("status") == "aborted":
@@ -974,11 +988,7 @@ async def run_cell(ctx, gone, send, code, env_vars, timeout):
         except ConnectionResetError:
             pass
     if outcome in ("timeout", "gone"):
-        await kernel.interrupt()
-        try:
-            last = await asyncio.wait_for(_drain(p), INTERRUPT_GRACE)
-        except asyncio.TimeoutError:
-            last = KERNEL_DIED  # stuck despite the interrupt: replace the kernel
+        last = await _interrupt(kernel, p)
         outcome = {DONE: "done", RESTARTED: "restarted"}.get(last, "died")
     kernel.forget(msg_id)
     if outcome == "died":
@@ -1007,9 +1017,41 @@ async def _settle(p, quiet, send):
                 await send(line)
 
 
+async def _interrupt(kernel, p):
+    """Interrupt the cell and wait up to INTERRUPT_GRACE for the kernel to
+    finish it. Returns how it ended; KERNEL_DIED when it is stuck despite the
+    interrupt (the caller replaces the kernel)."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + INTERRUPT_GRACE
+    drain = asyncio.ensure_future(_drain(p))
+    try:
+        while True:
+            # Seen before the signal goes: this one reaches a running cell.
+            started = p.started
+            await kernel.interrupt()
+            left = end - loop.time()
+            if left <= 0:
+                return KERNEL_DIED
+            done, _ = await asyncio.wait({drain}, timeout=left if started
+                                         else min(INTERRUPT_RETRY, left))
+            if drain in done:
+                return drain.result()
+            if started:
+                return KERNEL_DIED
+    finally:
+        drain.cancel()
+
+
 async def _drain(p):
+    """Until the request is over: DONE, KERNEL_DIED or RESTARTED."""
     while True:
-        item = await p.queue.get()
+        if p.idle and p.reply is None:
+            try:
+                item = await asyncio.wait_for(p.queue.get(), IDLE_WITHOUT_REPLY)
+            except asyncio.TimeoutError:
+                return DONE
+        else:
+            item = await p.queue.get()
         if item in (DONE, KERNEL_DIED, RESTARTED):
             return item
 

@@ -479,6 +479,21 @@ class CodeInterpreterTest(unittest.TestCase):
         self.assertEqual(main_text(lines), "kept", "interrupted, not restarted")
         self.assertLess(time.monotonic() - t0, 6.0)
 
+    def test_disconnect_before_the_cell_starts_still_interrupts(self):
+        # The client leaves before the kernel has begun the cell: ipykernel
+        # ignores SIGINT until its handler is installed around the cell, so
+        # one interrupt sent then is lost and the kernel would be restarted.
+        cid = self.new_context()["id"]
+        self.server.execute("state = 'kept'", context_id=cid)
+        for _ in range(5):
+            conn = http.client.HTTPConnection("127.0.0.1", self.server.port, timeout=30)
+            conn.request("POST", "/execute",
+                         json.dumps({"code": "while True: pass", "context_id": cid}))
+            conn.sock.shutdown(socket.SHUT_RDWR)
+            conn.close()
+            lines = self.server.execute("state", context_id=cid)
+            self.assertEqual(main_text(lines), "kept", f"interrupted, not restarted: {lines}")
+
     def test_timeout(self):
         cid = self.new_context()["id"]
         self.server.execute("state = 'kept'", context_id=cid)
