@@ -664,11 +664,19 @@ async fn kill(
     ApiKey(tenant): ApiKey,
     Path(id): Path<String>,
 ) -> Result<StatusCode, E2bError> {
-    on_sandbox(&state, tenant, &id, |manager, tenant, sid| {
-        manager.delete(tenant, sid)
+    let (_, ended_already) = on_sandbox(&state, tenant, &id, |manager, tenant, sid| {
+        // Its end begun by something else (its timeout ran out): E2B's
+        // sandbox is gone then, so a kill finds nothing (the SDKs' false),
+        // however long the teardown takes.
+        let ended_already = manager.is_ending(sid);
+        manager.delete(tenant, sid)?;
+        Ok(ended_already)
     })
     .await?;
     state.sandboxes.remove(&id);
+    if ended_already {
+        return Err(E2bError::not_found(&id));
+    }
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -40,18 +40,38 @@ fn node_modules(package: &str, version: &str) -> Option<std::path::PathBuf> {
 /// Planes over the shared template home with `template` built (or waited
 /// for) before any client clock starts; `None` after a skip.
 fn planes_for(template: &str) -> Option<Planes> {
-    if let Err(e) =
-        brig_template::ensure(&template_home(), template, brig_template::Progress::Lines)
-    {
-        skip(&format!("cannot build the {template} template: {e}"));
+    if !ensure_template(template) {
         return None;
     }
     Some(planes_with(|c| c.home = Some(template_home())))
 }
 
+/// `template` built (or waited for) in the shared template home; false
+/// after a skip.
+fn ensure_template(template: &str) -> bool {
+    if let Err(e) =
+        brig_template::ensure(&template_home(), template, brig_template::Progress::Lines)
+    {
+        skip(&format!("cannot build the {template} template: {e}"));
+        return false;
+    }
+    true
+}
+
 /// Runs tests/e2b/`script` with node from `dir` (where node resolves the
 /// clients), pointed at the planes.
 fn node(dir: &Path, script: &str, p: &Planes, template: &str) -> Output {
+    node_on(dir, script, p, template, None)
+}
+
+/// [`node`], with `BRIG_ISOLATION` set for the scripts that take a tier.
+fn node_on(
+    dir: &Path,
+    script: &str,
+    p: &Planes,
+    template: &str,
+    isolation: Option<&str>,
+) -> Output {
     let src = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../tests/e2b")
         .join(script);
@@ -65,7 +85,11 @@ fn node(dir: &Path, script: &str, p: &Planes, template: &str) -> Output {
         .replace("'./sdk_checks.mjs'", &format!("'./{checks}'"));
     std::fs::write(&copy, text).unwrap();
     std::fs::copy(src.with_file_name("sdk_checks.mjs"), dir.join(&checks)).unwrap();
-    let out = Command::new("node")
+    let mut cmd = Command::new("node");
+    if let Some(isolation) = isolation {
+        cmd.env("BRIG_ISOLATION", isolation);
+    }
+    let out = cmd
         .arg(&copy)
         .current_dir(dir)
         .env("E2B_API_KEY", &p.f.key)
@@ -125,13 +149,43 @@ fn js_sdk_current_generation() {
     let Some(p) = planes_for("base") else {
         return;
     };
-    let out = node(&dir, "js_sdk.mjs", &p, "base");
+    js_sdk_passes(&dir, &p, None, 108);
+}
+
+/// The same suite, unchanged but for the metadata key `brig.isolation` on
+/// each create, with every sandbox on the gvisor tier (and its kernel
+/// checked): snapshots there keep memory only without a network, so the
+/// suite's (which have the default internet access) keep files, as the
+/// process tier's do.
+#[test]
+fn js_sdk_on_gvisor() {
+    if !root_or_skip() {
+        return;
+    }
+    let Some(dir) = node_modules("e2b", E2B_JS) else {
+        return;
+    };
+    if !ensure_template("base") {
+        return;
+    }
+    let Some(p) = support::gvisor_planes_with(|c| c.home = Some(template_home())) else {
+        return;
+    };
+    js_sdk_passes(&dir, &p, Some("gvisor"), 109);
+}
+
+/// Runs tests/e2b/js_sdk.mjs on `base` (on `isolation` when given) and
+/// checks that all `checks` passed, through the current generation's
+/// paths, and that every sandbox it made has ended.
+fn js_sdk_passes(dir: &Path, p: &Planes, isolation: Option<&str>, checks: usize) {
+    let out = node_on(dir, "js_sdk.mjs", p, "base", isolation);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     let log = format!("{stdout}\n{stderr}");
     assert!(out.status.success(), "{log}");
     assert!(stdout.contains(&format!("e2b {E2B_JS} (js)")), "{log}");
-    assert!(stdout.lines().any(|l| l == "108 passed, 0 failed"), "{log}");
+    let want = format!("{checks} passed, 0 failed");
+    assert!(stdout.lines().any(|l| l == want), "want {want:?}: {log}");
     // The current generation's create and connect paths; pause and resume
     // went through the control plane.
     let seen = p.seen.lock().unwrap().clone();
@@ -150,7 +204,18 @@ fn js_sdk_current_generation() {
         !seen.iter().any(|l| l == "POST /sandboxes"),
         "the old create path: {seen:?}"
     );
-    all_killed(&p, 8, &log);
+    all_killed(p, 8, &log);
+    if let Some(isolation) = isolation {
+        // Every one of them, the snapshot's child and the forks too.
+        let tenant = p.f.manager.authenticate(&p.f.key).unwrap().tenant;
+        let page =
+            p.f.manager
+                .list(&tenant, &ListFilter::default(), None, 1000)
+                .unwrap();
+        for s in &page.items {
+            assert_eq!(s.isolation, isolation, "{}: {log}", s.id);
+        }
+    }
 }
 
 /// `@e2b/code-interpreter` 2.8.0 runs tests/e2b/js_code_interpreter.mjs on
