@@ -820,9 +820,18 @@ fn memory_snapshots_restores_and_forks_of_a_gvisor_sandbox() {
     let parent = parent.trim().to_string();
     let (daemon, copies) = support::memory_snapshots_through_the_cli(daemon, home.path(), &parent);
 
-    // A sandbox with a network: its files.
+    // A sandbox with a network: its files. (An injection, so that it
+    // holds its CA, which the snapshot must leave out.)
     let networked = ok(
-        daemon.brig(&["create", "--isolation", "gvisor", "--template", &template]),
+        daemon.brig(&[
+            "create",
+            "--isolation",
+            "gvisor",
+            "--template",
+            &template,
+            "--inject",
+            "example.test:X-Test=1",
+        ]),
         "create",
     );
     let networked = networked.trim();

@@ -709,6 +709,46 @@ fn secrets_are_injected_and_never_reach_the_sandbox() {
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("frames the request"));
     ok(brig(h, &url, &["rm", "-f", id]), "rm");
+
+    // A sandbox made without an injection holds no CA (trusting one costs
+    // it a copy of the host's bundle, ~220 KB of its memory) and points
+    // nothing at one. The first injection, set live, makes it trust its
+    // CA: what it runs next reaches the host over TLS with the header.
+    let later = ok(brig(h, &url, &["create"]), "create");
+    let later = later.trim();
+    let look = "test -e /run/brig-ca-bundle.crt && echo bundle; \
+                env | grep -E '^(SSL_CERT_FILE|NODE_EXTRA_CA_CERTS)=' | sort; echo end";
+    let before = ok(
+        brig(h, &url, &["exec", later, "--", "sh", "-c", look]),
+        "look",
+    );
+    assert_eq!(before, "end\n", "a CA before any injection");
+    ok(
+        brig(
+            h,
+            &url,
+            &[
+                "net",
+                later,
+                "--inject",
+                "allowed.test:Authorization=Bearer ${secrets.tok}",
+            ],
+        ),
+        "net --inject",
+    );
+    let after = ok(
+        brig(h, &url, &["exec", later, "--", "sh", "-c", look]),
+        "look",
+    );
+    assert_eq!(
+        after,
+        "bundle\nNODE_EXTRA_CA_CERTS=/run/brig-ca.crt\nSSL_CERT_FILE=/run/brig-ca-bundle.crt\nend\n"
+    );
+    let got = fetch_flat(h, &url, later, &[tls]);
+    let l = line(&got, tls);
+    assert!(l.contains(" 200 "), "{l}");
+    assert!(l.contains(&format!("auth-sha256: {want}")), "{l}");
+    ok(brig(h, &url, &["rm", "-f", later]), "rm");
     support::stop_daemon(&mut daemon.0);
 }
 

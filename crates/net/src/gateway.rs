@@ -108,8 +108,11 @@ pub struct SandboxNet {
     stubs: Mutex<Vec<tokio::task::AbortHandle>>,
     /// Its UDP flows (`udp.rs`), ended when it is forgotten.
     pub(crate) udp: crate::udp::Flows,
-    /// Its certificate authority, for header injection (`tls.rs`).
-    pub ca: crate::tls::SandboxCa,
+    /// Its certificate authority, for header injection (`tls.rs`): made
+    /// when first needed ([`SandboxNet::ca`]), since most sandboxes never
+    /// inject a header, and trusting it costs a sandbox a copy of the
+    /// host's bundle (about 220 KB on Debian) in its memory.
+    ca: Mutex<Option<Arc<crate::tls::SandboxCa>>>,
     /// Where the secrets its injections name come from.
     secrets: RwLock<Option<Arc<dyn crate::inject::SecretSource>>>,
 }
@@ -124,6 +127,33 @@ impl std::fmt::Debug for SandboxNet {
 }
 
 impl SandboxNet {
+    /// Its certificate authority, made now if it was not.
+    pub fn ca(&self) -> Result<Arc<crate::tls::SandboxCa>, crate::tls::TlsError> {
+        let mut ca = self.ca.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(ca) = &*ca {
+            return Ok(Arc::clone(ca));
+        }
+        let made = Arc::new(crate::tls::SandboxCa::new(&self.id)?);
+        *ca = Some(Arc::clone(&made));
+        Ok(made)
+    }
+
+    /// Its certificate authority if it has been made.
+    pub fn ca_made(&self) -> Option<Arc<crate::tls::SandboxCa>> {
+        self.ca.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Whether its policy sets headers on some host (and so needs its CA
+    /// trusted).
+    pub fn injects(&self) -> bool {
+        !self
+            .policy
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .inject
+            .is_empty()
+    }
+
     /// Did `name` resolve to `addr` for this sandbox (or is it one of its
     /// `--add-host` entries)?
     pub fn resolved_to(&self, name: &str, addr: IpAddr) -> bool {
@@ -337,11 +367,7 @@ impl Gateway {
         // Known (and its address taken) from the start; forgotten again if
         // the link cannot be made. The namespace, and with it both ends of
         // a half-made link, goes with its last descriptor.
-        let ca = crate::tls::SandboxCa::new(id).map_err(|e| NetError::Io {
-            op: "make the sandbox's certificate authority",
-            source: io::Error::other(e),
-        })?;
-        let net = self.register(id, self.allocate()?, policy, ca);
+        let net = self.register(id, self.allocate()?, policy, None);
         let addr = net.addr;
         match self.link(id, addr) {
             Ok((netns, stubs)) => {
@@ -441,14 +467,15 @@ impl Gateway {
     /// What it resolved before is forgotten; it resolves again.
     /// `netns`: its namespace, where the resolver answers on loopback
     /// again (the earlier daemon's sockets went with it).
-    /// `ca`: the certificate authority it trusts (kept by the runtime).
+    /// `ca`: the certificate authority it trusts (kept by the runtime), if
+    /// one was made.
     pub fn readopt(
         &self,
         id: &str,
         addr: Ipv4Addr,
         policy: Policy,
         netns: Option<&OwnedFd>,
-        ca: crate::tls::SandboxCa,
+        ca: Option<crate::tls::SandboxCa>,
     ) -> Arc<SandboxNet> {
         let net = self.register(id, addr, policy, ca);
         if let Some(ns) = netns {
@@ -466,7 +493,7 @@ impl Gateway {
         id: &str,
         addr: Ipv4Addr,
         policy: Policy,
-        ca: crate::tls::SandboxCa,
+        ca: Option<crate::tls::SandboxCa>,
     ) -> Arc<SandboxNet> {
         let net = Arc::new(SandboxNet {
             id: id.to_string(),
@@ -477,7 +504,7 @@ impl Gateway {
             log: Mutex::default(),
             stubs: Mutex::default(),
             udp: Default::default(),
-            ca,
+            ca: Mutex::new(ca.map(Arc::new)),
             secrets: RwLock::default(),
         });
         self.sandboxes

@@ -68,7 +68,10 @@ pub(crate) async fn relay(
     let counted = Counted::new(Replay::new(first, client));
     let counts = counted.counts();
     let (client, upstream): (BoxIo, BoxIo) = if tls {
-        let config = net.ca.server_config(&host).map_err(io::Error::other)?;
+        let config = net
+            .ca()
+            .and_then(|ca| ca.server_config(&host))
+            .map_err(io::Error::other)?;
         let server_name = rustls::pki_types::ServerName::try_from(host.clone())
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         // Both handshakes at once: each waits mostly on its peer's round

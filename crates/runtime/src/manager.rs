@@ -453,8 +453,8 @@ pub(crate) struct Live {
 pub(crate) struct NetLink {
     gateway: Arc<brig_net::Gateway>,
     net: Arc<brig_net::SandboxNet>,
-    /// Its CA is installed in the sandbox (`install_ca`): only then are
-    /// its processes pointed at the bundle.
+    /// Its CA is installed in the sandbox ([`SandboxManager::trust_ca`]):
+    /// only then are its processes pointed at the bundle.
     trusted: std::sync::atomic::AtomicBool,
 }
 
@@ -468,27 +468,13 @@ impl NetLink {
 /// Where a record keeps its sandbox's CA (certificate and key, PEM).
 const CA_ATTR: &str = "network_ca";
 
-/// Point the processes of a sandbox with a CA at it (unless the sandbox's
-/// own variables say otherwise).
-fn with_ca_env(env: &mut BTreeMap<String, String>) {
-    for (k, v) in brig_net::tls::CA_ENV {
-        env.entry(k.to_string()).or_insert_with(|| v.to_string());
-    }
-}
-
-/// Make a new sandbox trust its CA, for header injection: the CA and a
-/// bundle of it with the host's certificates under /run, and the CA
-/// appended to the system bundle where the template lets it be written. A
-/// failure is logged: injection to TLS hosts then fails in that sandbox
-/// only.
-fn install_ca(conn: &Connection, link: &NetLink) {
-    let installed = write_ca(conn, link);
-    link.trusted.store(installed, Ordering::Relaxed);
-}
-
-fn write_ca(conn: &Connection, link: &NetLink) -> bool {
+/// Write the sandbox's CA into it: the CA and a bundle of it with the
+/// host's certificates under /run, and the CA appended to the system
+/// bundle where the template lets it be written. False (logged) if it
+/// could not be.
+fn write_ca(conn: &Connection, link: &NetLink, ca: &brig_net::tls::SandboxCa) -> bool {
     use brig_net::tls::{host_bundle, CA_BUNDLE, CA_FILE};
-    let pem = link.net.ca.pem();
+    let pem = ca.pem();
     let bundle = format!("{}\n{pem}", host_bundle());
     let wrote = conn
         .write_file(CA_FILE, pem.as_bytes(), Some(0o644), false)
@@ -806,13 +792,6 @@ impl SandboxManager {
             .map(|s| s.env.into_iter().map(|e| (e.key, e.value)).collect())
             .unwrap_or_default();
         let net = self.relink(&record, &*instance);
-        let mut env = env;
-        if net
-            .as_ref()
-            .is_some_and(|l| l.trusted.load(Ordering::Relaxed))
-        {
-            with_ca_env(&mut env);
-        }
         let live = Arc::new(Live {
             tenant: record.tenant.clone(),
             conn: Arc::new(conn),
@@ -892,14 +871,14 @@ impl SandboxManager {
             .pid()
             .and_then(|pid| std::fs::File::open(format!("/proc/{pid}/ns/net")).ok())
             .map(std::os::fd::OwnedFd::from);
-        // The CA it trusts, as kept on its record (a new one if none was).
+        // The CA it trusts, as kept on its record (made when first needed
+        // if it has none).
         let id = record.id.as_str();
         let ca = record
             .attrs
             .get(CA_ATTR)
             .and_then(|c| Some((c["pem"].as_str()?, c["key"].as_str()?)))
-            .and_then(|(pem, key)| brig_net::tls::SandboxCa::restore(id, pem, key).ok())
-            .or_else(|| brig_net::tls::SandboxCa::new(id).ok())?;
+            .and_then(|(pem, key)| brig_net::tls::SandboxCa::restore(id, pem, key).ok());
         let net = gateway.readopt(id, addr, policy, netns.as_ref(), ca);
         net.set_secrets(Arc::new(crate::secrets::TenantSecrets {
             reader: Arc::clone(&self.secret_reader),
@@ -951,6 +930,9 @@ impl SandboxManager {
             "network",
             &serde_json::to_value(&policy).unwrap_or_default(),
         )?;
+        if link.net.injects() {
+            self.trust_ca(&live.conn, id, link);
+        }
         self.network(tenant, id)
     }
 
@@ -1208,12 +1190,7 @@ impl SandboxManager {
         );
         self.waiting.fetch_sub(1, Ordering::SeqCst);
         let result = match made {
-            Ok(warm) => {
-                if let Some(link) = &link {
-                    install_ca(&warm.conn, link);
-                }
-                self.register(tenant, warm, &spec, link)
-            }
+            Ok(warm) => self.register(tenant, warm, &spec, link),
             Err(e) => {
                 let _ = self.store().mark_dead(&id, None, &EndCause::CreateFailed);
                 // Refused before anything ran: no guest wrote its volumes.
@@ -1504,27 +1481,22 @@ impl SandboxManager {
                 return Err(e.into());
             }
         };
-        let mut env: BTreeMap<String, String> = spec
+        let env: BTreeMap<String, String> = spec
             .env
             .iter()
             .map(|e| (e.key.clone(), e.value.clone()))
             .collect();
         if let Some(link) = &net {
-            // Its injections read its own secrets, then its tenant's; the
-            // CA it trusts is kept for a later daemon; its processes are
-            // pointed at it.
+            // Its injections read its own secrets, then its tenant's, and
+            // need its CA trusted.
             link.net
                 .set_secrets(Arc::new(crate::secrets::TenantSecrets {
                     reader: Arc::clone(&self.secret_reader),
                     tenant: tenant.clone(),
                     own: crate::secrets::TenantSecrets::own_from(&record.attrs),
                 }));
-            let ca = serde_json::json!({"pem": link.net.ca.pem(), "key": link.net.ca.key_pem()});
-            if let Err(e) = self.store().set_attrs(&id, CA_ATTR, &ca) {
-                tracing::warn!("sandbox {id}: cannot keep its certificate authority: {e}");
-            }
-            if link.trusted.load(Ordering::Relaxed) {
-                with_ca_env(&mut env);
+            if link.net.injects() {
+                self.trust_ca(&conn, &id, link);
             }
         }
         let live = Arc::new(Live {
@@ -1560,9 +1532,6 @@ impl SandboxManager {
         let made = self.tier(Isolation::Process).and_then(|tier| {
             let (attachment, link) = self.link(&id, brig_net::Policy::none())?;
             let mut warm = self.launch(&**tier, &id, &spec, attachment, Vec::new(), None)?;
-            if let Some(link) = &link {
-                install_ca(&warm.conn, link);
-            }
             warm.net = link;
             Ok(warm)
         });
@@ -1694,18 +1663,59 @@ impl SandboxManager {
     /// The request with the sandbox's create-time environment under its
     /// own.
     fn with_sandbox_env<'a>(&self, id: &SandboxId, req: &'a ExecRequest) -> Cow<'a, ExecRequest> {
-        let env = self
-            .live_sandbox(id)
-            .map(|l| l.env.clone())
-            .unwrap_or_default();
-        if env.is_empty() {
+        let Some(live) = self.live_sandbox(id) else {
+            return Cow::Borrowed(req);
+        };
+        // A sandbox that trusts its CA points its processes at it (unless
+        // its own variables or the request's say otherwise).
+        let ca = live
+            .net
+            .as_ref()
+            .is_some_and(|l| l.trusted.load(Ordering::Relaxed));
+        if live.env.is_empty() && !ca {
             return Cow::Borrowed(req);
         }
         let mut req = req.clone();
-        for (k, v) in env {
-            req.env.entry(k).or_insert(v);
+        for (k, v) in &live.env {
+            req.env.entry(k.clone()).or_insert_with(|| v.clone());
+        }
+        if ca {
+            for (k, v) in brig_net::tls::CA_ENV {
+                req.env
+                    .entry(k.to_string())
+                    .or_insert_with(|| v.to_string());
+            }
         }
         Cow::Owned(req)
+    }
+
+    /// Have sandbox `id` trust its CA (made now if it was not), for the
+    /// headers its policy injects over TLS: written into it (`write_ca`),
+    /// kept on its record for a later daemon, and its later processes
+    /// pointed at it. Made when first needed rather than for every sandbox:
+    /// most never inject, and the bundle costs each one ~220 KB of memory.
+    /// Processes that loaded their trust store before (a running Node
+    /// process, say) do not see it. A failure is logged: injection to TLS
+    /// hosts then fails in that sandbox only.
+    fn trust_ca(&self, conn: &Connection, id: &SandboxId, link: &NetLink) {
+        if link.trusted.load(Ordering::Relaxed) {
+            return;
+        }
+        let ca = match link.net.ca() {
+            Ok(ca) => ca,
+            Err(e) => {
+                tracing::warn!("sandbox {id}: cannot make its certificate authority: {e}");
+                return;
+            }
+        };
+        if !write_ca(conn, link, &ca) {
+            return;
+        }
+        let kept = serde_json::json!({"pem": ca.pem(), "key": ca.key_pem()});
+        if let Err(e) = self.store().set_attrs(id, CA_ATTR, &kept) {
+            tracing::warn!("sandbox {id}: cannot keep its certificate authority: {e}");
+        }
+        link.trusted.store(true, Ordering::Relaxed);
     }
 
     /// Re-attach to a process the agent manages (a background one, running

@@ -224,13 +224,17 @@ impl OwnNetwork {
 
     /// Give its injections `secrets` (`--secret`) and return the files
     /// that make the sandbox trust the CA its TLS is ended with (for the
-    /// spec's `run_files`), with the variables that point clients at them.
+    /// spec's `run_files`; `brig_net::tls::CA_ENV` points clients at them).
     pub fn trust(
         &self,
         secrets: std::collections::HashMap<String, Vec<u8>>,
-    ) -> (Vec<brig_core::RunFile>, Vec<(&'static str, &'static str)>) {
+    ) -> anyhow::Result<Vec<brig_core::RunFile>> {
         self.net.set_secrets(Arc::new(RunSecrets(secrets)));
-        let pem = self.net.ca.pem();
+        let ca = self
+            .net
+            .ca()
+            .context("cannot make the sandbox's certificate authority")?;
+        let pem = ca.pem();
         let file = |path: &str, contents: String| brig_core::RunFile {
             name: path.trim_start_matches("/run/").to_string(),
             contents: contents.into_bytes(),
@@ -243,7 +247,7 @@ impl OwnNetwork {
                 format!("{}\n{pem}", brig_net::tls::host_bundle()),
             ),
         ];
-        (files, brig_net::tls::CA_ENV.to_vec())
+        Ok(files)
     }
 
     /// Relay 127.0.0.1:`host_port` (0: any free port) to `port` on the

@@ -240,9 +240,9 @@ impl RunNetwork {
                 if injects {
                     // The sandbox trusts the CA its TLS to injected hosts
                     // is ended with; the command's own variables win.
-                    let (files, vars) = net.trust(self.secrets);
+                    let files = net.trust(self.secrets)?;
                     spec.run_files.extend(files);
-                    for (k, v) in vars {
+                    for &(k, v) in &brig_net::tls::CA_ENV {
                         if !spec.env.iter().any(|e| e.key == k) {
                             spec.env.push(EnvVar::parse(&format!("{k}={v}"))?);
                         }
