@@ -20,7 +20,11 @@ console.log(`@e2b/code-interpreter ${ciVersion} (e2b ${version}, js)`)
 
 
 const template = process.env.E2B_TEMPLATE || 'code-interpreter-v1'
-const sbx = await Sandbox.create(template, { envs: { CI_VAR: 'from-create' }, timeoutMs: 300_000 })
+// brig's isolation tier (the metadata key `brig.isolation`); the daemon's
+// default when unset.
+const isolation = process.env.BRIG_ISOLATION
+const metadata = isolation ? { 'brig.isolation': isolation } : {}
+const sbx = await Sandbox.create(template, { envs: { CI_VAR: 'from-create' }, timeoutMs: 300_000, metadata })
 check('create', sbx.sandboxId.length > 0)
 
 await section('basics', async () => {

@@ -207,14 +207,19 @@ fn js_sdk_passes(dir: &Path, p: &Planes, isolation: Option<&str>, checks: usize)
     all_killed(p, 8, &log);
     if let Some(isolation) = isolation {
         // Every one of them, the snapshot's child and the forks too.
-        let tenant = p.f.manager.authenticate(&p.f.key).unwrap().tenant;
-        let page =
-            p.f.manager
-                .list(&tenant, &ListFilter::default(), None, 1000)
-                .unwrap();
-        for s in &page.items {
-            assert_eq!(s.isolation, isolation, "{}: {log}", s.id);
-        }
+        all_on(p, isolation, &log);
+    }
+}
+
+/// Every sandbox the script made ran on `isolation`.
+fn all_on(p: &Planes, isolation: &str, log: &str) {
+    let tenant = p.f.manager.authenticate(&p.f.key).unwrap().tenant;
+    let page =
+        p.f.manager
+            .list(&tenant, &ListFilter::default(), None, 1000)
+            .unwrap();
+    for s in &page.items {
+        assert_eq!(s.isolation, isolation, "{}: {log}", s.id);
     }
 }
 
@@ -237,7 +242,37 @@ fn js_code_interpreter() {
     let Some(p) = planes_for("code-interpreter-v1") else {
         return;
     };
-    let out = node(&dir, "js_code_interpreter.mjs", &p, "code-interpreter-v1");
+    js_code_interpreter_passes(&dir, &p, None);
+}
+
+/// The same suite, unchanged but for the metadata key `brig.isolation`, on
+/// a gvisor sandbox: the template's Jupyter server and kernels under
+/// gVisor's kernel.
+#[test]
+fn js_code_interpreter_on_gvisor() {
+    if !root_or_skip() {
+        return;
+    }
+    let Some(dir) = node_modules("@e2b/code-interpreter", CODE_INTERPRETER_JS) else {
+        return;
+    };
+    if node_modules("e2b", E2B_JS).is_none() || !ensure_template("code-interpreter-v1") {
+        return;
+    }
+    let Some(p) = support::gvisor_planes_with(|c| c.home = Some(template_home())) else {
+        return;
+    };
+    js_code_interpreter_passes(&dir, &p, Some("gvisor"));
+}
+
+fn js_code_interpreter_passes(dir: &Path, p: &Planes, isolation: Option<&str>) {
+    let out = node_on(
+        dir,
+        "js_code_interpreter.mjs",
+        p,
+        "code-interpreter-v1",
+        isolation,
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     let log = format!("{stdout}\n{stderr}");
@@ -251,7 +286,10 @@ fn js_code_interpreter() {
     assert!(stdout.lines().any(|l| l == "55 passed, 0 failed"), "{log}");
     let seen = p.seen.lock().unwrap().clone();
     assert!(seen.iter().any(|l| l == "POST /v2/sandboxes"), "{seen:?}");
-    all_killed(&p, 1, &log);
+    all_killed(p, 1, &log);
+    if let Some(isolation) = isolation {
+        all_on(p, isolation, &log);
+    }
 }
 
 /// `e2b` 2.51.0 runs tests/e2b/js_template.mjs: a template built from the
