@@ -191,8 +191,11 @@ const NIC: &str = "eth0";
 /// systemd-resolved's 127.0.0.53 would be the guest's own, and nobody
 /// answers there).
 fn resolver(gateway: Ipv4Addr) {
-    const FILE: &str = "/etc/resolv.conf";
-    let usable = fs::read_to_string(FILE).is_ok_and(|text| {
+    resolver_at(Path::new("/etc/resolv.conf"), gateway);
+}
+
+fn resolver_at(file: &Path, gateway: Ipv4Addr) {
+    let usable = fs::read_to_string(file).is_ok_and(|text| {
         text.lines().any(|l| {
             let mut w = l.split_whitespace();
             w.next() == Some("nameserver")
@@ -204,9 +207,9 @@ fn resolver(gateway: Ipv4Addr) {
     if !usable {
         // A symlink (to a stub's file under /run) is replaced, not
         // followed.
-        let _ = fs::remove_file(FILE);
-        if let Err(e) = fs::write(FILE, format!("nameserver {gateway}\n")) {
-            eprintln!("brig-agent (vm init): cannot write {FILE}: {e}");
+        let _ = fs::remove_file(file);
+        if let Err(e) = fs::write(file, format!("nameserver {gateway}\n")) {
+            eprintln!("brig-agent (vm init): cannot write {}: {e}", file.display());
         }
     }
 }
@@ -480,4 +483,57 @@ impl Relay {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GW: Ipv4Addr = Ipv4Addr::new(10, 87, 0, 1);
+
+    /// The guest's resolv.conf after `resolver_at`, given what the
+    /// template had (`None`: no file).
+    fn after(template: Option<&str>) -> String {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("resolv.conf");
+        if let Some(text) = template {
+            fs::write(&file, text).unwrap();
+        }
+        resolver_at(&file, GW);
+        fs::read_to_string(&file).unwrap()
+    }
+
+    #[test]
+    fn a_loopback_stub_or_no_nameserver_is_replaced_by_the_gateway() {
+        let gw = "nameserver 10.87.0.1\n";
+        // systemd-resolved's stub: the guest's own loopback, where nobody
+        // answers.
+        assert_eq!(after(Some("nameserver 127.0.0.53\noptions edns0\n")), gw);
+        assert_eq!(after(Some("nameserver ::1\n")), gw);
+        assert_eq!(after(Some("# nothing\nsearch example\n")), gw);
+        assert_eq!(after(Some("nameserver not-an-address\n")), gw);
+        assert_eq!(after(None), gw);
+    }
+
+    #[test]
+    fn a_template_nameserver_off_loopback_is_kept() {
+        let own = "search example\nnameserver 127.0.0.53\nnameserver 192.0.2.53\n";
+        assert_eq!(after(Some(own)), own);
+    }
+
+    #[test]
+    fn a_symlink_is_replaced_and_its_target_left_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("stub-resolv.conf");
+        fs::write(&target, "nameserver 127.0.0.53\n").unwrap();
+        let file = dir.path().join("resolv.conf");
+        std::os::unix::fs::symlink(&target, &file).unwrap();
+        resolver_at(&file, GW);
+        assert!(!fs::symlink_metadata(&file).unwrap().is_symlink());
+        assert_eq!(fs::read_to_string(&file).unwrap(), "nameserver 10.87.0.1\n");
+        assert_eq!(
+            fs::read_to_string(&target).unwrap(),
+            "nameserver 127.0.0.53\n"
+        );
+    }
 }
