@@ -138,11 +138,6 @@ impl SandboxNet {
         Ok(made)
     }
 
-    /// Its certificate authority if it has been made.
-    pub fn ca_made(&self) -> Option<Arc<crate::tls::SandboxCa>> {
-        self.ca.lock().unwrap_or_else(|e| e.into_inner()).clone()
-    }
-
     /// Whether its policy sets headers on some host (and so needs its CA
     /// trusted).
     pub fn injects(&self) -> bool {

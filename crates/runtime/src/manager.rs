@@ -472,7 +472,7 @@ const CA_ATTR: &str = "network_ca";
 /// host's certificates under /run, and the CA appended to the system
 /// bundle where the template lets it be written. False (logged) if it
 /// could not be.
-fn write_ca(conn: &Connection, link: &NetLink, ca: &brig_net::tls::SandboxCa) -> bool {
+fn write_ca(conn: &Connection, id: &SandboxId, ca: &brig_net::tls::SandboxCa) -> bool {
     use brig_net::tls::{host_bundle, CA_BUNDLE, CA_FILE};
     let pem = ca.pem();
     let bundle = format!("{}\n{pem}", host_bundle());
@@ -481,7 +481,7 @@ fn write_ca(conn: &Connection, link: &NetLink, ca: &brig_net::tls::SandboxCa) ->
         .and_then(|_| conn.write_file(CA_BUNDLE, bundle.as_bytes(), Some(0o644), false));
     if let Err(e) = wrote {
         tracing::warn!(
-            sandbox = link.net.id,
+            sandbox = id.as_str(),
             "cannot install its certificate authority: {e}"
         );
         return false;
@@ -1708,7 +1708,7 @@ impl SandboxManager {
                 return;
             }
         };
-        if !write_ca(conn, link, &ca) {
+        if !write_ca(conn, id, &ca) {
             return;
         }
         let kept = serde_json::json!({"pem": ca.pem(), "key": ca.key_pem()});
