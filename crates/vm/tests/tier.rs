@@ -247,13 +247,15 @@ fn a_checkpoint_restores_twice_with_processes_memory_and_own_identities() {
         let parent = tier.launch(&launch(&parent_id)).expect("launch");
         let conn = Connection::new(parent.connect_agent().unwrap()).expect("handshake");
         // A token held only by a shell loop's variable, written out with
-        // a count every 200 ms.
+        // a count every 200 ms (renamed into place: a reader never finds
+        // the file truncated and not yet rewritten).
         conn.exec(&ExecRequest {
             argv: vec![
                 "/bin/sh".into(),
                 "-c".into(),
                 "t=$(od -An -N8 -tx1 /dev/urandom | tr -d ' \\n'); n=0; \
-                 while :; do n=$((n+1)); echo \"$t $n\" > /tmp/beat; sleep 0.2; done"
+                 while :; do n=$((n+1)); echo \"$t $n\" > /tmp/beat.new; \
+                 mv /tmp/beat.new /tmp/beat; sleep 0.2; done"
                     .into(),
             ],
             background: true,
