@@ -46,17 +46,57 @@ for p in "${packages[@]}"; do
     fi
 done
 
-if [ ${#missing[@]} -eq 0 ]; then
+# The vm tier's copy-on-write forks map a snapshot's RAM read-only and
+# private (`memory-backend-file,readonly=on,rom=off`), which needs QEMU 8.2
+# or later: Debian 12 has 7.2, its backports 10.x. Where the release's own
+# QEMU is older, take the backports' (with its firmware).
+qemu_backports=
+qemu_version=$(dpkg-query -W -f='${Version}' qemu-system-x86 2>/dev/null || true)
+if [ "$(dpkg-query -W -f='${db:Status-Status}' qemu-system-x86 2>/dev/null)" != installed ] \
+    || dpkg --compare-versions "${qemu_version:-0}" lt 1:8.2; then
+    . /etc/os-release
+    if [ "${VERSION_CODENAME:-}" = bookworm ]; then
+        qemu_backports=bookworm-backports
+    fi
+fi
+
+if [ -n "$qemu_backports" ]; then
+    # Installed from there below, not twice.
+    missing=("${missing[@]/qemu-system-x86/}")
+    read -r -a missing <<< "${missing[*]}"
+fi
+
+if [ ${#missing[@]} -eq 0 ] && [ -z "$qemu_backports" ]; then
     echo "install-deps: all ${#packages[@]} packages present"
     exit 0
 fi
 
 if [ "$(id -u)" -ne 0 ]; then
-    echo "install-deps: missing ${missing[*]}; run as root or: sudo apt-get install ${missing[*]}" >&2
+    echo "install-deps: missing ${missing[*]} ${qemu_backports:+qemu-system-x86 (8.2 or later, from $qemu_backports)}; run as root or: sudo apt-get install ${missing[*]}" >&2
     exit 1
 fi
 
-echo "install-deps: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
+if [ -n "$qemu_backports" ]; then
+    list=/etc/apt/sources.list.d/$qemu_backports.sources
+    if ! grep -rqs "$qemu_backports" /etc/apt/sources.list /etc/apt/sources.list.d; then
+        echo "install-deps: adding Debian's $qemu_backports ($list) for QEMU 8.2 or later"
+        printf '%s\n' 'Types: deb' 'URIs: http://deb.debian.org/debian' \
+            "Suites: $qemu_backports" 'Components: main' \
+            'Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg' > "$list"
+    fi
+fi
 apt-get update -qq
-apt-get install -y -qq --no-install-recommends "${missing[@]}"
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "install-deps: installing ${missing[*]}"
+    apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+if [ -n "$qemu_backports" ]; then
+    echo "install-deps: installing qemu-system-x86 from $qemu_backports"
+    apt-get install -y -qq --no-install-recommends -t "$qemu_backports" qemu-system-x86
+    qemu_version=$(dpkg-query -W -f='${Version}' qemu-system-x86)
+    if dpkg --compare-versions "$qemu_version" lt 1:8.2; then
+        echo "install-deps: qemu-system-x86 is $qemu_version; the vm tier's tests need 8.2 or later" >&2
+        exit 1
+    fi
+fi

@@ -141,6 +141,9 @@ pub struct VmTier {
     pub available: bool,
     pub accel: Accel,
     pub detail: String,
+    /// Forks of one memory snapshot share its RAM copy-on-write (QEMU 8.2
+    /// or later); otherwise each loads a copy.
+    pub copy_on_write_forks: bool,
 }
 
 /// How the vm tier would run guests.
@@ -1819,14 +1822,36 @@ const VERSION_TIMEOUT: Duration = Duration::from_secs(3);
 
 impl Tool {
     fn find(binary: &str, ask_version: bool) -> Self {
-        let path = find_on_path(binary);
-        let version = path
-            .as_ref()
-            .filter(|_| ask_version)
-            .map(|p| first_output_line(p, &["--version"], VERSION_TIMEOUT));
-        Tool { path, version }
+        match find_on_path(binary) {
+            Some(path) if ask_version => Tool::at(path),
+            path => Tool {
+                path,
+                version: None,
+            },
+        }
+    }
+
+    /// The program at `path`, with what `--version` says.
+    fn at(path: PathBuf) -> Self {
+        let version = Some(first_output_line(&path, &["--version"], VERSION_TIMEOUT));
+        Tool {
+            path: Some(path),
+            version,
+        }
     }
 }
+
+/// QEMU's version, `(major, minor)`, from the line `--version` starts with
+/// ("QEMU emulator version 10.0.2 (Debian …)").
+pub fn qemu_version(said: &str) -> Option<(u32, u32)> {
+    let v = said.split("version ").nth(1)?.split_whitespace().next()?;
+    let mut parts = v.split('.').map(str::parse::<u32>);
+    Some((parts.next()?.ok()?, parts.next()?.ok()?))
+}
+
+/// The QEMU whose `memory-backend-file` maps a read-only file private and
+/// writable (`rom=off`): what the vm tier's copy-on-write forks need.
+const QEMU_COPY_ON_WRITE: (u32, u32) = (8, 2);
 
 fn find_on_path(binary: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")
@@ -1912,6 +1937,21 @@ fn runsc_feature(tool: &Tool, kvm: &Kvm) -> Feature {
 fn qemu_feature(tool: &Tool) -> Feature {
     const NAME: &str = "qemu";
     match (&tool.path, &tool.version) {
+        (Some(path), Some(Ok(version)))
+            if qemu_version(version).is_some_and(|v| v < QEMU_COPY_ON_WRITE) =>
+        {
+            Feature::degraded(
+                NAME,
+                false,
+                format!(
+                    "{version} at {}: forks of a vm snapshot each load a copy of its memory \
+                     (QEMU 8.2 or later shares it copy-on-write)",
+                    path.display()
+                ),
+                "Debian 12: add bookworm-backports to apt's sources, then apt-get install -t \
+                 bookworm-backports qemu-system-x86",
+            )
+        }
         (Some(path), Some(Ok(version))) => {
             Feature::ok(NAME, false, format!("{version} at {}", path.display()))
         }
@@ -2065,7 +2105,11 @@ fn tiers(features: &[Feature], kvm: &Kvm, runsc_platforms: Option<&[String]>) ->
             ),
         ),
     };
-    let vm = vm_tier_from(ok("qemu"), kvm);
+    let qemu = features
+        .iter()
+        .find(|f| f.name == "qemu")
+        .map_or(Status::Missing, |f| f.status);
+    let vm = vm_tier_from(qemu, kvm);
     Tiers {
         process,
         gvisor,
@@ -2075,41 +2119,55 @@ fn tiers(features: &[Feature], kvm: &Kvm, runsc_platforms: Option<&[String]>) ->
 }
 
 /// The vm tier alone (what `probe().tiers.vm` says), without probing the
-/// rest: for the tier's own start.
-pub fn vm_tier() -> VmTier {
-    let qemu = qemu_feature(&Tool::find("qemu-system-x86_64", true));
-    vm_tier_from(qemu.status == Status::Ok, &Kvm::detect())
+/// rest: for the tier's own start, with the QEMU it runs.
+pub fn vm_tier(qemu: &Path) -> VmTier {
+    let qemu = qemu_feature(&Tool::at(qemu.to_path_buf()));
+    vm_tier_from(qemu.status, &Kvm::detect())
 }
 
-fn vm_tier_from(qemu: bool, kvm: &Kvm) -> VmTier {
-    if !qemu {
-        VmTier {
+/// The vm tier, from what the probe of QEMU found (`Degraded`: older
+/// than 8.2) and of /dev/kvm.
+fn vm_tier_from(qemu: Status, kvm: &Kvm) -> VmTier {
+    let copy_on_write_forks = qemu == Status::Ok;
+    let (available, accel, detail) = if qemu == Status::Missing {
+        return VmTier {
             available: false,
             accel: Accel::Unavailable,
             detail: "qemu-system-x86_64 is not installed (apt-get install qemu-system-x86)"
                 .to_owned(),
-        }
+            copy_on_write_forks,
+        };
     } else if kvm.hardware() {
-        VmTier {
-            available: true,
-            accel: Accel::Kvm,
-            detail: format!("QEMU with KVM ({})", kvm.hw_flag.unwrap_or_default()),
-        }
+        (
+            true,
+            Accel::Kvm,
+            format!("QEMU with KVM ({})", kvm.hw_flag.unwrap_or_default()),
+        )
     } else if kvm.usable_pvm() {
-        VmTier {
-            available: true,
-            accel: Accel::PvmKvm,
-            detail:
-                "QEMU with TCG emulation (slow, seconds to boot): /dev/kvm is PVM and cannot boot \
-                     a stock Linux guest"
-                    .to_owned(),
-        }
+        (
+            true,
+            Accel::PvmKvm,
+            "QEMU with TCG emulation (slow, seconds to boot): /dev/kvm is PVM and cannot boot a \
+             stock Linux guest"
+                .to_owned(),
+        )
     } else {
-        VmTier {
-            available: true,
-            accel: Accel::Tcg,
-            detail: "QEMU with TCG emulation (slow, seconds to boot): no hardware KVM".to_owned(),
-        }
+        (
+            true,
+            Accel::Tcg,
+            "QEMU with TCG emulation (slow, seconds to boot): no hardware KVM".to_owned(),
+        )
+    };
+    let forks = if copy_on_write_forks {
+        "forks of a snapshot share its memory copy-on-write"
+    } else {
+        "forks of a snapshot each load a copy of its memory (QEMU older than 8.2)"
+    };
+    VmTier {
+        available,
+        accel,
+        detail: format!("{detail}; {forks}"),
+        copy_on_write_forks,
     }
 }
 
@@ -2608,6 +2666,42 @@ freezer	6	1	1
                 assert_eq!(report.process_blocker().map(|f| f.name), Some(missing.name));
             }
         }
+    }
+
+    #[test]
+    fn a_qemu_older_than_8_2_offers_the_vm_tier_without_copy_on_write_forks() {
+        assert_eq!(
+            qemu_version(
+                "QEMU emulator version 10.0.2 (Debian 1:10.0.2+ds-2+deb13u1~bpo12+1)\n\
+                 Copyright (c) 2003-2025 Fabrice Bellard and the QEMU Project developers\n"
+            ),
+            Some((10, 0))
+        );
+        assert_eq!(qemu_version("qemu-system-x86_64: no such option"), None);
+        let tool = |line: &str| Tool {
+            path: Some(PathBuf::from("/usr/bin/qemu-system-x86_64")),
+            version: Some(Ok(line.to_owned())),
+        };
+        let kvm = Kvm {
+            device: KvmDevice::Absent,
+            pvm: false,
+            hw_flag: None,
+        };
+        let old = qemu_feature(&tool(
+            "QEMU emulator version 7.2.15 (Debian 1:7.2+dfsg-7+deb12u18)",
+        ));
+        assert_eq!(old.status, Status::Degraded);
+        assert!(old.fix.unwrap().contains("bookworm-backports"));
+        let vm = vm_tier_from(old.status, &kvm);
+        assert!(vm.available && !vm.copy_on_write_forks, "{vm:?}");
+        assert!(vm.detail.contains("each load a copy"), "{}", vm.detail);
+        let new = qemu_feature(&tool("QEMU emulator version 8.2.2 (Debian 1:8.2.2+ds-0)"));
+        assert_eq!(new.status, Status::Ok);
+        let vm = vm_tier_from(new.status, &kvm);
+        assert!(vm.available && vm.copy_on_write_forks, "{vm:?}");
+        assert!(vm.detail.contains("copy-on-write"), "{}", vm.detail);
+        let vm = vm_tier_from(Status::Missing, &kvm);
+        assert!(!vm.available && !vm.copy_on_write_forks);
     }
 
     #[test]

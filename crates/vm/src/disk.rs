@@ -150,6 +150,85 @@ pub fn writable(path: &Path, size: u64) -> Result<(), DiskError> {
     mkfs(path, None, size.max(MIN_DISK))
 }
 
+/// Copy a guest's RAM `from` (its memory file, the machine stopped) to a
+/// new file `to` that its forks map: only the pages that hold something
+/// are written, so a page the guest never touched or left zeroed is a
+/// hole (read back as zeros). Readable by all: the forks' QEMUs open it
+/// as uids of their own, handed it as a descriptor (the directory it is
+/// in keeps it from anyone else).
+pub fn copy_memory(from: &Path, to: &Path) -> Result<u64, DiskError> {
+    use std::os::unix::fs::{FileExt, OpenOptionsExt, PermissionsExt};
+    const PAGE: usize = 4096;
+    const CHUNK: usize = 1 << 20;
+    let src = fs::File::open(from).map_err(io_err("open", from))?;
+    let len = src.metadata().map_err(io_err("read", from))?.len();
+    let dst = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o644)
+        .open(to)
+        .map_err(io_err("create", to))?;
+    dst.set_permissions(fs::Permissions::from_mode(0o644))
+        .and_then(|()| dst.set_len(len))
+        .map_err(io_err("size", to))?;
+    let mut buf = vec![0u8; CHUNK];
+    let mut written = 0;
+    for (start, end) in data_ranges(&src, len).map_err(io_err("read", from))? {
+        let mut at = start;
+        while at < end {
+            let n = ((end - at) as usize).min(CHUNK);
+            src.read_exact_at(&mut buf[..n], at)
+                .map_err(io_err("read", from))?;
+            // Runs of pages that are not all zeros, each one write.
+            let mut page = 0;
+            while page < n {
+                let zero = |p: usize| buf[p..(p + PAGE).min(n)].iter().all(|b| *b == 0);
+                if zero(page) {
+                    page += PAGE;
+                    continue;
+                }
+                let run = page;
+                while page < n && !zero(page) {
+                    page += PAGE;
+                }
+                let run_end = page.min(n);
+                dst.write_all_at(&buf[run..run_end], at + run as u64)
+                    .map_err(io_err("write", to))?;
+                written += (run_end - run) as u64;
+            }
+            at += n as u64;
+        }
+    }
+    dst.sync_all().map_err(io_err("write", to))?;
+    Ok(written)
+}
+
+/// The ranges of `file` (of `len` bytes) that hold data, holes skipped.
+fn data_ranges(file: &fs::File, len: u64) -> io::Result<Vec<(u64, u64)>> {
+    use std::os::fd::AsRawFd;
+    let mut ranges = Vec::new();
+    let mut at: i64 = 0;
+    while (at as u64) < len {
+        // SAFETY: lseek on a descriptor we hold.
+        let data = unsafe { libc::lseek(file.as_raw_fd(), at, libc::SEEK_DATA) };
+        if data < 0 {
+            let e = io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::ENXIO) {
+                break; // holes to the end
+            }
+            return Err(e);
+        }
+        // SAFETY: as above.
+        let hole = unsafe { libc::lseek(file.as_raw_fd(), data, libc::SEEK_HOLE) };
+        if hole < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        ranges.push((data as u64, (hole as u64).min(len)));
+        at = hole;
+    }
+    Ok(ranges)
+}
+
 /// Copy the disk `from` to a new file `to`, holes kept: only the blocks
 /// written are read and written (a snapshot's disk, a restore's).
 pub fn copy_sparse(from: &Path, to: &Path) -> Result<(), DiskError> {
@@ -162,24 +241,9 @@ pub fn copy_sparse(from: &Path, to: &Path) -> Result<(), DiskError> {
         .open(to)
         .map_err(io_err("create", to))?;
     dst.set_len(len).map_err(io_err("size", to))?;
-    let mut at: i64 = 0;
-    while (at as u64) < len {
-        // SAFETY: lseek on a descriptor we hold.
-        let data = unsafe { libc::lseek(src.as_raw_fd(), at, libc::SEEK_DATA) };
-        if data < 0 {
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::ENXIO) {
-                break; // holes to the end
-            }
-            return Err(io_err("read", from)(e));
-        }
-        // SAFETY: as above.
-        let hole = unsafe { libc::lseek(src.as_raw_fd(), data, libc::SEEK_HOLE) };
-        if hole < 0 {
-            return Err(io_err("read", from)(io::Error::last_os_error()));
-        }
-        let (mut off_in, mut off_out) = (data, data);
-        while off_in < hole {
+    for (data, hole) in data_ranges(&src, len).map_err(io_err("read", from))? {
+        let (mut off_in, mut off_out) = (data as i64, data as i64);
+        while off_in < hole as i64 {
             // SAFETY: copy_file_range between descriptors we hold, with
             // offsets it advances.
             let n = unsafe {
@@ -188,7 +252,7 @@ pub fn copy_sparse(from: &Path, to: &Path) -> Result<(), DiskError> {
                     &mut off_in,
                     dst.as_raw_fd(),
                     &mut off_out,
-                    (hole - off_in) as usize,
+                    (hole as i64 - off_in) as usize,
                     0,
                 )
             };
@@ -199,7 +263,6 @@ pub fn copy_sparse(from: &Path, to: &Path) -> Result<(), DiskError> {
                 break;
             }
         }
-        at = hole;
     }
     Ok(())
 }

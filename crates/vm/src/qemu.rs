@@ -79,14 +79,40 @@ pub struct Machine<'a> {
     /// (`migrate-incoming` over QMP) instead of booting.
     pub incoming: bool,
     pub network: Network,
+    /// Where the guest's RAM lives.
+    pub ram: Ram,
     /// Where each volume appears in the guest; volume `i`'s image is
     /// open read-write as descriptor [`VOLUME_FD`] + 2`i` and read-only as
     /// the next.
     pub volumes: &'a [String],
 }
 
-/// The descriptor of the first volume's image (after the tap's 8).
-pub const VOLUME_FD: i32 = 9;
+/// The descriptor of the guest's RAM file ([`Ram::Shared`],
+/// [`Ram::CopyOnWrite`]), after the tap's 8.
+pub const RAM_FD: i32 = 9;
+/// The descriptor of the first volume's image (after the RAM's).
+pub const VOLUME_FD: i32 = 10;
+/// The RAM's memory backend: its id names the RAM in a saved machine's
+/// state, so a restore's must be the same.
+const RAM_ID: &str = "brig-ram";
+
+/// Where a guest's RAM lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Ram {
+    /// QEMU's own anonymous memory (`-m` alone): the machines brig made
+    /// before it kept RAM in a file, which their checkpoints' streams
+    /// name, so restoring one makes the same.
+    Anonymous,
+    /// A memory file brig made (a memfd at [`RAM_FD`]), mapped shared: a
+    /// checkpoint copies the RAM from it while the machine is stopped and
+    /// migrates only the devices' state (`x-ignore-shared`).
+    Shared,
+    /// A checkpoint's RAM file at [`RAM_FD`], opened read-only and mapped
+    /// private and writable (`readonly=on,rom=off`, QEMU 8.2 or later):
+    /// forks of one checkpoint share its pages until each writes them.
+    CopyOnWrite,
+}
 
 /// The serial number the guest finds volume `i`'s disk by.
 pub fn volume_serial(i: usize) -> String {
@@ -138,6 +164,23 @@ fn kernel_cmdline(m: &Machine) -> String {
 /// The arguments after `qemu-system-x86_64`.
 pub fn args(m: &Machine) -> Vec<OsString> {
     let dir = |f: &str| m.dir.join(f).display().to_string();
+    let ram = |share: &str| {
+        format!(
+            "memory-backend-file,id={RAM_ID},size={}M,mem-path=/proc/self/fd/{RAM_FD},{share}",
+            m.memory_mib
+        )
+    };
+    let (machine, backend) = match m.ram {
+        Ram::Anonymous => ("q35".to_owned(), None),
+        Ram::Shared => (
+            format!("q35,memory-backend={RAM_ID}"),
+            Some(ram("share=on")),
+        ),
+        Ram::CopyOnWrite => (
+            format!("q35,memory-backend={RAM_ID}"),
+            Some(ram("share=off,readonly=on,rom=off")),
+        ),
+    };
     let mut a: Vec<String> = vec![
         "-name".into(),
         format!("brig-{}", m.name),
@@ -147,7 +190,7 @@ pub fn args(m: &Machine) -> Vec<OsString> {
         "-no-user-config".into(),
         "-nographic".into(),
         "-machine".into(),
-        "q35".into(),
+        machine,
         "-accel".into(),
         match m.accel {
             Accelerator::Kvm => "kvm".into(),
@@ -156,6 +199,9 @@ pub fn args(m: &Machine) -> Vec<OsString> {
     ];
     if m.accel == Accelerator::Kvm {
         a.extend(["-cpu".into(), "host".into()]);
+    }
+    if let Some(backend) = backend {
+        a.extend(["-object".into(), backend]);
     }
     a.extend([
         "-m".into(),
@@ -266,6 +312,7 @@ mod tests {
             hostname: "x",
             incoming: false,
             network,
+            ram: Ram::Shared,
             volumes: &[],
         }
     }
@@ -296,6 +343,38 @@ mod tests {
             .any(|x| x.contains("readonly=on,file=/proc/self/fd/5")));
         assert!(!a.contains(&"-cpu".to_owned()));
         assert!(!a.iter().any(|x| x.contains("virtio-net")), "no NIC");
+        assert_eq!(after("-machine"), "q35,memory-backend=brig-ram");
+        assert_eq!(
+            after("-object"),
+            "memory-backend-file,id=brig-ram,size=384M,mem-path=/proc/self/fd/9,share=on"
+        );
+    }
+
+    #[test]
+    fn a_fork_maps_its_checkpoints_ram_private_and_an_old_machine_has_none() {
+        let dir = PathBuf::from("/run/brig/vm/x");
+        let disk = dir.join("disk.ext4");
+        let mut m = machine(&dir, &disk, 1, Network::None);
+        m.ram = Ram::CopyOnWrite;
+        let a: Vec<String> = args(&m)
+            .into_iter()
+            .map(|s| s.into_string().unwrap())
+            .collect();
+        let object = &a[a.iter().position(|x| x == "-object").unwrap() + 1];
+        assert!(
+            object.ends_with("mem-path=/proc/self/fd/9,share=off,readonly=on,rom=off"),
+            "{object}"
+        );
+        m.ram = Ram::Anonymous;
+        let a: Vec<String> = args(&m)
+            .into_iter()
+            .map(|s| s.into_string().unwrap())
+            .collect();
+        assert!(!a.contains(&"-object".to_owned()));
+        assert_eq!(
+            a[a.iter().position(|x| x == "-machine").unwrap() + 1],
+            "q35"
+        );
     }
 
     #[test]

@@ -35,7 +35,7 @@
 use std::fs::{self, File};
 use std::io::ErrorKind;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -96,6 +96,10 @@ pub struct Guest {
 pub struct VmTier {
     qemu: PathBuf,
     accel: Accelerator,
+    /// Forks map their checkpoint's RAM copy-on-write: QEMU is 8.2 or
+    /// later (`rom=off`). Older, every guest's RAM is QEMU's own, and a
+    /// restore loads a copy of it from the checkpoint's stream.
+    copy_on_write: bool,
     /// Where the kernel, the initramfs, images and disks live.
     home: PathBuf,
     agent: PathBuf,
@@ -150,7 +154,7 @@ impl VmTier {
                 "brig runs QEMU as a uid of its own per guest, which needs root",
             ));
         }
-        let probed = brig_host::probe::vm_tier();
+        let probed = brig_host::probe::vm_tier(&config.qemu);
         let accel = Accelerator::detect(probed.accel).ok_or_else(|| unavailable(probed.detail))?;
         let hierarchy = Hierarchy::detect().map_err(|e| unavailable(e.to_string()))?;
         let home = config.home;
@@ -163,6 +167,7 @@ impl VmTier {
         let tier = VmTier {
             qemu: config.qemu,
             accel,
+            copy_on_write: probed.copy_on_write_forks,
             home: home.clone(),
             agent: config.agent,
             guest: OnceLock::new(),
@@ -201,6 +206,12 @@ impl VmTier {
     /// How guests run here: `kvm` or `tcg`.
     pub fn accel(&self) -> Accelerator {
         self.accel
+    }
+
+    /// Whether forks of one checkpoint share its RAM copy-on-write (QEMU
+    /// 8.2 or later), or each loads a copy.
+    pub fn copy_on_write(&self) -> bool {
+        self.copy_on_write
     }
 
     /// The guest kernel (fetched from Debian's archive the first time:
@@ -382,6 +393,36 @@ impl VmTier {
             )));
         }
 
+        // Where its RAM lives: a memory file of its own, mapped shared
+        // (its checkpoints copy the RAM from it), or, for a fork, its
+        // checkpoint's RAM file mapped private. A QEMU older than 8.2
+        // keeps RAM of its own, as do restores of the checkpoints it made.
+        let (ram, ram_file) = match (from.map(|s| s.ram), self.copy_on_write) {
+            (Some(SavedRam::Apart), false) => {
+                return Err(TierError::Unsupported {
+                    tier: Isolation::Vm,
+                    op: "restore this snapshot",
+                    reason: "it keeps the machine's RAM in a file of its own, which this host's \
+                             QEMU cannot map (it needs QEMU 8.2 or later): install a newer QEMU \
+                             (Debian 12: bookworm-backports)"
+                        .into(),
+                });
+            }
+            (Some(SavedRam::Apart), true) => (
+                qemu::Ram::CopyOnWrite,
+                Some(
+                    File::open(from.map_or_else(PathBuf::new, |s| s.dir.join(SAVED_RAM)))
+                        .and_then(|f| high_dup(&f))
+                        .map_err(io("open its snapshot's RAM"))?,
+                ),
+            ),
+            (Some(SavedRam::InStream), _) | (None, true) => (
+                qemu::Ram::Shared,
+                Some(memory_file(id, memory).map_err(io("make its memory file"))?),
+            ),
+            (Some(SavedRam::Anonymous), _) | (None, false) => (qemu::Ram::Anonymous, None),
+        };
+
         // 2. The disks: the template's image (shared, read-only), the
         //    sandbox's writable one.
         let image = {
@@ -502,6 +543,7 @@ impl VmTier {
             hostname: id.as_str(),
             incoming: from.is_some(),
             network,
+            ram,
             volumes: &volume_paths,
         };
         // What QEMU says (why it refused to start) goes to its log.
@@ -524,6 +566,7 @@ impl VmTier {
             netns.as_deref().map(AsRawFd::as_raw_fd),
             tap.as_ref().map(AsRawFd::as_raw_fd),
         );
+        let ram_fd = ram_file.as_ref().map(AsRawFd::as_raw_fd);
         let kvm_gid = (self.accel == Accelerator::Kvm)
             .then(|| fs::metadata("/dev/kvm").ok().map(|m| m.gid()))
             .flatten();
@@ -531,7 +574,9 @@ impl VmTier {
         // only async-signal-safe system calls on data built before the
         // fork (descriptors, integers); it allocates nothing.
         unsafe {
-            cmd.pre_exec(move || confine(&procs_fds, &fds, &volume_fds, net_fds, uid, kvm_gid));
+            cmd.pre_exec(move || {
+                confine(&procs_fds, &fds, ram_fd, &volume_fds, net_fds, uid, kvm_gid)
+            });
         }
         // The child forks QEMU and exits at once (`confine`): QEMU is
         // parented by nobody brig runs.
@@ -539,6 +584,7 @@ impl VmTier {
         // QEMU holds the tap now: brig's copy goes (the device goes with
         // QEMU's).
         drop((kernel, initrd, root, own, rw, procs, tap, netns, volumes));
+        drop(ram_file);
         if !status.success() {
             return Err(TierError::failed(id, "start QEMU", status.to_string()));
         }
@@ -592,8 +638,8 @@ impl VmTier {
 }
 
 /// Between fork and exec: join the groups, take the shared files as
-/// descriptors 3–5, the sandbox's directory as 6, its disk as 7 and its
-/// tap (if it has one) as 8, enter the sandbox's network namespace (or,
+/// descriptors 3–5, the sandbox's directory as 6, its disk as 7, its tap
+/// (if it has one) as 8, its RAM's file (if it has one) as 9, enter the sandbox's network namespace (or,
 /// with none, a new empty one: QEMU never sees the host's network), fork
 /// once more (QEMU must not be brig's child), leave brig's session,
 /// become `uid` (no supplementary groups but /dev/kvm's where KVM is
@@ -601,6 +647,7 @@ impl VmTier {
 fn confine(
     procs: &[RawFd],
     fds: &[RawFd; 5],
+    ram: Option<RawFd>,
     volumes: &[RawFd],
     (netns, tap): (Option<RawFd>, Option<RawFd>),
     uid: u32,
@@ -629,8 +676,12 @@ fn confine(
         // SAFETY: as above.
         check(unsafe { libc::dup2(tap, 8) })?;
     }
+    if let Some(ram) = ram {
+        // SAFETY: as above.
+        check(unsafe { libc::dup2(ram, qemu::RAM_FD) })?;
+    }
     for (i, &fd) in volumes.iter().enumerate() {
-        // SAFETY: as above (at most 16 volumes, two each: 9..=40, below
+        // SAFETY: as above (at most 16 volumes, two each: 10..=41, below
         // 100).
         check(unsafe { libc::dup2(fd, qemu::VOLUME_FD + i as RawFd) })?;
     }
@@ -679,6 +730,35 @@ fn wait_for_pid(file: &Path) -> Option<libc::pid_t> {
         }
         std::thread::sleep(Duration::from_millis(2));
     }
+}
+
+/// Whether a migration leaves out the RAM in shared memory files
+/// (`x-ignore-shared`): a checkpoint whose RAM is kept apart, on both
+/// sides.
+fn ignore_shared(q: &mut Qmp, on: bool) -> Result<serde_json::Value, crate::qmp::QmpError> {
+    q.execute(
+        "migrate-set-capabilities",
+        Some(serde_json::json!({
+            "capabilities": [{ "capability": "x-ignore-shared", "state": on }]
+        })),
+    )
+}
+
+/// A guest's RAM: an empty memory file of `bytes` (its pages are charged
+/// to the memory group of the QEMU that touches them), at descriptor 100
+/// or above.
+fn memory_file(id: &SandboxId, bytes: u64) -> std::io::Result<OwnedFd> {
+    let name = std::ffi::CString::new(format!("brig-ram-{id}")).unwrap_or_default();
+    // SAFETY: memfd_create with a NUL-terminated name; the result is
+    // checked.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a descriptor the kernel just returned, owned here alone.
+    let file = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    file.set_len(bytes)?;
+    high_dup(&file)
 }
 
 /// A copy of `f` at descriptor 100 or above, close-on-exec.
@@ -888,6 +968,9 @@ impl VmTier {
 const SAVED_MEMORY: &str = "memory";
 const SAVED_DISK: &str = "disk.ext4";
 const SAVED_MACHINE: &str = "machine.json";
+/// The machine's RAM, where it is kept apart from the stream
+/// ([`SavedRam::Apart`]): mapped by each restore, shared until written.
+const SAVED_RAM: &str = "ram";
 /// The most vCPUs a saved machine may name.
 const MAX_CPUS: u32 = 64;
 /// How long saving or loading a machine's state may take (TCG, a loaded
@@ -904,8 +987,29 @@ struct Saved {
     /// It has a network device (a restore must have one too).
     #[serde(default)]
     nic: bool,
+    /// Where its RAM is.
+    #[serde(default)]
+    ram: SavedRam,
     #[serde(skip)]
     dir: PathBuf,
+}
+
+/// Where a checkpoint keeps the machine's RAM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+enum SavedRam {
+    /// In the stream, of a machine whose RAM was QEMU's own
+    /// ([`qemu::Ram::Anonymous`]): a QEMU older than 8.2, or brig before
+    /// it kept RAM apart.
+    #[default]
+    Anonymous,
+    /// In the stream, of a machine whose RAM was a memory backend: a
+    /// checkpoint of a fork (its RAM, mapped private, is not a file brig
+    /// can copy).
+    InStream,
+    /// In [`SAVED_RAM`], copied while the machine was stopped; the stream
+    /// holds the devices' state alone (`x-ignore-shared`).
+    Apart,
 }
 
 impl Saved {
@@ -1144,7 +1248,8 @@ impl VmInstance {
             .map_err(|e| TierError::failed(&self.id, "open its snapshot's memory", e))?;
         let mut q = self.qmp_when_up()?;
         let load = failed("load its snapshot's memory");
-        q.pass_fd("brig-load", std::os::fd::AsFd::as_fd(&memory))
+        ignore_shared(&mut q, saved.ram == SavedRam::Apart)
+            .and_then(|_| q.pass_fd("brig-load", std::os::fd::AsFd::as_fd(&memory)))
             .and_then(|()| {
                 q.execute(
                     "migrate-incoming",
@@ -1200,6 +1305,11 @@ impl VmInstance {
                 cpus,
                 image,
                 nic: args.iter().any(|a| a.starts_with(b"virtio-net-pci")),
+                ram: match args.iter().find(|a| a.starts_with(b"memory-backend-file,")) {
+                    Some(a) if a.ends_with(b",share=on") => SavedRam::Apart,
+                    Some(_) => SavedRam::InStream,
+                    None => SavedRam::Anonymous,
+                },
                 dir: PathBuf::new(),
             }),
             _ => Err(TierError::failed(
@@ -1211,10 +1321,25 @@ impl VmInstance {
     }
 
     /// The machine's state, RAM and disk into `image` (QEMU stopped; see
-    /// [`Instance::checkpoint`]).
+    /// [`Instance::checkpoint`]). A RAM kept in a memory file of brig's
+    /// is copied from it (its pages written, zeros left as holes) and left
+    /// out of the stream.
     fn save(&self, q: &mut Qmp, image: &Path) -> Result<(), TierError> {
         let machine = self.machine()?;
         let io = |op: &'static str| move |e: std::io::Error| TierError::failed(&self.id, op, e);
+        // Only root reads what the guest held (its forks' QEMUs are handed
+        // the files they map).
+        fs::set_permissions(image, fs::Permissions::from_mode(0o700))
+            .map_err(io("keep its checkpoint to root"))?;
+        let apart = machine.ram == SavedRam::Apart;
+        if apart {
+            let from = Path::new("/proc")
+                .join(self.pid.to_string())
+                .join("fd")
+                .join(qemu::RAM_FD.to_string());
+            disk::copy_memory(&from, &image.join(SAVED_RAM))
+                .map_err(|e| TierError::failed(&self.id, "copy its RAM", e))?;
+        }
         let memory = fs::OpenOptions::new()
             .write(true)
             .create_new(true)
@@ -1226,6 +1351,7 @@ impl VmInstance {
             "migrate-set-parameters",
             Some(serde_json::json!({ "max-bandwidth": 1u64 << 40 })),
         )
+        .and_then(|_| ignore_shared(q, apart))
         .and_then(|_| q.pass_fd("brig-save", std::os::fd::AsFd::as_fd(&memory)))
         .and_then(|()| {
             q.execute(

@@ -218,6 +218,37 @@ fn beat(conn: &Connection) -> (String, u64) {
     (token.to_owned(), n.parse().unwrap_or(0))
 }
 
+/// What process `pid` maps of `file`: resident KiB, and of those the KiB
+/// another process maps too (`/proc/PID/smaps`).
+fn mapped(pid: u32, file: &Path) -> Option<(u64, u64)> {
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).ok()?;
+    let name = file.to_str()?;
+    let (mut rss, mut shared, mut found, mut inside) = (0, 0, false, false);
+    for line in smaps.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields
+            .first()
+            .is_some_and(|f| f.contains('-') && !f.ends_with(':'))
+        {
+            inside = fields.len() >= 6 && fields[5] == name;
+            found |= inside;
+            continue;
+        }
+        let kib = || {
+            fields
+                .get(1)
+                .and_then(|n| n.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        match fields.first() {
+            Some(&"Rss:") if inside => rss += kib(),
+            Some(&"Shared_Clean:" | &"Shared_Dirty:") if inside => shared += kib(),
+            _ => {}
+        }
+    }
+    found.then_some((rss, shared))
+}
+
 /// The heartbeat rewritten by the loop itself (the file removed first, so
 /// a copy of the old one does not count): its token and a later count.
 fn beats_on(conn: &Connection, token: &str, after: u64) {
@@ -274,6 +305,27 @@ fn a_checkpoint_restores_twice_with_processes_memory_and_own_identities() {
         for f in ["memory", "disk.ext4", "machine.json"] {
             assert!(image.path().join(f).is_file(), "{f} in the checkpoint");
         }
+        let cow = tier.copy_on_write();
+        if cow {
+            // The RAM kept apart, its untouched pages holes; the stream
+            // holds the devices' state alone.
+            use std::os::unix::fs::MetadataExt;
+            let ram = std::fs::metadata(image.path().join("ram")).expect("the RAM's file");
+            assert_eq!(ram.len(), 256 << 20, "the guest's RAM");
+            assert!(ram.blocks() * 512 < ram.len(), "sparse: {ram:?}");
+            let stream = std::fs::metadata(image.path().join("memory"))
+                .unwrap()
+                .len();
+            assert!(stream < 8 << 20, "no RAM in the stream: {stream} bytes");
+            eprintln!(
+                "checkpoint: RAM file {} KiB written of {} KiB, stream {} KiB",
+                ram.blocks() / 2,
+                ram.len() >> 10,
+                stream >> 10
+            );
+        } else {
+            skip("QEMU older than 8.2: forks load copies of the RAM, not checked for sharing");
+        }
         // The parent runs on, its connection too.
         beats_on(&conn, &token, at);
 
@@ -324,6 +376,20 @@ fn a_checkpoint_restores_twice_with_processes_memory_and_own_identities() {
                 "its clock is the host's: {guest} vs {now}"
             );
         }
+        if cow {
+            // Both copies map the checkpoint's RAM file, and share its
+            // pages: what each wrote is its own (the divergence below).
+            let ram = image.path().join("ram").canonicalize().unwrap();
+            for c in &copies {
+                let (rss, shared) = mapped(c.pid().unwrap(), &ram)
+                    .unwrap_or_else(|| panic!("copy maps {}", ram.display()));
+                eprintln!("a copy maps {rss} KiB of the checkpoint's RAM, {shared} KiB shared");
+                assert!(
+                    shared >= 8 << 10,
+                    "pages shared with the other copy: {shared} of {rss} KiB"
+                );
+            }
+        }
         machine_ids.sort();
         machine_ids.dedup();
         assert_eq!(machine_ids.len(), 3, "three machine ids: {machine_ids:?}");
@@ -344,6 +410,23 @@ fn a_checkpoint_restores_twice_with_processes_memory_and_own_identities() {
         }
         let (out, _) = sh(&conns[0], "cat /root/only-a /dev/shm/only-a");
         assert_eq!(out, "a\na\n");
+
+        // A copy's own checkpoint (its RAM, mapped private, goes in the
+        // stream) restores with what it held.
+        let of_copy = tempfile::tempdir().unwrap();
+        copies[1]
+            .checkpoint(of_copy.path())
+            .expect("checkpoint a copy");
+        let grandchild_id = SandboxId::from_random(rand::random());
+        let grandchild = tier
+            .restore(&launch(&grandchild_id), of_copy.path())
+            .expect("restore a copy's checkpoint");
+        let c = Connection::new(grandchild.connect_agent().unwrap()).expect("handshake");
+        beats_on(&c, &token, at);
+        let pid = grandchild.pid().unwrap();
+        grandchild.kill();
+        grandchild.wait().unwrap();
+        assert_gone(&grandchild_id, pid);
 
         // A paused guest's checkpoint leaves it paused; it resumes.
         parent.pause().unwrap();
