@@ -12,20 +12,30 @@ alternates between rounds:
 
   brig   a vm sandbox (the test rootfs, 512 MiB, network none) holding M;
          `POST /v1/sandboxes/{id}/snapshots` = "snapshot" (QMP stop, the
-         machine migrated to a file through a passed descriptor, the disk
-         copied sparse, cont); `POST /v1/sandboxes` from it until its first
-         exec ends = "restore" (the disk copied, QEMU -incoming, the state
-         loaded, cont, the guest's identity renewed, the agent's
-         handshake); `POST /v1/sandboxes/{id}/fork` count N = "fork xN".
+         RAM copied from the guest's memory file with its zero pages left
+         as holes, the devices' state migrated to a file through a passed
+         descriptor (`x-ignore-shared`), the disk copied sparse, cont);
+         `POST /v1/sandboxes` from it until its first exec ends = "restore"
+         (the disk copied, QEMU -incoming with the snapshot's RAM mapped
+         private, the state loaded, cont, the guest's identity renewed,
+         the agent's handshake); `POST /v1/sandboxes/{id}/fork` count N =
+         "fork xN"; then an exec in each fork and the mean PSS of the
+         forks' QEMUs = "fork PSS" (what a fork costs in memory, its share
+         of the pages the forks map together counted once among them).
   qemu   the peer: qemu-system-x86_64 started by hand with brig's machine
-         (kernel, initramfs, template image, devices, 512 MiB), restored
-         from a brig snapshot of a guest holding M (made once per size,
-         untimed): its disk copied sparse, `-incoming defer`,
-         `migrate-incoming` through a passed descriptor, `cont`, until the
-         guest's agent answers a Hello = "restore"; then on that guest
-         `stop`, `migrate` to a file through a descriptor, the disk copied,
-         `cont` = "snapshot"; "fork xN" = a snapshot and N restores.
+         (kernel, initramfs, template image, devices, 512 MiB) doing the
+         same, from a brig snapshot of a guest holding M (made once per
+         size, untimed): its disk copied sparse, the RAM file mapped
+         private (`memory-backend-file,readonly=on,rom=off`), `-incoming
+         defer`, `migrate-incoming` of the state through a descriptor,
+         `cont`, until the guest's agent answers a Hello = "restore"; on a
+         guest restored with its RAM copied into a memfd of its own
+         (untimed), `stop`, its RAM copied (`cp --sparse=always`), the state
+         migrated to a file, the disk copied, `cont` = "snapshot"; "fork
+         xN" = a snapshot and N restores; "fork PSS" as for brig (the peer
+         runs no exec: its forks touch less).
 
+Needs QEMU 8.2 or later (the RAM mapped private from a read-only file).
 Prints medians per size and the ratios brig/qemu. Raw samples land in
 --out (default target/bench/vm-snapshot-<time>/samples.json). Needs root,
 QEMU and the test rootfs (BRIG_TEST_ROOTFS). See bench/README.md.
@@ -37,6 +47,7 @@ import os
 import random
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -97,19 +108,53 @@ def sparse_copy(src, dst):
     subprocess.run(["cp", "--sparse=always", str(src), str(dst)], check=True)
 
 
+def pss_mib(pid):
+    """The proportional set size of process `pid`, in MiB: its private
+    pages, and its share of those it maps with others."""
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
 class Peer:
-    """Bare QEMUs of brig's machine, restored from and saved to files."""
+    """Bare QEMUs of brig's machine doing what brig's snapshots do: the
+    RAM in a file of its own, apart from the devices' state
+    (`x-ignore-shared`); a restore maps the RAM file private
+    (`readonly=on,rom=off`) and loads the state; a snapshot copies a
+    guest's RAM from its memory file (a memfd, mapped shared) and saves
+    the state."""
 
     def __init__(self, qemu, kernel, initramfs, image, scratch, accel):
         self.qemu, self.kernel, self.initramfs, self.image = qemu, kernel, initramfs, image
         self.scratch, self.accel = scratch, accel
         self.procs = []
 
-    def restore(self, memory, disk):
+    def restore(self, base, shared=False):
+        """A guest from the snapshot in `base`: its RAM mapped private, or
+        (`shared`) copied into a memfd of its own that a snapshot can copy
+        from. Returns its QMP session, directory and process."""
         d = Path(tempfile.mkdtemp(dir=self.scratch))
-        sparse_copy(disk, d / "disk.ext4")
-        args = [self.qemu, "-nodefaults", "-no-user-config", "-nographic", "-machine", "q35",
+        sparse_copy(base / "disk.ext4", d / "disk.ext4")
+        mib = int(MEMORY.rstrip("M"))
+        if shared:
+            ram = os.memfd_create("peer-ram")
+            with open(base / "ram", "rb") as f:
+                while chunk := f.read(1 << 20):
+                    if chunk.count(0) == len(chunk):
+                        os.lseek(ram, len(chunk), os.SEEK_CUR)
+                    else:
+                        os.write(ram, chunk)
+            os.ftruncate(ram, mib << 20)
+            backend = "share=on"
+        else:
+            ram = os.open(base / "ram", os.O_RDONLY)
+            backend = "share=off,readonly=on,rom=off"
+        args = [self.qemu, "-nodefaults", "-no-user-config", "-nographic",
+                "-machine", "q35,memory-backend=brig-ram",
                 "-accel", "kvm" if self.accel == "kvm" else "tcg,tb-size=64",
+                "-object", f"memory-backend-file,id=brig-ram,size={mib}M,"
+                           f"mem-path=/proc/self/fd/{ram},{backend}",
                 "-m", MEMORY, "-smp", "1",
                 "-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny",
                 "-kernel", str(self.kernel), "-initrd", str(self.initramfs),
@@ -127,10 +172,13 @@ class Peer:
         if self.accel == "kvm":
             args[args.index("-m"):args.index("-m")] = ["-cpu", "host"]
         p = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
+                             stderr=subprocess.DEVNULL, pass_fds=[ram])
+        os.close(ram)
         self.procs.append(p)
         q = Qmp(d / "qmp.sock")
-        with open(memory, "rb") as f:
+        q.run("migrate-set-capabilities",
+              capabilities=[{"capability": "x-ignore-shared", "state": True}])
+        with open(base / "memory", "rb") as f:
             q.run("getfd", fd=f.fileno(), fdname="in")
         q.run("migrate-incoming", uri="fd:in")
         q.migrated()
@@ -147,12 +195,19 @@ class Peer:
                 raise SystemExit("the restored guest hung up before its Ready")
             got += chunk
         s.close()
-        return q, d
+        return q, d, p
 
-    def snapshot(self, q, d):
+    def snapshot(self, q, d, p):
+        """Of a guest restored `shared`: stopped, its RAM copied from its
+        memfd (zero pages left as holes), the state saved, the disk copied."""
         out = Path(tempfile.mkdtemp(dir=self.scratch))
         q.run("stop")
         q.run("migrate-set-parameters", **{"max-bandwidth": 1 << 40})
+        ram = next(f"/proc/{p.pid}/fd/{fd}" for fd in os.listdir(f"/proc/{p.pid}/fd")
+                   if os.readlink(f"/proc/{p.pid}/fd/{fd}").startswith("/memfd:peer-ram"))
+        sparse_copy(ram, out / "ram")
+        with open(out / "ram", "rb+") as f:
+            os.fsync(f.fileno())
         with open(out / "memory", "wb") as f:
             q.run("getfd", fd=f.fileno(), fdname="out")
             q.run("migrate", uri="fd:out")
@@ -200,29 +255,44 @@ def brig_round(d, template, mib, forks):
     ids = [f["sandbox"]["id"] for f in made if "sandbox" in f]
     if len(ids) != forks:
         raise SystemExit(f"fork made {len(ids)} of {forks}: {made}")
+    for sid in ids:
+        d.exec_true(sid)
+    pss = sum(pss_mib(qemu_pid(sid)) for sid in ids) / forks
     for sid in ids + [parent]:
         d.call("DELETE", f"/v1/sandboxes/{sid}")
     d.call("DELETE", f"/v1/snapshots/{snap['id']}")
-    return snapshot, restore, fork
+    return snapshot, restore, fork, pss
+
+
+def qemu_pid(sid):
+    """The QEMU of brig's vm sandbox `sid` (its state file's second line)."""
+    state = Path("/run/brig/vm", sid, "state").read_text().splitlines()
+    return int(state[1].split()[0])
 
 
 def peer_round(peer, base, forks):
     t0 = time.perf_counter()
-    q, d = peer.restore(base / "memory", base / "disk.ext4")
+    q, d, p = peer.restore(base)
     restore = time.perf_counter() - t0
+    q.close()
+    # A guest whose RAM a snapshot can copy (untimed: made as brig's
+    # parent is booted).
+    q, d, p = peer.restore(base, shared=True)
     t0 = time.perf_counter()
-    out = peer.snapshot(q, d)
+    out = peer.snapshot(q, d, p)
     snapshot = time.perf_counter() - t0
     t0 = time.perf_counter()
-    out2 = peer.snapshot(q, d)
-    for _ in range(forks):
-        peer.restore(out2 / "memory", out2 / "disk.ext4")[0].close()
+    out2 = peer.snapshot(q, d, p)
+    copies = [peer.restore(out2) for _ in range(forks)]
     fork = time.perf_counter() - t0
+    pss = sum(pss_mib(c[2].pid) for c in copies) / forks
+    for c in copies:
+        c[0].close()
     q.close()
     peer.end()
     shutil.rmtree(out, ignore_errors=True)
     shutil.rmtree(out2, ignore_errors=True)
-    return snapshot, restore, fork
+    return snapshot, restore, fork, pss
 
 
 def main():
@@ -248,6 +318,9 @@ def main():
         vm = info["tiers"]["vm"]
         if "vm" not in info.get("offered", []):
             raise SystemExit(f"the daemon offers no vm tier: {info['tiers']}")
+        if not vm.get("copy_on_write_forks"):
+            raise SystemExit("this QEMU is older than 8.2: its forks load copies of the RAM, and "
+                             "the peer cannot map it private (install QEMU 8.2 or later)")
         accel = "kvm" if vm["accel"] == "kvm" else "tcg"
         log(f"vm tier: {vm['detail']}")
         version = (VM_HOME / "kernel/current").read_text().strip()
@@ -257,7 +330,9 @@ def main():
             parent = brig_parent(d, template, size)
             snap = json.loads(d.call("POST", f"/v1/sandboxes/{parent}/snapshots", {}))
             base = scratch / f"base-{size}"
-            shutil.copytree(Path(home, "checkpoints", snap["id"], "image"), base)
+            subprocess.run(["cp", "-r", "--sparse=always",
+                            str(Path(home, "checkpoints", snap["id"], "image")), str(base)],
+                           check=True)
             d.call("DELETE", f"/v1/sandboxes/{parent}")
             d.call("DELETE", f"/v1/snapshots/{snap['id']}")
             machine = json.loads((base / "machine.json").read_text())
@@ -266,9 +341,10 @@ def main():
             peer = Peer(qemu, kernel, initramfs, VM_HOME / "images" / machine["image"], scratch,
                         accel)
             s = samples[size] = {k: [] for k in
-                                 ("brig_snapshot", "brig_restore", "brig_fork",
-                                  "qemu_snapshot", "qemu_restore", "qemu_fork")}
+                                 ("brig_snapshot", "brig_restore", "brig_fork", "brig_pss",
+                                  "qemu_snapshot", "qemu_restore", "qemu_fork", "qemu_pss")}
             s["stream_bytes"] = (base / "memory").stat().st_size
+            s["ram_bytes"] = (base / "ram").stat().st_blocks * 512
             for r in range(args.rounds):
                 parts = ["brig", "qemu"] if r % 2 == 0 else ["qemu", "brig"]
                 for part in parts:
@@ -276,7 +352,7 @@ def main():
                         got = brig_round(d, template, size, args.forks)
                     else:
                         got = peer_round(peer, base, args.forks)
-                    for k, v in zip(("snapshot", "restore", "fork"), got):
+                    for k, v in zip(("snapshot", "restore", "fork", "pss"), got):
                         s[f"{part}_{k}"].append(v)
                 log(f"{size} MiB: round {r + 1}/{args.rounds}")
             shutil.rmtree(base, ignore_errors=True)
@@ -288,13 +364,18 @@ def main():
     (out / "samples.json").write_text(json.dumps(samples, indent=1))
     lines = [f"vm snapshots: guests under {accel.upper()} ({vm['detail']}), {MEMORY} each; "
              f"kernel {version}; brig {brig}; {args.rounds} rounds, fork x{args.forks}",
-             f"{'held MiB':>9} {'stream MiB':>10} {'':10}{'brig ms':>10}{'qemu ms':>10}{'ratio':>8}"]
+             f"{'held MiB':>9} {'RAM MiB':>8} {'state KiB':>9} {'':10}{'brig':>10}{'qemu':>10}"
+             f"{'ratio':>8}"]
     for size, s in samples.items():
-        for k in ("snapshot", "restore", "fork"):
-            b, q = ms(s[f"brig_{k}"]), ms(s[f"qemu_{k}"])
-            label = k if k != "fork" else f"fork x{args.forks}"
-            lines.append(f"{size:>9} {s['stream_bytes'] / 2**20:>10.0f} {label:10}"
-                         f"{b:10.0f}{q:10.0f}{b / q:7.2f}x")
+        for k in ("snapshot", "restore", "fork", "pss"):
+            if k == "pss":
+                b, q = statistics.median(s["brig_pss"]), statistics.median(s["qemu_pss"])
+                label, unit = "fork PSS", "MiB"
+            else:
+                b, q = ms(s[f"brig_{k}"]), ms(s[f"qemu_{k}"])
+                label, unit = (k if k != "fork" else f"fork x{args.forks}"), "ms"
+            lines.append(f"{size:>9} {s['ram_bytes'] / 2**20:>8.0f} {s['stream_bytes'] / 1024:>9.0f}"
+                         f" {label:10}{b:7.0f} {unit}{q:7.0f} {unit}{b / q:7.2f}x")
     (out / "summary.txt").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
