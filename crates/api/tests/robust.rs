@@ -259,9 +259,10 @@ async fn a_slow_reader_pauses_the_process_not_the_daemon() {
     let f = fixture(|_| {});
     let addr = serve(&f).await;
     let id = create(&f, "{}").await;
-    // Counts the 64 KiB blocks it managed to write to stdout.
-    let script =
-        "n=0; while :; do head -c 65536 /dev/zero; n=$((n+1)); echo $n > /tmp/blocks; done";
+    // Counts the 64 KiB blocks it managed to write to stdout (the count
+    // renamed into place: a read never finds the file truncated).
+    let script = "n=0; while :; do head -c 65536 /dev/zero; n=$((n+1)); \
+                  echo $n > /tmp/blocks.new; mv /tmp/blocks.new /tmp/blocks; done";
     let (key, id2) = (f.key.clone(), id.clone());
     let peak = Peak::start();
     let (reader, received) = tokio::task::spawn_blocking(move || {

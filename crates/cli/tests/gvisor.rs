@@ -41,6 +41,17 @@ fn ready() -> Option<String> {
     Some(format!("dir:{}", rootfs.display()))
 }
 
+/// The gvisor tier as the shared scenarios (support/tiers.rs) drive it.
+fn tier(template: String) -> support::tiers::TierUnderTest {
+    support::tiers::TierUnderTest {
+        isolation: "gvisor",
+        template,
+        create_args: &[],
+        create_body: json!({"isolation": "gvisor"}),
+        assert_nothing_left,
+    }
+}
+
 /// The host pid of a gvisor sandbox's sandbox process (gVisor's kernel),
 /// from the runsc processes that name it.
 fn runsc_pids(id: &str) -> Vec<u32> {
@@ -366,41 +377,7 @@ fn the_native_api_creates_gvisor_sandboxes_and_refuses_unknown_tiers() {
 #[test]
 fn nothing_is_left_after_a_daemon_crash() {
     let Some(template) = ready() else { return };
-    let home = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start(home.path());
-    let mut ids = Vec::new();
-    for _ in 0..2 {
-        let id = ok(
-            daemon.brig(&["create", "--isolation", "gvisor", "--template", &template]),
-            "create",
-        );
-        ids.push(id.trim().to_string());
-    }
-    daemon.kill9();
-    // Forget one record, as if the daemon had died before writing it: the
-    // sandbox is then a stray to discard.
-    let db = home.path().join("brig.db");
-    let out = Command::new("sqlite3")
-        .arg(&db)
-        .arg(format!("DELETE FROM sandboxes WHERE id = '{}'", ids[1]))
-        .output();
-    let forgot = out.is_ok_and(|o| o.status.success());
-    if !forgot {
-        support::skip("sqlite3 is not installed (apt-get install sqlite3): no stray to discard");
-    }
-    let daemon = Daemon::start(home.path());
-    if forgot {
-        assert_nothing_left(&ids[1]);
-    }
-    let out = ok(
-        daemon.brig(&["exec", &ids[0], "--", "echo", "adopted"]),
-        "exec",
-    );
-    assert_eq!(out, "adopted\n");
-    drop(daemon);
-    for id in &ids {
-        assert_nothing_left(id);
-    }
+    tier(template).nothing_is_left_after_a_daemon_crash();
 }
 
 /// The official E2B Python SDK creates a gvisor sandbox with the metadata
@@ -410,31 +387,7 @@ fn nothing_is_left_after_a_daemon_crash() {
 #[test]
 fn e2b_clients_pick_gvisor_with_a_metadata_key() {
     let Some(template) = ready() else { return };
-    let home = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start_with(
-        home.path(),
-        &[
-            "--e2b",
-            "--e2b-api",
-            "127.0.0.1:0",
-            "--e2b-sandbox",
-            "127.0.0.1:0",
-            "--prepare",
-            "none",
-        ],
-    );
-    let Some(stdout) = daemon.run_tier_sdk(&template, "gvisor", 26) else {
-        return;
-    };
-    // Killed through E2B: nothing of it stays.
-    let id = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("sandbox "))
-        .expect("the script names its sandbox");
-    let ids = [id.to_string()];
-    for id in ids {
-        assert_nothing_left(&id);
-    }
+    tier(template).e2b_clients_pick_it_with_a_metadata_key(26);
 }
 
 /// `brig run --isolation gvisor`: one command under gVisor's kernel on
@@ -677,54 +630,9 @@ fn the_network_policy_and_the_port_proxy_apply_on_gvisor() {
 /// its SIGTERM ends it all without a trace.
 #[test]
 fn a_daemon_killed_mid_create_leaves_nothing_half_made() {
-    let Some(_template) = ready() else { return };
-    for delay_ms in [40u64, 90, 140, 200] {
-        let home = tempfile::tempdir().unwrap();
-        let daemon = Daemon::start(home.path());
-        let (url, key) = (daemon.url.clone(), daemon.key.clone());
-        let creates: Vec<_> = (0..2)
-            .map(|_| {
-                let (url, key) = (url.clone(), key.clone());
-                std::thread::spawn(move || {
-                    let _ = ureq::post(&format!("{url}/v1/sandboxes"))
-                        .set("Authorization", &format!("Bearer {key}"))
-                        .send_json(json!({"isolation": "gvisor"}));
-                })
-            })
-            .collect();
-        std::thread::sleep(Duration::from_millis(delay_ms));
-        daemon.kill9();
-        for c in creates {
-            let _ = c.join();
-        }
-        // What the killed daemon left, by its sandboxes' directories.
-        let owner = format!("{}\n", home.path().join("brig.db").display());
-        let ids: Vec<String> = std::fs::read_dir("/run/brig/gvisor")
-            .map(|d| {
-                d.flatten()
-                    .filter(|e| {
-                        std::fs::read_to_string(e.path().join("state"))
-                            .is_ok_and(|s| s.starts_with(&owner))
-                    })
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .collect()
-            })
-            .unwrap_or_default();
-        let daemon = Daemon::start(home.path());
-        let (_, list) = daemon.call("GET", "/v1/sandboxes", None);
-        // Adopted (answered before the kill) or dead (cut short): none is
-        // left `creating`.
-        for sb in list["items"].as_array().unwrap() {
-            assert!(
-                sb["state"] == "running" || sb["state"] == "dead",
-                "after {delay_ms} ms: {sb}"
-            );
-        }
-        drop(daemon);
-        for id in &ids {
-            assert_nothing_left(id.trim_start_matches('.'));
-        }
-    }
+    let Some(template) = ready() else { return };
+    tier(template)
+        .a_daemon_killed_mid_create_leaves_nothing_half_made(&[40, 90, 140, 200], |_, _| {});
 }
 
 /// An E2B sandbox on gvisor through a `kill -9` of the daemon, with the

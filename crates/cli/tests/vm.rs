@@ -47,6 +47,23 @@ fn ready() -> Option<String> {
     Some(format!("dir:{}", rootfs.display()))
 }
 
+/// The vm tier as the shared scenarios (support/tiers.rs) drive it:
+/// small guests with no network.
+fn tier(template: String) -> support::tiers::TierUnderTest {
+    support::tiers::TierUnderTest {
+        isolation: "vm",
+        create_body: json!({
+            "isolation": "vm",
+            "template": template,
+            "memory": "256M",
+            "network": {"mode": "none"},
+        }),
+        template,
+        create_args: &["--memory", "256M", "--network", "none"],
+        assert_nothing_left,
+    }
+}
+
 /// The pids of the QEMU processes of sandbox `id` (`-name brig-<id>`).
 fn qemu_pids(id: &str) -> Vec<u32> {
     let name = format!("brig-{id}");
@@ -452,36 +469,7 @@ fn the_native_and_e2b_apis_create_vm_sandboxes_with_and_without_a_network() {
 #[test]
 fn nothing_is_left_after_a_daemon_crash() {
     let Some(template) = ready() else { return };
-    let home = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start(home.path());
-    let ids = [
-        create(&daemon, &template, &["--memory", "256M"]),
-        create(&daemon, &template, &["--memory", "256M"]),
-    ];
-    daemon.kill9();
-    // Forget one record, as if the daemon had died before writing it.
-    let db = home.path().join("brig.db");
-    let out = Command::new("sqlite3")
-        .arg(&db)
-        .arg(format!("DELETE FROM sandboxes WHERE id = '{}'", ids[1]))
-        .output();
-    let forgot = out.is_ok_and(|o| o.status.success());
-    if !forgot {
-        support::skip("sqlite3 is not installed (apt-get install sqlite3): no stray to discard");
-    }
-    let daemon = Daemon::start(home.path());
-    if forgot {
-        assert_nothing_left(&ids[1]);
-    }
-    let out = ok(
-        daemon.brig(&["exec", &ids[0], "--", "echo", "adopted"]),
-        "exec",
-    );
-    assert_eq!(out, "adopted\n");
-    drop(daemon);
-    for id in &ids {
-        assert_nothing_left(id);
-    }
+    tier(template).nothing_is_left_after_a_daemon_crash();
 }
 
 /// A daemon killed while guests are being made (their disks made, QEMU
@@ -490,69 +478,19 @@ fn nothing_is_left_after_a_daemon_crash() {
 #[test]
 fn a_daemon_killed_mid_create_leaves_nothing_half_made() {
     let Some(template) = ready() else { return };
-    for delay_ms in [150u64, 1500] {
-        let home = tempfile::tempdir().unwrap();
-        let daemon = Daemon::start(home.path());
-        let (url, key) = (daemon.url.clone(), daemon.key.clone());
-        let creates: Vec<_> = (0..2)
-            .map(|_| {
-                let (url, key, template) = (url.clone(), key.clone(), template.clone());
-                std::thread::spawn(move || {
-                    let _ = ureq::post(&format!("{url}/v1/sandboxes"))
-                        .set("Authorization", &format!("Bearer {key}"))
-                        .send_json(json!({
-                            "isolation": "vm",
-                            "template": template,
-                            "memory": "256M",
-                            "network": {"mode": "none"},
-                        }));
-                })
-            })
-            .collect();
-        std::thread::sleep(Duration::from_millis(delay_ms));
-        daemon.kill9();
-        for c in creates {
-            let _ = c.join();
-        }
-        // What the killed daemon left, by its guests' directories.
-        let owner = format!("{}\n", home.path().join("brig.db").display());
-        let ids: Vec<String> = std::fs::read_dir("/run/brig/vm")
-            .map(|d| {
-                d.flatten()
-                    .filter(|e| {
-                        std::fs::read_to_string(e.path().join("state"))
-                            .is_ok_and(|s| s.starts_with(&owner))
-                    })
-                    .map(|e| {
-                        e.file_name()
-                            .to_string_lossy()
-                            .trim_start_matches('.')
-                            .to_owned()
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        if delay_ms >= 1500 {
-            // Mid-boot: the guests' QEMUs run, their daemon gone.
-            assert_eq!(ids.len(), 2, "after {delay_ms} ms: {ids:?}");
-            assert!(
-                ids.iter().all(|id| qemu_pids(id).len() == 1),
-                "after {delay_ms} ms: no QEMU for some of {ids:?}"
-            );
-        }
-        let daemon = Daemon::start(home.path());
-        let (_, list) = daemon.call("GET", "/v1/sandboxes", None);
-        for sb in list["items"].as_array().unwrap() {
-            assert!(
-                sb["state"] == "running" || sb["state"] == "dead",
-                "after {delay_ms} ms: {sb}"
-            );
-        }
-        drop(daemon);
-        for id in &ids {
-            assert_nothing_left(id);
-        }
-    }
+    tier(template).a_daemon_killed_mid_create_leaves_nothing_half_made(
+        &[150, 1500],
+        |delay_ms, ids| {
+            if delay_ms >= 1500 {
+                // Mid-boot: the guests' QEMUs run, their daemon gone.
+                assert_eq!(ids.len(), 2, "after {delay_ms} ms: {ids:?}");
+                assert!(
+                    ids.iter().all(|id| qemu_pids(id).len() == 1),
+                    "after {delay_ms} ms: no QEMU for some of {ids:?}"
+                );
+            }
+        },
+    );
 }
 
 /// `brig run --isolation vm`: one command in a fresh guest on brig's
@@ -642,27 +580,7 @@ fn brig_run_runs_one_command_in_a_guest() {
 #[test]
 fn e2b_clients_pick_vm_with_a_metadata_key() {
     let Some(template) = ready() else { return };
-    let home = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start_with(
-        home.path(),
-        &[
-            "--e2b",
-            "--e2b-api",
-            "127.0.0.1:0",
-            "--e2b-sandbox",
-            "127.0.0.1:0",
-            "--prepare",
-            "none",
-        ],
-    );
-    let Some(stdout) = daemon.run_tier_sdk(&template, "vm", 26) else {
-        return;
-    };
-    let id = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("sandbox "))
-        .expect("the script names its sandbox");
-    assert_nothing_left(id);
+    tier(template).e2b_clients_pick_it_with_a_metadata_key(26);
 }
 
 /// Memory snapshots of a vm sandbox through the CLI: `snapshot create`

@@ -4,6 +4,8 @@
 //! test needs, the test rootfs).
 #![allow(dead_code, unused_imports)] // each test file uses a different subset
 
+pub mod tiers;
+
 use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
