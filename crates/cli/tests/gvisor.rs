@@ -176,52 +176,8 @@ fn a_gvisor_sandbox_through_the_cli_and_the_api() {
     );
     assert!(out.contains("brig-agent"), "{out}");
 
-    // Exit codes, both streams, stdin.
-    let out = daemon.brig_with_input(
-        &[
-            "exec",
-            "-i",
-            &id,
-            "--",
-            "sh",
-            "-c",
-            "read x; echo out:$x; echo err >&2; exit 7",
-        ],
-        b"in\n",
-    );
-    assert_eq!(out.status.code(), Some(7), "{}", text(&out.stderr));
-    assert_eq!(text(&out.stdout), "out:in\n");
-    assert_eq!(text(&out.stderr), "err\n");
-
-    // Files both ways, through the CLI and the API.
-    let local = home.path().join("blob");
-    let blob: Vec<u8> = (0..=255u8).cycle().take(300_000).collect();
-    std::fs::write(&local, &blob).unwrap();
-    ok(
-        daemon.brig(&["cp", local.to_str().unwrap(), &format!("{id}:/root/blob")]),
-        "cp in",
-    );
-    let out = ok(
-        daemon.brig(&["exec", &id, "--", "sh", "-c", "wc -c < /root/blob"]),
-        "size",
-    );
-    assert_eq!(out.trim(), "300000");
-    let back = home.path().join("back");
-    ok(
-        daemon.brig(&["cp", &format!("{id}:/root/blob"), back.to_str().unwrap()]),
-        "cp out",
-    );
-    assert!(
-        std::fs::read(&back).unwrap() == blob,
-        "the file came back changed"
-    );
-    let (status, list) = daemon.call(
-        "GET",
-        &format!("/v1/sandboxes/{id}/files/list?path=/root"),
-        None,
-    );
-    assert_eq!(status, 200, "{list}");
-    assert!(list.to_string().contains("blob"), "{list}");
+    // Exit codes, both streams, stdin; files both ways.
+    support::tiers::execs_and_files_work(&daemon, &id, home.path());
 
     // Limits and usage: the memory limit is the sandbox's (its kernel's
     // too), usage is read from its cgroups.

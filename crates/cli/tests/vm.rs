@@ -213,49 +213,9 @@ fn a_vm_sandbox_through_the_cli_and_the_api() {
     );
     assert!(pid1.starts_with("/init\0--vm-init"), "{pid1:?}");
 
-    // Exit codes and both streams.
-    let out = daemon.brig(&[
-        "exec",
-        &id,
-        "--",
-        "sh",
-        "-c",
-        "echo out; echo err >&2; exit 7",
-    ]);
-    assert_eq!(out.status.code(), Some(7), "{}", text(&out.stderr));
-    assert_eq!(text(&out.stdout), "out\n");
-    assert_eq!(text(&out.stderr), "err\n");
-
-    // Files both ways, through the CLI and the API; bytes the line's
+    // Exit codes, both streams, stdin; files both ways, bytes the line's
     // packets must escape (0xC0, 0xDB) among them.
-    let local = home.path().join("blob");
-    let blob: Vec<u8> = (0..=255u8).cycle().take(300_000).collect();
-    std::fs::write(&local, &blob).unwrap();
-    ok(
-        daemon.brig(&["cp", local.to_str().unwrap(), &format!("{id}:/root/blob")]),
-        "cp in",
-    );
-    let out = ok(
-        daemon.brig(&["exec", &id, "--", "sh", "-c", "wc -c < /root/blob"]),
-        "size",
-    );
-    assert_eq!(out.trim(), "300000");
-    let back = home.path().join("back");
-    ok(
-        daemon.brig(&["cp", &format!("{id}:/root/blob"), back.to_str().unwrap()]),
-        "cp out",
-    );
-    assert!(
-        std::fs::read(&back).unwrap() == blob,
-        "the file came back changed"
-    );
-    let (status, list) = daemon.call(
-        "GET",
-        &format!("/v1/sandboxes/{id}/files/list?path=/root"),
-        None,
-    );
-    assert_eq!(status, 200, "{list}");
-    assert!(list.to_string().contains("blob"), "{list}");
+    support::tiers::execs_and_files_work(&daemon, &id, home.path());
     // The template is read-only below the writable disk, which --disk
     // bounds.
     let out = daemon.brig(&[

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::{ok, skip, TestDaemon};
+use super::{ok, skip, text, TestDaemon};
 
 /// A tier as its suite drives it.
 pub struct TierUnderTest {
@@ -164,4 +164,55 @@ impl TierUnderTest {
             }
         }
     }
+}
+
+/// In sandbox `id` of `daemon`: an exec's exit code, both streams and its
+/// stdin; a file of 300 kB (every byte value, the ones a vm's line must
+/// escape among them) copied in and out through the CLI and listed
+/// through the API. `scratch`: a host directory for the copies.
+pub fn execs_and_files_work(daemon: &TestDaemon, id: &str, scratch: &std::path::Path) {
+    let out = daemon.brig_with_input(
+        &[
+            "exec",
+            "-i",
+            id,
+            "--",
+            "sh",
+            "-c",
+            "read x; echo out:$x; echo err >&2; exit 7",
+        ],
+        b"in\n",
+    );
+    assert_eq!(out.status.code(), Some(7), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "out:in\n");
+    assert_eq!(text(&out.stderr), "err\n");
+
+    let local = scratch.join("blob");
+    let blob: Vec<u8> = (0..=255u8).cycle().take(300_000).collect();
+    std::fs::write(&local, &blob).unwrap();
+    ok(
+        daemon.brig(&["cp", local.to_str().unwrap(), &format!("{id}:/root/blob")]),
+        "cp in",
+    );
+    let out = ok(
+        daemon.brig(&["exec", id, "--", "sh", "-c", "wc -c < /root/blob"]),
+        "size",
+    );
+    assert_eq!(out.trim(), "300000");
+    let back = scratch.join("back");
+    ok(
+        daemon.brig(&["cp", &format!("{id}:/root/blob"), back.to_str().unwrap()]),
+        "cp out",
+    );
+    assert!(
+        std::fs::read(&back).unwrap() == blob,
+        "the file came back changed"
+    );
+    let (status, list) = daemon.call(
+        "GET",
+        &format!("/v1/sandboxes/{id}/files/list?path=/root"),
+        None,
+    );
+    assert_eq!(status, 200, "{list}");
+    assert!(list.to_string().contains("blob"), "{list}");
 }
