@@ -46,6 +46,10 @@ const MAX_STREAMS: usize = 1024;
 const MAX_EXITED: usize = 64;
 /// File bytes per Data frame when reading.
 const FILE_CHUNK: usize = 256 << 10;
+/// Buffers up to this size are kept across a quiet spell; larger ones are
+/// freed once the connection has been quiet for [`QUIET_MS`].
+const KEEP_WHEN_QUIET: usize = 64 << 10;
+const QUIET_MS: libc::c_int = 2000;
 
 /// Why the connection ended.
 #[derive(Debug)]
@@ -417,7 +421,18 @@ impl Session {
             (-1, g) => g.unwrap_or(-1),
             (f, g) => g.map_or(f, |g| g.min(f)),
         };
-        sys::poll(&mut fds, timeout).map_err(End::Io)?;
+        // A large frame in or out left buffers (and the allocator's heap)
+        // that large: given back once the connection is quiet, not kept
+        // for the sandbox's life.
+        let holding = self.decoder.capacity().max(self.out.capacity()) > KEEP_WHEN_QUIET;
+        let timeout = match timeout {
+            _ if !holding => timeout,
+            -1 => QUIET_MS,
+            t => t.min(QUIET_MS),
+        };
+        if sys::poll(&mut fds, timeout).map_err(End::Io)? == 0 && holding {
+            self.give_back();
+        }
         for (pfd, token) in fds.iter().zip(tokens) {
             if pfd.revents == 0 {
                 continue;
@@ -448,6 +463,20 @@ impl Session {
             self.forward_ready(id, forward::Ready::Failed(event));
         }
         Ok(())
+    }
+
+    /// Free the connection's buffers where they hold nothing, and return
+    /// the allocator's free memory to the kernel.
+    fn give_back(&mut self) {
+        self.decoder.release();
+        if self.out.is_empty() {
+            self.out = Vec::new();
+        }
+        #[cfg(target_env = "gnu")]
+        // SAFETY: malloc_trim only releases free memory of glibc's heap.
+        unsafe {
+            libc::malloc_trim(0);
+        }
     }
 
     fn read_conn(&mut self) -> Result<(), End> {

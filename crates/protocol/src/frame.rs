@@ -571,6 +571,21 @@ impl Decoder {
         self.buf.len() - self.start
     }
 
+    /// The memory the decoder holds now: up to one maximal frame once a
+    /// large frame went through, kept while frames keep coming.
+    pub fn capacity(&self) -> usize {
+        self.buf.capacity()
+    }
+
+    /// Give the buffer's memory back if nothing is buffered (a quiet
+    /// connection): the next push starts small again.
+    pub fn release(&mut self) {
+        if self.buffered() == 0 {
+            self.buf = Vec::new();
+            self.start = 0;
+        }
+    }
+
     /// Whether an error has ended this stream.
     pub fn is_failed(&self) -> bool {
         self.failed.is_some()
@@ -594,6 +609,31 @@ mod tests {
             frame.encode_into(&mut out).unwrap();
         }
         out
+    }
+
+    #[test]
+    fn a_quiet_decoder_gives_its_buffer_back_but_keeps_a_partial_frame() {
+        let mut decoder = Decoder::new();
+        let big = encode(&[Frame {
+            stream: StreamId(3),
+            body: Body::Data(vec![7; 600 << 10]),
+        }]);
+        decoder.push(&big);
+        assert!(decoder.next_frame().unwrap().is_some());
+        assert!(decoder.capacity() >= 600 << 10, "kept after the frame");
+        decoder.release();
+        assert_eq!(decoder.capacity(), 0);
+        // Half a frame is kept, and completes.
+        let small = encode(&[Frame {
+            stream: StreamId(3),
+            body: Body::Data(b"later".to_vec()),
+        }]);
+        decoder.push(&small[..5]);
+        decoder.release();
+        assert_eq!(decoder.buffered(), 5);
+        decoder.push(&small[5..]);
+        let frame = decoder.next_frame().unwrap().unwrap();
+        assert_eq!(frame.body, Body::Data(b"later".to_vec()));
     }
 
     fn drain(decoder: &mut Decoder, into: &mut Vec<Frame>) {
