@@ -393,6 +393,9 @@ impl Relay {
             }
             Packet::Readdress(a) => match sys::set_ipv4(NIC, a.addr, a.gateway) {
                 Ok(()) => {
+                    // A guest booted without an address (a boot snapshot's)
+                    // names no resolver yet.
+                    resolver(a.gateway);
                     let mut out = Vec::new();
                     Packet::Renewed(a.nonce).encode_into(&mut out);
                     let _ = lock(&self.writer).write_all(&out);

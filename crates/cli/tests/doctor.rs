@@ -219,15 +219,35 @@ if [ \"$1\" = help ]; then printf 'kvm\\nptrace\\n'; \
     assert!(runsc["detail"]
         .as_str()
         .is_some_and(|d| d.starts_with("runsc version release-20221219.0 at ")));
+    // Debian 12's own QEMU: the vm tier, without copy-on-write forks or
+    // boot snapshots, and how to get them.
     let qemu = feature(&report, "qemu");
-    assert_eq!(qemu["status"], "ok", "{qemu:#}");
+    assert_eq!(qemu["status"], "degraded", "{qemu:#}");
     assert!(qemu["detail"]
         .as_str()
         .is_some_and(|d| d.contains("QEMU emulator version 7.2.19")));
+    assert!(
+        qemu["fix"]
+            .as_str()
+            .is_some_and(|f| f.contains("bookworm-backports")),
+        "{qemu:#}"
+    );
 
     // With QEMU present the vm tier exists, at whatever acceleration.
     assert_eq!(report["tiers"]["vm"]["available"], true);
     assert_ne!(report["tiers"]["vm"]["accel"], "none");
+    assert_eq!(report["tiers"]["vm"]["copy_on_write_forks"], false);
+
+    fake_tool(
+        dir.path(),
+        "qemu-system-x86_64",
+        "QEMU emulator version 10.0.2 (Debian 1:10.0.2+ds-2+deb13u1~bpo12+1)",
+    );
+    let (report, _) = json_report(Some(&path));
+    let qemu = feature(&report, "qemu");
+    assert_eq!(qemu["status"], "ok", "{qemu:#}");
+    assert_eq!(report["tiers"]["vm"]["available"], true);
+    assert_eq!(report["tiers"]["vm"]["copy_on_write_forks"], true);
     // runsc needs root, and so does the gvisor tier; it runs on the best
     // platform this runsc has.
     assert_eq!(report["tiers"]["gvisor"], is_root());

@@ -2159,9 +2159,11 @@ fn vm_tier_from(qemu: Status, kvm: &Kvm) -> VmTier {
         )
     };
     let forks = if copy_on_write_forks {
-        "forks of a snapshot share its memory copy-on-write"
+        "launches start from a snapshot of a booted guest; forks of a snapshot share its \
+         memory copy-on-write"
     } else {
-        "forks of a snapshot each load a copy of its memory (QEMU older than 8.2)"
+        "every launch boots, and forks of a snapshot each load a copy of its memory (QEMU older \
+         than 8.2)"
     };
     VmTier {
         available,

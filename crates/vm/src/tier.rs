@@ -121,6 +121,10 @@ pub struct VmTier {
     /// once).
     picking: Mutex<()>,
     imaging: Mutex<()>,
+    /// Boot snapshots, `<home>/boots/<machine>` ([`VmTier::booted`]), and
+    /// the lock held while one is made.
+    boots: PathBuf,
+    booting: Mutex<()>,
 }
 
 /// Where to find QEMU: `$BRIG_QEMU`, else `qemu-system-x86_64` on PATH.
@@ -179,8 +183,11 @@ impl VmTier {
             hierarchy,
             picking: Mutex::new(()),
             imaging: Mutex::new(()),
+            boots: home.join("boots"),
+            booting: Mutex::new(()),
         };
         tier.discard_orphans();
+        tier.forget_stale_boots();
         Ok(tier)
     }
 
@@ -368,6 +375,7 @@ impl VmTier {
         dir: &Path,
         uid: u32,
         from: Option<&Saved>,
+        unplugged_nic: bool,
     ) -> Result<VmInstance, TierError> {
         let id = &launch.id;
         let io = |op: &'static str| move |e: std::io::Error| TierError::failed(id, op, e);
@@ -488,7 +496,7 @@ impl VmTier {
                 };
                 (Some(ns), Some(nic.tap), network)
             }
-            (None, Some(s)) if s.nic => {
+            (None, from) if from.map_or(unplugged_nic, |s| s.nic) => {
                 let (ns, tap) = crate::net::unplugged()
                     .map_err(io("give the guest its (unconnected) network device"))?;
                 (Some(Arc::new(ns)), Some(tap), qemu::Network::Unplugged)
@@ -926,6 +934,19 @@ impl VmTier {
         launch: &Launch,
         from: Option<&Saved>,
     ) -> Result<Box<dyn Instance>, TierError> {
+        self.create_with(launch, from, false)
+            .map(|i| Box::new(i) as Box<dyn Instance>)
+    }
+
+    /// [`create`](VmTier::create), and a booted guest given a network
+    /// device on nothing where `unplugged_nic` (a boot snapshot's, whose
+    /// restores are given their networks).
+    fn create_with(
+        &self,
+        launch: &Launch,
+        from: Option<&Saved>,
+        unplugged_nic: bool,
+    ) -> Result<VmInstance, TierError> {
         if !launch.volumes.is_empty() && from.is_some() {
             return Err(TierError::Unsupported {
                 tier: Isolation::Vm,
@@ -952,12 +973,154 @@ impl VmTier {
         }
         let started = self
             .make_dir(&launch.id, &dir)
-            .and_then(|uid| self.start(launch, &dir, uid, from));
+            .and_then(|uid| self.start(launch, &dir, uid, from, unplugged_nic));
         match started {
-            Ok(instance) => Ok(Box::new(instance)),
+            Ok(instance) => Ok(instance),
             Err(e) => {
                 let _ = self.discard(&launch.id);
                 Err(e)
+            }
+        }
+    }
+}
+
+/// How long a boot snapshot no launch used is kept.
+const BOOT_KEPT: Duration = Duration::from_secs(24 * 3600);
+
+impl VmTier {
+    /// The boot snapshot `launch` starts from: a checkpoint of a guest of
+    /// the same machine (template image, kernel and initramfs, RAM, vCPUs,
+    /// disk size, a network device or none, QEMU) taken just after it
+    /// booted, before anyone used it. Made the first time a machine is
+    /// launched: a guest of no sandbox's (its own host name, no network,
+    /// its device on nothing) is booted, checkpointed and ended. Every
+    /// later launch is a restore in a fraction of a boot: the saved state
+    /// and RAM loaded into a memory file of its own (so that its own
+    /// checkpoints keep their RAM apart and their forks share it), its
+    /// identity and address renewed (`load`).
+    /// `None` with a QEMU older than 8.2 (whose guests' RAM is QEMU's
+    /// own: the machines' state is kept as it always was), or volumes
+    /// (disks of their own, which a restored machine cannot have).
+    fn booted(&self, launch: &Launch) -> Result<Option<Saved>, TierError> {
+        if !self.copy_on_write || !launch.volumes.is_empty() {
+            return Ok(None);
+        }
+        let guest = self.guest()?;
+        let image = {
+            let _held = lock(&self.imaging);
+            disk::template_image(&self.images, &launch.template)
+                .map_err(|e| TierError::failed(&launch.id, "make its template's disk image", e))?
+        };
+        let machine = {
+            use std::hash::{Hash, Hasher};
+            let qemu = fs::metadata(&self.qemu).map_or((0, 0), |m| (m.len(), m.mtime()));
+            let mut h = std::hash::DefaultHasher::new();
+            (
+                &guest.kernel.version,
+                guest.initramfs.file_name(),
+                image.file_name(),
+                launch.limits.memory.bytes(),
+                launch.limits.cpus.map_or(1, |c| c.ceil().max(1.0) as u32),
+                launch.limits.disk.bytes(),
+                matches!(launch.network, NetworkAttachment::Namespace(_)),
+                self.accel.as_str(),
+                qemu,
+            )
+                .hash(&mut h);
+            format!("{:016x}", h.finish())
+        };
+        let dir = self.boots.join(&machine);
+        let used = |saved: Saved| {
+            // Kept while launches use it (`forget_stale_boots`).
+            let _ = File::open(dir.join(SAVED_MACHINE))
+                .and_then(|f| f.set_modified(std::time::SystemTime::now()));
+            Some(saved)
+        };
+        // Its RAM in the stream, as `checkpoint_as` keeps it here.
+        let read = || {
+            Saved::read(&dir)
+                .ok()
+                .filter(|s| s.ram == SavedRam::InStream)
+        };
+        if let Some(saved) = read() {
+            return Ok(used(saved));
+        }
+        let io = |op: &'static str| move |e: std::io::Error| TierError::failed(&launch.id, op, e);
+        // One maker at a time, in this daemon and any other sharing the
+        // home (a lock file's flock, released as it closes).
+        let _held = lock(&self.booting);
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&self.boots)
+            .map_err(io("make the boot snapshots' directory"))?;
+        let lock_file =
+            File::create(self.boots.join(".lock")).map_err(io("lock the boot snapshots"))?;
+        // SAFETY: flock on a descriptor we hold.
+        if unsafe { libc::flock(lock_file.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(io("lock the boot snapshots")(
+                std::io::Error::last_os_error(),
+            ));
+        }
+        if let Some(saved) = read() {
+            return Ok(used(saved));
+        }
+        // One of another kind (an older brig's) is made again.
+        let _ = fs::remove_dir_all(&dir);
+        let aside = self
+            .boots
+            .join(format!(".{machine}-{:08x}", rand::random::<u32>()));
+        fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&aside)
+            .map_err(io("make its boot snapshot's directory"))?;
+        let neutral = Launch {
+            id: SandboxId::from_random(rand::random()),
+            template: launch.template.clone(),
+            limits: launch.limits.clone(),
+            allow_setuid: launch.allow_setuid,
+            network: NetworkAttachment::Loopback,
+            volumes: Vec::new(),
+        };
+        let nic = matches!(launch.network, NetworkAttachment::Namespace(_));
+        let made = self.create_with(&neutral, None, nic).and_then(|guest| {
+            let saved = guest.checkpoint_as(&aside, false);
+            guest.kill();
+            let _ = guest.wait();
+            saved
+        });
+        let kept =
+            made.and_then(|()| fs::rename(&aside, &dir).map_err(io("keep its boot snapshot")));
+        if let Err(e) = kept {
+            let _ = fs::remove_dir_all(&aside);
+            return Err(e);
+        }
+        Saved::read(&dir).map(used)
+    }
+
+    /// Boot snapshots no launch used for a day, and halves a killed daemon
+    /// left: gone (guests restored from one keep its RAM file open).
+    fn forget_stale_boots(&self) {
+        for e in fs::read_dir(&self.boots).into_iter().flatten().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name == ".lock" {
+                continue;
+            }
+            let half = name.starts_with('.');
+            let age = fs::metadata(e.path().join(SAVED_MACHINE))
+                .or_else(|_| e.metadata())
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok());
+            let stale = age.is_some_and(|a| {
+                a > if half {
+                    Duration::from_secs(600)
+                } else {
+                    BOOT_KEPT
+                }
+            });
+            if stale {
+                let _ = fs::remove_dir_all(e.path());
             }
         }
     }
@@ -1040,8 +1203,21 @@ impl Tier for VmTier {
         Isolation::Vm
     }
 
+    /// Restored from the boot snapshot of its machine where there is one
+    /// (made first if not: [`VmTier::booted`]), else booted.
     fn launch(&self, launch: &Launch) -> Result<Box<dyn Instance>, TierError> {
-        self.create(launch, None)
+        match self.booted(launch) {
+            Ok(Some(boot)) => self.create(launch, Some(&boot)),
+            Ok(None) => self.create(launch, None),
+            Err(e) => {
+                tracing::warn!(
+                    "sandbox {}: booting its guest (no boot snapshot: {})",
+                    launch.id,
+                    chain(&e)
+                );
+                self.create(launch, None)
+            }
+        }
     }
 
     /// A memory snapshot is the whole machine: its devices' state and RAM
@@ -1320,12 +1496,41 @@ impl VmInstance {
         }
     }
 
+    /// [`Instance::checkpoint`], its RAM kept apart where it can be
+    /// (`apart`) or in the stream (a boot snapshot: each launch loads its
+    /// own copy into its own memory file, so that its checkpoints can
+    /// keep theirs apart).
+    fn checkpoint_as(&self, image: &Path, apart: bool) -> Result<(), TierError> {
+        self.checkpointable()?;
+        let mut q = self.qmp()?;
+        let running = !stopped(
+            &q.status()
+                .map_err(|e| TierError::failed(&self.id, "read the machine's state", e))?,
+        );
+        if running {
+            q.execute("stop", None)
+                .map_err(|e| TierError::failed(&self.id, "pause the machine", e))?;
+        }
+        let saved = self.save(&mut q, image, apart);
+        if running {
+            let resumed = q
+                .execute("cont", None)
+                .map_err(|e| TierError::failed(&self.id, "resume the machine", e));
+            saved?;
+            return resumed.map(drop);
+        }
+        saved
+    }
+
     /// The machine's state, RAM and disk into `image` (QEMU stopped; see
     /// [`Instance::checkpoint`]). A RAM kept in a memory file of brig's
     /// is copied from it (its pages written, zeros left as holes) and left
     /// out of the stream.
-    fn save(&self, q: &mut Qmp, image: &Path) -> Result<(), TierError> {
-        let machine = self.machine()?;
+    fn save(&self, q: &mut Qmp, image: &Path, apart: bool) -> Result<(), TierError> {
+        let mut machine = self.machine()?;
+        if !apart && machine.ram == SavedRam::Apart {
+            machine.ram = SavedRam::InStream;
+        }
         let io = |op: &'static str| move |e: std::io::Error| TierError::failed(&self.id, op, e);
         // Only root reads what the guest held (its forks' QEMUs are handed
         // the files they map).
@@ -1462,25 +1667,7 @@ impl Instance for VmInstance {
     }
 
     fn checkpoint(&self, image: &Path) -> Result<(), TierError> {
-        self.checkpointable()?;
-        let mut q = self.qmp()?;
-        let running = !stopped(
-            &q.status()
-                .map_err(|e| TierError::failed(&self.id, "read the machine's state", e))?,
-        );
-        if running {
-            q.execute("stop", None)
-                .map_err(|e| TierError::failed(&self.id, "pause the machine", e))?;
-        }
-        let saved = self.save(&mut q, image);
-        if running {
-            let resumed = q
-                .execute("cont", None)
-                .map_err(|e| TierError::failed(&self.id, "resume the machine", e));
-            saved?;
-            return resumed.map(drop);
-        }
-        saved
+        self.checkpoint_as(image, true)
     }
 
     fn end_all_but_agent(&self) -> Result<usize, TierError> {

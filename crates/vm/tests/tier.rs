@@ -111,6 +111,56 @@ fn assert_gone(id: &SandboxId, pid: u32) {
     }
 }
 
+/// Launches of one machine start from its boot snapshot (made by the
+/// first, from a guest of its own): each guest is a restore (QEMU waits
+/// for a saved state instead of booting), its own (host name, machine
+/// id, no trace of the guest the snapshot was taken of), and its
+/// checkpoints keep their RAM apart all the same.
+#[test]
+fn launches_of_a_machine_start_from_its_boot_snapshot() {
+    let Some(tier) = tier() else { return };
+    let Some(rootfs) = rootfs_or_skip() else {
+        return;
+    };
+    if !tier.copy_on_write() {
+        skip("QEMU older than 8.2: every launch boots (no boot snapshots)");
+        return;
+    }
+    within(300, move || {
+        let ids = [(); 2].map(|()| SandboxId::from_random(rand::random()));
+        let guests: Vec<_> = ids
+            .iter()
+            .map(|id| tier.launch(&launch(id, &rootfs)).expect("launch"))
+            .collect();
+        let mut machine_ids = Vec::new();
+        for (id, g) in ids.iter().zip(&guests) {
+            let cmdline = std::fs::read(format!("/proc/{}/cmdline", g.pid().unwrap())).unwrap();
+            assert!(
+                cmdline.split(|b| *b == 0).any(|a| a == b"-incoming"),
+                "{id} was booted, not restored"
+            );
+            let conn = Connection::new(g.connect_agent().unwrap()).expect("handshake");
+            let (out, _) = sh(&conn, "hostname; cat /etc/machine-id /proc/cmdline");
+            let l: Vec<&str> = out.lines().collect();
+            assert_eq!(l[0], id.as_str(), "{out}");
+            machine_ids.push(l[1].to_owned());
+            for other in &ids {
+                assert!(!l[2].contains(other.as_str()), "{out}");
+            }
+        }
+        assert_ne!(machine_ids[0], machine_ids[1]);
+        let image = tempfile::tempdir().unwrap();
+        guests[0].checkpoint(image.path()).expect("checkpoint");
+        assert!(image.path().join("ram").is_file(), "its RAM kept apart");
+        for (id, g) in ids.iter().zip(&guests) {
+            let pid = g.pid().unwrap();
+            g.kill();
+            g.wait().unwrap();
+            assert_gone(id, pid);
+        }
+    });
+}
+
 #[test]
 fn a_guest_serves_its_agent_over_the_line_and_leaves_nothing() {
     let Some(tier) = tier() else { return };
