@@ -442,8 +442,10 @@ fn a_daemon_killed_mid_create_leaves_nothing_half_made() {
         &[150, 1500],
         |delay_ms, ids| {
             if delay_ms >= 1500 {
-                // Mid-boot: the guests' QEMUs run, their daemon gone.
-                assert_eq!(ids.len(), 2, "after {delay_ms} ms: {ids:?}");
+                // Mid-boot: guests' QEMUs run, their daemon gone (the two
+                // sandboxes' restores, or the first launch's boot of the
+                // machine's boot snapshot, which the other waits for).
+                assert!(!ids.is_empty(), "after {delay_ms} ms: no guest");
                 assert!(
                     ids.iter().all(|id| qemu_pids(id).len() == 1),
                     "after {delay_ms} ms: no QEMU for some of {ids:?}"
