@@ -17,6 +17,13 @@ rounds (this VM is noisy: a slow minute is shared):
            until the guest's agent answers a Hello on its virtio-serial line
            (the marker: the kernel booted, loaded its modules, mounted the
            root, and brig-agent listens). Then killed.
+  restore  the like-for-like peer of a vm create since brig restores every
+           launch from its machine's boot snapshot (QEMU 8.2+): a bare
+           qemu-system-x86_64 of the same machine restored from that
+           snapshot as brig does it (its disk copied sparse, -incoming
+           defer, the saved state and RAM loaded through a descriptor,
+           cont), timed until the agent answers a Hello. The `qemu` row
+           stays: it is what a launch costs without boot snapshots.
   process  create -> exec ready and the exec round trip on the process tier
            (the daemon runs with --pool host=0, so each create makes one).
 
@@ -183,6 +190,91 @@ def qemu_round(qemu, kernel, initramfs, image, scratch, accel):
     return took
 
 
+def boot_snapshot(memory_mib=512):
+    """brig's boot snapshot of the bench's machine (512 MiB, no network
+    device): the most recently used in VM_HOME/boots."""
+    found = []
+    for d in (VM_HOME / "boots").glob("[!.]*"):
+        try:
+            m = json.loads((d / "machine.json").read_text())
+        except (OSError, ValueError):
+            continue
+        if m.get("memory_mib") == memory_mib and not m.get("nic") and m.get("ram") == "in-stream":
+            found.append(((d / "machine.json").stat().st_mtime, d))
+    if not found:
+        raise SystemExit("no boot snapshot of a 512 MiB guest without a network in "
+                         f"{VM_HOME / 'boots'} (brig makes one at its first such launch)")
+    return max(found)[1]
+
+
+def qemu_restore_round(qemu, kernel, initramfs, image, boot, scratch, accel):
+    """A bare QEMU with brig's machine restored from brig's boot snapshot
+    `boot` as brig restores it: its disk copied sparse, `-incoming defer`,
+    the saved state and RAM loaded through a descriptor, `cont`, until the
+    agent's Ready."""
+    args, sock = bare_machine(qemu, kernel, initramfs, image, scratch, accel)
+    disk = scratch / "disk.ext4"
+    qmp = scratch / "qmp.sock"
+    qmp.unlink(missing_ok=True)
+    args[args.index("q35")] = "q35,memory-backend=brig-ram"
+    args += ["-object", "memory-backend-ram,id=brig-ram,size=512M",
+             "-qmp", f"unix:{qmp},server=on,wait=off", "-incoming", "defer", "-S"]
+    t0 = time.perf_counter()
+    disk.unlink()
+    subprocess.run(["cp", "--sparse=always", str(boot / "disk.ext4"), str(disk)], check=True)
+    p = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE)
+    try:
+        while not qmp.exists():
+            if p.poll() is not None:
+                raise SystemExit(f"qemu exited: {p.stderr.read().decode()[-500:]}")
+            time.sleep(0.002)
+        q = socket.socket(socket.AF_UNIX)
+        q.connect(str(qmp))
+        f = q.makefile("r")
+
+        def run(command, fd=None, **arguments):
+            line = json.dumps({"execute": command, "arguments": arguments}).encode() + b"\n"
+            if fd is None:
+                q.sendall(line)
+            else:
+                socket.send_fds(q, [line], [fd])
+            while True:
+                answer = json.loads(f.readline())
+                if "return" in answer:
+                    return answer["return"]
+                if "error" in answer:
+                    raise SystemExit(f"QEMU refused {command}: {answer['error']}")
+
+        json.loads(f.readline())
+        run("qmp_capabilities")
+        with open(boot / "memory", "rb") as m:
+            run("getfd", fd=m.fileno(), fdname="in")
+        run("migrate-incoming", uri="fd:in")
+        while run("query-migrate").get("status") != "completed":
+            time.sleep(0.005)
+        run("cont")
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(str(sock))
+        nonce = random.getrandbits(64).to_bytes(8, "little")
+        s.sendall(packet(HELLO, nonce))
+        want = packet(READY, nonce)[1:]
+        got = b""
+        s.settimeout(120)
+        while want not in got:
+            chunk = s.recv(65536)
+            if not chunk:
+                raise SystemExit("the restored guest hung up before its Ready")
+            got += chunk
+        took = time.perf_counter() - t0
+        s.close()
+        q.close()
+    finally:
+        p.kill()
+        p.wait()
+    return took
+
+
 def ms(xs):
     return statistics.median(xs) * 1000
 
@@ -236,19 +328,25 @@ def main():
         initramfs = max(VM_HOME.glob("initramfs-*.cpio"), key=lambda p: p.stat().st_mtime)
         image = max((VM_HOME / "images").glob("*.ext4"), key=lambda p: p.stat().st_mtime)
         qemu_round(qemu, kernel, initramfs, image, scratch, accel)
+        boot = boot_snapshot() if vm.get("copy_on_write_forks") else None
+        if boot:
+            qemu_restore_round(qemu, kernel, initramfs, image, boot, scratch, accel)
 
         samples = {"vm_ready": [], "vm_exec": [], "process_ready": [], "process_exec": [],
-                   "qemu_boot": []}
-        parts = ["vm", "qemu", "process"]
+                   "qemu_boot": [], "qemu_restore": []}
+        parts = ["vm", "qemu", "process"] + (["restore"] if boot else [])
         for r in range(args.rounds):
             order = parts if r % 2 == 0 else parts[::-1]
             for part in order:
                 if part == "qemu":
                     samples["qemu_boot"].append(
                         qemu_round(qemu, kernel, initramfs, image, scratch, accel))
+                elif part == "restore":
+                    samples["qemu_restore"].append(qemu_restore_round(
+                        qemu, kernel, initramfs, image, boot, scratch, accel))
                 else:
-                    ready, rts = tier_round(d, part, template, args.execs)
-                    samples[f"{part}_ready"].append(ready)
+                    took, rts = tier_round(d, part, template, args.execs)
+                    samples[f"{part}_ready"].append(took)
                     samples[f"{part}_exec"].extend(rts)
             log(f"round {r + 1}/{args.rounds}")
     finally:
@@ -265,10 +363,19 @@ def main():
         f"{'':36}{'median ms':>10}",
         f"{'vm create -> exec ready':36}{v_ready:10.1f}",
         f"{'bare qemu boot -> agent ready (peer)':36}{boot:10.1f}",
+    ]
+    if samples["qemu_restore"]:
+        restore = ms(samples["qemu_restore"])
+        lines.append(f"{'bare qemu restore of brig boot snap':36}{restore:10.1f}")
+    lines += [
         f"{'process create -> exec ready':36}{p_ready:10.1f}",
         f"{'vm exec round trip':36}{v_exec:10.2f}",
         f"{'process exec round trip':36}{p_exec:10.2f}",
         f"ratio vm create / bare qemu boot:     {v_ready / boot:.2f}x",
+    ]
+    if samples["qemu_restore"]:
+        lines.append(f"ratio vm create / bare qemu restore:  {v_ready / restore:.2f}x")
+    lines += [
         f"ratio vm create / process create:     {v_ready / p_ready:.0f}x",
         f"ratio vm exec / process exec:         {v_exec / p_exec:.1f}x",
     ]
