@@ -159,6 +159,23 @@ def finish(out, lines):
     print("\n".join(lines))
 
 
+def agent_ready(sock, what="the guest"):
+    """Say Hello on the agent's line at `sock` and wait for its Ready."""
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(str(sock))
+    nonce = random.getrandbits(64).to_bytes(8, "little")
+    s.sendall(packet(HELLO, nonce))
+    want = packet(READY, nonce)[1:]
+    got = b""
+    s.settimeout(120)
+    while want not in got:
+        chunk = s.recv(65536)
+        if not chunk:
+            raise SystemExit(f"{what} hung up before its Ready")
+        got += chunk
+    s.close()
+
+
 def qemu_round(qemu, kernel, initramfs, image, scratch, accel):
     """A bare QEMU with brig's machine, until the agent's Ready."""
     args, sock = bare_machine(qemu, kernel, initramfs, image, scratch, accel)
@@ -170,20 +187,8 @@ def qemu_round(qemu, kernel, initramfs, image, scratch, accel):
             if p.poll() is not None:
                 raise SystemExit(f"qemu exited: {p.stderr.read().decode()[-500:]}")
             time.sleep(0.002)
-        s = socket.socket(socket.AF_UNIX)
-        s.connect(str(sock))
-        nonce = random.getrandbits(64).to_bytes(8, "little")
-        s.sendall(packet(HELLO, nonce))
-        want = packet(READY, nonce)[1:]
-        got = b""
-        s.settimeout(120)
-        while want not in got:
-            chunk = s.recv(65536)
-            if not chunk:
-                raise SystemExit("the guest hung up before its Ready")
-            got += chunk
+        agent_ready(sock)
         took = time.perf_counter() - t0
-        s.close()
     finally:
         p.kill()
         p.wait()
@@ -254,20 +259,8 @@ def qemu_restore_round(qemu, kernel, initramfs, image, boot, scratch, accel):
         while run("query-migrate").get("status") != "completed":
             time.sleep(0.005)
         run("cont")
-        s = socket.socket(socket.AF_UNIX)
-        s.connect(str(sock))
-        nonce = random.getrandbits(64).to_bytes(8, "little")
-        s.sendall(packet(HELLO, nonce))
-        want = packet(READY, nonce)[1:]
-        got = b""
-        s.settimeout(120)
-        while want not in got:
-            chunk = s.recv(65536)
-            if not chunk:
-                raise SystemExit("the restored guest hung up before its Ready")
-            got += chunk
+        agent_ready(sock, "the restored guest")
         took = time.perf_counter() - t0
-        s.close()
         q.close()
     finally:
         p.kill()

@@ -44,7 +44,6 @@ QEMU and the test rootfs (BRIG_TEST_ROOTFS). See bench/README.md.
 import argparse
 import json
 import os
-import random
 import shutil
 import socket
 import statistics
@@ -55,7 +54,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vm import HELLO, READY, REPO, VM_HOME, Daemon, log, ms, packet, ready  # noqa: E402
+from vm import REPO, VM_HOME, Daemon, agent_ready, log, ms, ready  # noqa: E402
 
 MEMORY = "512M"
 
@@ -183,18 +182,7 @@ class Peer:
         q.run("migrate-incoming", uri="fd:in")
         q.migrated()
         q.run("cont")
-        s = socket.socket(socket.AF_UNIX)
-        s.connect(str(d / "agent.sock"))
-        nonce = random.getrandbits(64).to_bytes(8, "little")
-        s.sendall(packet(HELLO, nonce))
-        want, got = packet(READY, nonce)[1:], b""
-        s.settimeout(120)
-        while want not in got:
-            chunk = s.recv(65536)
-            if not chunk:
-                raise SystemExit("the restored guest hung up before its Ready")
-            got += chunk
-        s.close()
+        agent_ready(d / "agent.sock", "the restored guest")
         return q, d, p
 
     def snapshot(self, q, d, p):

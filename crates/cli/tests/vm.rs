@@ -343,16 +343,7 @@ fn a_vm_sandbox_through_the_cli_and_the_api() {
 fn the_native_and_e2b_apis_create_vm_sandboxes_with_and_without_a_network() {
     let Some(template) = ready() else { return };
     let home = tempfile::tempdir().unwrap();
-    let daemon = Daemon::start_with(
-        home.path(),
-        &[
-            "--e2b",
-            "--e2b-api",
-            "127.0.0.1:0",
-            "--e2b-sandbox",
-            "127.0.0.1:0",
-        ],
-    );
+    let daemon = Daemon::start_e2b(home.path(), &[]);
 
     // The host template is not a root file system of the guest's own.
     let (status, err) = daemon.call(

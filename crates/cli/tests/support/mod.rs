@@ -285,6 +285,20 @@ impl TestDaemon {
         Self::start_with(home, &[])
     }
 
+    /// With E2B's planes on loopback ports of their own (`--e2b`), and
+    /// `extra`.
+    pub fn start_e2b(home: &std::path::Path, extra: &[&str]) -> TestDaemon {
+        let mut args = vec![
+            "--e2b",
+            "--e2b-api",
+            "127.0.0.1:0",
+            "--e2b-sandbox",
+            "127.0.0.1:0",
+        ];
+        args.extend_from_slice(extra);
+        Self::start_with(home, &args)
+    }
+
     pub fn start_with(home: &std::path::Path, extra: &[&str]) -> TestDaemon {
         let (child, url, mut lines) = start_daemon(home, extra);
         let e2b = extra.contains(&"--e2b").then(|| {

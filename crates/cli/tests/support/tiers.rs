@@ -45,18 +45,7 @@ impl TierUnderTest {
     /// kill.
     pub fn e2b_clients_pick_it_with_a_metadata_key(&self, checks: usize) {
         let home = tempfile::tempdir().unwrap();
-        let daemon = TestDaemon::start_with(
-            home.path(),
-            &[
-                "--e2b",
-                "--e2b-api",
-                "127.0.0.1:0",
-                "--e2b-sandbox",
-                "127.0.0.1:0",
-                "--prepare",
-                "none",
-            ],
-        );
+        let daemon = TestDaemon::start_e2b(home.path(), &["--prepare", "none"]);
         let Some(stdout) = daemon.run_tier_sdk(&self.template, self.isolation, checks) else {
             return;
         };
