@@ -1011,10 +1011,13 @@ fn tty_works_on(options: &[&str], kernel: &str, dir: &str) {
     // The INT trap ends the `sleep` itself: gVisor (this runsc) runs the
     // trap at once but does not interrupt bash's `wait` for it, which then
     // waits for the sleep to end (20 s).
+    // No command substitution after the resize: bash 5.2 may run the
+    // WINCH trap while it parses one and then fails it ("unexpected EOF
+    // while looking for matching `)'"), the trap's line lost.
     let script = "trap 'echo got-winch' WINCH; trap 'echo got-sigint; kill $!' INT; echo ready; \
                   sleep 20 & wait; echo after-wait; read x; echo read:$x; \
-                  for i in $(seq 50); do s=$(stty size); \
-                  [ \"$s\" = '50 120' ] && break; sleep 0.1; done; echo size $s; exit 5";
+                  i=0; while [ $i -lt 50 ]; do stty size > /tmp/size; read s < /tmp/size; \
+                  [ \"$s\" = '50 120' ] && break; sleep 0.1; i=$((i+1)); done; echo size $s; exit 5";
     let (out, code) = run_on_pty_with(
         options,
         &["bash", "-c", script],
