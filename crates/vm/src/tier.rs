@@ -1099,7 +1099,7 @@ impl VmTier {
     }
 
     /// Boot snapshots no launch used for a day, and halves a killed daemon
-    /// left: gone (guests restored from one keep its RAM file open).
+    /// left: gone (a launch reads one only while it restores).
     fn forget_stale_boots(&self) {
         for e in fs::read_dir(&self.boots).into_iter().flatten().flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
