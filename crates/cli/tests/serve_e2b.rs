@@ -324,13 +324,7 @@ fn start_e2b(
     Vec<String>,
     support::DaemonLog,
 ) {
-    let mut args = vec![
-        "--e2b",
-        "--e2b-api",
-        "127.0.0.1:0",
-        "--e2b-sandbox",
-        "127.0.0.1:0",
-    ];
+    let mut args = support::E2B_PLANES.to_vec();
     args.extend_from_slice(extra);
     let (child, url, mut lines) = support::start_daemon(home, &args);
     let mut before = Vec::new();

@@ -333,15 +333,9 @@ impl VmTier {
         // Other daemons of this host pick from the same range: an exclusive
         // lock on the directory all guests live in, held until this one's
         // uid is recorded.
-        let all = File::open(&self.dir).map_err(io("open the guests' directory"))?;
-        // SAFETY: flock on a descriptor we hold; released when it closes.
-        if unsafe { libc::flock(all.as_raw_fd(), libc::LOCK_EX) } != 0 {
-            return Err(TierError::failed(
-                id,
-                "lock the guests' directory",
-                std::io::Error::last_os_error(),
-            ));
-        }
+        let _all = File::open(&self.dir)
+            .and_then(lock_exclusive)
+            .map_err(io("lock the guests' directory"))?;
         let used: Vec<u32> = fs::read_dir(&self.dir)
             .map(|d| {
                 d.flatten()
@@ -405,8 +399,8 @@ impl VmTier {
         // (its checkpoints copy the RAM from it), or, for a fork, its
         // checkpoint's RAM file mapped private. A QEMU older than 8.2
         // keeps RAM of its own, as do restores of the checkpoints it made.
-        let (ram, ram_file) = match (from.map(|s| s.ram), self.copy_on_write) {
-            (Some(SavedRam::Apart), false) => {
+        let (ram, ram_file) = match (from, self.copy_on_write) {
+            (Some(s), false) if s.ram == SavedRam::Apart => {
                 return Err(TierError::Unsupported {
                     tier: Isolation::Vm,
                     op: "restore this snapshot",
@@ -416,19 +410,21 @@ impl VmTier {
                         .into(),
                 });
             }
-            (Some(SavedRam::Apart), true) => (
+            (Some(s), true) if s.ram == SavedRam::Apart => (
                 qemu::Ram::CopyOnWrite,
                 Some(
-                    File::open(from.map_or_else(PathBuf::new, |s| s.dir.join(SAVED_RAM)))
+                    File::open(s.dir.join(SAVED_RAM))
                         .and_then(|f| high_dup(&f))
                         .map_err(io("open its snapshot's RAM"))?,
                 ),
             ),
-            (Some(SavedRam::InStream), _) | (None, true) => (
+            (Some(s), _) if s.ram == SavedRam::Anonymous => (qemu::Ram::Anonymous, None),
+            (None, false) => (qemu::Ram::Anonymous, None),
+            // In the stream, or a new guest with QEMU 8.2+.
+            _ => (
                 qemu::Ram::Shared,
                 Some(memory_file(id, memory).map_err(io("make its memory file"))?),
             ),
-            (Some(SavedRam::Anonymous), _) | (None, false) => (qemu::Ram::Anonymous, None),
         };
 
         // 2. The disks: the template's image (shared, read-only), the
@@ -467,10 +463,7 @@ impl VmTier {
         }
 
         // 3. Its groups: the guest's memory plus QEMU's own.
-        let cpus = from.map_or_else(
-            || launch.limits.cpus.map_or(1, |c| c.ceil().max(1.0) as u32),
-            |s| s.cpus,
-        );
+        let cpus = from.map_or_else(|| vcpus(&launch.limits), |s| s.cpus);
         let groups = Groups::new(&self.hierarchy, id);
         let procs = groups
             .create(&Bounds {
@@ -647,8 +640,9 @@ impl VmTier {
 
 /// Between fork and exec: join the groups, take the shared files as
 /// descriptors 3–5, the sandbox's directory as 6, its disk as 7, its tap
-/// (if it has one) as 8, its RAM's file (if it has one) as 9, enter the sandbox's network namespace (or,
-/// with none, a new empty one: QEMU never sees the host's network), fork
+/// (if it has one) as 8, its RAM's file (if it has one) as 9, enter the
+/// sandbox's network namespace (or, with none, a new empty one: QEMU
+/// never sees the host's network), fork
 /// once more (QEMU must not be brig's child), leave brig's session,
 /// become `uid` (no supplementary groups but /dev/kvm's where KVM is
 /// used; no capabilities left after).
@@ -750,6 +744,21 @@ fn ignore_shared(q: &mut Qmp, on: bool) -> Result<serde_json::Value, crate::qmp:
             "capabilities": [{ "capability": "x-ignore-shared", "state": on }]
         })),
     )
+}
+
+/// `file`, once this process holds the exclusive `flock` on it (released
+/// when it closes).
+fn lock_exclusive(file: File) -> std::io::Result<File> {
+    // SAFETY: flock on a descriptor we hold.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(file)
+}
+
+/// A guest's vCPUs for `limits`: its CPU quota rounded up, at least one.
+fn vcpus(limits: &Limits) -> u32 {
+    limits.cpus.map_or(1, |c| c.ceil().max(1.0) as u32)
 }
 
 /// A guest's RAM: an empty memory file of `bytes` (its pages are charged
@@ -1011,6 +1020,7 @@ impl VmTier {
             disk::template_image(&self.images, &launch.template)
                 .map_err(|e| TierError::failed(&launch.id, "make its template's disk image", e))?
         };
+        let nic = matches!(launch.network, NetworkAttachment::Namespace(_));
         let machine = {
             use std::hash::{Hash, Hasher};
             let qemu = fs::metadata(&self.qemu).map_or((0, 0), |m| (m.len(), m.mtime()));
@@ -1020,9 +1030,9 @@ impl VmTier {
                 guest.initramfs.file_name(),
                 image.file_name(),
                 launch.limits.memory.bytes(),
-                launch.limits.cpus.map_or(1, |c| c.ceil().max(1.0) as u32),
+                vcpus(&launch.limits),
                 launch.limits.disk.bytes(),
-                matches!(launch.network, NetworkAttachment::Namespace(_)),
+                nic,
                 self.accel.as_str(),
                 qemu,
             )
@@ -1054,14 +1064,9 @@ impl VmTier {
             .mode(0o700)
             .create(&self.boots)
             .map_err(io("make the boot snapshots' directory"))?;
-        let lock_file =
-            File::create(self.boots.join(".lock")).map_err(io("lock the boot snapshots"))?;
-        // SAFETY: flock on a descriptor we hold.
-        if unsafe { libc::flock(lock_file.as_raw_fd(), libc::LOCK_EX) } != 0 {
-            return Err(io("lock the boot snapshots")(
-                std::io::Error::last_os_error(),
-            ));
-        }
+        let _locked = File::create(self.boots.join(".lock"))
+            .and_then(lock_exclusive)
+            .map_err(io("lock the boot snapshots"))?;
         if let Some(saved) = read() {
             return Ok(used(saved));
         }
@@ -1082,7 +1087,6 @@ impl VmTier {
             network: NetworkAttachment::Loopback,
             volumes: Vec::new(),
         };
-        let nic = matches!(launch.network, NetworkAttachment::Namespace(_));
         let made = self.create_with(&neutral, None, nic).and_then(|guest| {
             let saved = guest.checkpoint_as(&aside, false);
             guest.kill();

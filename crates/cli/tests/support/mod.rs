@@ -268,6 +268,16 @@ pub fn stop_daemon(child: &mut std::process::Child) {
     let _ = child.wait();
 }
 
+/// `brig serve`'s arguments for E2B's two planes on loopback ports of
+/// their own.
+pub const E2B_PLANES: [&str; 5] = [
+    "--e2b",
+    "--e2b-api",
+    "127.0.0.1:0",
+    "--e2b-sandbox",
+    "127.0.0.1:0",
+];
+
 /// A `brig serve` of a test's own, as the tier suites (gvisor.rs, vm.rs)
 /// drive it: the CLI and the native API with its key, E2B's planes with
 /// `--e2b`. Stopped with SIGTERM when dropped.
@@ -288,13 +298,7 @@ impl TestDaemon {
     /// With E2B's planes on loopback ports of their own (`--e2b`), and
     /// `extra`.
     pub fn start_e2b(home: &std::path::Path, extra: &[&str]) -> TestDaemon {
-        let mut args = vec![
-            "--e2b",
-            "--e2b-api",
-            "127.0.0.1:0",
-            "--e2b-sandbox",
-            "127.0.0.1:0",
-        ];
+        let mut args = E2B_PLANES.to_vec();
         args.extend_from_slice(extra);
         Self::start_with(home, &args)
     }
