@@ -20,7 +20,8 @@ client (2.11.5), unmodified: the whole `run_code` surface.
 - per-run envs (set for the run, gone after it, create-time ones kept);
 - timeout: a run over its timeout raises TimeoutException, the kernel is
   interrupted, the context and its state still work;
-- the AsyncSandbox client for a few calls.
+- the AsyncSandbox client for a few calls;
+- a second sandbox: its own create-time env vars and its own random numbers.
 
 Run by crates/e2b/tests/e2b_control.rs with E2B_API_KEY, E2B_API_URL
 and E2B_SANDBOX_URL set. Prints one line per check, then
@@ -54,7 +55,10 @@ def plain(text):
 
 # BRIG_ISOLATION: the same suite on another tier (brig's metadata key).
 tier = {"brig.isolation": os.environ["BRIG_ISOLATION"]} if os.environ.get("BRIG_ISOLATION") else {}
-sbx = Sandbox.create(envs={"A": "1"}, metadata={"ci": "yes", **tier})
+# A vm guest under TCG restarts a kernel in a minute or more (a spare is
+# taken, another started): more than the default 5 minutes for the suite.
+life = {"timeout": 1200} if os.environ.get("BRIG_ISOLATION") == "vm" else {}
+sbx = Sandbox.create(envs={"A": "1"}, metadata={"ci": "yes", **tier}, **life)
 try:
     # ---- create: ready at once, env vars, user ----
     # No wait, no retry: the first call must find the server up.
@@ -307,6 +311,20 @@ try:
         check("async: errors", ex.error is not None and ex.error.name == "ZeroDivisionError", ex.error)
 
     asyncio.run(async_calls())
+
+    # ---- a second sandbox: its own env vars and its own random numbers ----
+    # (on the vm tier both are restored from one warm start: the same
+    # kernel, checkpointed once it was ready.)
+    sbx2 = Sandbox.create(envs={"B": "2"}, metadata={"ci": "yes", **tier})
+    try:
+        draw = "import os, random; (os.environ.get('A'), os.environ.get('B'), random.random())"
+        one, two = sbx.run_code(draw), sbx2.run_code(draw)
+        check("second sandbox: its own env vars", one.error is None and two.error is None
+              and one.text.startswith("('1', None,") and two.text.startswith("(None, '2',"),
+              (one, two))
+        check("second sandbox: its own random numbers", one.text != two.text, (one.text, two.text))
+    finally:
+        sbx2.kill()
 finally:
     check("kill", sbx.kill() is True)
 summary()

@@ -333,14 +333,31 @@ async fn create(
             n
         }),
         traffic_token,
+        warm: false,
     };
     let state2 = state.clone();
     let mounts = req.volume_mounts.unwrap_or_default();
     let sb = tokio::task::spawn_blocking(move || -> Result<Arc<E2bSandbox>, E2bError> {
-        let config = CreateConfig {
+        let mut config = CreateConfig {
             volumes: volumes::requests(&state2.manager, &tenant, &mounts)?,
             ..config
         };
+        let mut wanted = wanted;
+        // The code interpreter restored ready where its tier keeps a warm
+        // start (made by the first such create).
+        if interpreter::wanted(&wanted.template_id) {
+            let key = interpreter::warm_key(
+                &state2.manager,
+                &wanted.template_id,
+                config.isolation,
+                &config,
+            );
+            if let Some(key) = key {
+                interpreter::prepare_warm(&state2.manager, &tenant, &key, &config)?;
+                config.warm = Some(key);
+                wanted.warm = true;
+            }
+        }
         let record = state2.manager.create(&tenant, config)?;
         register(&state2, tenant, record, wanted)
     })
@@ -365,6 +382,8 @@ pub(crate) struct Wanted {
     pub allow_internet_access: Option<bool>,
     pub network: Option<wire::NetworkConfig>,
     pub traffic_token: Option<String>,
+    /// Restored from the code interpreter's warm start: its server runs.
+    pub warm: bool,
 }
 
 /// Make a sandbox the manager just created an E2B sandbox: its pause on
@@ -388,6 +407,7 @@ pub(crate) fn register(
         allow_internet_access,
         network,
         traffic_token,
+        warm,
     } = wanted;
     if lifecycle.on_timeout.is_some() {
         manager.pause_on_timeout(&tenant, &record.id, lifecycle.on_timeout, timeout)?;
@@ -465,7 +485,12 @@ pub(crate) fn register(
         }
     }
     if interpreter::wanted(&sb.template) {
-        if let Err(e) = interpreter::start(manager, &sb) {
+        let started = if warm {
+            interpreter::resume_warm(manager, &sb)
+        } else {
+            interpreter::start(manager, &sb)
+        };
+        if let Err(e) = started {
             tracing::warn!("{e}");
             registry.remove(sb.id.as_str());
             let _ = manager.delete(&sb.tenant, &sb.id);

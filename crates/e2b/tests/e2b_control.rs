@@ -13,7 +13,7 @@ mod support;
 
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use brig_agent_client::ExecRequest;
 use brig_e2b::control::parse_rfc3339;
@@ -915,16 +915,23 @@ fn code_interpreter_v1_is_ready_when_create_answers() {
     assert_eq!(p.k("DELETE", &format!("/sandboxes/{id}"), None).status, 204);
 
     // The official client, end to end.
-    let out = p.run_sdk_script(&python, "code_interpreter_sdk.py", None);
+    code_interpreter_suite_passes(&p, &python, None);
+}
+
+/// tests/e2b/code_interpreter_sdk.py (on `tier`, or the process tier)
+/// passes every check of its run_code matrix (state, errors, results,
+/// display data, rich formats, callbacks, envs, contexts, bash,
+/// javascript, timeouts, the async client, a second sandbox) and leaves
+/// no sandbox.
+fn code_interpreter_suite_passes(p: &Planes, python: &Path, tier: Option<&str>) {
+    let tier: Vec<(&str, &str)> = tier.map(|t| ("BRIG_ISOLATION", t)).into_iter().collect();
+    let out = p.run_sdk_script_with(python, "code_interpreter_sdk.py", None, &tier);
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stdout}\n{stderr}");
-    // Every check of the run_code matrix ran (state, errors, results,
-    // display data, rich formats, callbacks, envs, contexts, bash,
-    // javascript or its refusal, timeouts, the async client).
     assert!(
-        stdout.lines().any(|l| l == "76 passed, 0 failed"),
-        "want \"76 passed, 0 failed\": {stdout}"
+        stdout.lines().any(|l| l == "78 passed, 0 failed"),
+        "want \"78 passed, 0 failed\": {stdout}"
     );
     assert!(p.state.sandboxes.is_empty(), "{stdout}");
 }
@@ -940,20 +947,89 @@ fn the_code_interpreter_suite_runs_on_gvisor() {
     let Some(p) = support::gvisor_planes_with(|c| c.home = Some(template_home())) else {
         return;
     };
-    let out = p.run_sdk_script_with(
-        &python,
-        "code_interpreter_sdk.py",
-        None,
-        &[("BRIG_ISOLATION", "gvisor")],
+    code_interpreter_suite_passes(&p, &python, Some("gvisor"));
+}
+
+/// The suite on the vm tier, through the client as published. As `brig
+/// serve --e2b` does, the daemon makes the code interpreter's warm start
+/// ahead (removed first: about five minutes here, three kernels and two
+/// spares started in a guest under TCG); a create meanwhile answers 503 saying so; then every
+/// create restores it, each sandbox with its own env vars and random
+/// numbers.
+///
+/// Under TCG (no hardware virtualization, as on these machines) it takes
+/// about 15 minutes and its kernel restarts outlast the client's 60 s
+/// requests (each cold kernel start ~1-3 min of emulated CPU): it runs
+/// there only with `BRIG_TEST_SLOW_VM=1`, and always under KVM.
+#[test]
+fn the_code_interpreter_suite_runs_on_vm() {
+    if !brig_test_support::vm_under_kvm() && std::env::var_os("BRIG_TEST_SLOW_VM").is_none() {
+        // Not a failure under BRIG_TEST_STRICT: the host is not missing
+        // anything the product needs, only the speed to run this in CI.
+        eprintln!(
+            "SKIPPED: vm guests run under TCG here: the code interpreter's suite on vm takes \
+             ~15 min (set BRIG_TEST_SLOW_VM=1 to run it)"
+        );
+        return;
+    }
+    let Some(python) = code_interpreter_ready() else {
+        return;
+    };
+    let Some(p) = support::vm_planes_with(|c| c.home = Some(template_home())) else {
+        return;
+    };
+    let warm = template_home().join("warm");
+    let _ = std::fs::remove_dir_all(&warm);
+    let warming = brig_e2b::control::interpreter::warm_ahead(&p.f.manager, "code-interpreter-v1");
+    assert_eq!(warming, [brig_core::Isolation::Vm]);
+
+    let early = p.k(
+        "POST",
+        "/sandboxes",
+        Some(json!({"templateID": "code-interpreter-v1", "metadata": {"brig.isolation": "vm"}})),
     );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert_eq!(early.status, 503, "{}", early.body);
+    let message = early.body["message"].as_str().unwrap_or_default();
     assert!(
-        stdout.lines().any(|l| l == "76 passed, 0 failed"),
-        "want \"76 passed, 0 failed\": {stdout}"
+        message.contains("warm start of the code interpreter of code-interpreter-v1 on vm")
+            && message.contains("still being made"),
+        "{message}"
     );
-    assert!(p.state.sandboxes.is_empty(), "{stdout}");
+
+    let kept = || -> Vec<std::ffi::OsString> {
+        std::fs::read_dir(&warm)
+            .map(|d| {
+                d.flatten()
+                    .filter(|e| e.path().join("meta.json").is_file())
+                    .map(|e| e.file_name())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let deadline = Instant::now() + Duration::from_secs(900);
+    while kept().is_empty() {
+        if Instant::now() >= deadline {
+            // What a create says now (why the warm start failed, if it did).
+            let late = p.k(
+                "POST",
+                "/sandboxes",
+                Some(json!({"templateID": "code-interpreter-v1", "metadata": {"brig.isolation": "vm"}})),
+            );
+            panic!("no warm start after 900 s; a create now: {}", late.body);
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let made = kept();
+
+    code_interpreter_suite_passes(&p, &python, Some("vm"));
+    // Its creates restored the one made ahead (another key would have
+    // made, and replaced it with, another).
+    assert_eq!(
+        kept(),
+        made,
+        "the suite's creates made a warm start of their own"
+    );
+    assert!(warm.join(&made[0]).join("image").is_dir(), "{made:?}");
 }
 
 /// Root, the official client's venv (its Python) and the

@@ -43,6 +43,7 @@ pub mod store;
 pub mod tenants;
 pub mod volume_files;
 pub mod volumes;
+pub mod warm;
 
 pub use error::{chain, ErrorKind};
 pub use events::{Event, EventKind};
@@ -62,3 +63,4 @@ pub use snapshots::SnapshotInfo;
 pub use store::{Store, StoreError, UnixMillis, DB_FILE, SCHEMA_VERSION};
 pub use tenants::{Tenant, TenantError, TenantId, DEFAULT_TENANT};
 pub use volumes::{MountedVolume, VolumeInfo, VolumeRequest};
+pub use warm::WarmKey;

@@ -200,6 +200,10 @@ pub struct CreateConfig {
     pub wait_for_template: bool,
     /// Volumes to mount, by id or name (the tenant's).
     pub volumes: Vec<crate::volumes::VolumeRequest>,
+    /// Restore this warm start (`warm.rs`) instead of starting afresh:
+    /// the template and tier are the ones it was taken on. A failed
+    /// restore forgets it, so that the front-end makes another.
+    pub warm: Option<crate::WarmKey>,
 }
 
 impl Default for CreateConfig {
@@ -218,6 +222,7 @@ impl Default for CreateConfig {
             secrets: BTreeMap::new(),
             wait_for_template: true,
             volumes: Vec::new(),
+            warm: None,
         }
     }
 }
@@ -303,6 +308,24 @@ pub enum ManagerError {
          log, and an operator can build it by hand with `brig template build {name}`"
     )]
     PrepareFailed {
+        name: String,
+        reason: String,
+        ago_secs: u64,
+        retry_in_secs: u64,
+    },
+    /// A warm start a front-end is making (`warm.rs`, `prepare.rs`).
+    #[error(
+        "the {name} is still being made on this daemon ({for_secs} s so far; the first sandbox \
+         of its kind on this tier and template makes it once, then every create restores it): \
+         try again shortly"
+    )]
+    Warming { name: String, for_secs: u64 },
+    /// A warm start whose making failed lately.
+    #[error(
+        "the {name} could not be made on this daemon ({ago_secs} s ago): {reason}. It is tried \
+         again {retry_in_secs} s from now; the daemon's log has the details"
+    )]
+    WarmFailed {
         name: String,
         reason: String,
         ago_secs: u64,
@@ -409,6 +432,8 @@ impl ManagerError {
             ManagerError::Template { .. }
             | ManagerError::Preparing { .. }
             | ManagerError::PrepareFailed { .. }
+            | ManagerError::Warming { .. }
+            | ManagerError::WarmFailed { .. }
             | ManagerError::ShuttingDown => ErrorKind::Unavailable,
             ManagerError::Handshake { .. } | ManagerError::Io { .. } => ErrorKind::Internal,
         }
@@ -637,6 +662,7 @@ impl SandboxManager {
         manager.readopt()?;
         manager.reconcile_volumes();
         manager.collect_checkpoints();
+        manager.collect_warm();
 
         // The sweeper holds only a weak reference, so dropping the manager
         // without `shutdown` still lets it go.
@@ -1028,7 +1054,10 @@ impl SandboxManager {
         // One of the tenant's memory snapshots: restored on the tier that
         // took it, from the template its sandbox ran on, with no network
         // where the tier checkpoints loopback only.
-        let checkpoint = self.checkpoint_template(tenant, &req.template)?;
+        let checkpoint = match &req.warm {
+            Some(key) => Some(self.warm_checkpoint(key)?),
+            None => self.checkpoint_template(tenant, &req.template)?,
+        };
         if let Some(cp) = &checkpoint {
             req.isolation = cp.isolation;
         }
@@ -1193,6 +1222,10 @@ impl SandboxManager {
             Ok(warm) => self.register(tenant, warm, &spec, link),
             Err(e) => {
                 let _ = self.store().mark_dead(&id, None, &EndCause::CreateFailed);
+                if let Some(key) = &req.warm {
+                    tracing::warn!("{key}: its restore failed, forgetting it: {e}");
+                    self.forget_warm(key);
+                }
                 // Refused before anything ran: no guest wrote its volumes.
                 if matches!(&e, ManagerError::Spawn(t)
                     if matches!(t.kind(), TierErrorKind::Invalid | TierErrorKind::Unsupported))

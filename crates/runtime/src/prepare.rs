@@ -169,6 +169,87 @@ impl SandboxManager {
         }
     }
 
+    /// For a create that must not wait on a warm start a front-end makes
+    /// (`warm.rs`): `Ok` once `ready()` says it is kept; otherwise `make`
+    /// runs on a thread of its own (unless it runs already, or failed
+    /// less than [`RETRY_FAILED_AFTER`] ago), and the create waits for it
+    /// up to `wait`, then fails with [`ManagerError::Warming`] (or
+    /// [`ManagerError::WarmFailed`]) naming `name`.
+    pub fn prepare_with(
+        &self,
+        name: &str,
+        wait: Duration,
+        ready: impl Fn() -> bool,
+        make: impl FnOnce() -> Result<(), String> + Send + 'static,
+    ) -> Result<(), ManagerError> {
+        if ready() {
+            return Ok(());
+        }
+        {
+            let mut preparing = lock(&self.preparing);
+            if !preparing.running.contains_key(name) {
+                if let Some(failed) = preparing.failure(name) {
+                    return Err(warm_error(failed));
+                }
+                preparing.running.insert(name.to_string(), Instant::now());
+                preparing.failed.remove(name);
+                let shared = Arc::clone(&self.preparing);
+                let owned = name.to_string();
+                let spawned = thread::Builder::new()
+                    .name("brig-prepare".into())
+                    .spawn(move || {
+                        let started = Instant::now();
+                        tracing::info!("{owned}: preparing it");
+                        let made = make();
+                        let mut preparing = lock(&shared);
+                        preparing.running.remove(&owned);
+                        match made {
+                            Ok(()) => {
+                                tracing::info!("{owned}: ready after {:.0?}", started.elapsed())
+                            }
+                            Err(reason) => {
+                                tracing::warn!("{owned}: not prepared: {reason}");
+                                let failed = Failed {
+                                    at: Instant::now(),
+                                    reason,
+                                    client: false,
+                                };
+                                preparing.failed.insert(owned, failed);
+                            }
+                        }
+                    });
+                if let Err(e) = spawned {
+                    preparing.running.remove(name);
+                    return Err(ManagerError::WarmFailed {
+                        name: name.to_string(),
+                        reason: format!("cannot start a thread to prepare it: {e}"),
+                        ago_secs: 0,
+                        retry_in_secs: 1,
+                    });
+                }
+            }
+        }
+        let deadline = Instant::now() + wait;
+        while Instant::now() < deadline && lock(&self.preparing).running.contains_key(name) {
+            thread::sleep(Duration::from_millis(100));
+        }
+        if ready() {
+            return Ok(());
+        }
+        let preparing = lock(&self.preparing);
+        if let Some(failed) = preparing.failure(name) {
+            return Err(warm_error(failed));
+        }
+        let for_secs = preparing
+            .running
+            .get(name)
+            .map_or(0, |since| since.elapsed().as_secs());
+        Err(ManagerError::Warming {
+            name: name.to_string(),
+            for_secs,
+        })
+    }
+
     /// Templates being built in the background, and for how long (s).
     pub fn preparing(&self) -> Vec<(String, u64)> {
         let mut out: Vec<(String, u64)> = lock(&self.preparing)
@@ -178,6 +259,24 @@ impl SandboxManager {
             .collect();
         out.sort();
         out
+    }
+}
+
+/// A failure [`Preparing::failure`] told of, as one of a warm start.
+fn warm_error(e: ManagerError) -> ManagerError {
+    match e {
+        ManagerError::PrepareFailed {
+            name,
+            reason,
+            ago_secs,
+            retry_in_secs,
+        } => ManagerError::WarmFailed {
+            name,
+            reason,
+            ago_secs,
+            retry_in_secs,
+        },
+        other => other,
     }
 }
 

@@ -280,55 +280,9 @@ impl SandboxManager {
         hidden: bool,
     ) -> Result<SnapshotInfo, ManagerError> {
         let root = self.checkpoint_root()?;
-        let _busy = Busy::take(self, id)?;
         let snap = new_id();
         let dir = root.join(&snap);
-        let meta = Checkpoint {
-            isolation: record.isolation.parse().unwrap_or_default(),
-            template: spec.template.clone(),
-            image: PathBuf::new(),
-        };
-        let made = std::fs::create_dir_all(dir.join("image")).and_then(|()| {
-            std::fs::write(
-                dir.join("meta.json"),
-                serde_json::to_vec(&meta).unwrap_or_default(),
-            )
-        });
-        if let Err(e) = made {
-            let _ = std::fs::remove_dir_all(&dir);
-            return Err(ManagerError::Tier {
-                id: id.clone(),
-                op: "keep its checkpoint",
-                source: brig_core::TierError::failed(id, "create its directory", e),
-            });
-        }
-        let started = std::time::Instant::now();
-        let taken = {
-            // Paused or not, it stays so meanwhile.
-            let _lifecycle = lock(&live.lifecycle);
-            live.instance.checkpoint(&dir.join("image"))
-        };
-        let held = started.elapsed();
-        // Its agent let go of the connection (a failed checkpoint too may
-        // have): connect again.
-        let reconnected = if live.conn.is_closed() || taken.is_ok() {
-            self.reconnect(id, live, &spec)
-        } else {
-            Ok(())
-        };
-        if let Err(source) = taken {
-            let _ = std::fs::remove_dir_all(&dir);
-            reconnected?;
-            return Err(ManagerError::Tier {
-                id: id.clone(),
-                op: "checkpoint it",
-                source,
-            });
-        }
-        if let Err(e) = reconnected {
-            let _ = std::fs::remove_dir_all(&dir);
-            return Err(e);
-        }
+        let held = self.checkpoint_into(id, live, record, &spec, &dir)?;
         let info = SnapshotInfo {
             id: snap.clone(),
             name,
@@ -357,6 +311,68 @@ impl SandboxManager {
                 Err(e.into())
             }
         }
+    }
+
+    /// Checkpoint `live` into `dir` (made here: `image/`, the tier's, and
+    /// `meta.json`), then connect to its agent again (it let go of the
+    /// last connection for it). How long the sandbox was held; on an
+    /// error `dir` is gone.
+    pub(crate) fn checkpoint_into(
+        &self,
+        id: &SandboxId,
+        live: &Arc<Live>,
+        record: &SandboxRecord,
+        spec: &SandboxSpec,
+        dir: &std::path::Path,
+    ) -> Result<Duration, ManagerError> {
+        let _busy = Busy::take(self, id)?;
+        let meta = Checkpoint {
+            isolation: record.isolation.parse().unwrap_or_default(),
+            template: spec.template.clone(),
+            image: PathBuf::new(),
+        };
+        let made = std::fs::create_dir_all(dir.join("image")).and_then(|()| {
+            std::fs::write(
+                dir.join("meta.json"),
+                serde_json::to_vec(&meta).unwrap_or_default(),
+            )
+        });
+        if let Err(e) = made {
+            let _ = std::fs::remove_dir_all(dir);
+            return Err(ManagerError::Tier {
+                id: id.clone(),
+                op: "keep its checkpoint",
+                source: brig_core::TierError::failed(id, "create its directory", e),
+            });
+        }
+        let started = std::time::Instant::now();
+        let taken = {
+            // Paused or not, it stays so meanwhile.
+            let _lifecycle = lock(&live.lifecycle);
+            live.instance.checkpoint(&dir.join("image"))
+        };
+        let held = started.elapsed();
+        // Its agent let go of the connection (a failed checkpoint too may
+        // have): connect again.
+        let reconnected = if live.conn.is_closed() || taken.is_ok() {
+            self.reconnect(id, live, spec)
+        } else {
+            Ok(())
+        };
+        if let Err(source) = taken {
+            let _ = std::fs::remove_dir_all(dir);
+            reconnected?;
+            return Err(ManagerError::Tier {
+                id: id.clone(),
+                op: "checkpoint it",
+                source,
+            });
+        }
+        if let Err(e) = reconnected {
+            let _ = std::fs::remove_dir_all(dir);
+            return Err(e);
+        }
+        Ok(held)
     }
 
     /// Where checkpoints are kept: `$BRIG_HOME/checkpoints`.

@@ -233,10 +233,10 @@ pub fn agent_in_sandbox(
 
 #[cfg(feature = "gvisor")]
 pub use fixture::gvisor_manager_fixture;
-#[cfg(feature = "vm")]
-pub use fixture::vm_manager_fixture;
 #[cfg(feature = "runtime")]
 pub use fixture::{manager_fixture, ManagerFixture};
+#[cfg(feature = "vm")]
+pub use fixture::{vm_manager_fixture, vm_under_kvm};
 
 #[cfg(feature = "fake-tier")]
 pub mod fake_tier;
@@ -300,6 +300,14 @@ mod fixture {
             .expect("prepare the gvisor tier");
             vec![Arc::new(tier) as Arc<dyn brig_core::Tier>]
         }))
+    }
+
+    /// Whether this host's vm guests run under KVM (not QEMU's emulator).
+    #[cfg(feature = "vm")]
+    pub fn vm_under_kvm() -> bool {
+        brig_vm::find_qemu()
+            .and_then(|q| brig_vm::accelerator(&q))
+            .is_some_and(|a| a == brig_vm::Accelerator::Kvm)
     }
 
     /// A [`ManagerFixture`] that offers the vm tier too, as `brig serve`

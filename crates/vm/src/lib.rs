@@ -76,4 +76,4 @@ pub mod qmp;
 pub mod tier;
 
 pub use qemu::Accelerator;
-pub use tier::{find_qemu, VmConfig, VmInstance, VmTier};
+pub use tier::{accelerator, find_qemu, VmConfig, VmInstance, VmTier};

@@ -81,6 +81,8 @@ pub struct Machine<'a> {
     pub network: Network,
     /// Where the guest's RAM lives.
     pub ram: Ram,
+    /// The vCPUs' model under TCG (KVM's are the host's).
+    pub cpu: TcgCpu,
     /// Where each volume appears in the guest; volume `i`'s image is
     /// open read-write as descriptor [`VOLUME_FD`] + 2`i` and read-only as
     /// the next.
@@ -95,6 +97,22 @@ pub const VOLUME_FD: i32 = 10;
 /// The RAM's memory backend: its id names the RAM in a saved machine's
 /// state, so a restore's must be the same.
 const RAM_ID: &str = "brig-ram";
+
+/// The CPU model a guest has under TCG.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum TcgCpu {
+    /// QEMU's default, qemu64 (SSE3 at most): the machines brig made
+    /// before, whose restores must have it again.
+    #[default]
+    Qemu64,
+    /// Every feature QEMU's emulator implements (SSSE3 to AVX2): programs
+    /// built for today's x86-64 need them. On qemu64, OpenBLAS (numpy's)
+    /// picks a kernel qemu64 does not have and dies of an invalid opcode.
+    Max,
+}
 
 /// Where a guest's RAM lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -197,8 +215,10 @@ pub fn args(m: &Machine) -> Vec<OsString> {
             Accelerator::Tcg => format!("tcg,tb-size={TB_SIZE_MIB}"),
         },
     ];
-    if m.accel == Accelerator::Kvm {
-        a.extend(["-cpu".into(), "host".into()]);
+    match (m.accel, m.cpu) {
+        (Accelerator::Kvm, _) => a.extend(["-cpu".into(), "host".into()]),
+        (Accelerator::Tcg, TcgCpu::Max) => a.extend(["-cpu".into(), "max".into()]),
+        (Accelerator::Tcg, TcgCpu::Qemu64) => {}
     }
     if let Some(backend) = backend {
         a.extend(["-object".into(), backend]);
@@ -313,8 +333,29 @@ mod tests {
             incoming: false,
             network,
             ram: Ram::Shared,
+            cpu: TcgCpu::Max,
             volumes: &[],
         }
+    }
+
+    #[test]
+    fn a_machine_of_before_keeps_qemus_default_cpu_and_kvm_the_hosts() {
+        let dir = PathBuf::from("/run/brig/vm/x");
+        let disk = dir.join("disk.ext4");
+        let cpu = |m: &Machine| {
+            let a: Vec<String> = args(m)
+                .into_iter()
+                .map(|s| s.into_string().unwrap())
+                .collect();
+            a.iter().position(|x| x == "-cpu").map(|i| a[i + 1].clone())
+        };
+        let mut m = machine(&dir, &disk, 1, Network::None);
+        m.cpu = TcgCpu::Qemu64;
+        assert_eq!(cpu(&m), None);
+        m.accel = Accelerator::Kvm;
+        assert_eq!(cpu(&m).as_deref(), Some("host"));
+        m.cpu = TcgCpu::Max;
+        assert_eq!(cpu(&m).as_deref(), Some("host"));
     }
 
     #[test]
@@ -341,7 +382,7 @@ mod tests {
         assert!(a
             .iter()
             .any(|x| x.contains("readonly=on,file=/proc/self/fd/5")));
-        assert!(!a.contains(&"-cpu".to_owned()));
+        assert_eq!(after("-cpu"), "max");
         assert!(!a.iter().any(|x| x.contains("virtio-net")), "no NIC");
         assert_eq!(after("-machine"), "q35,memory-backend=brig-ram");
         assert_eq!(

@@ -128,6 +128,12 @@ pub struct VmTier {
 }
 
 /// Where to find QEMU: `$BRIG_QEMU`, else `qemu-system-x86_64` on PATH.
+/// How guests of `qemu` would run on this host (`None`: not at all), as
+/// the tier decides it.
+pub fn accelerator(qemu: &Path) -> Option<Accelerator> {
+    Accelerator::detect(brig_host::probe::vm_tier(qemu).accel)
+}
+
 pub fn find_qemu() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("BRIG_QEMU") {
         return Some(PathBuf::from(p));
@@ -545,6 +551,7 @@ impl VmTier {
             incoming: from.is_some(),
             network,
             ram,
+            cpu: from.map_or(qemu::TcgCpu::Max, |s| s.cpu),
             volumes: &volume_paths,
         };
         // What QEMU says (why it refused to start) goes to its log.
@@ -1034,6 +1041,7 @@ impl VmTier {
                 launch.limits.disk.bytes(),
                 nic,
                 self.accel.as_str(),
+                qemu::TcgCpu::Max,
                 qemu,
             )
                 .hash(&mut h);
@@ -1157,6 +1165,9 @@ struct Saved {
     /// Where its RAM is.
     #[serde(default)]
     ram: SavedRam,
+    /// Its vCPUs' model under TCG (a restore's must be the same).
+    #[serde(default)]
+    cpu: qemu::TcgCpu,
     #[serde(skip)]
     dir: PathBuf,
 }
@@ -1489,6 +1500,10 @@ impl VmInstance {
                     Some(a) if a.ends_with(b",share=on") => SavedRam::Apart,
                     Some(_) => SavedRam::InStream,
                     None => SavedRam::Anonymous,
+                },
+                cpu: match args.windows(2).any(|w| w == [&b"-cpu"[..], &b"max"[..]]) {
+                    true => qemu::TcgCpu::Max,
+                    false => qemu::TcgCpu::Qemu64,
                 },
                 dir: PathBuf::new(),
             }),

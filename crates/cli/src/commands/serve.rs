@@ -319,6 +319,23 @@ pub fn run(args: ServeArgs) -> anyhow::Result<i32> {
              minutes; progress below). E2B creates of it answer 503 until it is ready"
         );
     }
+    // E2B's code interpreter restored ready on the tiers that keep warm
+    // starts (vm): made once, when its template is built.
+    if config.e2b.is_some() {
+        for name in config
+            .prepare
+            .iter()
+            .filter(|n| brig_e2b::control::interpreter::wanted(n))
+        {
+            for tier in brig_e2b::control::interpreter::warm_ahead(&manager, name) {
+                say!(
+                    "brig: making {name}'s warm start on the {tier} tier in the background (its \
+                     kernel ready, checkpointed once; kept in the home). E2B creates of it on \
+                     {tier} answer 503 until it is ready"
+                );
+            }
+        }
+    }
     let state = AppState::new(Arc::clone(&manager)).with_public_metrics(config.metrics_public);
     let served = runtime.block_on(serve(
         config.listen,

@@ -43,7 +43,17 @@ INTERRUPT_RETRY = 0.2
 # there: the request ends with its idle status and no reply. Idle, then this
 # long without a reply, counts as the request being over.
 IDLE_WITHOUT_REPLY = 0.5
-KERNEL_START_TIMEOUT = 60.0
+# brig writes this file next to the server when a sandbox is restored from a
+# warm start (a checkpoint of a sandbox whose kernels were ready): the
+# sandbox's own env vars, for the kernels started before it existed.
+RESTORED_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "restored.json")  # --restored-file
+# Run once in each Python kernel of a restored sandbox: a checkpoint's
+# copies would otherwise draw the same "random" numbers.
+RESEED_PY = ("import random as _brig_random, os as _brig_os, sys as _brig_sys\n"
+             "_brig_random.seed(_brig_os.urandom(32))\n"
+             "if 'numpy' in _brig_sys.modules: _brig_sys.modules['numpy'].random.seed()\n"
+             "del _brig_random, _brig_os, _brig_sys\n")
+KERNEL_START_TIMEOUT = 60.0  # --kernel-start-timeout
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MAX_REQUEST_BODY = 64 << 20
 
@@ -556,6 +566,18 @@ def sh_quote(value):
     return "'" + value.replace("'", "'\\''") + "'"
 
 
+def chdir_code(language, cwd):
+    """Code that moves a kernel of `language` to `cwd` (a spare kernel,
+    started in the default cwd)."""
+    if language == "python":
+        return f"import os as _brig_os; _brig_os.chdir({cwd!r}); del _brig_os"
+    if language == "bash":
+        return f"cd {sh_quote(cwd)}"
+    if language == "javascript":
+        return f"Deno.chdir({json.dumps(cwd)});"
+    return None
+
+
 def env_set_code(language, env, save):
     if language == "python":
         return f"exec({(PY_SET if save else PY_APPLY)!r}, {{'env': {env!r}}})"
@@ -606,9 +628,21 @@ class Context:
         self.kernel = None
         self.ready = None  # Future: the current kernel started (or failed)
         self.globals_applied = False
+        self.reseed = False  # restored from a warm start: reseed before the next cell
+        self.chdir = False  # a spare kernel: move it to cwd before the next cell
 
     def describe(self):
         return {"id": self.id, "language": self.language, "cwd": self.cwd}
+
+    def adopt(self, kernel, ready):
+        """Take a spare kernel started for another context's use (see
+        Interpreter.spares): moved to this context's cwd at its first cell,
+        its random numbers reseeded."""
+        self.kernel = kernel
+        self.ready = ready
+        self.globals_applied = False
+        self.reseed = True
+        self.chdir = True
 
     def start(self):
         spec = kernel_spec_for(self.language)
@@ -637,7 +671,11 @@ class Context:
             old.notify_restart()
             await old.shutdown()
         self.globals_applied = False
-        self.start()
+        spare = self.interp.take_spare(self.language)
+        if spare is not None:
+            self.adopt(*spare)
+        else:
+            self.start()
         await self.wait_ready()
 
     async def close(self):
@@ -655,8 +693,46 @@ class Interpreter:
         self.envd_url = os.environ.get("BRIG_ENVD_URL")
         self.envs_tried = set()  # access tokens /envs was asked with
         self.ready = asyncio.get_running_loop().create_future()  # jupyter_client imported
+        self.booted = asyncio.get_running_loop().create_future()  # default contexts tried
+        self.restored_seen = None  # RESTORED_FILE's (mtime, size) last read
+        # --spare-kernels: kernels started ahead, per language, each (kernel,
+        # its start future), for new contexts to take at once.
+        self.spare_wanted = [normalize_language(x) for x in args.spare_kernels.split(",")
+                             if x.strip()]
+        self.spares = {}
+        self.boot_errors = {}  # language -> why its default context did not start
+
+    def check_restored(self):
+        """Take the sandbox's env vars from RESTORED_FILE if it is new: for
+        every context (at its next cell) and every kernel started later."""
+        try:
+            st = os.stat(self.args.restored_file)
+        except OSError:
+            return
+        seen = (st.st_mtime_ns, st.st_size)
+        if seen == self.restored_seen:
+            return
+        self.restored_seen = seen
+        try:
+            with open(self.args.restored_file) as f:
+                envs = json.load(f).get("envs") or {}
+        except (OSError, ValueError, AttributeError) as e:
+            log.warning("cannot read %s: %s", self.args.restored_file, e)
+            return
+        self.global_envs = {str(k): str(v) for k, v in envs.items()}
+        for ctx in self.contexts.values():
+            ctx.globals_applied = False
+            ctx.reseed = True
+        log.info("restored from a warm start: %d env vars", len(self.global_envs))
 
     async def boot(self):
+        try:
+            await self._boot()
+        finally:
+            if not self.booted.done():
+                self.booted.set_result(None)
+
+    async def _boot(self):
         loop = asyncio.get_running_loop()
         try:
             await loop.run_in_executor(None, import_jupyter_client)
@@ -667,16 +743,61 @@ class Interpreter:
         self.ready.set_result(None)
         if self.envd_url:
             await loop.run_in_executor(None, self.fetch_envs, os.environ.get("BRIG_ENVD_ACCESS_TOKEN"))
-        languages = [] if self.args.no_default_kernel else [
-            normalize_language(x) for x in self.args.default_kernels.split(",") if x.strip()]
+        languages = self.default_languages()
         results = await asyncio.gather(*(self.default_context(x) for x in languages),
                                        return_exceptions=True)
         for language, result in zip(languages, results):
             if isinstance(result, BaseException):
-                log.error("default %s context failed to start: %s", language,
-                          getattr(result, "body", b"").decode() or result)
+                why = getattr(result, "body", b"").decode() or str(result)
+                self.boot_errors[language] = why
+                log.error("default %s context failed to start: %s", language, why)
             else:
                 log.info("default %s context ready", language)
+        for language in self.spare_wanted:
+            await self.start_spare(language)
+
+    def default_languages(self):
+        if self.args.no_default_kernel:
+            return []
+        return [normalize_language(x) for x in self.args.default_kernels.split(",") if x.strip()]
+
+    def spare_env(self):
+        env = dict(os.environ)
+        if self.global_envs:
+            env.update(self.global_envs)
+        return env
+
+    async def start_spare(self, language):
+        """Start one spare kernel of `language` and wait until it answers."""
+        spec = kernel_spec_for(language)
+        if spec is None:
+            log.error("no kernel for spare language %s", language)
+            return
+        cwd = self.args.cwd if os.path.isdir(self.args.cwd) else os.getcwd()
+        kernel = Kernel(spec, cwd, self.spare_env())
+        ready = asyncio.ensure_future(kernel.start())
+        ready.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self.spares.setdefault(language, []).append((kernel, ready))
+        try:
+            await asyncio.shield(ready)
+            log.info("spare %s kernel ready", language)
+        except Exception as e:
+            log.error("spare %s kernel failed to start: %s", language, e)
+            entry = (kernel, ready)
+            if entry in self.spares.get(language, []):
+                self.spares[language].remove(entry)
+
+    def take_spare(self, language):
+        """A started spare kernel of `language`, if one is ready; another is
+        started in its place."""
+        for entry in list(self.spares.get(language, [])):
+            kernel, ready = entry
+            if ready.done() and not ready.cancelled() and ready.exception() is None \
+                    and not kernel.dead:
+                self.spares[language].remove(entry)
+                asyncio.ensure_future(self.start_spare(language))
+                return entry
+        return None
 
     def fetch_envs(self, token):
         # One attempt per distinct token: a failing envd must not cost every
@@ -702,7 +823,11 @@ class Interpreter:
         if not os.path.isdir(cwd):
             raise HttpError(400, f"cwd {cwd} is not a directory in the sandbox")
         ctx = Context(self, language, cwd)
-        ctx.start()
+        spare = self.take_spare(language)
+        if spare is not None:
+            ctx.adopt(*spare)
+        else:
+            ctx.start()
         self.contexts[ctx.id] = ctx
         try:
             await ctx.wait_ready()
@@ -742,7 +867,8 @@ class Interpreter:
         await ctx.close()
 
     async def close(self):
-        await asyncio.gather(*(c.close() for c in list(self.contexts.values())),
+        spares = [k.shutdown() for entries in self.spares.values() for k, _ in entries]
+        await asyncio.gather(*(c.close() for c in list(self.contexts.values())), *spares,
                              return_exceptions=True)
 
 
@@ -899,6 +1025,15 @@ async def run_cell(ctx, gone, send, code, env_vars, timeout):
         await ctx.restart()
     kernel = ctx.kernel
     lang = ctx.language
+    if ctx.chdir:
+        ctx.chdir = False
+        code_ = chdir_code(lang, ctx.cwd)
+        if code_:
+            await kernel.run_silent(code_)
+    if ctx.reseed:
+        ctx.reseed = False
+        if lang == "python":
+            await kernel.run_silent(RESEED_PY)
     if ctx.interp.global_envs and not ctx.globals_applied:
         code_ = env_set_code(lang, ctx.interp.global_envs, save=False)
         if code_:
@@ -1085,6 +1220,25 @@ async def dispatch(interp, conn, req):
         if m != "GET":
             raise json_error(405, "Method Not Allowed")
         return 200, json.dumps("OK")
+    if path == "/brig/ready":
+        # brig's warm-up: answers once the default contexts have started
+        # (and the spares wanted at boot), with the spares ready now.
+        if m != "GET":
+            raise json_error(405, "Method Not Allowed")
+        await asyncio.shield(interp.booted)
+        ready = [c.describe() for c in interp.contexts.values() if c.ready and c.ready.done()
+                 and not c.ready.cancelled() and c.ready.exception() is None]
+        wanted = set(interp.default_languages())
+        missing = wanted - {c["language"] for c in ready}
+        if missing:
+            raise json_error(500, "default contexts did not start: " + "; ".join(
+                f"{x}: {interp.boot_errors.get(x, 'unknown (see the server log)')}"
+                for x in sorted(missing)))
+        spares = {lang: sum(1 for k, f in entries if f.done() and not f.cancelled()
+                            and f.exception() is None and not k.dead)
+                  for lang, entries in interp.spares.items()}
+        return 200, json.dumps({"contexts": ready, "spares": spares})
+    interp.check_restored()
     if path == "/execute":
         if m != "POST":
             raise json_error(405, "Method Not Allowed")
@@ -1168,7 +1322,7 @@ async def main_async(args):
 
 
 def main():
-    global KEEPALIVE_INTERVAL
+    global KEEPALIVE_INTERVAL, KERNEL_START_TIMEOUT
     ap = argparse.ArgumentParser(description="brig's code interpreter server (E2B protocol)")
     ap.add_argument("--host", default="0.0.0.0")
     ap.add_argument("--port", type=int, default=49999)
@@ -1178,6 +1332,15 @@ def main():
     ap.add_argument("--default-kernels", default="python",
                     help="languages whose default context starts at boot, comma-separated "
                          "(others start on first use: bash takes ~3 s)")
+    ap.add_argument("--kernel-start-timeout", type=float, default=KERNEL_START_TIMEOUT,
+                    help="seconds a kernel may take to answer once started (a vm guest under "
+                         "TCG needs far more than the default)")
+    ap.add_argument("--restored-file", default=RESTORED_FILE,
+                    help="where brig writes the sandbox's env vars when it restores a warm start")
+    ap.add_argument("--spare-kernels", default="",
+                    help="languages (repeat one for more) whose kernels are started ahead for "
+                         "new contexts to take at once, each replaced when taken "
+                         "(brig's warm starts: kernels are slow to start in a vm guest)")
     ap.add_argument("--no-default-kernel", action="store_true",
                     help="start no kernel at boot")
     ap.add_argument("--keepalive-interval", type=float, default=KEEPALIVE_INTERVAL,
@@ -1187,6 +1350,7 @@ def main():
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     KEEPALIVE_INTERVAL = args.keepalive_interval
+    KERNEL_START_TIMEOUT = args.kernel_start_timeout
     asyncio.run(main_async(args))
 
 

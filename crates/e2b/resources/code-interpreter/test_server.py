@@ -571,6 +571,86 @@ class NoLeftoversTest(unittest.TestCase):
         self.check(signal.SIGTERM)
 
 
+class WarmStartTest(unittest.TestCase):
+    """What brig's warm starts use: /brig/ready once the default contexts
+    are up, spare kernels new contexts take (moved to their cwd), and the
+    restored file's env vars and reseeding."""
+
+    def children(self, pid):
+        out = set()
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                out.update(int(x) for x in f.read().split())
+        return out
+
+    def test_ready_spares_and_restored(self):
+        tmp = tempfile.mkdtemp(prefix="brig-ci-warm-")
+        restored = os.path.join(tmp, "restored.json")
+        work = os.path.join(tmp, "work")
+        os.mkdir(work)
+        server = Server(tmp, args=["--default-kernels", "python,bash",
+                                   "--spare-kernels", "python,bash",
+                                   "--restored-file", restored])
+        self.server = server
+        try:
+            status, body = server.request("GET", "/brig/ready")
+            self.assertEqual(status, 200, body)
+            ready = json.loads(body)
+            self.assertEqual(sorted(c["language"] for c in ready["contexts"]), ["bash", "python"])
+            self.assertEqual(ready["spares"], {"python": 1, "bash": 1})
+            before = self.children(server.proc.pid)
+            # 2 default kernels and 2 spares (bash_kernel's bash is a grandchild).
+            self.assertEqual(len(before), 4, before)
+
+            ctx = self.new_context(language="python", cwd=work)
+            lines = server.execute("import os; (os.getpid(), os.getcwd())", context_id=ctx["id"])
+            pid, cwd = eval(main_text(lines))
+            self.assertIn(pid, before, "the new context took a spare kernel")
+            self.assertEqual(cwd, work)
+            bctx = self.new_context(language="bash", cwd=work)
+            lines = server.execute("echo $PPID; pwd", context_id=bctx["id"])
+            ppid, pwd = "".join(x["text"] for x in of_type(lines, "stdout")).split()
+            self.assertIn(int(ppid), before, "the bash context took a spare kernel")
+            self.assertEqual(pwd, work)
+            # Taken spares are replaced.
+            deadline = time.monotonic() + 120
+            while json.loads(server.request("GET", "/brig/ready")[1])["spares"] != \
+                    {"python": 1, "bash": 1}:
+                self.assertLess(time.monotonic(), deadline, "spares not replaced")
+                time.sleep(0.2)
+
+            # A restart takes a spare too (in the context's cwd).
+            ready_spares = self.children(server.proc.pid)
+            status, body = server.request("POST", f"/contexts/{ctx['id']}/restart")
+            self.assertEqual(status, 200, body)
+            lines = server.execute("import os; (os.getpid(), os.getcwd())", context_id=ctx["id"])
+            pid2, cwd2 = eval(main_text(lines))
+            self.assertNotEqual(pid2, pid)
+            self.assertIn(pid2, ready_spares, "the restart took a spare kernel")
+            self.assertEqual(cwd2, work)
+
+            # A restore: the sandbox's env vars reach running kernels, and
+            # random numbers are reseeded.
+            seeded = main_text(server.execute("import random; random.seed(1); random.random()"))
+            server.execute("random.seed(1)")
+            with open(restored, "w") as f:
+                json.dump({"envs": {"RESTORED_VAR": "yes"}}, f)
+            lines = server.execute("import os; (os.environ.get('RESTORED_VAR'), random.random())")
+            var, drawn = eval(main_text(lines))
+            self.assertEqual(var, "yes")
+            self.assertNotEqual(repr(drawn), seeded, "not reseeded")
+            lines = server.execute("echo $RESTORED_VAR", language="bash")
+            self.assertEqual(of_type(lines, "stdout")[0]["text"], "yes\n")
+            lines = server.execute("os.environ.get('RESTORED_VAR')", context_id=ctx["id"])
+            self.assertEqual(main_text(lines), "yes")
+        finally:
+            server.stop()
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def new_context(self, **body):
+        return CodeInterpreterTest.new_context(self, **body)
+
+
 class _Envd(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         ok = self.path == "/envs" and self.headers.get("X-Access-Token") == "tok"

@@ -210,6 +210,7 @@ pub(super) async fn fork(
                                 .traffic_token
                                 .as_ref()
                                 .map(|_| brig_http::random_token()),
+                            warm: false,
                         },
                     )
                 });

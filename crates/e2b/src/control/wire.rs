@@ -100,7 +100,7 @@ impl IntoResponse for E2bError {
 impl From<ManagerError> for E2bError {
     fn from(e: ManagerError) -> E2bError {
         let mut err = E2bError::from_kind(e.kind(), chain(&e));
-        if let ManagerError::Preparing { .. } = e {
+        if let ManagerError::Preparing { .. } | ManagerError::Warming { .. } = e {
             // The clients' retries then wait out part of the build.
             err.retry_after = Some(PREPARING_RETRY_SECS);
         }

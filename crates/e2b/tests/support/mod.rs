@@ -87,6 +87,12 @@ pub fn gvisor_planes_with(tweak: impl FnOnce(&mut ManagerConfig)) -> Option<Plan
     brig_test_support::gvisor_manager_fixture(tweak).map(planes_of)
 }
 
+/// [`planes_with`] on a manager that offers the vm tier too; `None` (a
+/// printed skip) where QEMU is missing.
+pub fn vm_planes_with(tweak: impl FnOnce(&mut ManagerConfig)) -> Option<Planes> {
+    brig_test_support::vm_manager_fixture(tweak).map(planes_of)
+}
+
 fn planes_of(f: ManagerFixture) -> Planes {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
