@@ -76,6 +76,12 @@ pub enum InterpreterError {
          (does the template have python3 with jupyter_client and ipykernel?)"
     )]
     NotReady { id: String, port: u16, secs: u64 },
+    #[error(
+        "the code interpreter restored from its warm start in sandbox {id} does not accept \
+         connections on port {port}: create the sandbox again (if it keeps failing, the \
+         operator can remove $BRIG_HOME/warm so that the daemon makes it afresh)"
+    )]
+    RestoredNotListening { id: String, port: u16 },
 }
 
 /// Write the server, start it in the background as the sandbox's default
@@ -150,6 +156,9 @@ pub fn warm_ahead(manager: &std::sync::Arc<SandboxManager>, template: &str) -> V
         .into_iter()
         .filter(|&t| manager.warms(t))
         .collect();
+    if tiers.is_empty() || !wanted(template) {
+        return Vec::new();
+    }
     let Some(home) = manager.config().home.clone() else {
         return Vec::new();
     };
@@ -157,9 +166,6 @@ pub fn warm_ahead(manager: &std::sync::Arc<SandboxManager>, template: &str) -> V
         Ok(Some(t)) => t.id,
         _ => return Vec::new(),
     };
-    if tiers.is_empty() || !wanted(template) {
-        return Vec::new();
-    }
     let manager = std::sync::Arc::clone(manager);
     let template = template.to_string();
     let for_tiers = tiers.clone();
@@ -304,10 +310,9 @@ pub fn resume_warm(manager: &SandboxManager, sb: &E2bSandbox) -> Result<(), Inte
     };
     let listening = format!("exec 3<>/dev/tcp/127.0.0.1/{CODE_INTERPRETER_PORT}");
     at.run(&sb.default_user, &["bash", "-c", &listening])
-        .map_err(|_| InterpreterError::NotReady {
+        .map_err(|_| InterpreterError::RestoredNotListening {
             id: sid.clone(),
             port: CODE_INTERPRETER_PORT,
-            secs: 0,
         })
 }
 
