@@ -18,7 +18,7 @@ import {
   TimeoutError,
 } from 'e2b'
 import { createRequire } from 'node:module'
-import { check, finish, rejection, section } from './sdk_checks.mjs'
+import { check, finish, rejection, section, show } from './sdk_checks.mjs'
 import { randomBytes } from 'node:crypto'
 
 const require = createRequire(import.meta.url)
@@ -446,7 +446,9 @@ await section('snapshots and fork', async () => {
   check('Sandbox.create(snapshotId): its files', (await child.files.read('/home/user/a.txt')) === 'one\n')
   const forks = await p.fork({ count: 2 })
   for (const f of forks) if (f instanceof Sandbox) made.push(f.sandboxId)
-  check('fork({count: 2}): two sandboxes with the files of now', forks.length === 2 && (await Promise.all(forks.map((f) => f.files.read('/home/user/a.txt')))).every((t) => t === 'two\n'))
+  const failedForks = forks.filter((f) => !(f instanceof Sandbox)).map(String)
+  check('fork({count: 2}): two sandboxes', forks.length === 2 && failedForks.length === 0, show(failedForks))
+  check('fork({count: 2}): with the files of now', failedForks.length === 0 && (await Promise.all(forks.map((f) => f.files.read('/home/user/a.txt')))).every((t) => t === 'two\n'))
   await forks[0].files.write('/home/user/a.txt', 'mine')
   check('a fork is its own', (await forks[1].files.read('/home/user/a.txt')) === 'two\n' && (await p.files.read('/home/user/a.txt')) === 'two\n')
   check('deleteSnapshot: true, then false', (await Sandbox.deleteSnapshot(snap.snapshotId)) === true && (await Sandbox.deleteSnapshot(snap.snapshotId)) === false)

@@ -149,7 +149,7 @@ fn js_sdk_current_generation() {
     let Some(p) = planes_for("base") else {
         return;
     };
-    js_sdk_passes(&dir, &p, None, 108);
+    js_sdk_passes(&dir, &p, None, 109);
 }
 
 /// The same suite, unchanged but for the metadata key `brig.isolation` on
@@ -171,7 +171,7 @@ fn js_sdk_on_gvisor() {
     let Some(p) = support::gvisor_planes_with(|c| c.home = Some(template_home())) else {
         return;
     };
-    js_sdk_passes(&dir, &p, Some("gvisor"), 109);
+    js_sdk_passes(&dir, &p, Some("gvisor"), 110);
 }
 
 /// Runs tests/e2b/js_sdk.mjs on `base` (on `isolation` when given) and

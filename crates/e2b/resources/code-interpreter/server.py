@@ -53,7 +53,12 @@ RESEED_PY = ("import random as _brig_random, os as _brig_os, sys as _brig_sys\n"
              "_brig_random.seed(_brig_os.urandom(32))\n"
              "if 'numpy' in _brig_sys.modules: _brig_sys.modules['numpy'].random.seed()\n"
              "del _brig_random, _brig_os, _brig_sys\n")
-KERNEL_START_TIMEOUT = 60.0  # --kernel-start-timeout
+# --kernel-start-timeout. A Python kernel imports ipykernel (and with it
+# IPython, zmq, tornado): about 2 s on a quiet host, 15-20 s under gVisor's
+# ptrace platform, and more than 60 s measured there in a CI run with two
+# TCG guests beside it. E2B's clients wait for run_code as long as the
+# execution timeout (300 s by default), so the server may wait this long.
+KERNEL_START_TIMEOUT = 180.0
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MAX_REQUEST_BODY = 64 << 20
 
