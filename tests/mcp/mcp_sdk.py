@@ -2,6 +2,7 @@
 
     python mcp_sdk.py stdio BRIG_BINARY         # `brig mcp` (BRIG_HOME etc. from the environment)
     python mcp_sdk.py http URL KEY [OTHER_KEY]  # `brig serve --mcp` at URL/mcp
+    python mcp_sdk.py vm-warm BRIG_BINARY HOME  # `brig mcp`: run_code on vm warm starts
 
 Every tool, an image from a matplotlib plot, progress notifications,
 cancellation (a long `sleep` cancelled: the process is gone), schema
@@ -275,10 +276,62 @@ async def http_main(url, key, other_key):
                                     check("nor read its files", "no sandbox" in str(e) or "not found" in str(e).lower(), e)
 
 
+def kept_warm_starts(home):
+    """The warm starts kept in brig home `home` (half-made ones excluded)."""
+    warm = os.path.join(home, "warm")
+    if not os.path.isdir(warm):
+        return []
+    return [d for d in os.listdir(warm)
+            if not d.startswith(".") and os.path.exists(os.path.join(warm, d, "meta.json"))]
+
+
+async def vm_warm_main(brig, home):
+    """run_code on vm sandboxes: the first create starts cold and has the
+    code interpreter's warm start made meanwhile; a create after it is kept
+    restores it, and its first run_code answers at once with the create's
+    env vars."""
+    params = StdioServerParameters(command=brig, args=["mcp"], env=dict(os.environ))
+    async with stdio_client(params) as (read, write):
+        async with ClientSession(read, write) as s:
+            await s.initialize()
+            check("no warm start before", kept_warm_starts(home) == [], kept_warm_starts(home))
+            r = await s.call_tool("create_sandbox", {"template": "code-interpreter-v1",
+                                                     "isolation": "vm"})
+            check("a first vm create answers", not r.is_error, text_of(r))
+            print(f"sandbox {r.structured_content['sandbox_id']}", flush=True)
+            deadline = time.monotonic() + 1500
+            while not kept_warm_starts(home):
+                if time.monotonic() > deadline:
+                    check("the warm start is made within 25 min", False)
+                await anyio.sleep(5)
+            check("one warm start kept", len(kept_warm_starts(home)) == 1, kept_warm_starts(home))
+            t0 = time.monotonic()
+            r = await s.call_tool("create_sandbox", {"template": "code-interpreter-v1",
+                                                     "isolation": "vm",
+                                                     "env": {"FROM_CREATE": "yes"}})
+            made = time.monotonic() - t0
+            check("a create after it answers", not r.is_error, text_of(r))
+            sid = r.structured_content["sandbox_id"]
+            print(f"sandbox {sid}", flush=True)
+            t1 = time.monotonic()
+            r = await s.call_tool("run_code", {
+                "sandbox_id": sid,
+                "code": "import os, random; (os.environ.get('FROM_CREATE'), random.random())"})
+            ran = time.monotonic() - t1
+            t = text_of(r)
+            check("run_code in the restored sandbox: the create's env var", not r.is_error
+                  and "('yes'," in t, t)
+            # Cold, a kernel takes 1-3 minutes to start in a TCG guest.
+            check("run_code in the restored sandbox answers at once", ran < 20, f"{ran:.1f} s")
+            print(f"restored create {made:.2f} s, first run_code {ran:.2f} s", flush=True)
+
+
 def main():
     mode = sys.argv[1]
     if mode == "stdio":
         anyio.run(stdio_main, sys.argv[2])
+    elif mode == "vm-warm":
+        anyio.run(vm_warm_main, sys.argv[2], sys.argv[3])
     else:
         anyio.run(http_main, sys.argv[2], sys.argv[3], sys.argv[4] if len(sys.argv) > 4 else None)
     print(f"{passed} passed, 0 failed", flush=True)

@@ -9,6 +9,7 @@
 //! Cancelling the call drops the response body; the server sees its
 //! client go and interrupts the kernel.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -69,6 +70,30 @@ async fn ensure(call: &Call<'_>, id: &SandboxId) -> Result<(), ToolError> {
         .map_err(|e| ToolError::Failed(crate::error::chain(&e)))?;
     lock(&call.shared().interpreters).insert(id.clone(), Interpreter { user });
     Ok(())
+}
+
+/// A sandbox just restored from the code interpreter's warm start (see
+/// `sandboxes::make`): its server is told the create's env vars and
+/// checked to listen, then known to be up. If it is not, `run_code`
+/// starts one as in any other sandbox.
+pub(crate) async fn resumed(call: &Call<'_>, id: &SandboxId, envs: BTreeMap<String, String>) {
+    let (user, _) = crate::command::default_user(call, id).await;
+    let (m, t, i, u) = (
+        Arc::clone(call.manager()),
+        call.tenant.clone(),
+        id.clone(),
+        user.clone(),
+    );
+    let resumed =
+        tokio::task::spawn_blocking(move || interpreter::resume_warm_in(&m, &t, &i, &u, &envs))
+            .await;
+    match resumed {
+        Ok(Ok(())) => {
+            lock(&call.shared().interpreters).insert(id.clone(), Interpreter { user });
+        }
+        Ok(Err(e)) => tracing::warn!("{}", crate::error::chain(&e)),
+        Err(e) => tracing::warn!("sandbox {id}: the resume task failed: {e}"),
+    }
 }
 
 pub(crate) async fn run_code(

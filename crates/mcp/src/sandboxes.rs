@@ -1,10 +1,12 @@
 //! `create_sandbox`, `list_sandboxes`, `kill_sandbox`, `extend_timeout`,
 //! and the session's default sandbox.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use brig_core::{parse_duration, EnvVar, Isolation, Limits, SandboxId, TemplateRef};
+use brig_e2b::control::interpreter;
 use brig_runtime::{CreateConfig, ListFilter, SandboxRecord, SandboxState};
 use rmcp::model::{CallToolResult, ContentBlock};
 use serde_json::json;
@@ -105,10 +107,46 @@ fn network(
 
 /// Create a sandbox, telling the client every few seconds that it is
 /// still being made (a first create of a template builds or pulls it).
+/// A code-interpreter sandbox on a tier that keeps warm starts (vm) is
+/// restored from one, its server up with ready kernels, when one is kept;
+/// when none is, it starts cold (`run_code` starts its server) while the
+/// warm start is made in the background for the creates after it.
 async fn make(call: &Call<'_>, config: CreateConfig) -> Result<SandboxRecord, ToolError> {
     let (m, t) = (Arc::clone(call.manager()), call.tenant.clone());
     let template = config.template.to_string();
-    let mut task = tokio::task::spawn_blocking(move || m.create(&t, config));
+    let envs: BTreeMap<String, String> = config
+        .env
+        .iter()
+        .map(|v| (v.key.clone(), v.value.clone()))
+        .collect();
+    let mut task = tokio::task::spawn_blocking(move || {
+        let name = config
+            .attrs
+            .get("mcp")
+            .and_then(|a| a.get("template"))
+            .and_then(|t| t.as_str())
+            .map_or_else(|| config.template.to_string(), str::to_string);
+        let key = interpreter::wanted(&name)
+            .then(|| interpreter::warm_key(&m, &name, config.isolation, &config))
+            .flatten()
+            .filter(|key| interpreter::warm_kept_or_make(&m, &t, key, &config));
+        if let Some(key) = key {
+            let warm = CreateConfig {
+                warm: Some(key),
+                ..config.clone()
+            };
+            match m.create(&t, warm) {
+                Ok(record) => return Ok((record, true)),
+                // Forgotten by the runtime (a restore that fails is not
+                // tried again); this create goes on cold.
+                Err(e) => tracing::warn!(
+                    "a warm start of {name} did not restore; starting cold: {}",
+                    brig_runtime::chain(&e)
+                ),
+            }
+        }
+        m.create(&t, config).map(|record| (record, false))
+    });
     let started = tokio::time::Instant::now();
     call.progress(0.0, format!("creating a sandbox of {template}"))
         .await;
@@ -117,8 +155,11 @@ async fn make(call: &Call<'_>, config: CreateConfig) -> Result<SandboxRecord, To
     loop {
         tokio::select! {
             done = &mut task => {
-                let record = done
+                let (record, warm) = done
                     .map_err(|e| ToolError::Failed(format!("the create task failed: {e}")))??;
+                if warm {
+                    crate::code::resumed(call, &record.id, envs).await;
+                }
                 return Ok(record);
             }
             _ = tick.tick() => {
@@ -236,6 +277,9 @@ pub(crate) async fn list(
     let items: Vec<_> = page
         .items
         .iter()
+        // The code interpreter's warm-up (see `make`) is brig's, not the
+        // client's: it ends by itself once checkpointed.
+        .filter(|r| !r.labels.contains_key(interpreter::WARM_UP_LABEL))
         .map(|r| describe(r, default.as_ref()))
         .collect();
     let text = if items.is_empty() {

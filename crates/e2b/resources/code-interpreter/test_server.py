@@ -647,6 +647,46 @@ class WarmStartTest(unittest.TestCase):
             server.stop()
             shutil.rmtree(tmp, ignore_errors=True)
 
+    def test_a_context_waits_for_a_starting_spare(self):
+        # Every kernel takes 3 s longer to start (a sitecustomize that
+        # sleeps in any Python the test did not start itself): a new
+        # context asked for while the spare is starting takes that spare
+        # rather than starting a second kernel beside it, and its
+        # replacement starts only once it is up.
+        tmp = tempfile.mkdtemp(prefix="brig-ci-warm-")
+        slow = os.path.join(tmp, "slow")
+        os.mkdir(slow)
+        with open(os.path.join(slow, "sitecustomize.py"), "w") as f:
+            f.write("import os, time\n"
+                    f"if os.getppid() != {os.getpid()}: time.sleep(3)\n")
+        server = Server(tmp, extra_env={"PYTHONPATH": slow + os.pathsep + bash_kernel_dir()},
+                        args=["--default-kernels", "python", "--spare-kernels", "python"])
+        self.server = server
+        try:
+            # The default kernel starts first, the spare once it is up
+            # (/brig/ready would wait for the spare too).
+            deadline = time.monotonic() + 60
+            while len(self.children(server.proc.pid)) < 2:
+                self.assertLess(time.monotonic(), deadline, "no spare kernel started")
+                time.sleep(0.02)
+            status, body = server.request("GET", "/health")
+            self.assertEqual(status, 200, body)
+            default = server.execute("import os; os.getpid()")
+            starting = self.children(server.proc.pid) - {int(main_text(default))}
+            self.assertEqual(len(starting), 1, starting)
+            ctx = self.new_context(language="python", cwd=tmp)
+            lines = server.execute("import os; (os.getpid(), os.getcwd())", context_id=ctx["id"])
+            pid, cwd = eval(main_text(lines))
+            self.assertEqual({pid}, starting, "the context took the spare that was starting")
+            self.assertEqual(cwd, tmp)
+            deadline = time.monotonic() + 60
+            while json.loads(server.request("GET", "/brig/ready")[1])["spares"] != {"python": 1}:
+                self.assertLess(time.monotonic(), deadline, "the spare was not replaced")
+                time.sleep(0.2)
+        finally:
+            server.stop()
+            shutil.rmtree(tmp, ignore_errors=True)
+
     def new_context(self, **body):
         return CodeInterpreterTest.new_context(self, **body)
 

@@ -47,6 +47,9 @@ const WARM_ARGS: &[&str] = &[
 /// Changed when what a warm start holds changes beyond its key's other
 /// parts (2: vm guests have QEMU's `max` CPU under TCG).
 const WARM_REVISION: &str = "2";
+/// The label of the sandbox a warm start is taken of (its value: what
+/// the warm start is for); front-ends leave it out of their lists.
+pub const WARM_UP_LABEL: &str = "brig.warm-up";
 /// Where brig tells a restored server the sandbox's env vars (the
 /// server's `RESTORED_FILE`).
 const RESTORED_PATH: &str = "/opt/brig/code-interpreter/restored.json";
@@ -95,7 +98,8 @@ pub fn start(manager: &SandboxManager, sb: &E2bSandbox) -> Result<(), Interprete
 /// restore, where that tier keeps them and the template is built (else
 /// the create builds it first, and the next one warms). Everything a
 /// restored sandbox depends on is in the key: the template's build, the
-/// tier, the limits, whether it has a network device, the server.
+/// tier, the limits, whether it has a network device, whether setuid
+/// programs work, the server.
 pub fn warm_key(
     manager: &SandboxManager,
     template: &str,
@@ -118,6 +122,12 @@ pub fn warm_key(
             &build.to_string_lossy(),
             &limits,
             if networked { "network" } else { "loopback" },
+            // E2B's creates allow setuid (sudo), brig-mcp's do not.
+            if config.allow_setuid {
+                "setuid"
+            } else {
+                "no setuid"
+            },
             SERVER_PY,
             &WARM_ARGS.join(" "),
             env!("CARGO_PKG_VERSION"),
@@ -210,6 +220,28 @@ pub fn prepare_warm(
     key: &WarmKey,
     config: &CreateConfig,
 ) -> Result<(), ManagerError> {
+    prepare_warm_within(manager, tenant, key, config, WARM_WAIT)
+}
+
+/// For a front-end that would rather start the server cold than wait
+/// (brig-mcp's `run_code`): whether `key` is kept; if not, it is made in
+/// the background for the creates after this one.
+pub fn warm_kept_or_make(
+    manager: &std::sync::Arc<SandboxManager>,
+    tenant: &TenantId,
+    key: &WarmKey,
+    config: &CreateConfig,
+) -> bool {
+    prepare_warm_within(manager, tenant, key, config, Duration::ZERO).is_ok()
+}
+
+fn prepare_warm_within(
+    manager: &std::sync::Arc<SandboxManager>,
+    tenant: &TenantId,
+    key: &WarmKey,
+    config: &CreateConfig,
+    wait: Duration,
+) -> Result<(), ManagerError> {
     let maker = std::sync::Arc::clone(manager);
     let (tenant, key2) = (tenant.clone(), key.clone());
     let like = CreateConfig {
@@ -227,14 +259,14 @@ pub fn prepare_warm(
                 ..brig_net::Policy::default()
             },
         }),
-        labels: [("brig.warm-up".to_string(), key.label().to_string())].into(),
+        labels: [(WARM_UP_LABEL.to_string(), key.label().to_string())].into(),
         timeout: Some(WARM_UP_WAIT + Duration::from_secs(120)),
         wait_for_template: true,
         ..CreateConfig::default()
     };
     manager.prepare_with(
         &key.to_string(),
-        WARM_WAIT,
+        wait,
         || manager.warm_kept(key),
         move || warm_up(&maker, &tenant, &key2, like),
     )
@@ -289,27 +321,34 @@ pub fn warm_up(
 /// told the sandbox's env vars (its kernels started before they were
 /// given) and to reseed their random numbers, and checked to listen.
 pub fn resume_warm(manager: &SandboxManager, sb: &E2bSandbox) -> Result<(), InterpreterError> {
-    let sid = sb.id.to_string();
+    resume_warm_in(manager, &sb.tenant, &sb.id, &sb.default_user, &sb.env)
+}
+
+/// [`resume_warm`] for any front-end: sandbox `id` of `tenant`, restored
+/// from a warm start, with the create's env vars `envs`; checked as `user`.
+pub fn resume_warm_in(
+    manager: &SandboxManager,
+    tenant: &TenantId,
+    id: &SandboxId,
+    user: &str,
+    envs: &BTreeMap<String, String>,
+) -> Result<(), InterpreterError> {
+    let sid = id.to_string();
     let err = |source| InterpreterError::Start {
         id: sid.clone(),
         source: Box::new(source),
     };
-    let restored = serde_json::json!({ "envs": sb.env });
+    let restored = serde_json::json!({ "envs": envs });
     manager
-        .write_file(
-            &sb.tenant,
-            &sb.id,
-            RESTORED_PATH,
-            restored.to_string().as_bytes(),
-        )
+        .write_file(tenant, id, RESTORED_PATH, restored.to_string().as_bytes())
         .map_err(err)?;
     let at = Where {
         manager,
-        tenant: &sb.tenant,
-        id: &sb.id,
+        tenant,
+        id,
     };
     let listening = format!("exec 3<>/dev/tcp/127.0.0.1/{CODE_INTERPRETER_PORT}");
-    at.run(&sb.default_user, &["bash", "-c", &listening])
+    at.run(user, &["bash", "-c", &listening])
         .map_err(|_| InterpreterError::RestoredNotListening {
             id: sid.clone(),
             port: CODE_INTERPRETER_PORT,
