@@ -705,6 +705,9 @@ class Interpreter:
         self.spare_wanted = [normalize_language(x) for x in args.spare_kernels.split(",")
                              if x.strip()]
         self.spares = {}
+        # One spare starts at a time: the one a context may be waiting for
+        # (take_spare) gets the CPU to itself, not half of it.
+        self.spare_starts = asyncio.Lock()
         self.boot_errors = {}  # language -> why its default context did not start
 
     def check_restored(self):
@@ -778,19 +781,20 @@ class Interpreter:
         if spec is None:
             log.error("no kernel for spare language %s", language)
             return
-        cwd = self.args.cwd if os.path.isdir(self.args.cwd) else os.getcwd()
-        kernel = Kernel(spec, cwd, self.spare_env())
-        ready = asyncio.ensure_future(kernel.start())
-        ready.add_done_callback(lambda f: f.cancelled() or f.exception())
-        self.spares.setdefault(language, []).append((kernel, ready))
-        try:
-            await asyncio.shield(ready)
-            log.info("spare %s kernel ready", language)
-        except Exception as e:
-            log.error("spare %s kernel failed to start: %s", language, e)
-            entry = (kernel, ready)
-            if entry in self.spares.get(language, []):
-                self.spares[language].remove(entry)
+        async with self.spare_starts:
+            cwd = self.args.cwd if os.path.isdir(self.args.cwd) else os.getcwd()
+            kernel = Kernel(spec, cwd, self.spare_env())
+            ready = asyncio.ensure_future(kernel.start())
+            ready.add_done_callback(lambda f: f.cancelled() or f.exception())
+            self.spares.setdefault(language, []).append((kernel, ready))
+            try:
+                await asyncio.shield(ready)
+                log.info("spare %s kernel ready", language)
+            except Exception as e:
+                log.error("spare %s kernel failed to start: %s", language, e)
+                entry = (kernel, ready)
+                if entry in self.spares.get(language, []):
+                    self.spares[language].remove(entry)
 
     def take_spare(self, language):
         """A spare kernel of `language`: a ready one, or else the one that

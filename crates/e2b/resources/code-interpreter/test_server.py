@@ -687,6 +687,41 @@ class WarmStartTest(unittest.TestCase):
             server.stop()
             shutil.rmtree(tmp, ignore_errors=True)
 
+    def test_spares_are_replaced_one_at_a_time(self):
+        # Kernels slowed 3 s as above; two spares taken at once are
+        # replaced one after the other, not side by side.
+        tmp = tempfile.mkdtemp(prefix="brig-ci-warm-")
+        slow = os.path.join(tmp, "slow")
+        os.mkdir(slow)
+        with open(os.path.join(slow, "sitecustomize.py"), "w") as f:
+            f.write("import os, time\n"
+                    f"if os.getppid() != {os.getpid()}: time.sleep(3)\n")
+        server = Server(tmp, extra_env={"PYTHONPATH": slow + os.pathsep + bash_kernel_dir()},
+                        args=["--no-default-kernel", "--spare-kernels", "python,python"])
+        self.server = server
+        try:
+            status, body = server.request("GET", "/brig/ready")
+            self.assertEqual(status, 200, body)
+            self.assertEqual(json.loads(body)["spares"], {"python": 2}, body)
+            spares = self.children(server.proc.pid)
+            for _ in range(2):
+                self.new_context(language="python", cwd=tmp)
+            # Their replacements: one process at once for the first 2 s
+            # (each sleeps 3 s before it is a kernel).
+            seen = set()
+            until = time.monotonic() + 2
+            while time.monotonic() < until:
+                seen |= self.children(server.proc.pid) - spares
+                time.sleep(0.05)
+            self.assertEqual(len(seen), 1, f"replacements started at once: {seen}")
+            deadline = time.monotonic() + 60
+            while json.loads(server.request("GET", "/brig/ready")[1])["spares"] != {"python": 2}:
+                self.assertLess(time.monotonic(), deadline, "the spares were not replaced")
+                time.sleep(0.2)
+        finally:
+            server.stop()
+            shutil.rmtree(tmp, ignore_errors=True)
+
     def new_context(self, **body):
         return CodeInterpreterTest.new_context(self, **body)
 
