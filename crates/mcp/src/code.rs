@@ -42,12 +42,7 @@ async fn ensure(call: &Call<'_>, id: &SandboxId) -> Result<(), ToolError> {
     let record = tokio::task::spawn_blocking(move || m.get(&t, &i))
         .await
         .map_err(|e| ToolError::Failed(format!("the lookup failed: {e}")))??;
-    let template = record
-        .attrs
-        .get("mcp")
-        .and_then(|a| a.get("template"))
-        .and_then(|t| t.as_str())
-        .map_or(record.template.clone(), str::to_string);
+    let template = crate::sandboxes::template_name(&record.attrs, &record.template);
     if !interpreter::wanted(&template) {
         return Err(ToolError::Invalid(format!(
             "run_code needs a sandbox of the code-interpreter-v1 template, and sandbox {id} is \

@@ -105,6 +105,20 @@ fn network(
     Ok(Some(policy))
 }
 
+/// The template a client named when it made a sandbox (kept in its
+/// `mcp` attribute by `config`), else `resolved`: the runtime's name for it.
+pub(crate) fn template_name(
+    attrs: &serde_json::Map<String, serde_json::Value>,
+    resolved: &str,
+) -> String {
+    attrs
+        .get("mcp")
+        .and_then(|a| a.get("template"))
+        .and_then(|t| t.as_str())
+        .unwrap_or(resolved)
+        .to_string()
+}
+
 /// Create a sandbox, telling the client every few seconds that it is
 /// still being made (a first create of a template builds or pulls it).
 /// A code-interpreter sandbox on a tier that keeps warm starts (vm) is
@@ -120,12 +134,7 @@ async fn make(call: &Call<'_>, config: CreateConfig) -> Result<SandboxRecord, To
         .map(|v| (v.key.clone(), v.value.clone()))
         .collect();
     let mut task = tokio::task::spawn_blocking(move || {
-        let name = config
-            .attrs
-            .get("mcp")
-            .and_then(|a| a.get("template"))
-            .and_then(|t| t.as_str())
-            .map_or_else(|| config.template.to_string(), str::to_string);
+        let name = template_name(&config.attrs, &config.template.to_string());
         let key = interpreter::wanted(&name)
             .then(|| interpreter::warm_key(&m, &name, config.isolation, &config))
             .flatten()

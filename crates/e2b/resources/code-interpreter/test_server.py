@@ -613,11 +613,7 @@ class WarmStartTest(unittest.TestCase):
             self.assertIn(int(ppid), before, "the bash context took a spare kernel")
             self.assertEqual(pwd, work)
             # Taken spares are replaced.
-            deadline = time.monotonic() + 120
-            while json.loads(server.request("GET", "/brig/ready")[1])["spares"] != \
-                    {"python": 1, "bash": 1}:
-                self.assertLess(time.monotonic(), deadline, "spares not replaced")
-                time.sleep(0.2)
+            self.wait_for_spares(server, {"python": 1, "bash": 1}, 120, "spares not replaced")
 
             # A restart takes a spare too (in the context's cwd).
             ready_spares = self.children(server.proc.pid)
@@ -647,20 +643,33 @@ class WarmStartTest(unittest.TestCase):
             server.stop()
             shutil.rmtree(tmp, ignore_errors=True)
 
-    def test_a_context_waits_for_a_starting_spare(self):
-        # Every kernel takes 3 s longer to start (a sitecustomize that
-        # sleeps in any Python the test did not start itself): a new
-        # context asked for while the spare is starting takes that spare
-        # rather than starting a second kernel beside it, and its
-        # replacement starts only once it is up.
-        tmp = tempfile.mkdtemp(prefix="brig-ci-warm-")
+    def wait_for_spares(self, server, want, timeout, why):
+        """Until /brig/ready counts `want` ready spares per language."""
+        deadline = time.monotonic() + timeout
+        while json.loads(server.request("GET", "/brig/ready")[1])["spares"] != want:
+            self.assertLess(time.monotonic(), deadline, why)
+            time.sleep(0.2)
+
+    def slow_kernel_server(self, tmp, args):
+        """A server in `tmp` whose kernels each take 3 s longer to start: a
+        sitecustomize that sleeps in any Python the test did not start
+        itself (the server is the test's child, its kernels are not)."""
         slow = os.path.join(tmp, "slow")
         os.mkdir(slow)
         with open(os.path.join(slow, "sitecustomize.py"), "w") as f:
             f.write("import os, time\n"
                     f"if os.getppid() != {os.getpid()}: time.sleep(3)\n")
-        server = Server(tmp, extra_env={"PYTHONPATH": slow + os.pathsep + bash_kernel_dir()},
-                        args=["--default-kernels", "python", "--spare-kernels", "python"])
+        return Server(tmp, extra_env={"PYTHONPATH": slow + os.pathsep + bash_kernel_dir()},
+                      args=args)
+
+    def test_a_context_waits_for_a_starting_spare(self):
+        # Kernels slowed 3 s (slow_kernel_server): a new
+        # context asked for while the spare is starting takes that spare
+        # rather than starting a second kernel beside it, and its
+        # replacement starts only once it is up.
+        tmp = tempfile.mkdtemp(prefix="brig-ci-warm-")
+        server = self.slow_kernel_server(tmp, ["--default-kernels", "python",
+                                               "--spare-kernels", "python"])
         self.server = server
         try:
             # The default kernel starts first, the spare once it is up
@@ -679,25 +688,17 @@ class WarmStartTest(unittest.TestCase):
             pid, cwd = eval(main_text(lines))
             self.assertEqual({pid}, starting, "the context took the spare that was starting")
             self.assertEqual(cwd, tmp)
-            deadline = time.monotonic() + 60
-            while json.loads(server.request("GET", "/brig/ready")[1])["spares"] != {"python": 1}:
-                self.assertLess(time.monotonic(), deadline, "the spare was not replaced")
-                time.sleep(0.2)
+            self.wait_for_spares(server, {"python": 1}, 60, "the spare was not replaced")
         finally:
             server.stop()
             shutil.rmtree(tmp, ignore_errors=True)
 
     def test_spares_are_replaced_one_at_a_time(self):
-        # Kernels slowed 3 s as above; two spares taken at once are
+        # Kernels slowed 3 s (slow_kernel_server): two spares taken at once are
         # replaced one after the other, not side by side.
         tmp = tempfile.mkdtemp(prefix="brig-ci-warm-")
-        slow = os.path.join(tmp, "slow")
-        os.mkdir(slow)
-        with open(os.path.join(slow, "sitecustomize.py"), "w") as f:
-            f.write("import os, time\n"
-                    f"if os.getppid() != {os.getpid()}: time.sleep(3)\n")
-        server = Server(tmp, extra_env={"PYTHONPATH": slow + os.pathsep + bash_kernel_dir()},
-                        args=["--no-default-kernel", "--spare-kernels", "python,python"])
+        server = self.slow_kernel_server(tmp, ["--no-default-kernel",
+                                               "--spare-kernels", "python,python"])
         self.server = server
         try:
             status, body = server.request("GET", "/brig/ready")
@@ -714,10 +715,7 @@ class WarmStartTest(unittest.TestCase):
                 seen |= self.children(server.proc.pid) - spares
                 time.sleep(0.05)
             self.assertEqual(len(seen), 1, f"replacements started at once: {seen}")
-            deadline = time.monotonic() + 60
-            while json.loads(server.request("GET", "/brig/ready")[1])["spares"] != {"python": 2}:
-                self.assertLess(time.monotonic(), deadline, "the spares were not replaced")
-                time.sleep(0.2)
+            self.wait_for_spares(server, {"python": 2}, 60, "the spares were not replaced")
         finally:
             server.stop()
             shutil.rmtree(tmp, ignore_errors=True)
