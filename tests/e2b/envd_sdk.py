@@ -184,8 +184,11 @@ sbx.pty.send_stdin(pty.pid, b"stty size; pwd; echo $PTY_VAR $TERM; echo FIR''ST\
 resized = False
 for _, _, chunk in pty:
     data.extend(chunk or b"")
-    if not resized and b"FIRST" in data:
-        # Resized only once the shell has run the first line.
+    if not resized and b"FIRST" in data and data.endswith((b"$ ", b"# ")):
+        # Resized only once the shell has run the first line and drawn its
+        # next prompt: readline reads the size and writes it back as it
+        # draws one, which undoes a resize sent in between (on any kernel;
+        # on gVisor under load the window is wide enough to hit).
         sbx.pty.resize(pty.pid, PtySize(rows=30, cols=100))
         sbx.pty.send_stdin(pty.pid, b"stty size; echo SEC''OND; exit 5\n")
         resized = True

@@ -176,6 +176,9 @@ await section('pty', async () => {
   const enc = new TextEncoder()
   await sbx.pty.sendInput(pty.pid, enc.encode('echo $((6*7))-$TERM; tty; stty size\n'))
   check('pty input and output', await waitFor(() => /42-xterm-256color/.test(screen) && /\/dev\/pts\/\d+/.test(screen) && /24 80/.test(screen)), JSON.stringify(screen))
+  // Resized once the shell is back at its prompt: readline reads the size
+  // and writes it back as it draws one, undoing a resize sent in between.
+  await waitFor(() => /24 80\r?\n[\s\S]*[$#] $/.test(screen))
   await sbx.pty.resize(pty.pid, { cols: 120, rows: 40 })
   await sbx.pty.sendInput(pty.pid, enc.encode('stty size\n'))
   check('pty.resize', await waitFor(() => /40 120/.test(screen)), JSON.stringify(screen))

@@ -64,6 +64,9 @@ pub struct Proc {
     pub stdin_buf: VecDeque<u8>,
     /// The client closed stdin; close the child's once `stdin_buf` drains.
     pub stdin_eof: bool,
+    /// The terminal size a client last asked for, and when to make sure
+    /// it holds ([`Proc::resize`]).
+    resized: Option<(Instant, u16, u16)>,
     queue: VecDeque<(u8, Vec<u8>)>,
     queued: usize,
     pub dropped: u64,
@@ -149,6 +152,7 @@ impl Proc {
             stdin: None,
             stdin_buf: VecDeque::new(),
             stdin_eof: false,
+            resized: None,
             queue: VecDeque::new(),
             queued: 0,
             dropped: 0,
@@ -322,6 +326,54 @@ impl Proc {
             .then_some(self.exited_at)
             .flatten()
             .map(|t| t + Self::OUTPUT_GRACE)
+    }
+
+    /// How long after a resize the size is checked again.
+    pub const RESIZE_RECHECK: Duration = Duration::from_millis(100);
+
+    /// Set the PTY's size, and look again [`Proc::RESIZE_RECHECK`] later.
+    /// A program that reads the size and writes it back (readline does,
+    /// each time it draws a prompt: `TIOCGWINSZ` then `TIOCSWINSZ` with
+    /// what it read) undoes a resize that lands between its two calls.
+    /// On Linux that window is two syscalls wide; under gVisor's ptrace
+    /// platform, on a loaded host, a resize sent as a shell returns to its
+    /// prompt was lost about once in a hundred. The client's size is the
+    /// one it sees and must stay the terminal's.
+    pub fn resize(&mut self, rows: u16, cols: u16) -> io::Result<()> {
+        let Some(master) = self.stdout.as_ref().filter(|_| self.pty) else {
+            return Err(io::Error::from_raw_os_error(libc::ENOTTY));
+        };
+        sys::set_winsize(master, rows, cols)?;
+        self.resized = Some((Instant::now() + Self::RESIZE_RECHECK, rows, cols));
+        Ok(())
+    }
+
+    /// Once the recheck is due: set the size the client asked for again if
+    /// something put back an older one meanwhile.
+    pub fn recheck_size(&mut self, now: Instant) {
+        let Some((due, rows, cols)) = self.resized else {
+            return;
+        };
+        if due > now {
+            return;
+        }
+        self.resized = None;
+        let Some(master) = self.stdout.as_ref().filter(|_| self.pty) else {
+            return;
+        };
+        if sys::winsize(master).is_ok_and(|size| size != (rows, cols)) {
+            let _ = sys::set_winsize(master, rows, cols);
+        }
+    }
+
+    /// When the poll loop must wake for this process: its output grace
+    /// ends or a resize is to be checked.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        let recheck = self.resized.map(|(due, _, _)| due);
+        match (self.output_deadline(), recheck) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Past the grace after its exit: read what is in the pipes now (all

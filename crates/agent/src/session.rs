@@ -407,12 +407,13 @@ impl Session {
                 }
             }
         }
-        // Wake for the first exited process whose output grace ends.
+        // Wake for the first exited process whose output grace ends, or
+        // for a resize to check.
         let now = std::time::Instant::now();
         let grace = self
             .procs
             .values()
-            .filter_map(|p| p.output_deadline())
+            .filter_map(|p| p.next_deadline())
             .min()
             .map(|d| {
                 (d.saturating_duration_since(now).as_millis() + 1).min(i32::MAX as u128) as i32
@@ -458,6 +459,7 @@ impl Session {
         let now = std::time::Instant::now();
         for p in self.procs.values_mut() {
             p.end_orphaned_output(now, &mut self.logs);
+            p.recheck_size(now);
         }
         for (id, event) in self.forwards.expired() {
             self.forward_ready(id, forward::Ready::Failed(event));
@@ -968,7 +970,7 @@ impl Session {
                 let reply = match message::decode::<Input>("input", json) {
                     Err(e) => Some(Event::error(ErrorCode::InvalidRequest, e.to_string())),
                     Ok(input) => match role {
-                        Role::Process { pid } => match self.procs.get(pid) {
+                        Role::Process { pid } => match self.procs.get_mut(pid) {
                             Some(p) => input_to_process(p, input),
                             None => None,
                         },
@@ -1266,26 +1268,22 @@ impl Session {
     }
 }
 
-fn input_to_process(p: &Proc, input: Input) -> Option<Event> {
+fn input_to_process(p: &mut Proc, input: Input) -> Option<Event> {
     match input {
         Input::Signal { sig } => match signal(p.pid, sig) {
             Event::Done => None,
             err => Some(err),
         },
-        Input::Resize { rows, cols } => {
-            let Some(master) = p.stdout.as_ref().filter(|_| p.pty) else {
-                return Some(Event::error(
-                    ErrorCode::InvalidRequest,
-                    format!("process {} has no pty to resize", p.pid),
-                ));
-            };
-            sys::set_winsize(master, rows, cols).err().map(|e| {
-                Event::error(
-                    ErrorCode::Io,
-                    format!("resize pty: {}", files::describe(&e)),
-                )
-            })
-        }
+        Input::Resize { .. } if !p.pty || p.stdout.is_none() => Some(Event::error(
+            ErrorCode::InvalidRequest,
+            format!("process {} has no pty to resize", p.pid),
+        )),
+        Input::Resize { rows, cols } => p.resize(rows, cols).err().map(|e| {
+            Event::error(
+                ErrorCode::Io,
+                format!("resize pty: {}", files::describe(&e)),
+            )
+        }),
     }
 }
 

@@ -245,6 +245,20 @@ pub fn set_winsize(fd: &impl AsRawFd, rows: u16, cols: u16) -> io::Result<()> {
     Ok(())
 }
 
+/// A terminal's size: (rows, columns).
+pub fn winsize(fd: &impl AsRawFd) -> io::Result<(u16, u16)> {
+    let mut ws = libc::winsize {
+        ws_row: 0,
+        ws_col: 0,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCGWINSZ writes one winsize through the pointer, which is
+    // valid for the call.
+    check(unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCGWINSZ, &mut ws) })?;
+    Ok((ws.ws_row, ws.ws_col))
+}
+
 /// A new inotify instance, non-blocking and close-on-exec.
 pub fn inotify_init() -> io::Result<OwnedFd> {
     // SAFETY: inotify_init1 takes only flags.

@@ -121,6 +121,60 @@ fn pty_exec_has_a_terminal_and_resizes() {
     assert_eq!(out.exited(), Some((Some(0), None)));
 }
 
+/// A program that reads the terminal's size and writes it back (readline
+/// does, each time it draws a prompt) can undo a resize that lands
+/// between its two calls; the agent looks again shortly after a resize
+/// and puts the client's size back.
+#[test]
+fn a_resize_undone_by_the_program_is_put_back() {
+    let mut agent = Agent::start();
+    // `stty rows 24 cols 80` after the resize plays readline's write-back.
+    let script = "stty size; read x; stty rows 24 cols 80; echo RE''STORED; read y; stty size";
+    for attempt in 1.. {
+        let mut req = exec(&["sh", "-c", script]);
+        req.pty = Some(PtySize { rows: 24, cols: 80 });
+        let id = agent.open(StreamClass::EXEC, &req);
+        let mut seen = Vec::new();
+        let wait_for = |agent: &mut Agent, what: &str, seen: &mut Vec<u8>| {
+            while !String::from_utf8_lossy(seen).contains(what) {
+                match agent.item(id) {
+                    Item::Stdout(b) => seen.extend(b),
+                    Item::Event(Event::Started { .. }) => {}
+                    other => panic!("unexpected {other:?}; output so far {seen:?}"),
+                }
+            }
+        };
+        wait_for(&mut agent, "24 80", &mut seen);
+        let resized = std::time::Instant::now();
+        agent.send_control(
+            id,
+            &Input::Resize {
+                rows: 50,
+                cols: 132,
+            },
+        );
+        agent.send_bytes(id, b"go\n");
+        wait_for(&mut agent, "RESTORED", &mut seen);
+        let undone_after = resized.elapsed();
+        // Past the agent's second look.
+        std::thread::sleep(Duration::from_millis(300));
+        agent.send_bytes(id, b"go\n");
+        let out = agent.collect(id);
+        seen.extend(&out.stdout);
+        let text = String::from_utf8_lossy(&seen);
+        if undone_after >= Duration::from_millis(90) && attempt < 5 {
+            // The program's write-back came after the agent looked again
+            // (a slow host): that size is the program's to keep. Again.
+            eprintln!("attempt {attempt}: write-back after {undone_after:?}; again");
+            continue;
+        }
+        let last = text.trim_end().lines().last().unwrap_or_default();
+        assert_eq!(last.trim(), "50 132", "{text}");
+        assert_eq!(out.exited(), Some((Some(0), None)));
+        break;
+    }
+}
+
 #[test]
 fn resize_without_pty_is_refused() {
     let mut agent = Agent::start();
