@@ -131,8 +131,8 @@ class MemCgroup:
 class Daemon:
     """`brig serve` on a free port with a temp home; stopped with SIGTERM."""
 
-    def __init__(self, brig, home, pool, cgroup=None):
-        self.home = home
+    def __init__(self, brig, home, pool, cgroup=None, network=None):
+        self.home, self.network = home, network
         home.mkdir(parents=True)
         self.log_path = home.parent / f"{home.name}.log"
         self.log_file = open(self.log_path, "w")
@@ -152,7 +152,8 @@ class Daemon:
         self.key = (home / "local.key").read_text().strip()
 
     def target(self):
-        return ["--url", self.url, "--key", self.key]
+        t = ["--url", self.url, "--key", self.key]
+        return t + ["--network", self.network] if self.network else t
 
     def get(self, path):
         req = urllib.request.Request(self.url + path, headers={"Authorization": f"Bearer {self.key}"})
@@ -400,7 +401,7 @@ def part_memory(tool, brig, args, out, work):
 
 def memory_brig(tool, brig, args, out, work, daemon_cg, res):
     n = args.sandboxes
-    daemon = Daemon(brig, work / "home-memory", "host=0", daemon_cg)
+    daemon = Daemon(brig, work / "home-memory", "host=0", daemon_cg, args.network)
     ids = []
     try:
         log(f"memory: create from scratch (no pool), {args.creates // 2} creates")
@@ -529,6 +530,7 @@ def met(ok):
 def render(res, meta):
     L = [f"daemon: brig serve against bwrap/crun ({meta['date']}, {meta['cpus']} cpus, "
          f"kernel {meta['kernel']}; load before {meta['load_before']}, after {meta['load_after']})",
+         f"brig's sandboxes: network {meta['args'].get('network') or 'the daemon default (public)'}",
          "times in ms; ratio = brig / peer (below 1: brig is faster)", ""]
     c = res.get("cycle")
     if c:
@@ -620,6 +622,9 @@ def main():
     ap.add_argument("--sandboxes", type=int, default=1000, help="idle sandboxes for the memory part")
     ap.add_argument("--settle", type=float, default=5, help="seconds to wait before reading memory")
     ap.add_argument("--quick", action="store_true", help="a quick look: a fifth of the work")
+    ap.add_argument("--network", choices=["none", "public", "allow"],
+                    help="the created sandboxes' network mode (default: the daemon's, public); "
+                         "`none` is bwrap --unshare-all's: a namespace with loopback only")
     ap.add_argument("--brig", help="use this brig binary (brig-agent next to it)")
     ap.add_argument("--out", type=Path, help="raw JSON goes here (default target/bench/daemon-<time>)")
     args = ap.parse_args()
@@ -647,7 +652,7 @@ def main():
     started = time.monotonic()
     try:
         if "cycle" in parts or "exec" in parts:
-            daemon = Daemon(brig, work / "home", "host=4")
+            daemon = Daemon(brig, work / "home", "host=4", network=args.network)
             try:
                 for part in ("cycle", "exec"):
                     if part not in parts:

@@ -56,6 +56,10 @@ if (isolation === 'gvisor') {
   const kernel = (await sbx.commands.run('dmesg | head -1', { user: 'root' })).stdout
   check('it runs under gVisor\'s kernel', kernel.includes('gVisor'), kernel)
 }
+if (isolation === 'vm') {
+  const kernel = (await sbx.commands.run('uname -r')).stdout
+  check('it runs in a guest, on the guest\'s own kernel', kernel.trim().endsWith('-cloud-amd64'), kernel)
+}
 
 await section('api errors', async () => {
   const unknown = await rejection(Sandbox.create('no-such-template', { timeoutMs: 10_000 }))

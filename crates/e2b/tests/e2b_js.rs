@@ -174,6 +174,26 @@ fn js_sdk_on_gvisor() {
     js_sdk_passes(&dir, &p, Some("gvisor"), 110);
 }
 
+/// The same suite on the vm tier: every sandbox a QEMU guest with its own
+/// kernel (checked). Its snapshots keep memory as well as files; what the
+/// suite checks of them (files, independent forks) holds on every tier.
+#[test]
+fn js_sdk_on_vm() {
+    if !root_or_skip() {
+        return;
+    }
+    let Some(dir) = node_modules("e2b", E2B_JS) else {
+        return;
+    };
+    if !ensure_template("base") {
+        return;
+    }
+    let Some(p) = support::vm_planes_with(|c| c.home = Some(template_home())) else {
+        return;
+    };
+    js_sdk_passes(&dir, &p, Some("vm"), 110);
+}
+
 /// Runs tests/e2b/js_sdk.mjs on `base` (on `isolation` when given) and
 /// checks that all `checks` passed, through the current generation's
 /// paths, and that every sandbox it made has ended.

@@ -1319,6 +1319,37 @@ enum Phase {
     Done,
 }
 
+/// The resident bytes of the guest's RAM in QEMU's `smaps`: the mapping
+/// of exactly `ram` bytes (QEMU maps the guest's RAM as one region, its
+/// own allocations are smaller; a guard page may follow it, so the
+/// largest mapping of at least `ram` bytes and below `ram` + 2 MiB).
+/// `None` when there is no such mapping.
+fn guest_ram_resident(smaps: &str, ram: u64) -> Option<u64> {
+    let kib = |line: &str, key: &str| -> Option<u64> {
+        line.strip_prefix(key)?
+            .trim()
+            .strip_suffix("kB")?
+            .trim()
+            .parse::<u64>()
+            .ok()
+            .map(|k| k << 10)
+    };
+    let mut best: Option<(u64, u64)> = None;
+    let mut size = None;
+    for line in smaps.lines() {
+        if let Some(bytes) = kib(line, "Size:") {
+            size = Some(bytes);
+        } else if let Some(rss) = kib(line, "Rss:") {
+            if let Some(bytes) = size.take().filter(|b| (ram..ram + (2 << 20)).contains(b)) {
+                if best.is_none_or(|(b, _)| bytes > b) {
+                    best = Some((bytes, rss));
+                }
+            }
+        }
+    }
+    best.map(|(_, rss)| rss)
+}
+
 /// One guest of the vm tier.
 #[derive(Debug)]
 pub struct VmInstance {
@@ -1697,13 +1728,21 @@ impl Instance for VmInstance {
         })
     }
 
-    /// QEMU's groups (the guest's memory as QEMU touched it, QEMU's
-    /// threads, the CPU time of the machine); the limit shown is the
-    /// guest's RAM (QEMU's group holds its overhead too); the disk: blocks
-    /// the writable disk's file holds, out of its size.
+    /// QEMU's groups (QEMU's threads, the CPU time of the machine); the
+    /// memory: the guest's RAM as the guest touched it (the resident part
+    /// of QEMU's mapping of it), out of the guest's RAM — not QEMU's whole
+    /// group, which holds its own overhead too (TCG's translation cache,
+    /// its heap) and would read as more than the machine has; the disk:
+    /// blocks the writable disk's file holds, out of its size.
     fn usage(&self) -> Result<Usage, TierError> {
         let mut usage = self.groups.usage();
         usage.memory_limit_bytes = usage.memory_limit_bytes.saturating_sub(self.overhead);
+        let guest = fs::read_to_string(format!("/proc/{}/smaps", self.pid))
+            .ok()
+            .and_then(|smaps| guest_ram_resident(&smaps, usage.memory_limit_bytes));
+        usage.memory_bytes = guest
+            .unwrap_or(usage.memory_bytes)
+            .min(usage.memory_limit_bytes);
         if let Ok(m) = fs::metadata(&self.disk) {
             usage.disk_used_bytes = Some(m.blocks() * 512);
             usage.disk_total_bytes = Some(m.len());
@@ -1783,4 +1822,33 @@ fn stopped(status: &str) -> bool {
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::guest_ram_resident;
+
+    #[test]
+    fn the_guest_ram_is_the_mapping_of_its_size() {
+        // QEMU's heap (bigger resident set, smaller mapping), the guest's
+        // 512 MiB, its guard page, TCG's 64 MiB translation cache.
+        let smaps = "\
+55d0c0000000-55d0c8000000 rw-p 00000000 00:00 0 [heap]
+Size:             131072 kB
+Rss:              120000 kB
+7f0000000000-7f0020000000 rw-s 00000000 00:01 1234 /memfd:brig-ram (deleted)
+Size:             524288 kB
+KernelPageSize:        4 kB
+Rss:              204800 kB
+7f0020000000-7f0020001000 ---p 00000000 00:00 0
+Size:                  4 kB
+Rss:                   0 kB
+7f0030000000-7f0034000000 rwxp 00000000 00:00 0
+Size:              65536 kB
+Rss:               65536 kB
+";
+        assert_eq!(guest_ram_resident(smaps, 512 << 20), Some(204800 << 10));
+        // No mapping of the guest's size: not known.
+        assert_eq!(guest_ram_resident(smaps, 1 << 30), None);
+    }
 }
