@@ -455,6 +455,14 @@ pub trait Instance: Send + Sync + fmt::Debug {
     fn end_all_but_agent(&self) -> Result<usize, TierError>;
 
     fn usage(&self) -> Result<Usage, TierError>;
+    /// Whether only the sandbox's own kernel can tell how much of its
+    /// memory is in use (a vm: the host sees which pages of the guest's
+    /// RAM were touched, not which the guest still uses). The runtime then
+    /// asks the guest (its `/proc/meminfo`, through the agent) and puts
+    /// that in [`Usage::memory_bytes`]; the tier's figure is the fallback.
+    fn memory_in_guest(&self) -> bool {
+        false
+    }
     /// Its writable layer as an overlay upper directory the host may read
     /// (for a filesystem snapshot), with the id mapping its files are
     /// stored under. Read it only while the sandbox is paused: nothing

@@ -68,6 +68,12 @@ pub(crate) struct Lifecycle {
     series: std::collections::VecDeque<SandboxMetrics>,
     /// The series' previous sample (when, CPU ns), for its `cpu_percent`.
     series_last: Option<(Instant, u64)>,
+    /// Its memory in use as its guest's kernel last told it (tiers whose
+    /// [`Instance::memory_in_guest`]), and whether a read is under way.
+    ///
+    /// [`Instance::memory_in_guest`]: brig_core::Instance::memory_in_guest
+    guest_memory: Option<u64>,
+    guest_reading: bool,
 }
 
 /// Samples a sandbox's series keeps: an hour at the default interval of
@@ -112,6 +118,8 @@ impl Lifecycle {
             last_sample: None,
             series: Default::default(),
             series_last: None,
+            guest_memory: None,
+            guest_reading: false,
         }
     }
 
@@ -462,6 +470,7 @@ impl SandboxManager {
         let live = self.owned_live(tenant, id)?;
         live.instance
             .usage()
+            .map(|u| with_guest_memory(&live, u))
             .map_err(tier_err(id, "read the sandbox's resource use"))
     }
 
@@ -475,6 +484,7 @@ impl SandboxManager {
         let stats = live
             .instance
             .usage()
+            .map(|u| with_guest_memory(&live, u))
             .map_err(tier_err(id, "read the sandbox's resource use"))?;
         let now = Instant::now();
         let timestamp = now_millis();
@@ -518,8 +528,8 @@ impl SandboxManager {
 
     /// Take one sample into `live`'s series; `None` if the tier could not
     /// say (a sandbox ending meanwhile).
-    fn sample_into_series(&self, id: &SandboxId, live: &Live) -> Option<()> {
-        let stats = live.instance.usage().ok()?;
+    fn sample_into_series(&self, id: &SandboxId, live: &Arc<Live>) -> Option<()> {
+        let stats = with_guest_memory(live, live.instance.usage().ok()?);
         let now = Instant::now();
         let timestamp = now_millis();
         let cpu = stats.cpu_ns.unwrap_or(0);
@@ -585,6 +595,74 @@ impl SandboxManager {
     }
 }
 
+/// `usage` with the guest's own figure for its memory in use, where only
+/// its kernel can tell ([`brig_core::Instance::memory_in_guest`]): the
+/// last one read. A read (`/proc/meminfo` through the agent) runs on a
+/// thread of its own, started here when none is under way and the
+/// sandbox is not paused, so a guest slow to answer holds up neither the
+/// sweeper nor the request; until the first one is in, the tier's figure
+/// stands.
+fn with_guest_memory(live: &Arc<Live>, mut usage: Usage) -> Usage {
+    if !live.instance.memory_in_guest() {
+        return usage;
+    }
+    let start = {
+        let mut lc = lock(&live.lifecycle);
+        if let Some(used) = lc.guest_memory {
+            usage.memory_bytes = used.min(usage.memory_limit_bytes);
+        }
+        let start = !lc.guest_reading && lc.paused.is_none();
+        lc.guest_reading |= start;
+        start
+    };
+    if start {
+        let reader = Arc::clone(live);
+        let spawned = std::thread::Builder::new()
+            .name("brig-guest-mem".into())
+            .spawn(move || {
+                let used = guest_memory_used(&reader.conn);
+                let mut lc = lock(&reader.lifecycle);
+                lc.guest_reading = false;
+                if used.is_some() {
+                    lc.guest_memory = used;
+                }
+            });
+        if spawned.is_err() {
+            lock(&live.lifecycle).guest_reading = false;
+        }
+    }
+    usage
+}
+
+/// What the guest's kernel says of its memory: `MemTotal` less
+/// `MemAvailable` (what `free` counts as used: page cache it can drop is
+/// not).
+fn guest_memory_used(conn: &brig_agent_client::Connection) -> Option<u64> {
+    use std::io::Read;
+    let mut text = String::new();
+    conn.read_file("/proc/meminfo")
+        .ok()?
+        .take(64 << 10)
+        .read_to_string(&mut text)
+        .ok()?;
+    meminfo_used(&text)
+}
+
+fn meminfo_used(meminfo: &str) -> Option<u64> {
+    let field = |name: &str| {
+        meminfo.lines().find_map(|l| {
+            l.strip_prefix(name)?
+                .strip_prefix(':')?
+                .trim()
+                .strip_suffix("kB")?
+                .trim()
+                .parse::<u64>()
+                .ok()
+                .map(|kib| kib << 10)
+        })
+    };
+    Some(field("MemTotal")?.saturating_sub(field("MemAvailable")?))
+}
 /// The wall time and CPU time between the previous sample `prev` (when, CPU
 /// ns) and now; with none, since the sandbox's creation (`created`, ms).
 fn since(
@@ -627,5 +705,20 @@ fn sample(
         oom_kills: stats.oom_kills,
         state,
         timestamp,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::meminfo_used;
+
+    #[test]
+    fn guest_memory_in_use_is_total_less_available() {
+        let meminfo = "MemTotal:         490820 kB\nMemFree:          300000 kB\n\
+                       MemAvailable:     400820 kB\nBuffers:            1000 kB\n";
+        assert_eq!(meminfo_used(meminfo), Some(90000 << 10));
+        // A kernel too old to say what is available: not known.
+        assert_eq!(meminfo_used("MemTotal: 490820 kB\nMemFree: 1 kB\n"), None);
+        assert_eq!(meminfo_used(""), None);
     }
 }

@@ -1750,6 +1750,12 @@ impl Instance for VmInstance {
         Ok(usage)
     }
 
+    /// The guest's kernel knows what of its RAM it uses; QEMU only which
+    /// pages it touched (all of them, after a restore).
+    fn memory_in_guest(&self) -> bool {
+        true
+    }
+
     /// The CPU quota changes live; memory is the guest's RAM, fixed when it
     /// booted (no balloon yet): another memory limit is refused.
     fn set_limits(&self, limits: &Limits) -> Result<(), TierError> {
