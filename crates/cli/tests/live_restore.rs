@@ -512,10 +512,9 @@ fn echo(port: u16, data: &[u8]) -> Vec<u8> {
     }
 }
 
-/// A free port on the host's loopback (bound, then let go).
+/// A free port on the host's loopback, outside the ephemeral range.
 fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().port()
+    brig_test_support::child_port()
 }
 
 #[test]

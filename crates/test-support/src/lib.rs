@@ -238,6 +238,32 @@ pub use fixture::{manager_fixture, ManagerFixture};
 #[cfg(feature = "vm")]
 pub use fixture::{vm_manager_fixture, vm_under_kvm};
 
+/// A loopback port for a child process (a registry, a published port) to
+/// listen on: free now, and below the kernel's ephemeral range
+/// (`net.ipv4.ip_local_port_range`, from 32768 by default), where no
+/// test's `bind(":0")` is handed ports. A `:0` port bound and let go is
+/// not safe to give a child: it is the next ephemeral port, and another
+/// test's listener can get it before the child binds (a hostile test's
+/// canary listener once did, and the registry test pushed to it).
+pub fn child_port() -> u16 {
+    use std::hash::{BuildHasher, Hasher};
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let from = low.saturating_sub(12000).max(1024);
+    for _ in 0..1000 {
+        let r = std::collections::hash_map::RandomState::new()
+            .build_hasher()
+            .finish();
+        let port = from + (r % u64::from(low - from)) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in {from}..{low}");
+}
+
 #[cfg(feature = "fake-tier")]
 pub mod fake_tier;
 #[cfg(feature = "networld")]

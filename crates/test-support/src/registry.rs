@@ -3,7 +3,6 @@
 //! into it with skopeo. For the tests of image pulls and of E2B template
 //! builds from a registry.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -19,12 +18,19 @@ pub struct Registry {
 impl Registry {
     /// `htpasswd`: a file of users (basic auth) or none.
     pub fn start(htpasswd: Option<&Path>) -> Registry {
+        // A port may still be taken between the check and the registry's
+        // bind (by another fixture's child): then it exits, and another
+        // port is tried.
+        for _ in 0..5 {
+            if let Some(registry) = Self::start_on(crate::child_port(), htpasswd) {
+                return registry;
+            }
+        }
+        panic!("docker-registry could not listen on any of 5 free ports");
+    }
+
+    fn start_on(port: u16, htpasswd: Option<&Path>) -> Option<Registry> {
         let storage = tempfile::tempdir().unwrap();
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
         let addr = format!("127.0.0.1:{port}");
         let auth = htpasswd
             .map(|p| {
@@ -43,25 +49,37 @@ impl Registry {
             ),
         )
         .unwrap();
-        let child = Command::new("docker-registry")
+        let mut child = Command::new("docker-registry")
             .args(["serve", config.to_str().unwrap()])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .expect("start docker-registry");
         let deadline = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(&addr).is_err() {
+        // Listening, and it is the registry that listens: it is still
+        // running (it exits when the port is taken).
+        loop {
+            if child.try_wait().unwrap().is_some() {
+                return None;
+            }
+            if std::net::TcpStream::connect(&addr).is_ok() {
+                std::thread::sleep(Duration::from_millis(100));
+                if child.try_wait().unwrap().is_some() {
+                    return None;
+                }
+                break;
+            }
             assert!(
                 Instant::now() < deadline,
                 "docker-registry never listened on {addr}"
             );
             std::thread::sleep(Duration::from_millis(50));
         }
-        Registry {
+        Some(Registry {
             child,
             addr,
             storage,
-        }
+        })
     }
 
     /// Push the OCI layout `dir` as `repo:tag` (every platform of it), with
