@@ -159,19 +159,7 @@ fn js_sdk_current_generation() {
 /// process tier's do.
 #[test]
 fn js_sdk_on_gvisor() {
-    if !root_or_skip() {
-        return;
-    }
-    let Some(dir) = node_modules("e2b", E2B_JS) else {
-        return;
-    };
-    if !ensure_template("base") {
-        return;
-    }
-    let Some(p) = support::gvisor_planes_with(|c| c.home = Some(template_home())) else {
-        return;
-    };
-    js_sdk_passes(&dir, &p, Some("gvisor"), 110);
+    js_sdk_on_tier("gvisor", |tweak| support::gvisor_planes_with(tweak));
 }
 
 /// The same suite on the vm tier: every sandbox a QEMU guest with its own
@@ -179,6 +167,16 @@ fn js_sdk_on_gvisor() {
 /// suite checks of them (files, independent forks) holds on every tier.
 #[test]
 fn js_sdk_on_vm() {
+    js_sdk_on_tier("vm", |tweak| support::vm_planes_with(tweak));
+}
+
+/// The suite with every sandbox on `isolation`, on the planes `planes`
+/// makes (a printed skip where the host lacks the tier): 110 checks, its
+/// kernel's among them.
+fn js_sdk_on_tier(
+    isolation: &str,
+    planes: impl FnOnce(fn(&mut brig_runtime::ManagerConfig)) -> Option<Planes>,
+) {
     if !root_or_skip() {
         return;
     }
@@ -188,10 +186,10 @@ fn js_sdk_on_vm() {
     if !ensure_template("base") {
         return;
     }
-    let Some(p) = support::vm_planes_with(|c| c.home = Some(template_home())) else {
+    let Some(p) = planes(|c| c.home = Some(template_home())) else {
         return;
     };
-    js_sdk_passes(&dir, &p, Some("vm"), 110);
+    js_sdk_passes(&dir, &p, Some(isolation), 110);
 }
 
 /// Runs tests/e2b/js_sdk.mjs on `base` (on `isolation` when given) and
